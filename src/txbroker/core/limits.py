@@ -1,0 +1,32 @@
+"""Named limits and defaults of the broker core (all settable in the config file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: 4 MiB: ActiveMQ/Artemis and RabbitMQ users rarely send more on a queue;
+#: bigger payloads belong in object storage with a reference in the message.
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+#: Unacked deliveries one consumer may hold (RabbitMQ caps prefetch at 65535).
+DEFAULT_MAX_UNACKED_PER_CONSUMER = 10_000
+#: Default prefetch of a subscription (RabbitMQ's STOMP default is unlimited;
+#: Artemis' consumer window is ~1 MiB, about 1,000 small messages).
+DEFAULT_PREFETCH = 100
+#: Staged operations (sends + acks) in one local transaction.
+DEFAULT_MAX_TX_OPERATIONS = 10_000
+#: Queue and topic names: 1–255 characters (AMQP 0-9-1 short string).
+MAX_NAME_LENGTH = 255
+#: How often ready messages with a TTL are scanned for expiry (Artemis: 30 s).
+DEFAULT_EXPIRY_SCAN_MS = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The core's limits. Requests beyond them get a clear BrokerError."""
+
+    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    max_unacked_per_consumer: int = DEFAULT_MAX_UNACKED_PER_CONSUMER
+    default_prefetch: int = DEFAULT_PREFETCH
+    max_tx_operations: int = DEFAULT_MAX_TX_OPERATIONS
+    expiry_scan_ms: int = DEFAULT_EXPIRY_SCAN_MS
+    auto_create: bool = True  #: sending or subscribing to an unknown name creates a queue

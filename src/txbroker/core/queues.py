@@ -1,0 +1,269 @@
+"""Queues: ready messages by priority, scheduled messages, consumers and credit.
+
+Theory of operation
+-------------------
+A :class:`Queue` holds the *visible* messages of one destination: ten FIFO
+deques, one per priority 0–9 (highest served first, FIFO within a priority),
+and a heap of messages scheduled for later (delayed delivery or redelivery
+back-off). Consumers compete: :meth:`Queue.next_consumer` walks them round
+robin and picks the next one with credit (unacked < prefetch). A message that
+comes back (nack, rolled-back transaction, consumer gone) goes to the *front*
+of its priority so order is kept as far as possible.
+
+A queue knows nothing of the store or of sessions; the broker moves messages
+between queues, consumers and the store and records every change.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from txbroker.core.messages import Message, State
+from txbroker.errors import BadRequest
+
+#: Priorities are 0–9 as in JMS; 4 is the JMS default.
+PRIORITIES = 10
+DEFAULT_PRIORITY = 4
+#: Ids remembered per queue for duplicate detection (Artemis: id-cache-size 20000).
+DEFAULT_DUP_WINDOW = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """Per-queue settings, all persisted. 0 / "" mean "no limit" / "none"."""
+
+    max_messages: int = 0
+    max_bytes: int = 0
+    max_deliveries: int = 0  #: deliveries after which a message is dead-lettered
+    dead_letter_queue: str = ""
+    expiry_queue: str = ""
+    default_ttl_ms: int = 0
+    redelivery_delay_ms: int = 0
+    ingress: bool = True  #: sends accepted
+    egress: bool = True  #: deliveries made
+    dup_window: int = DEFAULT_DUP_WINDOW
+
+    def updated(self, changes: dict[str, Any]) -> QueueSettings:
+        """A copy with ``changes`` applied, type-checked (BadRequest on bad input)."""
+        known = {f.name: f for f in fields(self)}
+        clean: dict[str, Any] = {}
+        for key, value in changes.items():
+            if key not in known:
+                raise BadRequest(f"unknown queue setting {key!r}")
+            current = getattr(self, key)
+            if isinstance(current, bool):
+                if not isinstance(value, bool):
+                    raise BadRequest(f"queue setting {key!r} must be a boolean")
+            elif isinstance(current, int):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise BadRequest(f"queue setting {key!r} must be an integer >= 0")
+            elif not isinstance(value, str):
+                raise BadRequest(f"queue setting {key!r} must be a string")
+            clean[key] = value
+        return replace(self, **clean)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QueueSettings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class Consumer:
+    """A subscription (or a one-shot ``receive``) on one queue."""
+
+    __slots__ = ("ack_auto", "deadline_ms", "id", "one_shot", "prefetch", "queue", "rid", "session",
+                 "unacked")
+
+    def __init__(
+        self,
+        session: int,
+        id: int,
+        queue: str,
+        prefetch: int,
+        *,
+        ack_auto: bool = False,
+        one_shot: bool = False,
+        rid: int = 0,
+        deadline_ms: int = 0,
+    ) -> None:
+        self.session = session
+        self.id = id
+        self.queue = queue
+        self.prefetch = prefetch
+        self.ack_auto = ack_auto
+        self.one_shot = one_shot  #: a ``receive``: removed after one delivery
+        self.rid = rid  #: the request a one-shot consumer answers
+        self.deadline_ms = deadline_ms  #: one-shot timeout (0 = none)
+        self.unacked: dict[int, Message] = {}  #: delivery tag -> message
+
+    @property
+    def has_credit(self) -> bool:
+        return len(self.unacked) < self.prefetch
+
+
+class Queue:
+    """A queue (or a topic's subscription queue). See the module docstring."""
+
+    def __init__(
+        self, name: str, settings: QueueSettings | None = None, topic: str | None = None
+    ) -> None:
+        self.name = name
+        self.settings = settings or QueueSettings()
+        self.topic = topic  #: the topic this subscription queue belongs to, if any
+        self.durable = True  #: non-durable subscription queues are never stored
+        self.owner = 0  #: session owning a non-durable subscription queue
+        self._ready: list[deque[Message]] = [deque() for _ in range(PRIORITIES)]
+        self._scheduled: list[tuple[int, int, Message]] = []
+        self.ready_count = 0
+        self.messages = 0  #: stored messages: ready + scheduled + delivered + held
+        self.bytes = 0
+        self.pending = 0  #: accepted sends not yet durable (count against quotas)
+        self.pending_bytes = 0
+        self.in_flight = 0
+        self.consumers: list[Consumer] = []
+        self._next_consumer = 0
+        self.dups: dict[str, None] = {}  #: insertion-ordered duplicate-id window
+
+    # -- content ---------------------------------------------------------
+    def put(self, message: Message, now_ms: int, *, front: bool = False) -> None:
+        """Make a message visible (or schedule it if it is not due)."""
+        message.state = State.READY
+        if message.deliver_at_ms > now_ms:
+            heapq.heappush(self._scheduled, (message.deliver_at_ms, message.id, message))
+            return
+        message.deliver_at_ms = 0
+        if front:
+            self._ready[message.priority].appendleft(message)
+        else:
+            self._ready[message.priority].append(message)
+        self.ready_count += 1
+
+    def count_in(self, message: Message) -> None:
+        """Account a message that now belongs to this queue."""
+        self.messages += 1
+        self.bytes += message.size
+
+    def count_out(self, message: Message) -> None:
+        """Account a message that left this queue for good."""
+        self.messages -= 1
+        self.bytes -= message.size
+
+    def pop_ready(self) -> Message | None:
+        """The next ready message: highest priority first, FIFO within one."""
+        if self.ready_count == 0:
+            return None
+        for level in range(PRIORITIES - 1, -1, -1):
+            ready = self._ready[level]
+            while ready:
+                message = ready.popleft()
+                # slots left by discard() or a move to another queue are stale
+                if message.state is State.READY and message.queue == self.name:
+                    self.ready_count -= 1
+                    return message
+        return None
+
+    def discard(self, message: Message) -> None:
+        """Take a visible message out (purge, expiry); stale deque slots are skipped later."""
+        if message.state is State.READY and message.deliver_at_ms == 0:
+            self.ready_count -= 1
+        message.state = State.GONE
+
+    def due(self, now_ms: int) -> Iterator[Message]:
+        """Move scheduled messages whose time has come to ready; yield them."""
+        while self._scheduled and self._scheduled[0][0] <= now_ms:
+            _, _, message = heapq.heappop(self._scheduled)
+            if message.state is State.READY and message.queue == self.name:
+                message.deliver_at_ms = 0
+                self._ready[message.priority].append(message)
+                self.ready_count += 1
+                yield message
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest scheduled message becomes due."""
+        while self._scheduled and (self._scheduled[0][2].state is not State.READY
+                                   or self._scheduled[0][2].queue != self.name):
+            heapq.heappop(self._scheduled)
+        return self._scheduled[0][0] if self._scheduled else None
+
+    @property
+    def scheduled_count(self) -> int:
+        return sum(1 for _, _, m in self._scheduled
+                   if m.state is State.READY and m.queue == self.name)
+
+    def ready_messages(self) -> list[Message]:
+        """Every visible message (ready and scheduled), e.g. for purge."""
+        name = self.name
+        found = [m for level in self._ready for m in level
+                 if m.state is State.READY and m.queue == name]
+        found.extend(m for _, _, m in self._scheduled if m.state is State.READY and m.queue == name)
+        return found
+
+    def clear_ready(self) -> None:
+        for level in self._ready:
+            level.clear()
+        self._scheduled.clear()
+        self.ready_count = 0
+
+    # -- consumers -------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+
+    def next_consumer(self) -> Consumer | None:
+        """Round robin over consumers with credit (competing consumers)."""
+        count = len(self.consumers)
+        for step in range(count):
+            index = (self._next_consumer + step) % count
+            consumer = self.consumers[index]
+            if consumer.has_credit:
+                self._next_consumer = index + 1
+                return consumer
+        return None
+
+    # -- duplicate detection ---------------------------------------------
+    def seen(self, message_id: str) -> bool:
+        return message_id in self.dups
+
+    def remember(self, message_id: str) -> None:
+        window = self.settings.dup_window
+        if window == 0:
+            return
+        self.dups[message_id] = None
+        while len(self.dups) > window:
+            del self.dups[next(iter(self.dups))]
+
+    # -- admin -----------------------------------------------------------
+    def definition(self) -> dict[str, Any]:
+        """The ``def`` persisted for this queue (records.py)."""
+        return {
+            "name": self.name,
+            "kind": "queue",
+            "topic": self.topic,
+            "settings": self.settings.to_dict(),
+        }
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": "queue",
+            "topic": self.topic,
+            "durable": self.durable,
+            "depth": self.messages - self.in_flight,
+            "ready": self.ready_count,
+            "scheduled": self.scheduled_count,
+            "in_flight": self.in_flight,
+            "messages": self.messages,
+            "consumers": len(self.consumers),
+            "bytes": self.bytes,
+            "settings": self.settings.to_dict(),
+        }

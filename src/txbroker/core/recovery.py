@@ -1,0 +1,231 @@
+"""Replaying the log, metadata snapshots and body relocation: the full ``Broker``.
+
+Theory of operation
+-------------------
+On start the edge feeds every stored entry, in log order, to
+:meth:`Broker.replay`, then calls :meth:`Broker.finish_recovery`. Replay
+keeps messages only in the index (not yet in queues): acks, drops and moves
+of later records are cheap dict operations. ``finish_recovery`` then puts the
+survivors into their queues in log order (commit order), and releases the
+bodies of everything that died.
+
+:meth:`Broker.snapshot` is the metadata state (queues, topics, duplicate-id
+windows, the next message id) that the store writes first in every segment;
+replaying a snapshot replaces the metadata, so deleting old segments never
+loses a queue.
+
+Relocation lets the store drop a mostly-dead old segment: the edge reads the
+bodies of the live messages it holds and the broker writes fresh copies
+(``RELOCATE``); once durable the message points at the copy and the old ref
+is released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from txbroker.core.admin import Admin
+from txbroker.core.effects import Release
+from txbroker.core.messages import Message, State
+from txbroker.core.queues import Queue, QueueSettings
+from txbroker.core.sessions import Topic
+from txbroker.errors import CorruptStore
+from txbroker.storage import records
+from txbroker.storage.interface import StoredEntry
+from txbroker.storage.records import Kind
+
+
+class Broker(Admin):
+    """The complete broker core: engine + admin + recovery."""
+
+    # ------------------------------------------------------------------ snapshot
+    def snapshot(self) -> tuple[int, bytes]:
+        """``(kind, meta)`` of the metadata snapshot (records.py SNAPSHOT)."""
+        defs: dict[str, Any] = {}
+        dups: dict[str, list[str]] = {}
+        for topic in self.topics.values():
+            defs[topic.name] = topic.definition()
+        for queue in self.queues.values():
+            if not queue.durable:
+                continue
+            defs[queue.name] = queue.definition()
+            if queue.dups:
+                dups[queue.name] = list(queue.dups)
+        meta = {"next_id": self.next_id, "queues": defs, "dups": dups}
+        return int(Kind.SNAPSHOT), records.pack(meta)
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, entry: StoredEntry) -> None:
+        """Apply one stored entry (log order) to the recovering state."""
+        try:
+            meta = records.unpack(entry.meta)
+            self._replay(entry.kind, meta, entry.refs)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise CorruptStore("<entry>", 0, f"undecodable record of kind {entry.kind}: {exc}") \
+                from exc
+
+    def _replay(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
+        if kind == Kind.ADD:
+            self._replay_add(meta, refs[0] if refs else None, 0)
+        elif kind == Kind.TX:
+            adds, acks = meta
+            for msg, ref in zip(adds, refs, strict=True):
+                self._replay_add(msg, ref, 0)
+            self._replay_gone(acks)
+        elif kind in (Kind.ACK,):
+            self._replay_gone(meta)
+        elif kind == Kind.DROP:
+            self._replay_gone(meta[0])
+        elif kind == Kind.MOVE:
+            ids, target, _reason = meta
+            self._replay_queue(target)
+            for message_id in ids:
+                message = self.messages.get(message_id)
+                if message is not None:
+                    message.queue = target
+                    message.expires_ms = 0
+                    message.deliver_at_ms = 0
+        elif kind == Kind.UPDATE:
+            message = self.messages.get(meta[0])
+            if message is not None:
+                message.delivery_count, message.deliver_at_ms = meta[1], meta[2]
+        elif kind == Kind.RELOCATE:
+            message = self.messages.get(meta)
+            if message is None:
+                self._emit(Release(refs[0]))
+            else:
+                if message.ref is not None:
+                    self._emit(Release(message.ref))
+                message.ref = refs[0]
+        elif kind == Kind.QUEUE_PUT:
+            self._replay_definition(meta)
+        elif kind == Kind.QUEUE_DELETE:
+            self._replay_delete(meta)
+        elif kind == Kind.SNAPSHOT:
+            self._replay_snapshot(meta)
+        else:
+            raise ValueError(f"unknown record kind {kind}")
+
+    def _replay_add(self, msg: list[Any], ref: int | None, size: int) -> None:
+        size = 0
+        if ref is not None:
+            size = self._body_size(ref)
+        message = Message.from_record(msg, size, ref)
+        old = self.messages.get(message.id)
+        if old is not None and old.ref is not None:
+            self._emit(Release(old.ref))
+        self.messages[message.id] = message
+        if message.id >= self.next_id:
+            self.next_id = message.id + 1
+        queue = self._replay_queue(message.queue)
+        if message.message_id is not None:
+            queue.remember(message.message_id)
+
+    #: The edge sets this to the store's ``body_size`` before replaying.
+    body_size_of: Any = None
+
+    def _body_size(self, ref: int) -> int:
+        return int(self.body_size_of(ref)) if self.body_size_of is not None else 0
+
+    def _replay_gone(self, ids: Iterable[int]) -> None:
+        for message_id in ids:
+            message = self.messages.pop(message_id, None)
+            if message is not None and message.ref is not None:
+                self._emit(Release(message.ref))
+
+    def _replay_queue(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = Queue(name)
+            self.queues[name] = queue
+        return queue
+
+    def _replay_definition(self, definition: dict[str, Any]) -> None:
+        name = definition["name"]
+        if definition["kind"] == "topic":
+            self.topics.setdefault(name, Topic(name))
+            return
+        settings = QueueSettings.from_dict(definition.get("settings") or {})
+        queue = self._replay_queue(name)
+        queue.settings = settings
+        topic_name = definition.get("topic")
+        if topic_name:
+            queue.topic = topic_name
+            self.topics.setdefault(topic_name, Topic(topic_name)).subscriptions.add(name)
+
+    def _replay_delete(self, name: str) -> None:
+        topic = self.topics.pop(name, None)
+        if topic is not None:
+            return
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            return
+        if queue.topic and queue.topic in self.topics:
+            self.topics[queue.topic].subscriptions.discard(name)
+        self._replay_gone([m.id for m in self.messages.values() if m.queue == name])
+
+    def _replay_snapshot(self, meta: dict[str, Any]) -> None:
+        self.next_id = max(self.next_id, int(meta["next_id"]))
+        defs: dict[str, Any] = meta["queues"]
+        for name in [n for n in self.queues if n not in defs]:
+            self._replay_delete(name)
+        for name in [n for n in self.topics if n not in defs]:
+            self.topics.pop(name)
+        for definition in defs.values():
+            if definition["kind"] == "topic":
+                self._replay_definition(definition)
+        for definition in defs.values():
+            if definition["kind"] != "topic":
+                self._replay_definition(definition)
+        for name, ids in meta.get("dups", {}).items():
+            queue = self.queues.get(name)
+            if queue is not None:
+                for message_id in ids:
+                    queue.remember(message_id)
+
+    def finish_recovery(self, now: int) -> None:
+        """Put every surviving message into its queue, in log order."""
+        for message in self.messages.values():
+            queue = self._replay_queue(message.queue)
+            queue.count_in(message)
+            message.state = State.READY
+            queue.put(message, now)
+        self._now = now
+
+    # ------------------------------------------------------------------ relocation
+    def live_refs(self, entries: Iterable[StoredEntry]) -> list[tuple[int, int]]:
+        """``(message id, ref)`` of messages whose current body lives in ``entries``."""
+        found: list[tuple[int, int]] = []
+        for entry in entries:
+            if entry.kind not in (Kind.ADD, Kind.TX, Kind.RELOCATE) or not entry.refs:
+                continue
+            meta = records.unpack(entry.meta)
+            if entry.kind == Kind.ADD:
+                ids = [meta[records.MSG_ID]]
+            elif entry.kind == Kind.TX:
+                ids = [msg[records.MSG_ID] for msg in meta[0]]
+            else:
+                ids = [meta]
+            for message_id, ref in zip(ids, entry.refs, strict=False):
+                message = self.messages.get(message_id)
+                if message is not None and message.ref == ref and message.state is not State.GONE:
+                    found.append((message_id, ref))
+        return found
+
+    def relocate(self, message_id: int, old_ref: int, body: bytes) -> None:
+        """Write a fresh copy of a live message's body (compaction)."""
+        new_refs: list[int] = []
+
+        def on_durable(error: BaseException | None) -> None:
+            if error is not None:
+                self._storage_failed(error)
+                return
+            message = self.messages.get(message_id)
+            if message is not None and message.ref == old_ref:
+                message.ref = new_refs[0]
+                self._emit(Release(old_ref))
+            else:
+                self._emit(Release(new_refs[0]))
+
+        self._persist(Kind.RELOCATE, message_id, on_durable, [body], new_refs.extend)

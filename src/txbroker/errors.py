@@ -1,0 +1,214 @@
+"""The one exception tree of txbroker and the stable wire error codes.
+
+::
+
+    TxBrokerError                 root of everything txbroker raises
+    ├── ProtocolError             a peer broke the wire protocol (bad frame, unknown op)
+    │   └── FrameTooLarge         a frame above the negotiated / configured limit
+    ├── BrokerError               the broker refused a request; carries an ErrorCode
+    │   ├── NotFound              unknown queue, subscription, consumer, message
+    │   ├── AlreadyExists         queue or subscription already declared with other settings
+    │   ├── QuotaExceeded         max messages / max bytes of a queue reached
+    │   ├── Disabled              ingress or egress of a queue is switched off
+    │   ├── MessageTooLarge       body above the broker's max message size
+    │   ├── TooManyConnections    max connections reached
+    │   ├── AuthenticationFailed  wrong user or password
+    │   ├── TransactionError      wrong transaction use (no transaction, unknown id)
+    │   │   └── TransactionRolledBack  the transaction could not commit and was rolled back
+    │   ├── IllegalState          e.g. acking a message that is no longer in flight
+    │   └── StorageFailed         the store failed (fsync error); the broker stopped writing
+    ├── StoreError                local store problems (not sent on the wire as such)
+    │   ├── CorruptStore          checksum / format failure in the middle of the log
+    │   └── StoreLocked           another process holds the data directory
+    └── ConnectionLost            the client lost its connection and could not fail over
+
+Wire errors carry a stable :class:`ErrorCode`; :func:`error_for_code` maps a
+code received from the broker back to the exception class, so clients raise
+the same types the broker raised.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Stable error codes sent in ``err`` replies of the native protocol."""
+
+    INTERNAL = 1
+    PROTOCOL = 2
+    FRAME_TOO_LARGE = 3
+    UNKNOWN_OP = 4
+    BAD_REQUEST = 5
+    NOT_FOUND = 10
+    ALREADY_EXISTS = 11
+    QUOTA_EXCEEDED = 12
+    DISABLED = 13
+    MESSAGE_TOO_LARGE = 14
+    TOO_MANY_CONNECTIONS = 15
+    AUTHENTICATION_FAILED = 16
+    NOT_AUTHENTICATED = 17
+    TRANSACTION = 20
+    TRANSACTION_ROLLED_BACK = 21
+    ILLEGAL_STATE = 22
+    TOO_MANY_UNACKED = 23
+    STORAGE_FAILED = 30
+    SHUTTING_DOWN = 31
+
+
+class TxBrokerError(Exception):
+    """Root of every exception txbroker raises."""
+
+
+class ProtocolError(TxBrokerError):
+    """The peer sent bytes that break the protocol."""
+
+    code = ErrorCode.PROTOCOL
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame's declared length is above the limit."""
+
+    code = ErrorCode.FRAME_TOO_LARGE
+
+
+class BrokerError(TxBrokerError):
+    """The broker refused a request. ``code`` is the stable wire code."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+    retriable = False
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class BadRequest(BrokerError):
+    code = ErrorCode.BAD_REQUEST
+
+
+class NotFound(BrokerError):
+    code = ErrorCode.NOT_FOUND
+
+
+class AlreadyExists(BrokerError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class QuotaExceeded(BrokerError):
+    code = ErrorCode.QUOTA_EXCEEDED
+    retriable = True
+
+
+class Disabled(BrokerError):
+    code = ErrorCode.DISABLED
+
+
+class MessageTooLarge(BrokerError):
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class TooManyConnections(BrokerError):
+    code = ErrorCode.TOO_MANY_CONNECTIONS
+    retriable = True
+
+
+class AuthenticationFailed(BrokerError):
+    code = ErrorCode.AUTHENTICATION_FAILED
+
+
+class NotAuthenticated(BrokerError):
+    code = ErrorCode.NOT_AUTHENTICATED
+
+
+class TransactionError(BrokerError):
+    code = ErrorCode.TRANSACTION
+
+
+class TransactionRolledBack(TransactionError):
+    code = ErrorCode.TRANSACTION_ROLLED_BACK
+
+
+class IllegalState(BrokerError):
+    code = ErrorCode.ILLEGAL_STATE
+
+
+class TooManyUnacked(BrokerError):
+    code = ErrorCode.TOO_MANY_UNACKED
+    retriable = True
+
+
+class StorageFailed(BrokerError):
+    code = ErrorCode.STORAGE_FAILED
+
+
+class ShuttingDown(BrokerError):
+    code = ErrorCode.SHUTTING_DOWN
+    retriable = True
+
+
+class RemoteProtocolError(BrokerError):
+    """The broker reported that our bytes broke the protocol."""
+
+    code = ErrorCode.PROTOCOL
+
+
+class StoreError(TxBrokerError):
+    """A problem with the local store."""
+
+
+class CorruptStore(StoreError):
+    """A record failed its checksum or format check outside the torn tail."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt store: {path} at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class StoreLocked(StoreError):
+    """Another broker process holds the data directory."""
+
+
+class ConnectionLost(TxBrokerError):
+    """The connection broke and no broker of the failover list answered."""
+
+
+_BY_CODE: dict[int, type[BrokerError]] = {
+    cls.code: cls
+    for cls in (
+        BadRequest,
+        NotFound,
+        AlreadyExists,
+        QuotaExceeded,
+        Disabled,
+        MessageTooLarge,
+        TooManyConnections,
+        AuthenticationFailed,
+        NotAuthenticated,
+        TransactionError,
+        TransactionRolledBack,
+        IllegalState,
+        TooManyUnacked,
+        StorageFailed,
+        ShuttingDown,
+        RemoteProtocolError,
+    )
+}
+
+
+def error_for_code(code: int, message: str) -> BrokerError:
+    """Build the exception matching a wire error code (unknown codes → BrokerError)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        try:
+            return BrokerError(message, ErrorCode(code))
+        except ValueError:
+            return BrokerError(message)
+    return cls(message)

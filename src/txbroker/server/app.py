@@ -1,0 +1,342 @@
+"""The asyncio edge: store, listener, effect runner, timers, shutdown.
+
+Theory of operation
+-------------------
+One event loop owns the :class:`~txbroker.core.Broker` (no locks). A
+connection turns frames into core commands; after each batch the server runs
+the core's effects: records go to the store (whose single writer thread does
+group commit and hands completions back to the loop in one call per batch),
+replies and deliveries are written to the connections they belong to, bodies
+the core no longer needs are released. One timer is kept armed at the core's
+next wake-up time (delays, receive timeouts, expiry scans); a periodic task
+lets the store drop dead segments and asks the core to relocate live bodies
+out of a mostly-dead old segment.
+
+SIGTERM / SIGINT: stop accepting, let the store flush and sync what is
+queued, close the connections, close the segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from txbroker.core import Broker
+from txbroker.core.effects import Cancelled, Deliver, Fail, Persist, Release, Reply
+from txbroker.core.messages import Message
+from txbroker.errors import StorageFailed
+from txbroker.server.auth import Authenticator
+from txbroker.server.config import ServerConfig
+from txbroker.server.connection import ClientConnection
+from txbroker.storage.interface import Store
+
+log = logging.getLogger("txbroker.server")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], None],
+               snapshot: Callable[[], tuple[int, bytes]]) -> Store:
+    """Build the configured store (journal by default)."""
+    from txbroker.storage.journal import JournalStore
+
+    return JournalStore(
+        config.data,
+        sync=config.sync,
+        segment_size=config.segment_size,
+        dispatch=dispatch,
+        snapshot_provider=snapshot,
+        repair=config.repair,
+    )
+
+
+class BrokerServer:
+    """A running broker: see the module docstring."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        config.validate()
+        self.config = config
+        self.broker = Broker(config.limits)
+        self.auth = Authenticator(config.users)
+        self.connections: dict[int, ClientConnection] = {}
+        self.store: Store | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.port = 0
+        self._next_session = 1
+        self._listener: asyncio.Server | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self._maintainer: asyncio.Task[None] | None = None
+        self._dirty: set[ClientConnection] = set()
+        self._stopping = asyncio.Event()
+        self.recovery_seconds = 0.0
+        self.recovered_messages = 0
+
+    # ------------------------------------------------------------------ time
+    @staticmethod
+    def now() -> int:
+        """Wall-clock milliseconds: the only clock the core ever sees."""
+        return time.time_ns() // 1_000_000
+
+    # ------------------------------------------------------------------ start / stop
+    async def start(self) -> None:
+        """Recover the store, then listen."""
+        self.loop = asyncio.get_running_loop()
+        if self.auth.open:
+            if not is_loopback(self.config.host):
+                raise ValueError(
+                    f"no users are configured: the broker runs open and only on loopback; "
+                    f"refusing to listen on {self.config.host}"
+                )
+            log.warning("no users configured: the broker is OPEN (no authentication), "
+                        "listening on loopback only")
+        started = time.monotonic()
+        loop = self.loop
+        store = open_store(self.config, lambda fn: loop.call_soon_threadsafe(self._completed, fn),
+                           self.broker.snapshot)
+        self.broker.body_size_of = store.body_size
+        for entry in store.recover():
+            self.broker.replay(entry)
+        self.store = store
+        self.broker.finish_recovery(self.now())
+        self.recovered_messages = len(self.broker.messages)
+        self.run_effects()
+        self.recovery_seconds = time.monotonic() - started
+        log.info("recovered %d messages in %d queues in %.2f s", self.recovered_messages,
+                 len(self.broker.queues), self.recovery_seconds)
+        if self.config.port:  # a port of 0 disables the listener (DESIGN.md)
+            self._listener = await loop.create_server(
+                self._new_connection, self.config.host, self.config.port,
+                reuse_address=True, backlog=1024,
+            )
+            self.port = self._listener.sockets[0].getsockname()[1]
+            log.info("native protocol on %s:%d", self.config.host, self.port)
+        self._maintainer = asyncio.create_task(self._maintain_loop())
+        self._arm_timer()
+
+    async def serve_forever(self) -> None:
+        """Run until SIGTERM/SIGINT (or :meth:`request_stop`), then shut down."""
+        assert self.loop is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                self.loop.add_signal_handler(sig, self.request_stop)
+        await self._stopping.wait()
+        await self.stop()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def stop(self) -> None:
+        """Graceful shutdown: stop accepting, flush the store, close everything."""
+        if self._listener is not None:
+            self._listener.close()
+        if self._maintainer is not None:
+            self._maintainer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        store = self.store
+        if store is not None:
+            await asyncio.get_running_loop().run_in_executor(None, store.close)
+            await asyncio.sleep(0)  # let the last completions run
+            self.run_effects()
+        for conn in list(self.connections.values()):
+            conn.flush()
+            if conn.transport is not None:
+                conn.transport.close()
+        self.store = None
+        log.info("broker stopped")
+
+    # ------------------------------------------------------------------ connections
+    def _new_connection(self) -> ClientConnection:
+        session = self._next_session
+        self._next_session += 1
+        return ClientConnection(self, session)
+
+    def admit(self, conn: ClientConnection) -> bool:
+        if len(self.connections) >= self.config.max_connections:
+            return False
+        self.connections[conn.session_id] = conn
+        return True
+
+    def forget(self, conn: ClientConnection) -> None:
+        if self.connections.pop(conn.session_id, None) is None:
+            return
+        self._dirty.discard(conn)
+        if conn.authenticated:
+            self.broker.close_session(conn.session_id, self.now())
+            self.run_effects()
+
+    # ------------------------------------------------------------------ effects
+    def _completed(self, completions: Callable[[], None]) -> None:
+        """A group commit finished: run its callbacks on the loop, then the effects."""
+        self.broker.set_now(self.now())
+        completions()
+        self.run_effects()
+
+    def run_effects(self) -> None:
+        """Carry out every effect the core produced; write to touched connections."""
+        broker = self.broker
+        while True:
+            effects = broker.take_effects()
+            if not effects:
+                break
+            for effect in effects:
+                self._run(effect)
+        for conn in self._dirty:
+            conn.flush()
+        self._dirty.clear()
+        self._arm_timer()
+
+    def _run(self, effect: Any) -> None:
+        if isinstance(effect, Persist):
+            self._persist(effect)
+        elif isinstance(effect, Deliver):
+            self._deliver(effect)
+        elif isinstance(effect, Reply):
+            conn = self.connections.get(effect.session)
+            if conn is not None:
+                conn.answer_later(effect.rid, effect.result)
+                self._dirty.add(conn)
+        elif isinstance(effect, Release):
+            if self.store is not None:
+                self.store.release(effect.ref)
+        elif isinstance(effect, Fail):
+            conn = self.connections.get(effect.session)
+            if conn is not None:
+                conn.fail_later(effect.rid, effect.error)
+                self._dirty.add(conn)
+        elif isinstance(effect, Cancelled):
+            conn = self.connections.get(effect.session)
+            if conn is not None:
+                conn.push("cancelled", {"sub": effect.sub, "reason": effect.reason})
+                self._dirty.add(conn)
+
+    def _persist(self, effect: Persist) -> None:
+        store = self.store
+        try:
+            if store is None:
+                raise StorageFailed("the store is closed")
+            refs = store.append(effect.kind, effect.meta, effect.bodies, effect.on_durable)
+        except StorageFailed as exc:
+            log.error("store append failed: %s", exc)
+            effect.on_durable(exc)
+            return
+        if effect.on_refs is not None:
+            effect.on_refs(refs)
+
+    def message_map(self, message: Message, tag: int, redelivered: bool) -> dict[str, Any]:
+        body = message.body
+        if body is None:
+            assert self.store is not None and message.ref is not None
+            body = self.store.read_body(message.ref)
+        return {
+            "tag": tag,
+            "queue": message.queue,
+            "body": body,
+            "headers": message.headers or {},
+            "message_id": message.message_id,
+            "redelivered": redelivered,
+            "delivery_count": message.delivery_count,
+            "priority": message.priority,
+            "timestamp_ms": message.timestamp_ms,
+            "seq": message.id,
+        }
+
+    def _deliver(self, effect: Deliver) -> None:
+        conn = self.connections.get(effect.session)
+        if conn is None:
+            return
+        data = self.message_map(effect.message, effect.tag, effect.redelivered)
+        if effect.sub == 0:
+            conn.answer_later(effect.rid, data)
+        else:
+            data["sub"] = effect.sub
+            conn.push("deliver", data)
+        self._dirty.add(conn)
+
+    # ------------------------------------------------------------------ timers
+    def _arm_timer(self) -> None:
+        if self.loop is None:
+            return
+        wake = self.broker.next_wakeup()
+        if wake is None or (self._timer_at is not None and self._timer_at <= wake):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, (wake - self.now()) / 1000)
+        self._timer_at = wake
+        self._timer = self.loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.broker.tick(self.now())
+        self.run_effects()
+
+    async def _maintain_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.maintain_interval)
+            self.maintain()
+
+    def maintain(self) -> None:
+        """Let the store drop dead segments; relocate live bodies it asks about."""
+        store = self.store
+        if store is None or self.broker.failed is not None:
+            return
+        relocation = store.maintain()
+        if relocation is None:
+            return
+        live = self.broker.live_refs(relocation.entries)
+        for message_id, ref in live:
+            self.broker.relocate(message_id, ref, store.read_body(ref))
+        log.info("compaction: relocating %d live messages out of segment %d", len(live),
+                 relocation.segment)
+        self.run_effects()
+
+    # ------------------------------------------------------------------ stats
+    def stats(self) -> dict[str, Any]:
+        result = self.broker.stats()
+        result["connections"] = len(self.connections)
+        result["recovery_seconds"] = round(self.recovery_seconds, 3)
+        if self.store is not None:
+            s = self.store.stats()
+            result["store"] = {
+                "appends": s.appends, "syncs": s.syncs, "bytes_written": s.bytes_written,
+                "segments": s.segments, "disk_bytes": s.disk_bytes,
+                "live_bodies": s.live_bodies, "live_body_bytes": s.live_body_bytes,
+            }
+        return result
+
+
+async def serve(config: ServerConfig, ready: Callable[[BrokerServer], None] | None = None) -> None:
+    """Start a broker and run it until SIGTERM/SIGINT."""
+    server = BrokerServer(config)
+    await server.start()
+    if ready is not None:
+        ready(server)
+    await server.serve_forever()
+
+
+def run(config: ServerConfig, ready: Callable[[BrokerServer], None] | None = None) -> None:
+    """Blocking entry point of ``txbroker serve`` (uses uvloop when available)."""
+    try:
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(config, ready))

@@ -1,0 +1,108 @@
+"""Server settings: command-line options over a TOML config file over defaults.
+
+Config file (all keys optional)::
+
+    [server]
+    host = "127.0.0.1"
+    port = 5445                 # 0 disables the native listener
+    data = "./txbroker-data"
+    sync = "fdatasync"          # none | fdatasync | fsync
+    store = "journal"
+    segment_size = 67108864
+    max_frame_size = 8388608
+    max_connections = 1024
+
+    [limits]                    # core limits (core/limits.py)
+    max_message_size = 4194304
+    max_unacked_per_consumer = 10000
+
+    [users]                     # empty = open broker, loopback only
+    alice = "scrypt$16384$8$1$…"   # from `txbroker passwd`
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from txbroker.core.limits import Limits
+from txbroker.storage.interface import SyncMode
+
+#: The native protocol's port (Artemis' core protocol default).
+DEFAULT_PORT = 5445
+DEFAULT_STOMP_PORT = 61613
+DEFAULT_HTTP_PORT = 8161
+#: Frames above 8 MiB are refused: twice the default max message size.
+DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
+#: Connections one broker accepts (a default file-descriptor limit is 1024).
+DEFAULT_MAX_CONNECTIONS = 1000
+#: Journal segments of 64 MiB (Artemis uses 10 MiB files, Kafka 1 GiB segments).
+DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
+#: Requests a connection may have waiting for durability before we stop reading it.
+DEFAULT_MAX_PENDING_REQUESTS = 10_000
+#: How often the store is asked to drop dead segments / compact (seconds).
+DEFAULT_MAINTAIN_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything ``txbroker serve`` needs."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    stomp_port: int = 0
+    http_port: int = 0
+    data: Path = Path("./txbroker-data")
+    sync: str = SyncMode.FDATASYNC
+    store: str = "journal"
+    segment_size: int = DEFAULT_SEGMENT_SIZE
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
+    maintain_interval: float = DEFAULT_MAINTAIN_INTERVAL
+    repair: bool = False
+    limits: Limits = field(default_factory=Limits)
+    users: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.sync not in SyncMode.ALL:
+            raise ValueError(f"sync must be one of {', '.join(SyncMode.ALL)}, not {self.sync!r}")
+        if self.store != "journal":
+            raise ValueError(f"unknown store {self.store!r} (available: journal)")
+        for name in ("port", "stomp_port", "http_port"):
+            value = getattr(self, name)
+            if not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be 0..65535")
+        if self.max_frame_size < 1024:
+            raise ValueError("max_frame_size must be at least 1024")
+
+
+def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
+    """Read the TOML file (if any) and apply command-line overrides (None = unset)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    server = dict(data.get("server", {}))
+    unknown = set(server) - {f.name for f in fields(ServerConfig)}
+    if unknown:
+        raise ValueError(f"unknown [server] keys in {path}: {', '.join(sorted(unknown))}")
+    limits_data = dict(data.get("limits", {}))
+    limit_names = {f.name for f in fields(Limits)}
+    if set(limits_data) - limit_names:
+        raise ValueError(f"unknown [limits] keys in {path}: "
+                         f"{', '.join(sorted(set(limits_data) - limit_names))}")
+    users = data.get("users", {})
+    if not all(isinstance(v, str) for v in users.values()):
+        raise ValueError("[users] values must be password hashes (txbroker passwd)")
+    if "data" in server:
+        server["data"] = Path(server["data"])
+    config = ServerConfig(**server, limits=Limits(**limits_data), users=dict(users))
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    if "data" in clean:
+        clean["data"] = Path(clean["data"])
+    config = replace(config, **clean)
+    config.validate()
+    return config

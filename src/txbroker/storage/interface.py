@@ -1,0 +1,143 @@
+"""The ``Store`` protocol every message store implements.
+
+Theory of operation
+-------------------
+A store is an ordered log of *entries*. An entry is ``(kind, meta, bodies)``:
+
+* ``kind`` — a small int naming the record type (see ``storage/records.py``);
+  the store never interprets it, except that it writes the snapshot entry
+  given by ``snapshot_provider`` first in every new segment;
+* ``meta`` — opaque bytes (msgpack written by ``records.py``);
+* ``bodies`` — zero or more message bodies. The store hands back one
+  :data:`BodyRef` per body at ``append`` time; the broker keeps only the ref
+  in memory and reads the body back with :meth:`Store.read_body` on delivery.
+
+``append`` is called from the broker's event loop and returns at once; the
+entry is written by the store's writer (group commit: many entries, one
+write, one sync) and ``on_durable(None)`` is called — through the
+``dispatch`` function given to the store, which the server sets to
+``loop.call_soon_threadsafe`` — once the entry is durable under the sync mode.
+Completions arrive in append order. If the write or the sync fails,
+``on_durable(exc)`` is called with a :class:`~txbroker.errors.StorageFailed`
+for that entry and every later one, and the store refuses further appends:
+nothing is acknowledged without a successful sync.
+
+``recover()`` opens the store and yields every entry in log order as
+``(kind, meta, refs)``. The broker replays them to rebuild its state.
+
+Body liveness drives space reclamation: the broker calls ``release(ref)``
+when a stored message is gone (acked, expired, moved, purged). A segment (or
+whatever unit the store uses) whose bodies are all released may be deleted
+by ``maintain`` — only from the oldest end, so that delete/ack entries are
+never dropped while the entries they cancel still exist. ``maintain`` also
+returns the live refs of a mostly-dead oldest segment so that the broker can
+*relocate* them (append a fresh copy, release the old ref once the copy is
+durable), which lets the oldest segment go.
+
+Every new segment starts with the snapshot entry returned by the store's
+``snapshot_provider`` (queue definitions, subscriptions, duplicate-id
+windows) so that deleting old segments never loses metadata; metadata
+entries must therefore be idempotent on replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+#: Opaque handle to a stored body. Only the store that issued it interprets it.
+BodyRef = int
+
+#: Called once per entry when it is durable (``None``) or failed (the error).
+DurableCallback = Callable[[BaseException | None], None]
+
+#: Runs a completion on the broker's thread (``loop.call_soon_threadsafe``).
+Dispatch = Callable[[Callable[[], None]], None]
+
+#: Returns the ``(kind, meta)`` of a metadata snapshot: written first in each new segment.
+SnapshotProvider = Callable[[], tuple[int, bytes]]
+
+
+class SyncMode:
+    """How hard a store pushes data to the disk before calling it durable."""
+
+    NONE = "none"  #: write() to the OS only (survives a process crash, not power loss)
+    FDATASYNC = "fdatasync"  #: os.fdatasync after each group write (the default)
+    FSYNC = "fsync"  #: os.fsync after each group write
+
+    ALL = (NONE, FDATASYNC, FSYNC)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """One entry read back by ``recover`` or ``entries_of``."""
+
+    kind: int
+    meta: bytes
+    refs: tuple[BodyRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counters a store exposes for ``txbroker stat`` and the benchmarks."""
+
+    appends: int  #: entries appended since open
+    syncs: int  #: group syncs (fsync/fdatasync calls, or write batches in mode none)
+    bytes_written: int
+    segments: int
+    disk_bytes: int
+    live_bodies: int
+    live_body_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Relocation:
+    """The oldest segment is mostly dead: its entries, so the broker can copy live
+    messages forward (decode ``meta``, keep those whose ref is still current)."""
+
+    segment: int
+    entries: tuple[StoredEntry, ...]
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the broker needs from a message store. See the module docstring."""
+
+    def recover(self) -> Iterator[StoredEntry]:
+        """Open the store (once) and yield every stored entry in log order."""
+        ...
+
+    def append(
+        self,
+        kind: int,
+        meta: bytes,
+        bodies: Sequence[bytes],
+        on_durable: DurableCallback,
+    ) -> list[BodyRef]:
+        """Queue an entry for the writer; return one ref per body at once."""
+        ...
+
+    def read_body(self, ref: BodyRef) -> bytes:
+        """Read a stored body back (from cache or disk)."""
+        ...
+
+    def body_size(self, ref: BodyRef) -> int:
+        """The length of the body ``ref`` names, without reading it."""
+        ...
+
+    def release(self, ref: BodyRef) -> None:
+        """The body is dead: its space may be reclaimed."""
+        ...
+
+    def maintain(self) -> Relocation | None:
+        """Delete fully dead oldest segments; maybe ask to relocate live bodies."""
+        ...
+
+    def stats(self) -> StoreStats:
+        """Current counters."""
+        ...
+
+    def close(self) -> None:
+        """Flush what is queued, sync, stop the writer and close files."""
+        ...

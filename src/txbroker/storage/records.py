@@ -1,0 +1,82 @@
+"""Record kinds the broker writes to its store, and their ``meta`` encoding.
+
+A store entry is ``(kind, meta, bodies)`` (see ``storage/interface.py``); the
+store frames and checksums it. This module fixes what ``kind`` and ``meta``
+mean. ``meta`` is always one msgpack value (``use_bin_type=True``); message
+bodies are never inside ``meta`` but in the entry's ``bodies``, so that the
+store can hand out a ref per body.
+
+Kinds and their meta (``id`` is the broker-wide message id, an int that only
+grows; ``msg`` is the message tuple described below):
+
+====  ==============  ==================================================  ======
+kind  name            meta                                                bodies
+====  ==============  ==================================================  ======
+1     SNAPSHOT        ``{"next_id", "queues": {name: def}, "dups":        0
+                      {queue: [message_id…]}}`` — the whole metadata state;
+                      replaces it on replay. First entry of every segment.
+2     QUEUE_PUT       ``def`` of one queue or topic (declare / update)    0
+3     QUEUE_DELETE    ``name``                                            0
+4     ADD             ``msg``                                             1
+5     TX              ``[[msg…], [acked id…]]`` — one local transaction,   n
+                      atomic: all of it or none of it is in the log
+6     ACK             ``[id…]`` — messages consumed (gone)                0
+7     DROP            ``[[id…], reason]`` — purged / expired / deleted    0
+8     MOVE            ``[[id…], queue, reason]`` — dead-lettered or       0
+                      expired to another queue, same id and body
+9     UPDATE          ``[id, delivery_count, deliver_at_ms]``             0
+10    RELOCATE        ``id`` — a fresh copy of a live body, written by    1
+                      compaction; replaces the ref if ``id`` still lives,
+                      else the copy is dead at once
+====  ==============  ==================================================  ======
+
+``msg`` = ``[id, queue, message_id, headers, priority, timestamp_ms,
+expires_ms, deliver_at_ms, delivery_count]`` (``message_id`` and ``headers``
+may be nil; 0 means "none" for the times).
+
+``def`` = ``{"name", "kind": "queue"|"topic", "topic": str|nil, "settings":
+{…}}`` — ``topic`` names the topic a subscription queue belongs to.
+
+Every metadata record is idempotent on replay (a snapshot may already
+contain the change a later record repeats).
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+
+class Kind(IntEnum):
+    """Record kinds (the ``kind`` of a store entry)."""
+
+    SNAPSHOT = 1
+    QUEUE_PUT = 2
+    QUEUE_DELETE = 3
+    ADD = 4
+    TX = 5
+    ACK = 6
+    DROP = 7
+    MOVE = 8
+    UPDATE = 9
+    RELOCATE = 10
+
+
+#: Positions in the ``msg`` tuple.
+MSG_ID, MSG_QUEUE, MSG_MESSAGE_ID, MSG_HEADERS, MSG_PRIORITY = 0, 1, 2, 3, 4
+MSG_TIMESTAMP, MSG_EXPIRES, MSG_DELIVER_AT, MSG_DELIVERY_COUNT = 5, 6, 7, 8
+MSG_FIELDS = 9
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def pack(value: Any) -> bytes:
+    """Encode a meta value."""
+    return _packer.pack(value)
+
+
+def unpack(meta: bytes) -> Any:
+    """Decode a meta value (strings as ``str``, bodies never appear here)."""
+    return msgpack.unpackb(meta, raw=False, strict_map_key=False, use_list=True)
