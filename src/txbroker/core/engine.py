@@ -43,13 +43,11 @@ from txbroker.core.effects import (
 )
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, State
-from txbroker.core.queues import PRIORITIES, Consumer, Queue, QueueSettings
+from txbroker.core.queues import PRIORITIES, Consumer, Queue
 from txbroker.core.sessions import Session, Topic
 from txbroker.core.transactions import LocalTransaction, TxEvent, TxState
 from txbroker.errors import (
-    AlreadyExists,
     BadRequest,
-    BrokerError,
     Disabled,
     IllegalState,
     MessageTooLarge,
@@ -722,9 +720,9 @@ class Engine:
             if session is None or consumer not in session.receivers:
                 continue
             session.receivers.discard(consumer)
-            queue = self.queues.get(consumer.queue)
-            if queue is not None:
-                queue.remove_consumer(consumer)
+            waiting_on = self.queues.get(consumer.queue)
+            if waiting_on is not None:
+                waiting_on.remove_consumer(consumer)
             self._emit(Reply(session_id, rid, None))
         if now >= self._next_expiry_scan:
             self._next_expiry_scan = now + self.limits.expiry_scan_ms
@@ -732,7 +730,7 @@ class Engine:
 
     def _expire_scan(self, now: int) -> None:
         for queue in list(self.queues.values()):
-            if queue.messages == 0:
+            if queue.expiring == 0:
                 continue
             for message in queue.ready_messages():
                 if message.expired(now):
@@ -745,7 +743,8 @@ class Engine:
         times = [t for q in self.queues.values() if (t := q.next_due_ms()) is not None]
         if self._receive_deadlines:
             times.append(self._receive_deadlines[0][0])
-        times.append(self._next_expiry_scan)
+        if any(q.expiring for q in self.queues.values()):
+            times.append(self._next_expiry_scan)
         return min(times) if times else None
 
     # ------------------------------------------------------------------ deletion

@@ -31,8 +31,8 @@ class Message:
 
     __slots__ = (
         "body",
-        "delivery_count",
         "deliver_at_ms",
+        "delivery_count",
         "expires_ms",
         "headers",
         "id",

@@ -124,6 +124,7 @@ class Queue:
         self.ready_count = 0
         self.messages = 0  #: stored messages: ready + scheduled + delivered + held
         self.bytes = 0
+        self.expiring = 0  #: messages with a TTL (only those queues are scanned)
         self.pending = 0  #: accepted sends not yet durable (count against quotas)
         self.pending_bytes = 0
         self.in_flight = 0
@@ -149,11 +150,15 @@ class Queue:
         """Account a message that now belongs to this queue."""
         self.messages += 1
         self.bytes += message.size
+        if message.expires_ms:
+            self.expiring += 1
 
     def count_out(self, message: Message) -> None:
         """Account a message that left this queue for good."""
         self.messages -= 1
         self.bytes -= message.size
+        if message.expires_ms:
+            self.expiring -= 1
 
     def pop_ready(self) -> Message | None:
         """The next ready message: highest priority first, FIFO within one."""

@@ -105,8 +105,11 @@ class BrokerServer:
                         "listening on loopback only")
         started = time.monotonic()
         loop = self.loop
-        store = open_store(self.config, lambda fn: loop.call_soon_threadsafe(self._completed, fn),
-                           self.broker.snapshot)
+
+        def dispatch(completions: Callable[[], None]) -> None:
+            loop.call_soon_threadsafe(self._completed, completions)
+
+        store = open_store(self.config, dispatch, self.broker.snapshot)
         self.broker.body_size_of = store.body_size
         for entry in store.recover():
             self.broker.replay(entry)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from txbroker.core import LATER
 from txbroker.errors import (
@@ -58,14 +58,13 @@ class ClientConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------- asyncio side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         if not self.server.admit(self):
-            transport.write(encode_error(0, ErrorCode.TOO_MANY_CONNECTIONS,
-                                         "too many connections (max_connections)"))
-            transport.close()
+            self.transport.write(encode_error(0, ErrorCode.TOO_MANY_CONNECTIONS,
+                                              "too many connections (max_connections)"))
+            self.transport.close()
             self.closed = True
 
     def data_received(self, data: bytes) -> None:

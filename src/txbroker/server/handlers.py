@@ -48,7 +48,7 @@ def _headers(args: dict[str, Any]) -> dict[str, str] | None:
 
 
 def _tags(args: dict[str, Any]) -> list[int]:
-    tags = _get(args, "tags", list)
+    tags: list[int] = _get(args, "tags", list)
     if not tags:
         raise BadRequest("argument 'tags' must list at least one delivery tag")
     return tags

@@ -1,0 +1,40 @@
+"""txbroker: a durable, transactional message broker.
+
+Clients::
+
+    import txbroker
+    with txbroker.connect("txb://127.0.0.1:5445") as conn:
+        conn.send("orders", b"hello")
+        msg = conn.receive("orders", timeout=5)
+        msg.ack()
+
+    conn = await txbroker.aio.connect("txb://127.0.0.1:5445")   # the same API, async
+"""
+
+from __future__ import annotations
+
+from txbroker import aio
+from txbroker.client.sync import Connection, connect
+from txbroker.errors import (
+    BrokerError,
+    ConnectionLost,
+    ErrorCode,
+    IllegalState,
+    TransactionRolledBack,
+    TxBrokerError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BrokerError",
+    "Connection",
+    "ConnectionLost",
+    "ErrorCode",
+    "IllegalState",
+    "TransactionRolledBack",
+    "TxBrokerError",
+    "__version__",
+    "aio",
+    "connect",
+]

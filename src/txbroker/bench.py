@@ -1,0 +1,151 @@
+"""The native-protocol load generator behind ``txbroker bench``.
+
+Producers pipeline persistent sends (``window`` in flight each); then
+consumers drain the queue with client acks. The summary reports messages per
+second for each phase and, from the broker's store counters, syncs per second
+and messages per sync — the figure that shows group commit at work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+async def _producer(url: str, queue: str, count: int, body: bytes, window: int,
+                    tick: Callable[[int], None]) -> None:
+    from txbroker.aio import connect
+
+    conn = await connect(url, reconnect=False)
+    try:
+        sem = asyncio.Semaphore(window)
+        pending: set[asyncio.Future[Any]] = set()
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            sem.release()
+            pending.discard(fut)
+            tick(1)
+
+        for _ in range(count):
+            await sem.acquire()
+            fut = conn.send_nowait(queue, body)
+            pending.add(fut)
+            fut.add_done_callback(done)
+        while pending:
+            await asyncio.gather(*list(pending))
+    finally:
+        await conn.close()
+
+
+async def _consumer(url: str, queue: str, quota: list[int], prefetch: int,
+                    tick: Callable[[int], None], idle: float) -> int:
+    from txbroker.aio import connect
+
+    conn = await connect(url, reconnect=False)
+    got = 0
+    try:
+        sub = await conn.subscribe(queue, prefetch=prefetch, ack="client")
+        while quota[0] > 0:
+            try:
+                msg = await asyncio.wait_for(sub.__anext__(), idle)
+            except (TimeoutError, StopAsyncIteration):
+                break
+            await msg.ack()  # pipelined: does not wait for durability
+            quota[0] -= 1
+            got += 1
+            tick(1)
+        await conn.ping()  # every ack before it has been processed
+        await sub.close()
+    finally:
+        await conn.close()
+    return got
+
+
+async def _stats(url: str) -> dict[str, Any]:
+    from txbroker.aio import connect
+
+    conn = await connect(url, reconnect=False)
+    try:
+        result: dict[str, Any] = await conn.stats()
+        return result
+    finally:
+        await conn.close()
+
+
+async def _run(url: str, *, queue: str, count: int, size: int, producers: int, consumers: int,
+               window: int, prefetch: int, phase: str, tick: Callable[[str, int], None],
+               ) -> dict[str, Any]:
+    body = b"x" * size
+    summary: dict[str, Any] = {"count": count, "size": size, "producers": producers,
+                               "consumers": consumers, "window": window, "prefetch": prefetch}
+    if phase in ("send", "both"):
+        before = (await _stats(url)).get("store", {})
+        started = time.perf_counter()
+        share = [count // producers + (1 if i < count % producers else 0)
+                 for i in range(producers)]
+        await asyncio.gather(*(_producer(url, queue, n, body, window,
+                                         lambda k: tick("send", k)) for n in share if n))
+        elapsed = time.perf_counter() - started
+        after = (await _stats(url)).get("store", {})
+        syncs = after.get("syncs", 0) - before.get("syncs", 0)
+        summary["send"] = {
+            "seconds": round(elapsed, 3),
+            "msg_per_s": round(count / elapsed),
+            "syncs": syncs,
+            "syncs_per_s": round(syncs / elapsed),
+            "msgs_per_sync": round(count / syncs, 1) if syncs else None,
+        }
+    if phase in ("consume", "both"):
+        before = (await _stats(url)).get("store", {})
+        quota = [count]
+        started = time.perf_counter()
+        got = await asyncio.gather(*(_consumer(url, queue, quota, prefetch,
+                                               lambda k: tick("consume", k), 5.0)
+                                     for _ in range(consumers)))
+        elapsed = time.perf_counter() - started
+        after = (await _stats(url)).get("store", {})
+        received = sum(got)
+        syncs = after.get("syncs", 0) - before.get("syncs", 0)
+        summary["consume"] = {
+            "seconds": round(elapsed, 3),
+            "received": received,
+            "msg_per_s": round(received / elapsed) if elapsed else 0,
+            "syncs": syncs,
+            "syncs_per_s": round(syncs / elapsed) if elapsed else 0,
+        }
+    return summary
+
+
+def run_bench(url: str, *, queue: str = "bench", count: int = 100_000, size: int = 1024,
+              producers: int = 4, consumers: int = 2, window: int = 256, prefetch: int = 500,
+              phase: str = "both", progress: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Run the benchmark and return its JSON summary."""
+    if phase not in ("send", "consume", "both"):
+        raise ValueError("phase must be send, consume or both")
+    try:
+        import uvloop
+
+        loop_factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        loop_factory = None
+    bar = progress() if progress is not None else None
+    tasks: dict[str, Any] = {}
+
+    def tick(name: str, k: int) -> None:
+        if bar is None:
+            return
+        if name not in tasks:
+            tasks[name] = bar.add_task(name, total=count)
+        bar.update(tasks[name], advance=k)
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        if bar is not None:
+            with bar:
+                return runner.run(_run(url, queue=queue, count=count, size=size,
+                                       producers=producers, consumers=consumers, window=window,
+                                       prefetch=prefetch, phase=phase, tick=tick))
+        return runner.run(_run(url, queue=queue, count=count, size=size, producers=producers,
+                               consumers=consumers, window=window, prefetch=prefetch,
+                               phase=phase, tick=tick))

@@ -1,0 +1,510 @@
+"""The async client's engine: one broker session at a time, request ids, failover.
+
+Theory of operation
+-------------------
+A :class:`Session` is one stream to one broker with its own
+:class:`~txbroker.protocol.native.NativeConnection` codec, its own table of
+pending requests (``rid → Pending``, a future per request) and one reader
+task. Requests are encoded and written at once (writes made in the same
+loop iteration are joined into one ``write``); the reader decodes every
+complete frame of each read and resolves futures (``OK``/``ERR``) or hands
+``deliver`` pushes to the subscription with that ``sub`` id.
+
+Each session has an *epoch* number; messages and transactions remember the
+epoch they belong to. When the current session breaks, the :class:`Engine`
+(if ``reconnect``) walks the failover list starting with the next host,
+with a short back-off after each full round, until ``reconnect_timeout``:
+
+* pending sends that carry a ``message_id`` (the broker drops duplicates),
+  ``receive`` and the read-only ops are re-sent on the new session; other
+  pending requests fail with ConnectionLost (their outcome is unknown);
+* open subscriptions are subscribed again (client-ack messages still
+  buffered from the old session are dropped: the broker redelivers them);
+* acking a message of an older epoch raises IllegalState, and a
+  transaction begun in an older epoch is rolled back (its commit raises
+  TransactionRolledBack);
+* ``on_failover(old_host, new_host)`` is called.
+
+If no host answers in time, every waiter gets ConnectionLost.
+
+Pipelined requests (acks sent without waiting) that fail with a broker error
+are remembered and raised by the next call on the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from txbroker.client._session import Pending, Session, SubscriptionSink
+from txbroker.client.options import ConnectOptions
+from txbroker.client.transport import READ_CHUNK
+from txbroker.client.url import ClientURL
+from txbroker.errors import (
+    AuthenticationFailed,
+    BrokerError,
+    ConnectionLost,
+    MessageTooLarge,
+    ProtocolError,
+    TxBrokerError,
+    error_for_code,
+)
+from txbroker.protocol.native import (
+    DEFAULT_MAX_FRAME_SIZE,
+    PROTOCOL_VERSION,
+    Err,
+    LocalProtocolError,
+    Ok,
+    Push,
+    Request,
+)
+
+__all__ = ["Engine", "Session", "SubscriptionSink"]
+
+log = logging.getLogger("txbroker.client")
+
+#: First pause after a full round of the failover list found no live host.
+INITIAL_BACKOFF: Final = 0.05
+#: Longest pause between two rounds of the failover list.
+MAX_BACKOFF: Final = 1.0
+#: Ops that are safe to send again after a failover (no side effect, or the
+#: broker drops the duplicate: a ``send`` with a ``message_id``).
+RESENDABLE_OPS: Final = frozenset({"receive", "ping", "queue_info", "queue_list", "stats"})
+
+
+class Engine:
+    """Sessions, request ids and failover of one client connection."""
+
+    def __init__(self, url: ClientURL, options: ConnectOptions) -> None:
+        self.url = url
+        self.options = options
+        self.subs: dict[int, SubscriptionSink] = {}
+        self.session: Session | None = None
+        self.server_info: dict[str, Any] = {}
+        self._ready = asyncio.Event()
+        self._read_gate = asyncio.Event()
+        self._read_gate.set()
+        self._pausers = 0
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._deferred: BrokerError | None = None
+        self._next_rid = 1
+        self._next_sub = 1
+        self._epochs = 0
+        self._carry: list[Pending] = []
+        self._outstanding: set[asyncio.Future[Any]] = set()
+        self._failover_task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- status
+
+    @property
+    def epoch(self) -> int | None:
+        """Epoch of the live session, None while (re)connecting or closed."""
+        session = self.session
+        return None if session is None else session.epoch
+
+    def new_sub_id(self) -> int:
+        """A subscription id unique on this connection."""
+        self._next_sub += 1
+        return self._next_sub - 1
+
+    def pause_reading(self, paused: bool) -> None:
+        """Stop (or resume) reading from the broker: back-pressure for auto-ack subscriptions.
+
+        Reading resumes when every subscription that paused it has resumed it.
+        """
+        self._pausers += 1 if paused else -1
+        if self._pausers > 0:
+            self._read_gate.clear()
+        else:
+            self._pausers = 0
+            self._read_gate.set()
+
+    def _raise_if_unusable(self) -> None:
+        if self._closed:
+            raise ConnectionLost("the connection is closed")
+        if self._failed is not None:
+            raise ConnectionLost(str(self._failed)) from self._failed
+        if self._deferred is not None:
+            error, self._deferred = self._deferred, None
+            raise error
+
+    async def wait_ready(self) -> Session:
+        """Return the live session, waiting through a failover; raise if unusable."""
+        while True:
+            self._raise_if_unusable()
+            session = self.session
+            if session is not None:
+                return session
+            await self._ready.wait()
+
+    # --------------------------------------------------------------- requests
+
+    def _submit_on(
+        self,
+        session: Session,
+        op: str,
+        args: dict[str, Any],
+        resend: bool = False,
+        discard_result: bool = False,
+    ) -> Pending:
+        rid = self._next_rid
+        self._next_rid = rid + 1
+        try:
+            data = session.codec.send(Request(rid, op, args))
+        except LocalProtocolError as exc:
+            if op == "send":
+                raise MessageTooLarge(str(exc)) from None
+            raise
+        pending = Pending(session, rid, op, args, resend, discard_result)
+        session.pending[rid] = pending
+        session.write(data)
+        return pending
+
+    async def call(
+        self,
+        op: str,
+        args: dict[str, Any],
+        *,
+        timeout: float | None,
+        resend: bool | None = None,
+    ) -> tuple[Any, int]:
+        """Send a request and wait for its result; return ``(result, epoch of the reply)``."""
+        session = self.session
+        if session is None or self._deferred is not None or self._closed:
+            session = await self.wait_ready()
+        if resend is None:
+            resend = op in RESENDABLE_OPS
+        pending = self._submit_on(session, op, args, resend)
+        completed = False
+        try:
+            if timeout is None:
+                result = await pending.future
+            else:
+                async with asyncio.timeout(timeout):
+                    result = await pending.future
+            completed = True
+        except TimeoutError:
+            raise TimeoutError(f"no reply to {op!r} within {timeout} s") from None
+        finally:
+            if not completed:
+                self._abandon(pending)
+        return result, pending.session.epoch
+
+    async def call_on(self, session: Session, op: str, args: dict[str, Any]) -> Any:
+        """Send a request on a given session (handshakes) and wait for the result."""
+        pending = self._submit_on(session, op, args)
+        try:
+            return await pending.future
+        finally:
+            if not pending.future.done():
+                self._abandon(pending)
+
+    def submit(
+        self, op: str, args: dict[str, Any], *, resend: bool = False, discard_result: bool = False
+    ) -> asyncio.Future[Any]:
+        """Send a request without waiting: return the future of its result (or of None)."""
+        self._raise_if_unusable()
+        session = self.session
+        if session is not None:
+            return self._submit_on(session, op, args, resend, discard_result).future
+
+        async def later() -> Any:  # failing over: send once a session is live
+            result, _ = await self.call(op, args, timeout=None, resend=resend)
+            return None if discard_result else result
+
+        return asyncio.ensure_future(later())
+
+    def pipeline(self, session: Session, op: str, args: dict[str, Any]) -> asyncio.Future[Any]:
+        """Send on ``session`` without waiting; a broker error is raised by the next call."""
+        future = self._submit_on(session, op, args).future
+        self._outstanding.add(future)
+        future.add_done_callback(self._pipelined_done)
+        return future
+
+    def _pipelined_done(self, future: asyncio.Future[Any]) -> None:
+        self._outstanding.discard(future)
+        if future.cancelled():
+            return
+        error = future.exception()
+        # A ConnectionLost here is no news: the message is redelivered after failover.
+        if isinstance(error, BrokerError) and self._deferred is None:
+            self._deferred = error
+
+    def _abandon(self, pending: Pending) -> None:
+        """Nobody waits for this request any more (cancelled or timed out)."""
+        session, future = pending.session, pending.future
+        if future.done() and not future.cancelled():
+            # The reply won the race: a received message must not stay in flight.
+            if pending.op == "receive" and future.exception() is None:
+                self._return_message(session, future.result())
+            return
+        if session.pending.pop(pending.rid, None) is not None and pending.op == "receive":
+            session.abandoned.add(pending.rid)
+        future.cancel()
+
+    # ---------------------------------------------------------------- reading
+
+    async def _read_loop(self, session: Session) -> None:
+        error: BaseException | None = None
+        codec = session.codec
+        dispatch = self._dispatch
+        gate = self._read_gate
+        try:
+            while True:
+                if not gate.is_set():
+                    await gate.wait()
+                data = await session.stream.read(READ_CHUNK)
+                if not data:
+                    error = ConnectionLost(f"broker {session.host} closed the connection")
+                    break
+                codec.receive_data(data)
+                while events := codec.drain():
+                    for event in events:
+                        dispatch(session, event)
+        except (OSError, ProtocolError) as exc:
+            error = exc
+        except Exception as exc:  # a bug must not leave waiters hanging
+            log.exception("txbroker: client reader failed")
+            error = exc
+        except asyncio.CancelledError:
+            self._closed = True  # only loop shutdown cancels a reader: no failover
+            raise
+        finally:
+            session.close()
+            self._session_lost(session, error)
+
+    def _dispatch(self, session: Session, event: Ok | Err | Push | Request) -> None:
+        kind = type(event)
+        if kind is Ok:
+            ok: Ok = event  # type: ignore[assignment]
+            pending = session.pending.pop(ok.rid, None)
+            if pending is not None:
+                if not pending.future.done():
+                    pending.future.set_result(None if pending.discard_result else ok.result)
+            elif ok.rid in session.abandoned:
+                session.abandoned.discard(ok.rid)
+                self._return_message(session, ok.result)
+        elif kind is Err:
+            err: Err = event  # type: ignore[assignment]
+            error = error_for_code(err.code, err.message)
+            if err.rid == 0:  # an error not tied to a request: raised by the next call
+                if self._deferred is None:
+                    self._deferred = error
+                return
+            pending = session.pending.pop(err.rid, None)
+            if pending is not None and not pending.future.done():
+                pending.future.set_exception(error)
+            session.abandoned.discard(err.rid)
+        else:
+            push: Push = event  # type: ignore[assignment]
+            self._on_push(session, push)
+
+    def _on_push(self, session: Session, push: Push) -> None:
+        data = push.data
+        try:
+            sub = self.subs.get(data.get("sub"))  # type: ignore[arg-type]
+            if push.event == "deliver":
+                # Deliveries that raced our unsubscribe are requeued by the broker itself.
+                if sub is not None:
+                    sub.on_deliver(data, session.epoch)
+            elif push.event == "cancelled":
+                if sub is not None:
+                    del self.subs[sub.sub_id]
+                    sub.on_end(None, str(data.get("reason", "")))
+            elif push.event == "error" and self._deferred is None:
+                self._deferred = error_for_code(int(data["code"]), str(data["message"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed {push.event!r} push: {exc!r}") from exc
+
+    def _return_message(self, session: Session, result: Any) -> None:
+        """Give back a message nobody will process (a receive that timed out on our side)."""
+        if isinstance(result, dict) and type(result.get("tag")) is int and not session.closed:
+            session.write(session.codec.send(Request(0, "nack", {"tags": [result["tag"]]})))
+
+    # --------------------------------------------------------------- sessions
+
+    async def _open_session(self, index: int, timeout: float | None) -> Session:
+        host = self.url.hosts[index]
+        async with asyncio.timeout(timeout):
+            stream = await self.options.transport.open(host.host, host.port)
+            self._epochs += 1
+            session = Session(index, host, stream, self._epochs)
+            session.reader = asyncio.create_task(self._read_loop(session))
+            try:
+                hello: dict[str, Any] = {"version": PROTOCOL_VERSION}
+                if self.url.user is not None:
+                    hello["user"] = self.url.user
+                if self.url.password is not None:
+                    hello["password"] = self.url.password
+                if self.options.client_id is not None:
+                    hello["client_id"] = self.options.client_id
+                info = await self.call_on(session, "hello", hello)
+            except BaseException:
+                session.close()
+                raise
+        session.info = info if isinstance(info, dict) else {}
+        limit = session.info.get("max_frame_size")
+        if type(limit) is int and limit > 0:
+            session.codec.peer_max_frame_size = limit
+            session.codec.max_frame_size = max(DEFAULT_MAX_FRAME_SIZE, limit)
+        return session
+
+    async def start(self) -> None:
+        """Connect to the first host of the list that answers (one round, no waiting)."""
+        errors: list[str] = []
+        for index, host in enumerate(self.url.hosts):
+            try:
+                self._activate(await self._open_session(index, self.options.timeout))
+            except AuthenticationFailed:
+                raise
+            except (OSError, TimeoutError, TxBrokerError) as exc:
+                errors.append(f"{host}: {exc or type(exc).__name__}")
+                continue
+            return
+        raise ConnectionLost("no broker of the list answered: " + "; ".join(errors))
+
+    def _activate(self, session: Session) -> None:
+        if session.closed:  # lost while the handshake finished
+            raise ConnectionLost(f"{session.host} closed the connection after hello")
+        self.session = session
+        self.server_info = session.info
+        self._ready.set()
+
+    def _session_lost(self, session: Session, error: BaseException | None) -> None:
+        pending = [p for p in session.pending.values() if not p.future.done()]
+        session.pending.clear()
+        current = session is self.session
+        reason = f"connection to {session.host} lost" + (f": {error}" if error else "")
+        if not current or self._closed or not self.options.reconnect:
+            lost = ConnectionLost("the connection is closed" if self._closed else reason)
+            for p in pending:
+                p.future.set_exception(lost)
+            if current:
+                self.session = None
+                self._fail(lost)
+            return
+        self.session = None
+        self._ready.clear()
+        for p in pending:
+            if p.resend:
+                self._carry.append(p)
+            else:
+                p.future.set_exception(ConnectionLost(reason + " (request not retried)"))
+        log.warning("txbroker: %s; failing over", reason)
+        self._failover_task = asyncio.create_task(self._failover(session))
+
+    async def _failover(self, old: Session) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.reconnect_timeout
+        hosts = self.url.hosts
+        index = (old.index + 1) % len(hosts)
+        backoff = INITIAL_BACKOFF
+        attempts = 0
+        last_error: BaseException | None = None
+        while not self._closed:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            timeout = remaining
+            if self.options.timeout is not None:
+                timeout = min(remaining, self.options.timeout)
+            session: Session | None = None
+            try:
+                async with asyncio.timeout(timeout):
+                    session = await self._open_session(index, None)
+                    await self._restore(session)
+                self._activate(session)
+            except (OSError, TimeoutError, TxBrokerError) as exc:
+                last_error = exc
+                if session is not None:
+                    session.close()
+            except BaseException:  # cancelled by close()
+                if session is not None:
+                    session.close()
+                raise
+            else:
+                self._notify_failover(str(old.host), str(session.host))
+                return
+            index = (index + 1) % len(hosts)
+            attempts += 1
+            if attempts % len(hosts) == 0:
+                await asyncio.sleep(max(0.0, min(backoff, deadline - loop.time())))
+                backoff = min(backoff * 2, MAX_BACKOFF)
+        self._fail(
+            ConnectionLost(
+                f"no broker of {self.url} answered within {self.options.reconnect_timeout} s"
+                + (f" (last error: {last_error})" if last_error else "")
+            )
+        )
+
+    async def _restore(self, session: Session) -> None:
+        """Subscribe again and re-send the carried requests on a new session."""
+        for sub in list(self.subs.values()):
+            sub.on_failover(session.epoch)
+            if not sub.active:
+                continue
+            try:
+                await self.call_on(session, "subscribe", sub.subscribe_args())
+            except BrokerError as exc:
+                self.subs.pop(sub.sub_id, None)
+                sub.on_end(exc)
+        if session.closed:
+            raise ConnectionLost(f"{session.host} closed the connection")
+        carry, self._carry = self._carry, []
+        for p in carry:
+            if p.future.done():
+                continue
+            rid = self._next_rid
+            self._next_rid = rid + 1
+            p.session, p.rid = session, rid
+            session.pending[rid] = p
+            session.write(session.codec.send(Request(rid, p.op, p.args)))
+
+    def _notify_failover(self, old_host: str, new_host: str) -> None:
+        log.warning("txbroker: failed over from %s to %s", old_host, new_host)
+        callback: Callable[[str, str], object] | None = self.options.on_failover
+        if callback is not None:
+            try:
+                callback(old_host, new_host)
+            except Exception:
+                log.exception("txbroker: on_failover callback raised")
+
+    def _fail(self, error: ConnectionLost) -> None:
+        """No broker left: fail every waiter and end every subscription."""
+        if self._failed is None and not self._closed:
+            self._failed = error
+        carry, self._carry = self._carry, []
+        for p in carry:
+            if not p.future.done():
+                p.future.set_exception(error)
+        subs = list(self.subs.values())
+        self.subs.clear()
+        for sub in subs:
+            sub.on_end(None if self._closed else error)
+        self._ready.set()
+        self._pausers = 0
+        self._read_gate.set()
+
+    # ---------------------------------------------------------------- closing
+
+    async def close(self) -> None:
+        """Flush pipelined acks (bounded by the timeout), then close."""
+        if self._closed:
+            return
+        if self._outstanding and self.session is not None:
+            await asyncio.wait(set(self._outstanding), timeout=self.options.timeout)
+        self._closed = True
+        task = self._failover_task
+        if task is not None and not task.done():
+            task.cancel()
+        session = self.session
+        if session is not None:
+            session.close()
+            if session.reader is not None:
+                await asyncio.wait([session.reader])
+        self._fail(ConnectionLost("the connection is closed"))
+        if self._deferred is not None:
+            log.warning("txbroker: error of a pipelined request at close: %s", self._deferred)

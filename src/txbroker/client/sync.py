@@ -1,0 +1,475 @@
+"""The sync client: ``with txbroker.connect(url) as conn: conn.send("q", b"hi")``.
+
+A thin wrapper: each :class:`Connection` runs an
+:class:`~txbroker.client.aio.AsyncConnection` on a private event loop
+(uvloop if installed) on a daemon thread, and every method hands the
+matching coroutine to that loop with ``run_coroutine_threadsafe`` and waits
+for its outcome. Exceptions are the async client's. ``on_failover`` runs on
+that private thread, so it must not call the connection itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+from txbroker.client.aio import AsyncConnection, open_connection
+from txbroker.client.async_objects import AckMode, AsyncMessage, AsyncSubscription, MessageBase
+from txbroker.client.async_transaction import AsyncTransaction
+from txbroker.client.options import ConnectOptions
+from txbroker.client.url import ClientURL, parse_url
+from txbroker.errors import ConnectionLost
+
+__all__ = ["Connection", "Message", "Subscription", "Transaction", "connect"]
+
+T = TypeVar("T")
+
+#: Messages moved from the loop thread to a sync subscription per hand-over.
+SYNC_BATCH: Final = 256
+#: Seconds to wait for the loop thread to finish at close.
+THREAD_JOIN_TIMEOUT: Final = 10.0
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class _LoopThread:
+    """An event loop running on its own daemon thread, and a way to call into it."""
+
+    def __init__(self) -> None:
+        self.loop = _new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="txbroker-client", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def _check_thread(self) -> None:
+        if threading.get_ident() == self._thread.ident:
+            raise RuntimeError(
+                "a sync txbroker call from the client's own loop thread (e.g. in on_failover) "
+                "would deadlock"
+            )
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; return its concurrent future."""
+        try:
+            self._check_thread()
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except RuntimeError as exc:
+            coro.close()
+            if "deadlock" in str(exc):
+                raise
+            raise ConnectionLost("the connection is closed") from None
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the loop and wait for its outcome (Ctrl-C cancels it)."""
+        future = self.submit(coro)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run a plain callback on the loop."""
+        self._check_thread()
+        try:
+            self.loop.call_soon_threadsafe(callback)
+        except RuntimeError:
+            raise ConnectionLost("the connection is closed") from None
+
+    def stop(self) -> None:
+        """Stop the loop and wait for its thread."""
+        if self._thread.is_alive():
+            self._check_thread()
+            with contextlib.suppress(RuntimeError):  # already closed
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(THREAD_JOIN_TIMEOUT)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class Message(MessageBase):
+    """A received message; ``msg.ack()`` / ``msg.nack()`` settle it."""
+
+    __slots__ = ("_inner", "_portal")
+
+    def __init__(self, inner: AsyncMessage, portal: _LoopThread) -> None:
+        self._copy_fields(inner)
+        self._inner = inner
+        self._portal = portal
+
+    def ack(self, *, wait: bool = False) -> None:
+        """Acknowledge (pipelined: a broker error is raised by the next call, unless ``wait``)."""
+        self._portal.call(self._inner.ack(wait=wait))
+
+    def nack(self, requeue: bool = True, *, wait: bool = False) -> None:
+        """Reject: redeliver (``requeue``) or dead-letter at once."""
+        self._portal.call(self._inner.nack(requeue, wait=wait))
+
+
+class Subscription:
+    """Messages pushed for one queue: ``for msg in sub``; ``close()`` or ``with`` ends it."""
+
+    def __init__(self, inner: AsyncSubscription, portal: _LoopThread) -> None:
+        self._inner = inner
+        self._portal = portal
+        self._local: deque[Message] = deque()
+
+    @property
+    def queue(self) -> str:
+        """The subscribed queue."""
+        return self._inner.queue
+
+    @property
+    def prefetch(self) -> int:
+        """Unacked deliveries the broker may have out on it."""
+        return self._inner.prefetch
+
+    @property
+    def ack_mode(self) -> AckMode:
+        """``"client"`` or ``"auto"``."""
+        return self._inner.ack_mode
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """Why the broker cancelled it, if it did."""
+        return self._inner.cancel_reason
+
+    def get(self, timeout: float | None = None) -> Message | None:
+        """The next message; None on timeout or once the subscription ended."""
+        if not self._local:
+            batch = self._portal.call(self._inner.get_batch(SYNC_BATCH, timeout))
+            self._local.extend(Message(m, self._portal) for m in batch)
+            if not self._local:
+                return None
+        return self._local.popleft()
+
+    def __iter__(self) -> Iterator[Message]:
+        return self
+
+    def __next__(self) -> Message:
+        message = self.get()
+        if message is None:
+            raise StopIteration
+        return message
+
+    def close(self) -> None:
+        """Unsubscribe; unacked and buffered messages go back to the queue."""
+        self._local.clear()
+        self._portal.call(self._inner.close())
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Transaction:
+    """A local transaction: ``with conn.transaction() as tx`` commits on normal exit and
+    rolls back on an exception."""
+
+    def __init__(self, inner: AsyncTransaction, portal: _LoopThread) -> None:
+        self._inner = inner
+        self._portal = portal
+
+    @property
+    def tx_id(self) -> int | None:
+        """The broker's id of the transaction (None before it began)."""
+        return self._inner.tx_id
+
+    def begin(self) -> None:
+        """Begin now (otherwise the first operation does)."""
+        self._portal.call(self._inner.begin())
+
+    def send(
+        self,
+        dest: str,
+        body: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        message_id: str | None = None,
+        persistent: bool = True,
+        priority: int = 4,
+        ttl: float | None = None,
+        delay: float | None = None,
+    ) -> None:
+        """Stage a send; it becomes visible at commit."""
+        self._portal.call(
+            self._inner.send(
+                dest,
+                body,
+                headers=headers,
+                message_id=message_id,
+                persistent=persistent,
+                priority=priority,
+                ttl=ttl,
+                delay=delay,
+            )
+        )
+
+    def receive(self, queue: str, timeout: float | None = None) -> Message | None:
+        """Receive a message consumed by the transaction (its ack is staged)."""
+        inner = self._portal.call(self._inner.receive(queue, timeout))
+        return None if inner is None else Message(inner, self._portal)
+
+    def ack(self, message: Message) -> None:
+        """Stage the ack of a message received outside the transaction."""
+        self._portal.call(self._inner.ack(message._inner))
+
+    def nack(self, message: Message, requeue: bool = True) -> None:
+        """Stage the rejection of a message received outside the transaction."""
+        self._portal.call(self._inner.nack(message._inner, requeue))
+
+    def commit(self) -> None:
+        """Commit; returns once durable. Raises TransactionRolledBack if it could not."""
+        self._portal.call(self._inner.commit())
+
+    def rollback(self) -> None:
+        """Roll back: staged sends are dropped, consumed messages redelivered."""
+        self._portal.call(self._inner.rollback())
+
+    def __enter__(self) -> Transaction:
+        self._portal.call(self._inner.__aenter__())
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._portal.call(self._inner.__aexit__(exc_type, exc, tb))
+
+
+def _chain(source: asyncio.Future[None], target: concurrent.futures.Future[None]) -> None:
+    if target.cancelled():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(None)
+
+
+class Connection:
+    """A sync connection to a broker. Use :func:`connect` to make one."""
+
+    def __init__(self, inner: AsyncConnection, portal: _LoopThread) -> None:
+        self._inner = inner
+        self._portal = portal
+        self._closed = False
+
+    @property
+    def url(self) -> ClientURL:
+        """The parsed URL (failover list and user)."""
+        return self._inner.url
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        """The broker's ``hello`` reply."""
+        return self._inner.server_info
+
+    @property
+    def host(self) -> str | None:
+        """``host:port`` of the broker we are connected to (None while failing over)."""
+        return self._inner.host
+
+    @property
+    def async_connection(self) -> AsyncConnection:
+        """The async connection this one wraps (lives on the private loop thread)."""
+        return self._inner
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise ConnectionLost("the connection is closed")
+        return self._portal.call(coro)
+
+    def send(
+        self,
+        dest: str,
+        body: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        message_id: str | None = None,
+        persistent: bool = True,
+        priority: int = 4,
+        ttl: float | None = None,
+        delay: float | None = None,
+    ) -> None:
+        """Send a message; returns once the broker made it durable (``ttl``/``delay`` in s)."""
+        self._call(
+            self._inner.send(
+                dest,
+                body,
+                headers=headers,
+                message_id=message_id,
+                persistent=persistent,
+                priority=priority,
+                ttl=ttl,
+                delay=delay,
+            )
+        )
+
+    def send_nowait(
+        self,
+        dest: str,
+        body: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        message_id: str | None = None,
+        persistent: bool = True,
+        priority: int = 4,
+        ttl: float | None = None,
+        delay: float | None = None,
+    ) -> concurrent.futures.Future[None]:
+        """Like :meth:`send` but returns a future at once: pipeline many sends."""
+        if self._closed:
+            raise ConnectionLost("the connection is closed")
+        result: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def start() -> None:
+            try:
+                reply = self._inner.send_nowait(
+                    dest,
+                    body,
+                    headers=headers,
+                    message_id=message_id,
+                    persistent=persistent,
+                    priority=priority,
+                    ttl=ttl,
+                    delay=delay,
+                )
+            except BaseException as exc:
+                result.set_exception(exc)
+            else:
+                reply.add_done_callback(lambda source: _chain(source, result))
+
+        self._portal.call_soon(start)
+        return result
+
+    def receive(self, queue: str, timeout: float | None = None) -> Message | None:
+        """Take one message (``ack`` it); None after ``timeout`` s (None: wait forever)."""
+        inner = self._call(self._inner.receive(queue, timeout))
+        return None if inner is None else Message(inner, self._portal)
+
+    def subscribe(self, queue: str, prefetch: int = 100, ack: AckMode = "client") -> Subscription:
+        """Subscribe to a queue; iterate over the returned Subscription."""
+        inner: AsyncSubscription = self._call(
+            _awaited(self._inner.subscribe(queue, prefetch=prefetch, ack=ack))
+        )
+        return Subscription(inner, self._portal)
+
+    def transaction(self) -> Transaction:
+        """A new local transaction (``with conn.transaction() as tx``)."""
+        return Transaction(self._inner.transaction(), self._portal)
+
+    def declare_queue(self, name: str, **settings: Any) -> dict[str, Any]:
+        """Create a queue (or check its settings); returns the queue info."""
+        return self._call(self._inner.declare_queue(name, **settings))
+
+    def declare_topic(self, name: str, **settings: Any) -> dict[str, Any]:
+        """Create a topic; returns its info."""
+        return self._call(self._inner.declare_topic(name, **settings))
+
+    def subscribe_topic(self, topic: str, name: str, durable: bool = True) -> dict[str, Any]:
+        """Create the subscription queue ``"{topic}::{name}"``; returns its info."""
+        return self._call(self._inner.subscribe_topic(topic, name, durable))
+
+    def update_queue(self, name: str, **settings: Any) -> dict[str, Any]:
+        """Change settings of a queue; returns its info."""
+        return self._call(self._inner.update_queue(name, **settings))
+
+    def delete_queue(self, name: str) -> int:
+        """Delete a queue; returns how many messages were dropped."""
+        return self._call(self._inner.delete_queue(name))
+
+    def purge_queue(self, name: str) -> int:
+        """Drop every ready message of a queue; returns how many."""
+        return self._call(self._inner.purge_queue(name))
+
+    def queues(self) -> list[dict[str, Any]]:
+        """Info of every queue and topic."""
+        return self._call(self._inner.queues())
+
+    def queue_info(self, name: str) -> dict[str, Any]:
+        """Info of one queue."""
+        return self._call(self._inner.queue_info(name))
+
+    def stats(self) -> dict[str, Any]:
+        """The broker's counters."""
+        return self._call(self._inner.stats())
+
+    def ping(self) -> None:
+        """Round trip to the broker."""
+        self._call(self._inner.ping())
+
+    def close(self) -> None:
+        """Flush pending acks, close, and stop the private loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._portal.call(self._inner.close())
+        finally:
+            self._portal.stop()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def connect(url: str | ClientURL, **options: Any) -> Connection:
+    """Connect to a broker: ``with connect("txb://host:5445") as conn: ...``.
+
+    Same URL and options as :func:`txbroker.aio.connect`.
+    """
+    parsed = url if isinstance(url, ClientURL) else parse_url(url)
+    checked = ConnectOptions.from_kwargs(options)
+    portal = _LoopThread()
+    try:
+        inner = portal.call(open_connection(parsed, options=checked))
+    except BaseException:
+        portal.stop()
+        raise
+    return Connection(inner, portal)

@@ -1,0 +1,264 @@
+"""Journal opening and recovery: lock, replay segments, cut a torn tail, stop at
+(or repair) damage.
+
+Theory of operation
+-------------------
+Segments are replayed oldest first. Each is opened, its header checked, and
+mapped read-only; :func:`~txbroker.storage.journal_format.scan_entries`
+walks it entry by entry, checking every CRC, and hands back ``(kind, meta,
+refs)`` in chunks of :data:`REPLAY_CHUNK` entries (a generator hop per entry
+costs more than the rest of the replay), counting bodies (every body counts
+as live; the broker releases the dead ones afterwards).
+
+When the scan stops at damage, recovery looks for any valid entry *after* it:
+
+* nothing valid follows and this is the **last** segment — a torn tail left by
+  a crash during a write that was never acknowledged: the file is truncated at
+  the damage, fsynced, and the cut is logged;
+* otherwise (valid data follows, or an older segment) — :class:`CorruptStore`
+  naming the file and offset, unless ``repair`` is on. Repair covers the
+  damaged region with a *pad* (so the next start skips it quietly), keeps
+  everything else, and records what was dropped in the report.
+
+A header that is short or all zeros in the last segment is a torn segment
+creation: the header is written again. Missing segment ids (a gap) are
+corruption; repair fills the gap with empty segments.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+
+from txbroker.errors import CorruptStore, StoreLocked
+from txbroker.storage.interface import StoredEntry
+from txbroker.storage.journal_format import (
+    MIN_PAD,
+    SEGMENT_HEADER,
+    Tally,
+    check_segment_header,
+    collect_entries,
+    encode_pad,
+    encode_segment_header,
+    find_next_entry,
+    parse_segment_name,
+    scan_entries,
+    segment_name,
+)
+
+log = logging.getLogger("txbroker.journal")
+
+#: Entries handed over per chunk during replay: big enough to amortise the
+#: generator hops, small enough to keep a few MiB of metadata in memory.
+REPLAY_CHUNK = 4096
+#: The lock file in the journal directory (``flock``-ed while a store is open).
+LOCK_FILE = "lock"
+
+
+@dataclass(slots=True)
+class RecoveredSegment:
+    """What recovery learned about one segment."""
+
+    segment_id: int
+    size: int  #: bytes of valid data (where appends continue, for the last one)
+    bodies: int
+    body_bytes: int
+
+
+def lock_directory(directory: Path, journal_dir: Path) -> tuple[int, list[Path]]:
+    """Create the journal directory if needed and ``flock`` its lock file.
+
+    Returns the lock file's fd (closing it unlocks) and the directories it had
+    to create (their parents need an fsync). Raises :class:`StoreLocked`,
+    naming the directory and the holder's pid, if another store holds it.
+    """
+    created = []
+    for path in (directory, journal_dir):
+        if not path.is_dir():
+            path.mkdir(parents=True, exist_ok=True)
+            created.append(path)
+    lock_path = journal_dir / LOCK_FILE
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreLocked(
+            f"data directory {directory} is in use: {lock_path} is locked by another "
+            f"store (pid {holder}); stop that broker first"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd, created
+
+
+def list_segments(journal_dir: Path) -> list[int]:
+    """Ids of the segment files in ``journal_dir``, ascending."""
+    ids = [parse_segment_name(name) for name in os.listdir(journal_dir)]
+    return sorted(segment_id for segment_id in ids if segment_id is not None)
+
+
+def read_segment_entries(journal_dir: Path, segment_id: int, size: int) -> tuple[StoredEntry, ...]:
+    """The entries of a sealed segment's first ``size`` bytes (for relocation)."""
+    path = journal_dir / segment_name(segment_id)
+    with open(path, "rb") as file:
+        size = min(size, os.fstat(file.fileno()).st_size)  # never map past the end (SIGBUS)
+        with mmap.mmap(file.fileno(), size, prot=mmap.PROT_READ) as data:
+            entries, damage = collect_entries(data, SEGMENT_HEADER.size, size, segment_id)
+    if damage is not None:
+        raise CorruptStore(str(path), damage.offset, damage.reason)
+    return tuple(entries)
+
+
+class Recovery:
+    """Replays a journal directory; fills ``report`` with what it dropped."""
+
+    def __init__(self, journal_dir: Path, *, repair: bool) -> None:
+        self.journal_dir = journal_dir
+        self.repair = repair
+        #: One line per dropped region, cut tail or rewritten header.
+        self.report: list[str] = []
+
+    def replay(
+        self, segment_ids: list[int]
+    ) -> Generator[list[StoredEntry], None, list[RecoveredSegment]]:
+        """Yield every entry of ``segment_ids`` (in chunks); return what each segment holds."""
+        recovered: list[RecoveredSegment] = []
+        for index, segment_id in enumerate(segment_ids):
+            if recovered and segment_id != recovered[-1].segment_id + 1:
+                recovered += self._fill_gap(recovered[-1].segment_id, segment_id)
+            last = index == len(segment_ids) - 1
+            recovered.append((yield from self._replay_segment(segment_id, last)))
+        return recovered
+
+    def _path(self, segment_id: int) -> Path:
+        return self.journal_dir / segment_name(segment_id)
+
+    def _note(self, message: str) -> None:
+        log.warning("%s", message)
+        self.report.append(message)
+
+    def _fill_gap(self, before: int, after: int) -> list[RecoveredSegment]:
+        missing = self._path(before + 1)
+        reason = f"segments {before + 1}..{after - 1} are missing (the log has a gap)"
+        if not self.repair:
+            raise CorruptStore(str(missing), 0, reason)
+        filled = []
+        for segment_id in range(before + 1, after):
+            fd = os.open(self._path(segment_id), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            try:
+                os.pwrite(fd, encode_segment_header(segment_id), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            filled.append(RecoveredSegment(segment_id, SEGMENT_HEADER.size, 0, 0))
+        self._note(f"{self.journal_dir}: {reason}; created them empty (their data is lost)")
+        return filled
+
+    def _replay_segment(
+        self, segment_id: int, last: bool
+    ) -> Generator[list[StoredEntry], None, RecoveredSegment]:
+        path = self._path(segment_id)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if not self._header_ok(fd, path, segment_id, size, last):
+                return RecoveredSegment(segment_id, SEGMENT_HEADER.size, 0, 0)
+            size = max(size, SEGMENT_HEADER.size)
+            tally = Tally()
+            end, pads = size, list[tuple[int, int]]()
+            if size > SEGMENT_HEADER.size:
+                end, pads = yield from self._scan(fd, path, segment_id, size, last, tally)
+            if end < size:
+                os.ftruncate(fd, end)
+            for start, stop in pads:
+                os.pwrite(fd, encode_pad(stop - start), start)
+            if end < size or pads:
+                os.fsync(fd)
+            return RecoveredSegment(segment_id, end, tally.bodies, tally.body_bytes)
+        finally:
+            os.close(fd)
+
+    def _header_ok(self, fd: int, path: Path, segment_id: int, size: int, last: bool) -> bool:
+        """Check the header; rewrite it if torn (last segment) or under repair.
+
+        Returns False when the segment was reset to an empty one.
+        """
+        head = os.pread(fd, SEGMENT_HEADER.size, 0)
+        problem = check_segment_header(head, segment_id)
+        if problem is None:
+            return True
+        torn = len(head) < SEGMENT_HEADER.size or not any(head)
+        if last and torn:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, encode_segment_header(segment_id), 0)
+            os.fsync(fd)
+            self._note(
+                f"{path}: torn segment header ({problem}); reset to an empty segment, "
+                f"{size} bytes dropped"
+            )
+            return False
+        if not self.repair:
+            raise CorruptStore(str(path), 0, problem)
+        os.pwrite(fd, encode_segment_header(segment_id), 0)
+        os.fsync(fd)
+        self._note(f"{path}: {problem}; header rewritten")
+        return True
+
+    def _scan(
+        self, fd: int, path: Path, segment_id: int, size: int, last: bool, tally: Tally
+    ) -> Generator[list[StoredEntry], None, tuple[int, list[tuple[int, int]]]]:
+        """Replay the entries of one mapped segment; return (valid end, regions to pad)."""
+        pads: list[tuple[int, int]] = []
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        with mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ) as mapped:
+            if hasattr(mapped, "madvise"):
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            offset = SEGMENT_HEADER.size
+            while True:
+                chunk: list[StoredEntry] = []
+                offset, damage = scan_entries(
+                    mapped, offset, size, segment_id, tally, chunk, REPLAY_CHUNK
+                )
+                if chunk:
+                    yield chunk
+                if damage is None:
+                    if offset < size:
+                        continue
+                    return size, pads
+                following = find_next_entry(mapped, damage.offset + 1, size)
+                if following is None and last:
+                    self._note(
+                        f"{path}: cut torn tail at offset {damage.offset} "
+                        f"({size - damage.offset} bytes dropped): {damage.reason}"
+                    )
+                    return damage.offset, pads
+                if not self.repair:
+                    where = (
+                        f"valid entries follow at offset {following}"
+                        if following is not None
+                        else "not at the tail of the last segment"
+                    )
+                    raise CorruptStore(str(path), damage.offset, f"{damage.reason}; {where}")
+                stop = size if following is None else following
+                self._drop(path, damage.offset, stop, damage.reason, pads)
+                if following is None:
+                    return size, pads
+                offset = following
+
+    def _drop(
+        self, path: Path, start: int, stop: int, reason: str, pads: list[tuple[int, int]]
+    ) -> None:
+        """Record a damaged region that repair skips (padded when big enough)."""
+        if stop - start >= MIN_PAD:
+            pads.append((start, stop))
+            how = "covered with a pad"
+        else:
+            how = f"too short to pad (< {MIN_PAD} bytes): run --repair again next start"
+        self._note(f"{path}: dropped bytes {start}..{stop} ({stop - start} bytes): {reason}; {how}")

@@ -1,0 +1,362 @@
+"""The journal's writer thread: group commit.
+
+Theory of operation
+-------------------
+``JournalStore.append`` runs on the broker's thread: it assigns the entry its
+place (segment, offset), hands back body refs, and puts a work item on the
+:class:`PendingQueue`. It never writes, syncs or unlinks.
+
+One :class:`GroupCommitWriter` thread loops: it takes *everything* pending
+(a batch), encodes the entries, issues one ``pwrite`` per segment the batch
+touches, then one sync per segment (``fdatasync``/``fsync``, nothing in mode
+``none``), a directory fsync if a segment file was created, and finally hands
+every completion of the batch to ``dispatch`` in one call. While it syncs,
+new appends pile up for the next batch: the slower the disk, the larger the
+batches.
+
+The work items, in queue order:
+
+* an entry tuple (see :data:`EntryItem`), written at the offset ``append`` chose;
+* :class:`Roll` — seal the current segment (write + sync what is buffered,
+  close it) and create the next one;
+* :class:`Delete` — unlink a dead segment *after* this batch's sync, so that
+  every entry queued before the delete (e.g. the acks that killed its
+  bodies) is durable before the bodies go;
+* :class:`Barrier` — set an event once everything before it is done
+  (``JournalStore.flush``).
+
+Crash points are replaceable steps: ``write_at``, ``sync_file``, ``sync_dir``,
+``open_segment`` and ``unlink`` are plain attributes that tests swap for
+functions that raise. An ``OSError`` from a write or sync poisons the store:
+the batch and everything queued after it complete with ``StorageFailed``,
+and ``append`` refuses further entries (retrying a failed fsync can report
+lost data as durable, so the journal never does).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from txbroker.errors import StorageFailed, StoreError
+from txbroker.storage.interface import BodyRef, Dispatch, DurableCallback, SyncMode
+from txbroker.storage.journal_format import encode_entry, encode_segment_header, segment_name
+
+log = logging.getLogger("txbroker.journal")
+
+#: (segment id, offset, size, kind, meta, bodies, refs, on_durable or None for a snapshot).
+EntryItem = tuple[int, int, int, int, bytes, Sequence[bytes], list[BodyRef], DurableCallback | None]
+
+#: Permission bits of new segment files (before the umask).
+SEGMENT_FILE_MODE = 0o640
+
+
+class Roll:
+    """Work item: seal the current segment and start segment ``segment_id``."""
+
+    __slots__ = ("segment_id",)
+
+    def __init__(self, segment_id: int) -> None:
+        self.segment_id = segment_id
+
+
+class Delete:
+    """Work item: unlink segment ``segment_id`` once the batch is synced."""
+
+    __slots__ = ("segment_id",)
+
+    def __init__(self, segment_id: int) -> None:
+        self.segment_id = segment_id
+
+
+class Barrier:
+    """Work item: set ``done`` once everything queued before it is processed."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+WorkItem = EntryItem | Roll | Delete | Barrier
+
+
+class PendingQueue:
+    """Work shared by the appending thread and the writer, under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)
+        self.items: list[WorkItem] = []
+        #: Set once a write or sync failed; ``append`` raises from then on.
+        self.failure: StorageFailed | None = None
+        self.stopping = False
+        #: True while the writer waits for work (so ``append`` knows to notify).
+        self.writer_idle = False
+
+    def put(self, item: WorkItem) -> None:
+        """Queue a control item (entries are queued by ``append`` itself)."""
+        with self.lock:
+            self.items.append(item)
+            if self.writer_idle:
+                self.wakeup.notify()
+
+
+def _no_sync(fd: int) -> None:
+    """Mode ``none``: leave flushing to the OS."""
+
+
+def _file_sync_for(mode: str) -> Callable[[int], None]:
+    if mode == SyncMode.FDATASYNC:
+        return os.fdatasync
+    if mode == SyncMode.FSYNC:
+        return os.fsync
+    if mode == SyncMode.NONE:
+        return _no_sync
+    raise ValueError(f"unknown sync mode {mode!r}; expected one of {SyncMode.ALL}")
+
+
+def _create_segment_file(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, SEGMENT_FILE_MODE)
+
+
+def _completion(
+    callbacks: list[DurableCallback], failure: StorageFailed | None
+) -> Callable[[], None]:
+    """One closure that runs a batch's callbacks in order."""
+
+    def complete() -> None:
+        for callback in callbacks:
+            try:
+                callback(None if failure is None else StorageFailed(str(failure)))
+            except Exception:
+                log.exception("on_durable callback raised")
+
+    return complete
+
+
+class GroupCommitWriter:
+    """The one thread that writes, syncs and deletes segment files."""
+
+    def __init__(
+        self,
+        journal_dir: Path,
+        queue: PendingQueue,
+        *,
+        sync: str,
+        dispatch: Dispatch | None,
+        head_segment: int,
+        head_fd: int | None,
+        head_offset: int,
+    ) -> None:
+        self.journal_dir = journal_dir
+        self.queue = queue
+        self.sync_mode = sync
+        self.dispatch = dispatch
+        # Replaceable steps (crash points): tests swap these for failing ones.
+        self.write_at: Callable[[int, memoryview, int], int] = os.pwrite
+        self.sync_file: Callable[[int], None] = _file_sync_for(sync)
+        self.sync_dir: Callable[[int], None] = os.fsync
+        self.open_segment: Callable[[Path], int] = _create_segment_file
+        self.unlink: Callable[[Path], None] = os.unlink
+        #: Segment the writer appends to; segments below it are fully written.
+        self.current_segment = head_segment
+        self.syncs = 0
+        self.bytes_written = 0
+        #: The batch being written (``read_body`` looks here for unwritten bodies).
+        self.in_flight: list[WorkItem] = []
+        #: Directories to fsync with the next batch (a freshly created journal dir's parent).
+        self.pending_dir_syncs: list[Path] = []
+        self._fd = head_fd
+        self._offset = head_offset
+        self._dir_fd = os.open(journal_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._deletes_broken = False
+        self._thread = threading.Thread(
+            target=self._run, name="txbroker-journal-writer", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread.start()
+
+    def check_not_writer_thread(self) -> None:
+        """Refuse to be stopped by a completion running on the writer itself."""
+        if threading.current_thread() is self._thread:
+            raise StoreError(
+                "close() called from a completion running on the journal writer thread; "
+                "give the store a dispatch function (e.g. loop.call_soon_threadsafe)"
+            )
+
+    def stop(self) -> None:
+        """Process everything queued, then end the thread and close its files."""
+        self.check_not_writer_thread()
+        with self.queue.lock:
+            self.queue.stopping = True
+            self.queue.wakeup.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._close_files()
+
+    # -- the loop ----------------------------------------------------------
+
+    def _run(self) -> None:
+        queue = self.queue
+        while True:
+            with queue.lock:
+                while not queue.items and not queue.stopping:
+                    queue.writer_idle = True
+                    queue.wakeup.wait()
+                queue.writer_idle = False
+                batch = queue.items
+                queue.items = []
+                self.in_flight = batch
+                if not batch and queue.stopping:
+                    return
+            try:
+                self._process(batch)
+            except BaseException:  # a bug: fail loudly rather than hang every caller
+                log.exception("journal writer crashed")
+                self._poison(batch, StorageFailed("journal writer crashed"))
+                raise
+
+    def _process(self, batch: list[WorkItem]) -> None:
+        if self.queue.failure is not None:
+            self._poison(batch, self.queue.failure)
+            return
+        callbacks: list[DurableCallback] = []
+        deletes: list[Delete] = []
+        barriers: list[Barrier] = []
+        parts: list[bytes] = []
+        start = self._offset
+        created = False
+        try:
+            for item in batch:
+                if type(item) is tuple:
+                    _segment, offset, size, kind, meta, bodies, _refs, on_durable = item
+                    assert offset == self._offset, (offset, self._offset)
+                    if type(meta) is not bytes:
+                        meta = bytes(meta)
+                    parts += encode_entry(kind, meta, _as_bytes(bodies), size)
+                    self._offset += size
+                    if on_durable is not None:
+                        callbacks.append(on_durable)
+                elif isinstance(item, Roll):
+                    if self._fd is not None:
+                        if self._write(parts, start):
+                            self._sync_segment()
+                        os.close(self._fd)
+                        self._fd = None
+                    path = self.journal_dir / segment_name(item.segment_id)
+                    self._fd = self.open_segment(path)
+                    self.current_segment = item.segment_id
+                    header = encode_segment_header(item.segment_id)
+                    parts = [header]
+                    start, self._offset = 0, len(header)
+                    created = True
+                elif isinstance(item, Delete):
+                    deletes.append(item)
+                elif isinstance(item, Barrier):
+                    barriers.append(item)
+            if self._write(parts, start):
+                self._sync_segment()
+            if created and self.sync_mode != SyncMode.NONE:
+                self._sync_directories()
+        except OSError as exc:
+            failure = StorageFailed(f"journal write/sync failed in {self.journal_dir}: {exc}")
+            log.error("%s; the journal refuses further appends", failure)
+            self._poison(batch, failure)
+            return
+        if callbacks:
+            self._dispatch(_completion(callbacks, None))
+        self._delete(deletes)
+        with self.queue.lock:
+            self.in_flight = []
+        for barrier in barriers:
+            barrier.done.set()
+
+    def _write(self, parts: list[bytes], offset: int) -> bool:
+        """Write ``parts`` at ``offset`` of the current segment (one pwrite)."""
+        if not parts:
+            return False
+        assert self._fd is not None
+        data = b"".join(parts)
+        parts.clear()
+        view = memoryview(data)
+        while view:
+            written = self.write_at(self._fd, view, offset)
+            if written <= 0:
+                raise OSError(errno.EIO, "write returned 0")
+            view = view[written:]
+            offset += written
+        self.bytes_written += len(data)
+        return True
+
+    def _sync_segment(self) -> None:
+        assert self._fd is not None
+        self.sync_file(self._fd)
+        self.syncs += 1
+
+    def _sync_directories(self) -> None:
+        self.sync_dir(self._dir_fd)
+        while self.pending_dir_syncs:
+            fd = os.open(self.pending_dir_syncs[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                self.sync_dir(fd)
+            finally:
+                os.close(fd)
+            self.pending_dir_syncs.pop(0)
+
+    def _delete(self, deletes: list[Delete]) -> None:
+        """Unlink dead segments, oldest first; stop at the first failure (no gaps)."""
+        if not deletes or self._deletes_broken:
+            return
+        try:
+            for item in deletes:
+                self.unlink(self.journal_dir / segment_name(item.segment_id))
+            if self.sync_mode != SyncMode.NONE:
+                self.sync_dir(self._dir_fd)
+        except OSError as exc:
+            # Leftover dead segments are harmless (replayed, then released again);
+            # deleting past a failure would leave a gap, which recovery rejects.
+            self._deletes_broken = True
+            log.error("could not delete a dead journal segment: %s; keeping the rest", exc)
+
+    def _poison(self, batch: list[WorkItem], failure: StorageFailed) -> None:
+        """Fail ``batch`` and everything still queued; refuse later appends."""
+        with self.queue.lock:
+            self.queue.failure = failure
+            batch = batch + self.queue.items
+            self.queue.items = []
+            self.in_flight = []
+        callbacks = [item[7] for item in batch if type(item) is tuple and item[7] is not None]
+        if callbacks:
+            self._dispatch(_completion(callbacks, failure))
+        for item in batch:
+            if isinstance(item, Barrier):
+                item.done.set()
+
+    def _dispatch(self, complete: Callable[[], None]) -> None:
+        if self.dispatch is None:
+            complete()
+            return
+        try:
+            self.dispatch(complete)
+        except Exception:
+            log.exception("dispatch of journal completions failed")
+
+    def _close_files(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+
+
+def _as_bytes(bodies: Sequence[bytes]) -> list[bytes]:
+    """Bodies as ``bytes`` (the CRC binding refuses bytearray and memoryview)."""
+    return [body if type(body) is bytes else bytes(body) for body in bodies]

@@ -1,0 +1,224 @@
+"""The sync wrapper, against fake brokers running on their own loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from fakeserver import FakeBroker, FakeServer, close_all
+
+import txbroker.client
+from txbroker.client.sync import Connection, Message, Subscription, Transaction, connect
+from txbroker.errors import (
+    BadRequest,
+    ConnectionLost,
+    IllegalState,
+    NotFound,
+    TransactionError,
+    TransactionRolledBack,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+T = TypeVar("T")
+
+
+class ServerThread:
+    """Fake brokers served by an event loop on a background thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.broker = FakeBroker()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    def server(self) -> FakeServer:
+        return self.call(FakeServer(self.broker).start())
+
+    def stop(self) -> None:
+        self.call(close_all())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def servers() -> Iterator[ServerThread]:
+    thread = ServerThread()
+    yield thread
+    thread.stop()
+
+
+def test_sync_send_receive_subscribe(servers: ServerThread) -> None:
+    server = servers.server()
+    with connect(f"txb://u:p@{server.address}", client_id="sync") as conn:
+        assert isinstance(conn, Connection)
+        assert conn.host == server.address
+        assert conn.url.user == "u"
+        assert conn.server_info["version"] == 1
+        conn.send("q", b"one", headers={"h": "1"}, message_id="m1")
+        message = conn.receive("q", timeout=1)
+        assert isinstance(message, Message)
+        assert (message.body, message.headers, message.message_id) == (b"one", {"h": "1"}, "m1")
+        message.ack(wait=True)
+        with pytest.raises(IllegalState):
+            message.ack()
+        assert conn.receive("q", timeout=0) is None
+
+        futures = [conn.send_nowait("q", b"%d" % i) for i in range(300)]
+        assert all(isinstance(f, concurrent.futures.Future) for f in futures)
+        assert [f.result(5) for f in futures] == [None] * 300
+        bad = conn.send_nowait("q", b"x", priority=42)
+        with pytest.raises(BadRequest):
+            bad.result(5)
+        with pytest.raises(TypeError):
+            conn.send_nowait("q", "str").result(5)  # type: ignore[arg-type]
+
+        with conn.subscribe("q", prefetch=50) as sub:
+            assert isinstance(sub, Subscription)
+            assert (sub.queue, sub.prefetch, sub.ack_mode) == ("q", 50, "client")
+            got = []
+            for message in sub:
+                got.append(message.body)
+                message.ack()
+                if len(got) == 300:
+                    break
+            assert got == [b"%d" % i for i in range(300)]
+            assert sub.get(timeout=0.05) is None
+            assert sub.cancel_reason is None
+        conn.send("q", b"nack me")
+        message = conn.receive("q", timeout=1)
+        assert message is not None
+        message.nack()
+        again = conn.receive("q", timeout=1)
+        assert again is not None and again.redelivered
+        again.nack(requeue=False, wait=True)
+
+
+def test_sync_transactions(servers: ServerThread) -> None:
+    server = servers.server()
+    with connect(f"txb://{server.address}") as conn:
+        with conn.transaction() as tx:
+            assert isinstance(tx, Transaction)
+            tx.send("t", b"1")
+            tx.send("t", b"2", priority=5, ttl=10)
+            assert tx.tx_id is not None
+        with pytest.raises(ZeroDivisionError), conn.transaction() as tx:
+            message = tx.receive("t", timeout=1)
+            assert message is not None and message.body == b"2"  # priority 5 first
+            tx.send("t", b"never")
+            _ = 1 / 0
+        tx = conn.transaction()
+        tx.begin()
+        first = tx.receive("t", timeout=1)
+        outside = conn.receive("t", timeout=1)
+        assert first is not None and first.redelivered and outside is not None
+        tx.ack(outside)
+        tx.commit()
+        with pytest.raises(TransactionError):
+            tx.receive("t", timeout=0)  # finished
+    with connect(f"txb://{server.address}") as conn:
+        conn.send("n", b"x")
+        outside = conn.receive("n", timeout=1)
+        assert outside is not None
+        tx = conn.transaction()
+        tx.nack(outside)
+        tx.rollback()
+        servers.broker.fail_commits = True
+        with pytest.raises(TransactionRolledBack), conn.transaction() as tx:
+            tx.send("n", b"y")
+        servers.broker.fail_commits = False
+    assert servers.broker.queues["t"].ready == []
+
+
+def test_sync_admin_and_errors(servers: ServerThread) -> None:
+    server = servers.server()
+    conn = txbroker.client.connect(f"txb://{server.address}", timeout=5)
+    try:
+        assert conn.declare_queue("a", max_messages=10)["settings"] == {"max_messages": 10}
+        assert conn.update_queue("a", max_bytes=1)["settings"]["max_bytes"] == 1
+        conn.declare_topic("t")
+        assert conn.subscribe_topic("t", "s", durable=False)["name"] == "t::s"
+        conn.send("a", b"1")
+        assert conn.queue_info("a")["depth"] == 1
+        assert {q["name"] for q in conn.queues()} == {"a", "t", "t::s"}
+        assert conn.purge_queue("a") == 1
+        assert conn.delete_queue("a") == 0
+        assert conn.stats()["connections"] == 1
+        conn.ping()
+        with pytest.raises(NotFound):
+            conn.queue_info("a")
+        assert conn.async_connection.host == server.address
+    finally:
+        conn.close()
+    conn.close()
+    with pytest.raises(ConnectionLost):
+        conn.ping()
+    with pytest.raises(ConnectionLost):
+        conn.send_nowait("q", b"x")
+
+
+def test_sync_connect_errors(servers: ServerThread) -> None:
+    with pytest.raises(ValueError):
+        connect("nope://x")
+    with pytest.raises(TypeError):
+        connect("txb://127.0.0.1:1", bogus=1)
+    dead = servers.server()
+    servers.call(dead.kill())
+    before = threading.active_count()
+    with pytest.raises(ConnectionLost):
+        connect(f"txb://{dead.address}", timeout=1)
+    assert threading.active_count() == before  # the loop thread was stopped
+
+
+def test_sync_failover_and_callback_thread(servers: ServerThread) -> None:
+    a, b = servers.server(), servers.server()
+    moves: list[tuple[str, str]] = []
+    errors: list[BaseException] = []
+    holder: list[Connection] = []
+
+    def on_failover(old: str, new: str) -> None:
+        moves.append((old, new))
+        try:
+            holder[0].ping()  # would deadlock: refused
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    with connect(f"txb://{a.address},{b.address}", on_failover=on_failover) as conn:
+        holder.append(conn)
+        sub = conn.subscribe("f", ack="client")
+        conn.send("f", b"1")
+        first = sub.get(timeout=1)
+        assert first is not None
+        tx = conn.transaction()
+        tx.send("f", b"tx")
+        servers.call(a.kill())
+        conn.send("f", b"2", message_id="two")  # waits for the failover
+        assert moves == [(a.address, b.address)]
+        assert len(errors) == 1 and "deadlock" in str(errors[0])
+        with pytest.raises(IllegalState):
+            first.ack()
+        with pytest.raises(TransactionRolledBack):
+            tx.commit()
+        bodies = sorted(m.body for m in (sub.get(timeout=2), sub.get(timeout=2)) if m)
+        assert bodies == [b"1", b"2"]
+        sub.close()
+
+
+def test_sync_no_host_left(servers: ServerThread) -> None:
+    server = servers.server()
+    conn = connect(f"txb://{server.address}", reconnect_timeout=0.2)
+    sub = conn.subscribe("x")
+    servers.call(server.kill())
+    with pytest.raises(ConnectionLost):
+        sub.get(timeout=5)
+    with pytest.raises(ConnectionLost):
+        conn.receive("x")
+    conn.close()

@@ -1,0 +1,200 @@
+"""Kill -9 under load: nothing acknowledged is lost, nothing appears from nowhere,
+no confirmed ack comes back, no transaction is partly visible.
+
+A real broker process runs on loopback. Producers send with unique message
+ids (plain sends and transactions of several sends); consumers receive and
+ack; "movers" consume from one queue and send to another in one local
+transaction. At a random moment the broker is killed with SIGKILL, restarted,
+and the load goes on. At the end every queue is drained and each id checked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import txbroker
+from tests.support import BrokerProcess
+from txbroker.errors import TxBrokerError
+
+
+@dataclass
+class Ledger:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    attempted: set[str] = field(default_factory=set)  # sends tried (maybe stored)
+    acknowledged: set[str] = field(default_factory=set)  # sends the broker confirmed
+    received: dict[str, int] = field(default_factory=dict)  # id -> times delivered
+    ack_confirmed: set[str] = field(default_factory=set)  # consumer acks confirmed
+    came_back: set[str] = field(default_factory=set)  # delivered after a confirmed ack
+    moved: set[str] = field(default_factory=set)  # committed moves in -> out
+
+    def add(self, name: str, *ids: str) -> None:
+        with self.lock:
+            getattr(self, name).update(ids)
+
+    def delivered(self, mid: str) -> None:
+        with self.lock:
+            self.received[mid] = self.received.get(mid, 0) + 1
+            if mid in self.ack_confirmed:
+                self.came_back.add(mid)
+
+
+def _guard(fn: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        with contextlib.suppress(TxBrokerError, OSError, TimeoutError):
+            fn()  # the broker is killed under us: errors are expected
+
+    return run
+
+
+def _producer(url: str, name: str, ledger: Ledger, stop: threading.Event, tx_size: int) -> None:
+    n = 0
+    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
+        while not stop.is_set():
+            if tx_size:
+                ids = [f"{name}-{n + i}" for i in range(tx_size)]
+                n += tx_size
+                ledger.add("attempted", *ids)
+                with conn.transaction() as tx:
+                    for mid in ids:
+                        tx.send("plain", mid.encode(), message_id=mid)
+                ledger.add("acknowledged", *ids)
+            else:
+                mid = f"{name}-{n}"
+                n += 1
+                ledger.add("attempted", mid)
+                conn.send("plain", mid.encode(), message_id=mid)
+                ledger.add("acknowledged", mid)
+
+
+def _feeder(url: str, name: str, ledger: Ledger, stop: threading.Event) -> None:
+    n = 0
+    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
+        while not stop.is_set():
+            mid = f"{name}-{n}"
+            n += 1
+            ledger.add("attempted", mid)
+            conn.send("txin", mid.encode(), message_id=mid)
+            ledger.add("acknowledged", mid)
+
+
+def _consumer(url: str, ledger: Ledger, stop: threading.Event) -> None:
+    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
+        while not stop.is_set():
+            msg = conn.receive("plain", timeout=0.2)
+            if msg is None:
+                continue
+            mid = msg.body.decode()
+            ledger.delivered(mid)
+            msg.ack(wait=True)
+            ledger.add("ack_confirmed", mid)
+
+
+def _mover(url: str, ledger: Ledger, stop: threading.Event) -> None:
+    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
+        while not stop.is_set():
+            with conn.transaction() as tx:
+                msg = tx.receive("txin", timeout=0.2)
+                if msg is None:
+                    continue
+                mid = msg.body.decode()
+                tx.send("txout", msg.body, message_id=mid)
+            ledger.add("moved", mid)
+
+
+def _drain(url: str, queue: str) -> list[str]:
+    found: list[str] = []
+    with txbroker.connect(url, reconnect=False, timeout=30) as conn:
+        while (msg := conn.receive(queue, timeout=0.5)) is not None:
+            found.append(msg.body.decode())
+            msg.ack()
+        conn.ping()
+    return found
+
+
+def run_cycles(tmp_path: Path, cycles: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    ledger = Ledger()
+    proc = BrokerProcess(tmp_path / "data").start()
+    try:
+        for cycle in range(cycles):
+            stop = threading.Event()
+            url = proc.url
+            workers: list[Callable[[], None]] = [
+                partial(_producer, url, f"c{cycle}p0", ledger, stop, 0),
+                partial(_producer, url, f"c{cycle}p1", ledger, stop, 0),
+                partial(_producer, url, f"c{cycle}t0", ledger, stop, 5),
+                partial(_feeder, url, f"c{cycle}f0", ledger, stop),
+                partial(_consumer, url, ledger, stop),
+                partial(_consumer, url, ledger, stop),
+                partial(_mover, url, ledger, stop),
+            ]
+            threads = [threading.Thread(target=_guard(w), daemon=True) for w in workers]
+            for t in threads:
+                t.start()
+            time.sleep(rng.uniform(0.3, 1.2))
+            proc.kill(signal.SIGKILL)
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+                assert not t.is_alive(), "a client thread hung after the kill"
+            proc.start()
+        plain = _drain(proc.url, "plain")
+        txin = _drain(proc.url, "txin")
+        txout = _drain(proc.url, "txout")
+    finally:
+        proc.kill()
+
+    seen_plain = set(ledger.received) | set(plain)
+    everything = seen_plain | set(txin) | set(txout)
+    lost = {m for m in ledger.acknowledged if m not in everything}
+    unexpected = everything - ledger.attempted
+    duplicated = (len(plain) - len(set(plain))) + (len(txin) - len(set(txin))) + (
+        len(txout) - len(set(txout)))
+    both_sides = set(txin) & set(txout)  # a move partly visible
+    confirmed_back = ledger.came_back | (ledger.ack_confirmed & set(plain))
+    moved_missing = ledger.moved - set(txout)
+    report = {
+        "cycles": cycles,
+        "acknowledged_sends": len(ledger.acknowledged),
+        "consumer_acks_confirmed": len(ledger.ack_confirmed),
+        "committed_moves": len(ledger.moved),
+        "drained": len(plain) + len(txin) + len(txout),
+        "lost": len(lost),
+        "duplicated": duplicated,
+        "unexpected": len(unexpected),
+        "acked_came_back": len(confirmed_back),
+        "partial_transactions": len(both_sides),
+        "committed_moves_missing": len(moved_missing),
+    }
+    print("kill -9 report:", report)
+    return report
+
+
+def _check(report: dict[str, Any]) -> None:
+    assert report["acknowledged_sends"] > 0
+    assert report["lost"] == 0
+    assert report["duplicated"] == 0
+    assert report["unexpected"] == 0
+    assert report["acked_came_back"] == 0
+    assert report["partial_transactions"] == 0
+    assert report["committed_moves_missing"] == 0
+
+
+def test_kill9_cycles(tmp_path: Path) -> None:
+    _check(run_cycles(tmp_path, cycles=10, seed=20261122))
+
+
+@pytest.mark.slow
+def test_kill9_soak(tmp_path: Path) -> None:
+    _check(run_cycles(tmp_path, cycles=60, seed=7))

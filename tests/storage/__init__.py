@@ -1,0 +1,1 @@
+"""Store tests: one contract suite (contract.py) run on every store."""

@@ -1,0 +1,476 @@
+"""The store contract: one suite that every store must pass.
+
+A test module subclasses :class:`StoreContractTests` and provides a
+``factory`` fixture returning a :class:`StoreFactory`. Everything
+store-specific hides behind the factory:
+
+* ``open()`` builds a store at the factory's current *location*; opening the
+  same location again after ``close()`` is a restart;
+* ``fresh()`` moves the factory to a new, empty location;
+* ``crasher`` damages a closed store the way crashes and disks do;
+* ``features`` says which optional parts of the contract apply (segments and
+  relocation, snapshots, corruption detection, survival of a killed process);
+* ``child_spec()`` tells the kill -9 test how a subprocess opens the store.
+
+The suite is written against the ``Store`` protocol only.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from txbroker.errors import CorruptStore, StorageFailed, StoreError, StoreLocked
+from txbroker.storage.interface import Dispatch, SnapshotProvider, Store, StoredEntry
+
+from .crash_payload import expected_body
+from .support import Completions, Loop, run_and_kill
+
+#: Optional parts of the contract (a factory lists those its store honours).
+SEGMENTS = "segments"  # maintain() deletes dead units and may ask for relocation
+SNAPSHOT = "snapshot"  # each new segment starts with the snapshot_provider's entry
+CORRUPTION = "corruption"  # damage outside the tail raises CorruptStore; repair=True skips it
+PROCESS = "process"  # data survives the store's process being killed
+
+#: (kind, meta, bodies) — what a test appends and expects back.
+Entry = tuple[int, bytes, list[bytes]]
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """What a crasher broke: the file and offset a CorruptStore must name, and
+    the positions (in the recovered log) of the entries repair will drop."""
+
+    path: str
+    offset: int
+    lost: tuple[int, ...]
+
+
+class Crasher(Protocol):
+    """Breaks a *closed* store (or a live one's sync) on purpose."""
+
+    def tear_last_entry(self, how: str) -> None:
+        """Leave the last entry incomplete: ``how`` is "header" (cut inside its
+        header), "body" (cut inside its body) or "crc" (full length, bad checksum)."""
+
+    def truncate_log(self, entries_back: int) -> None:
+        """Cut the log inside the ``entries_back``-th entry from the end."""
+
+    def corrupt_old_entry(self) -> Damaged:
+        """Flip one bit in an entry that is neither in the last unit nor at the tail."""
+
+    def truncate_old_segment(self) -> Damaged:
+        """Cut an old (not last) unit short, inside its last entry."""
+
+    def fail_syncs(self, store: Store) -> None:
+        """Make every later sync of the open ``store`` raise ``OSError(EIO)``."""
+
+
+class StoreFactory(abc.ABC):
+    """Opens one kind of store at a location; see the module docstring."""
+
+    features: frozenset[str] = frozenset()
+    #: Bytes a store may keep beyond its live data once fully reclaimed.
+    reclaim_slack: int = 0
+    crasher: Crasher
+
+    @property
+    @abc.abstractmethod
+    def location_name(self) -> str:
+        """How error messages name the current location (StoreLocked must include it)."""
+
+    @abc.abstractmethod
+    def open(
+        self,
+        *,
+        dispatch: Dispatch | None = None,
+        snapshot_provider: SnapshotProvider | None = None,
+        repair: bool = False,
+        small_segments: bool = False,
+    ) -> Store:
+        """A new (not yet recovered) store at the current location."""
+
+    @abc.abstractmethod
+    def fresh(self) -> None:
+        """Move to a new, empty location."""
+
+    def child_spec(self) -> dict[str, Any] | None:
+        """``{"factory": "module:callable", "kwargs": {...}}`` for a subprocess, or None."""
+        return None
+
+
+def recover(store: Store) -> list[StoredEntry]:
+    return list(store.recover())
+
+
+def contents(store: Store, entries: Iterable[StoredEntry]) -> list[Entry]:
+    """(kind, meta, bodies) of recovered entries, bodies read back."""
+    return [(e.kind, e.meta, [store.read_body(ref) for ref in e.refs]) for e in entries]
+
+
+def append_all(store: Store, loop: Loop, entries: list[Entry]) -> list[list[int]]:
+    """Append ``entries`` and wait until all are durable; return their refs."""
+    done = Completions()
+    refs = [
+        store.append(kind, meta, bodies, done.callback(n))
+        for n, (kind, meta, bodies) in enumerate(entries)
+    ]
+    loop.run_until(lambda: len(done) == len(entries))
+    assert [error for _, error in done.calls] == [None] * len(entries)
+    return refs
+
+
+def sample_entries(count: int, seed: int = 7, max_body: int = 2000) -> list[Entry]:
+    rng = random.Random(seed)
+    return [
+        (
+            rng.randrange(2, 12),
+            b"meta-%d-" % n + rng.randbytes(rng.randrange(0, 40)),
+            [rng.randbytes(rng.randrange(0, max_body)) for _ in range(rng.choice((0, 1, 1, 2, 3)))],
+        )
+        for n in range(count)
+    ]
+
+
+class StoreContractTests:
+    """Subclass with a ``factory`` fixture to run the contract on a store."""
+
+    def open(self, factory: StoreFactory, **options: Any) -> tuple[Store, Loop, list[StoredEntry]]:
+        loop = Loop()
+        store = factory.open(dispatch=loop.dispatch, **options)
+        return store, loop, recover(store)
+
+    def restart(self, factory: StoreFactory, store: Store, **options: Any) -> tuple[Store, Loop]:
+        store.close()
+        store, loop, _ = self.open(factory, **options)
+        return store, loop
+
+    # -- basics --------------------------------------------------------------
+
+    def test_fresh_store_recovers_nothing(self, factory: StoreFactory) -> None:
+        store, _, entries = self.open(factory)
+        assert entries == []
+        stats = store.stats()
+        assert (stats.appends, stats.live_bodies, stats.live_body_bytes) == (0, 0, 0)
+        store.close()
+
+    def test_round_trip_across_restart(self, factory: StoreFactory) -> None:
+        entries: list[Entry] = [
+            (1, b"", []),
+            (2, b"m", [b""]),
+            (65535, bytes(range(256)), [b"a", b"", b"bc" * 1000]),
+            (3, b"x" * 5000, [bytes(300_000)]),
+            *sample_entries(50),
+        ]
+        store, loop, _ = self.open(factory)
+        refs = append_all(store, loop, entries)
+        for ref_list, (_, _, bodies) in zip(refs, entries, strict=True):
+            assert [store.read_body(ref) for ref in ref_list] == bodies
+            assert [store.body_size(ref) for ref in ref_list] == [len(b) for b in bodies]
+        store.close()
+        store, loop, recovered = self.open(factory)
+        assert contents(store, recovered) == entries
+        for entry, (_, _, bodies) in zip(recovered, entries, strict=True):
+            assert [store.body_size(ref) for ref in entry.refs] == [len(b) for b in bodies]
+        assert store.stats().live_bodies == sum(len(b) for _, _, b in entries)
+        assert store.stats().live_body_bytes == sum(len(x) for _, _, b in entries for x in b)
+        # Appends continue after a restart and survive the next one.
+        more = sample_entries(5, seed=99)
+        append_all(store, loop, more)
+        store, loop = self.restart(factory, store)
+        store.close()
+        store, _, recovered = self.open(factory)
+        assert contents(store, recovered) == entries + more
+        store.close()
+
+    def test_bodies_readable_at_once(self, factory: StoreFactory) -> None:
+        store, loop, _ = self.open(factory)
+        done = Completions()
+        bodies = [bytes([n]) * (n * 100) for n in range(40)]
+        refs = [store.append(4, b"m", [body], done.callback(n)) for n, body in enumerate(bodies)]
+        assert [store.read_body(r) for (r,) in refs] == bodies
+        loop.run_until(lambda: len(done) == len(bodies))
+        assert [store.read_body(r) for (r,) in refs] == bodies
+        store.close()
+
+    def test_callbacks_exactly_once_in_append_order(self, factory: StoreFactory) -> None:
+        store, loop, _ = self.open(factory)
+        done = Completions()
+        for n, (kind, meta, bodies) in enumerate(sample_entries(500)):
+            store.append(kind, meta, bodies, done.callback(n))
+            if n % 97 == 0:
+                loop.run_pending()
+        loop.run_until(lambda: len(done) == 500)
+        store.close()
+        loop.run_pending()
+        assert done.calls == [(n, None) for n in range(500)]
+
+    def test_group_commit(self, factory: StoreFactory) -> None:
+        store, loop, _ = self.open(factory)
+        done = Completions()
+        for n in range(2000):
+            store.append(4, b"%d" % n, [b"x" * 100], done.callback(n))
+        loop.run_until(lambda: len(done) == 2000)
+        stats = store.stats()
+        assert done.calls == [(n, None) for n in range(2000)]
+        assert stats.appends == 2000
+        assert 1 <= stats.syncs <= stats.appends // 10, stats
+        assert loop.calls <= stats.syncs  # one dispatch per batch, not per entry
+        assert stats.bytes_written >= 2000 * 100
+        store.close()
+
+    def test_misuse_is_refused(self, factory: StoreFactory) -> None:
+        store = factory.open()
+        with pytest.raises(StoreError):
+            store.append(1, b"", [], lambda error: None)
+        recover(store)
+        with pytest.raises(StoreError):
+            store.recover()
+        store.close()
+        store.close()  # idempotent
+        with pytest.raises(StoreError):
+            store.append(1, b"", [], lambda error: None)
+
+    # -- locking -------------------------------------------------------------
+
+    def test_lock_prevents_a_second_open(self, factory: StoreFactory) -> None:
+        first, _, _ = self.open(factory)
+        second = factory.open()
+        with pytest.raises(StoreLocked, match=re.escape(factory.location_name)):
+            second.recover()
+        second.close()
+        first.close()
+        third, _, _ = self.open(factory)
+        third.close()
+
+    # -- space ---------------------------------------------------------------
+
+    def test_release_updates_live_counts(self, factory: StoreFactory) -> None:
+        store, loop, _ = self.open(factory)
+        refs = append_all(store, loop, [(4, b"a", [b"x" * 100, b"y" * 50]), (4, b"b", [b"z" * 7])])
+        store.release(refs[0][0])
+        store.release(refs[1][0])
+        stats = store.stats()
+        assert (stats.live_bodies, stats.live_body_bytes) == (1, 50)
+        assert store.maintain() is None
+        assert store.read_body(refs[0][1]) == b"y" * 50
+        store.close()
+
+    def test_release_and_maintain_reclaim_space(self, factory: StoreFactory) -> None:
+        if SEGMENTS not in factory.features:
+            pytest.skip("store has no segments to reclaim")
+        snapshots = iter(range(10**6))
+        store, loop, _ = self.open(
+            factory,
+            small_segments=True,
+            snapshot_provider=lambda: (1, b"snap-%d" % next(snapshots)),
+        )
+        body_of = {n: bytes([n % 251]) * 1000 for n in range(300)}
+        refs = append_all(store, loop, [(4, b"%d" % n, [body_of[n]]) for n in range(300)])
+        live = {ref_list[0]: n for n, ref_list in enumerate(refs) if n % 10 == 0}
+        for ref_list in refs:
+            if ref_list[0] not in live:
+                store.release(ref_list[0])
+        segments_before = store.stats().segments
+        idle = 0
+        for _ in range(1000):
+            relocation = store.maintain()
+            if relocation is None:
+                idle += 1
+                if idle == 2:
+                    break
+                continue
+            idle = 0
+            for entry in relocation.entries:  # the broker's part: copy what still lives
+                for ref in entry.refs:
+                    if ref in live:
+                        n = live.pop(ref)
+                        [[new_ref]] = append_all(store, loop, [(10, b"%d" % n, [body_of[n]])])
+                        live[new_ref] = n
+                        store.release(ref)
+        stats = store.stats()
+        live_bytes = 1000 * len(live)
+        assert (stats.live_bodies, stats.live_body_bytes) == (30, live_bytes)
+        assert stats.segments < segments_before
+        assert stats.disk_bytes <= 2 * live_bytes + factory.reclaim_slack, stats
+        for ref, n in live.items():
+            assert store.read_body(ref) == body_of[n]
+        store.close()
+        # After a restart the log starts with a snapshot and every live body is there.
+        store, _, recovered = self.open(factory, small_segments=True)
+        assert recovered[0].kind == 1 and recovered[0].meta.startswith(b"snap-")
+        last_copy = {int(e.meta): e for e in recovered if e.kind in (4, 10)}
+        assert {n: store.read_body(last_copy[n].refs[0]) for n in live.values()} == {
+            n: body_of[n] for n in live.values()
+        }
+        store.close()
+
+    def test_snapshot_is_written_at_each_roll(self, factory: StoreFactory) -> None:
+        if SNAPSHOT not in factory.features:
+            pytest.skip("store writes no snapshots")
+        calls: list[int] = []
+
+        def snapshot() -> tuple[int, bytes]:
+            calls.append(len(calls))
+            return 1, b"snap-%d" % (len(calls) - 1)
+
+        store, loop, _ = self.open(factory, small_segments=True, snapshot_provider=snapshot)
+        entries = [(4, b"%d" % n, [bytes(900)]) for n in range(200)]
+        append_all(store, loop, entries)
+        assert len(calls) >= 2
+        store.close()
+        store, _, recovered = self.open(factory, small_segments=True)
+        snaps = [e.meta for e in recovered if e.kind == 1]
+        assert snaps == [b"snap-%d" % n for n in calls]
+        assert contents(store, [e for e in recovered if e.kind != 1]) == entries
+        store.close()
+
+    # -- failing syncs -------------------------------------------------------
+
+    def test_failing_sync_fails_entries_and_later_appends(self, factory: StoreFactory) -> None:
+        store, loop, _ = self.open(factory)
+        first = (4, b"first", [b"1" * 10])
+        append_all(store, loop, [first])
+        factory.crasher.fail_syncs(store)
+        done = Completions()
+        later = [(4, b"b", [b"2"]), (6, b"c", [])]
+        for n, (kind, meta, bodies) in enumerate(later):
+            try:
+                store.append(kind, meta, bodies, done.callback(n))
+            except StorageFailed:
+                done.calls.append((n, StorageFailed("refused at append")))
+        loop.run_until(lambda: len(done) == len(later))
+        assert all(isinstance(error, StorageFailed) for _, error in done.calls), done.calls
+        with pytest.raises(StorageFailed):
+            store.append(4, b"d", [b"3"], done.callback(99))
+        store.close()
+        loop.run_pending()
+        assert sorted(n for n, _ in done.calls) == [0, 1]  # exactly once, never "durable"
+        store, _, recovered = self.open(factory)
+        got = contents(store, recovered)
+        assert got[0] == first
+        assert got[1:] == later[: len(got) - 1]  # unacknowledged: may or may not be there
+        store.close()
+
+    # -- crashes -------------------------------------------------------------
+
+    @pytest.mark.parametrize("how", ["header", "body", "crc"])
+    def test_torn_last_entry_is_cut(self, factory: StoreFactory, how: str) -> None:
+        entries = sample_entries(6, seed=3, max_body=500)
+        entries[-1] = (4, b"last", [b"L" * 800])
+        store, loop, _ = self.open(factory)
+        append_all(store, loop, entries)
+        store.close()
+        factory.crasher.tear_last_entry(how)
+        store, loop, recovered = self.open(factory)
+        assert contents(store, recovered) == entries[:-1]
+        append_all(store, loop, [(5, b"after", [b"A"])])
+        store, _ = self.restart(factory, store)
+        store.close()
+        store, _, recovered = self.open(factory)
+        assert contents(store, recovered) == [*entries[:-1], (5, b"after", [b"A"])]
+        store.close()
+
+    @pytest.mark.parametrize("entries_back", [1, 2, 5])
+    def test_truncated_log_keeps_the_prefix(self, factory: StoreFactory, entries_back: int) -> None:
+        entries = sample_entries(12, seed=entries_back)
+        store, loop, _ = self.open(factory)
+        append_all(store, loop, entries)
+        store.close()
+        factory.crasher.truncate_log(entries_back)
+        store, _, recovered = self.open(factory)
+        assert contents(store, recovered) == entries[:-entries_back]
+        store.close()
+
+    @pytest.mark.parametrize("damage", ["corrupt_old_entry", "truncate_old_segment"])
+    def test_damage_in_an_old_segment_stops_recovery(
+        self, factory: StoreFactory, damage: str
+    ) -> None:
+        if CORRUPTION not in factory.features:
+            pytest.skip("store does not detect corruption")
+        entries = [(4, b"%d" % n, [bytes([n]) * 700]) for n in range(60)]
+        store, loop, _ = self.open(factory, small_segments=True)
+        append_all(store, loop, entries)
+        store.close()
+        store, _, before = self.open(factory, small_segments=True)
+        full = contents(store, before)
+        store.close()
+        damaged: Damaged = getattr(factory.crasher, damage)()
+        store = factory.open(small_segments=True)
+        with pytest.raises(CorruptStore) as caught:
+            recover(store)
+        store.close()
+        assert (caught.value.path, caught.value.offset) == (damaged.path, damaged.offset)
+        assert damaged.path in str(caught.value) and str(damaged.offset) in str(caught.value)
+        # repair=True keeps everything else and says what it dropped.
+        store, _, repaired = self.open(factory, small_segments=True, repair=True)
+        assert contents(store, repaired) == [e for i, e in enumerate(full) if i not in damaged.lost]
+        report: list[str] = getattr(store, "repair_report")  # noqa: B009
+        assert report and any(damaged.path in line for line in report), report
+        store.close()
+        # The repair sticks: the next start needs no repair.
+        store, _, again = self.open(factory, small_segments=True)
+        assert len(again) == len(full) - len(damaged.lost)
+        store.close()
+
+    def test_killed_process_loses_nothing_acknowledged(self, factory: StoreFactory) -> None:
+        spec = factory.child_spec()
+        if PROCESS not in factory.features or spec is None:
+            pytest.skip("store does not survive its process")
+        rng = random.Random(2024)
+        start = 0
+        acknowledged: set[int] = set()
+        for cycle in range(4):
+            acked_now = run_and_kill(spec, start, kill_after=rng.uniform(0.15, 0.6))
+            acknowledged |= acked_now
+            store, _, recovered = self.open(factory)
+            indices = []
+            for entry in recovered:
+                index = int(entry.meta)
+                meta, bodies = expected_body(index)
+                assert (entry.meta, [store.read_body(r) for r in entry.refs]) == (meta, bodies)
+                indices.append(index)
+            store.close()
+            assert indices == sorted(set(indices)), "entries out of order or duplicated"
+            missing = acknowledged - set(indices)
+            assert not missing, f"cycle {cycle}: acknowledged entries lost: {sorted(missing)[:10]}"
+            assert acked_now, f"cycle {cycle}: the child acknowledged nothing"
+            start = indices[-1] + 1
+
+    @settings(
+        max_examples=25,
+        deadline=None,
+        # One method, run by each store's subclass: the factory fixture makes every
+        # example start from a fresh location, so sharing examples is harmless.
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.differing_executors,
+        ],
+    )
+    @given(
+        entries=st.lists(
+            st.tuples(
+                st.integers(0, 65535),
+                st.binary(max_size=100),
+                st.lists(st.binary(max_size=5000), max_size=5),
+            ),
+            max_size=25,
+        )
+    )
+    def test_round_trip_property(self, factory: StoreFactory, entries: list[Entry]) -> None:
+        factory.fresh()
+        store, loop, _ = self.open(factory, small_segments=True)
+        append_all(store, loop, entries)
+        store.close()
+        store, _, recovered = self.open(factory, small_segments=True)
+        assert contents(store, recovered) == entries
+        store.close()

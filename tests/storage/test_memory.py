@@ -1,0 +1,119 @@
+"""The memory store: the contract suite, plus its restart and crash helpers."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from txbroker.storage.interface import Dispatch, SnapshotProvider, Store
+from txbroker.storage.memory import MemoryState, MemoryStore
+
+from .contract import Damaged, StoreContractTests, StoreFactory, recover
+from .support import Completions, Loop
+
+
+class MemoryCrasher:
+    """Crashes of a memory store: entries that never became durable."""
+
+    def __init__(self, factory: MemoryFactory) -> None:
+        self.factory = factory
+
+    def tear_last_entry(self, how: str) -> None:
+        self.truncate_log(1)
+
+    def truncate_log(self, entries_back: int) -> None:
+        del self.factory.state.entries[-entries_back:]
+
+    def corrupt_old_entry(self) -> Damaged:
+        raise NotImplementedError("memory is never corrupt")
+
+    def truncate_old_segment(self) -> Damaged:
+        raise NotImplementedError("memory has no segments")
+
+    def fail_syncs(self, store: Store) -> None:
+        assert isinstance(store, MemoryStore)
+
+        def failing_sync() -> None:
+            raise OSError(errno.EIO, "injected sync failure")
+
+        store.sync_step = failing_sync
+
+
+class MemoryFactory(StoreFactory):
+    def __init__(self) -> None:
+        self.count = 0
+        self.crasher = MemoryCrasher(self)
+        self.fresh()
+
+    @property
+    def location_name(self) -> str:
+        return self.state.name
+
+    def fresh(self) -> None:
+        self.count += 1
+        self.state = MemoryState(name=f"memory-{self.count}")
+
+    def open(
+        self,
+        *,
+        dispatch: Dispatch | None = None,
+        snapshot_provider: SnapshotProvider | None = None,
+        repair: bool = False,
+        small_segments: bool = False,
+    ) -> Store:
+        return MemoryStore(
+            self.state, dispatch=dispatch, snapshot_provider=snapshot_provider, repair=repair
+        )
+
+
+class TestMemoryContract(StoreContractTests):
+    @pytest.fixture
+    def factory(self) -> MemoryFactory:
+        return MemoryFactory()
+
+
+def test_inline_dispatch_completes_inside_append() -> None:
+    store = MemoryStore()
+    recover(store)
+    done = Completions()
+    store.append(4, b"m", [b"body"], done.callback(0))
+    assert done.calls == [(0, None)]
+    assert store.stats().syncs == 1
+    store.close()
+
+
+def test_crash_loses_what_was_not_synced_and_reopen_recovers_the_rest() -> None:
+    loop = Loop()
+    store = MemoryStore(dispatch=loop.dispatch)
+    recover(store)
+    done = Completions()
+    store.append(4, b"durable", [b"d"], done.callback(0))
+    loop.run_until(lambda: len(done) == 1)
+    [lost_ref] = store.append(4, b"lost", [b"l"], done.callback(1))
+    store.crash()
+    loop.run_pending()
+    assert done.calls == [(0, None)]  # the crash came before the second sync
+    again = store.reopen()
+    entries = recover(again)
+    assert [(e.meta, [again.read_body(r) for r in e.refs]) for e in entries] == [
+        (b"durable", [b"d"])
+    ]
+    with pytest.raises(KeyError):
+        again.read_body(lost_ref)
+    again.close()
+
+
+def test_maintain_reclaims_released_bodies() -> None:
+    store = MemoryStore()
+    recover(store)
+    [[a], [b]] = [store.append(4, b"m", [bytes(1000)], lambda e: None) for _ in range(2)]
+    before = store.stats().disk_bytes
+    store.release(a)
+    assert store.maintain() is None
+    assert store.stats().disk_bytes == before - 1000
+    assert store.body_size(a) == 1000  # sizes stay known for replay
+    with pytest.raises(KeyError):
+        store.read_body(a)
+    assert store.read_body(b) == bytes(1000)
+    store.close()

@@ -1,0 +1,112 @@
+"""Test support: real broker processes on loopback, free ports, raw frames."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BrokerProcess:
+    """``txbroker serve`` in a child process; stopped by pid."""
+
+    def __init__(self, data: Path, *args: str, port: int | None = None) -> None:
+        self.data = data
+        self.args = list(args)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[str] | None = None
+        self.log_path = data.parent / f"{data.name}-broker.log"
+
+    @property
+    def url(self) -> str:
+        return f"txb://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> BrokerProcess:
+        cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
+               "--port", str(self.port), "--log-level", "WARNING", *self.args]
+        log = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     cwd=ROOT)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("txbroker ready"):
+                self.ready_line = line.strip()
+                return self
+            if not line and self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}: "
+                                   f"{self.log_path.read_text()[-2000:]}")
+        self.kill()
+        raise RuntimeError("broker did not become ready in time")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> int | None:
+        """SIGTERM (clean shutdown); returns the exit code."""
+        self.kill(signal.SIGTERM)
+        return None if self.proc is None else self.proc.returncode
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
+
+
+class RawClient:
+    """Frames by hand, for protocol-abuse tests."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.unpacker_buf = b""
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def request(self, rid: int, op: str, args: dict[str, Any]) -> None:
+        payload = msgpack.packb([0, rid, op, args], use_bin_type=True)
+        self.send_raw(len(payload).to_bytes(4, "big") + payload)
+
+    def read_frame(self) -> list[Any] | None:
+        while True:
+            if len(self.unpacker_buf) >= 4:
+                n = int.from_bytes(self.unpacker_buf[:4], "big")
+                if len(self.unpacker_buf) >= 4 + n:
+                    frame = self.unpacker_buf[4:4 + n]
+                    self.unpacker_buf = self.unpacker_buf[4 + n:]
+                    return list(msgpack.unpackb(frame, raw=False))
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.unpacker_buf += chunk
+
+    def call(self, rid: int, op: str, **args: Any) -> list[Any]:
+        self.request(rid, op, args)
+        while True:
+            frame = self.read_frame()
+            assert frame is not None, "connection closed"
+            if frame[0] in (1, 2) and frame[1] == rid:
+                return frame
+
+    def close(self) -> None:
+        self.sock.close()
