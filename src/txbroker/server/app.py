@@ -34,6 +34,7 @@ from txbroker.errors import StorageFailed
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import ClientConnection
+from txbroker.server.sink import SessionSink
 from txbroker.storage.interface import Store
 
 log = logging.getLogger("txbroker.server")
@@ -71,7 +72,7 @@ class BrokerServer:
         self.config = config
         self.broker = Broker(config.limits)
         self.auth = Authenticator(config.users)
-        self.connections: dict[int, ClientConnection] = {}
+        self.connections: dict[int, SessionSink] = {}
         self.store: Store | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
@@ -80,7 +81,7 @@ class BrokerServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self._maintainer: asyncio.Task[None] | None = None
-        self._dirty: set[ClientConnection] = set()
+        self._dirty: set[SessionSink] = set()
         self._stopping = asyncio.Event()
         self.recovery_seconds = 0.0
         self.recovered_messages = 0
@@ -156,25 +157,27 @@ class BrokerServer:
             await asyncio.sleep(0)  # let the last completions run
             self.run_effects()
         for conn in list(self.connections.values()):
-            conn.flush()
-            if conn.transport is not None:
-                conn.transport.close()
+            conn.close()
         self.store = None
         log.info("broker stopped")
 
     # ------------------------------------------------------------------ connections
-    def _new_connection(self) -> ClientConnection:
+    def new_session_id(self) -> int:
+        """A session id for a new connection of any protocol."""
         session = self._next_session
         self._next_session += 1
-        return ClientConnection(self, session)
+        return session
 
-    def admit(self, conn: ClientConnection) -> bool:
+    def _new_connection(self) -> ClientConnection:
+        return ClientConnection(self, self.new_session_id())
+
+    def admit(self, conn: SessionSink) -> bool:
         if len(self.connections) >= self.config.max_connections:
             return False
         self.connections[conn.session_id] = conn
         return True
 
-    def forget(self, conn: ClientConnection) -> None:
+    def forget(self, conn: SessionSink) -> None:
         if self.connections.pop(conn.session_id, None) is None:
             return
         self._dirty.discard(conn)
@@ -266,8 +269,7 @@ class BrokerServer:
         if effect.sub == 0:
             conn.answer_later(effect.rid, data)
         else:
-            data["sub"] = effect.sub
-            conn.push("deliver", data)
+            conn.deliver(effect.sub, data)
         self._dirty.add(conn)
 
     # ------------------------------------------------------------------ timers

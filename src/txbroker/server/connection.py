@@ -71,17 +71,19 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         self.codec.receive_data(data)
+        now = self.server.now()
         try:
-            events = self.codec.drain()
+            # drain() returns the valid frames first and raises on a later call
+            # when garbage follows them: loop until it has nothing more.
+            while events := self.codec.drain():
+                for event in events:
+                    if not isinstance(event, Request):
+                        raise ProtocolError("clients may only send requests")
+                    self._handle(event, now)
         except ProtocolError as exc:
+            self.server.run_effects()
             self._protocol_error(exc)
             return
-        now = self.server.now()
-        for event in events:
-            if not isinstance(event, Request):
-                self._protocol_error(ProtocolError("clients may only send requests"))
-                return
-            self._handle(event, now)
         self.server.run_effects()
         self.flush()
         if self.waiting > self.server.config.max_pending_requests and not self.paused:
@@ -168,6 +170,15 @@ class ClientConnection(asyncio.Protocol):
 
     def push(self, event: str, data: dict[str, Any]) -> None:
         self._out.append(self.codec.send(Push(event, data)))
+
+    def deliver(self, sub: int, data: dict[str, Any]) -> None:
+        data["sub"] = sub
+        self._out.append(self.codec.send(Push("deliver", data)))
+
+    def close(self) -> None:
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
 
     def flush(self) -> None:
         """Write everything gathered in one call; resume reading if we may."""
