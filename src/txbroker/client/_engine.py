@@ -224,6 +224,26 @@ class Engine:
         future.add_done_callback(self._pipelined_done)
         return future
 
+    def pipeline_ack(self, session: Session, tag: int) -> None:
+        """Queue a pipelined ack; acks of one loop iteration go out as ONE request."""
+        batch = self._ack_batch
+        if batch is None or batch[0] is not session:
+            if batch is not None:
+                self._flush_acks()
+            self._ack_batch = batch = (session, [])
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        batch[1].append(tag)
+
+    def _flush_acks(self) -> None:
+        batch, self._ack_batch = self._ack_batch, None
+        if batch is None:
+            return
+        session, tags = batch
+        if session is self.session:  # after a failover the broker redelivers them anyway
+            self.pipeline(session, "ack", {"tags": tags})
+
+    _ack_batch: tuple[Session, list[int]] | None = None
+
     def _pipelined_done(self, future: asyncio.Future[Any]) -> None:
         self._outstanding.discard(future)
         if future.cancelled():

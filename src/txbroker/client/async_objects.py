@@ -180,6 +180,8 @@ class AsyncMessage(MessageBase):
         session = await self._settle()
         if wait:
             await self._engine.call(op, args, timeout=self._engine.options.timeout, resend=False)
+        elif op == "ack":
+            self._engine.pipeline_ack(session, self.tag)
         else:
             self._engine.pipeline(session, op, args)
 

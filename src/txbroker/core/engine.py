@@ -63,6 +63,8 @@ from txbroker.storage.records import Kind
 
 #: Returned by a command whose reply comes later as an effect.
 LATER: Any = object()
+#: The reply to a send that was stored (shared: never mutated).
+NOT_DUPLICATE: dict[str, bool] = {"duplicate": False}
 #: The separator in a topic subscription queue's name: ``topic::subscription``.
 SUBSCRIPTION_SEPARATOR = "::"
 
@@ -88,13 +90,20 @@ class Engine:
         self.next_id = 1
         self.failed: BaseException | None = None  #: the store failed: no more writes
         self._effects = EffectList()
+        # the open record group: plain sends and acks of the current batch of
+        # commands, written as ONE record by flush() (see "Record groups")
+        self._group_adds: list[Message] = []
+        self._group_acks: list[Message] = []
+        self._group_replies: list[tuple[int, int, Any]] = []
         self._receive_deadlines: list[tuple[int, int, int, Consumer]] = []
         self._next_expiry_scan = 0
         self.counters = {"sent": 0, "delivered": 0, "acked": 0, "expired": 0, "dead_lettered": 0}
 
     # ------------------------------------------------------------------ plumbing
     def take_effects(self) -> list[Effect]:
-        """Every effect produced since the last call, in order."""
+        """Every effect produced since the last call, in order (closes the record group)."""
+        if self._group_adds or self._group_acks:
+            self.flush()
         return self._effects.take()
 
     def _emit(self, effect: Effect) -> None:
@@ -110,7 +119,56 @@ class Engine:
     ) -> None:
         if self.failed is not None:
             raise StorageFailed(f"the store failed, the broker takes no writes: {self.failed}")
+        if self._group_adds or self._group_acks:
+            self.flush()  # keep the log in command order
         self._emit(Persist(int(kind), records.pack(meta), bodies or [], on_durable, on_refs))
+
+    def flush(self) -> None:
+        """Close the open record group: its sends and acks go out as one record.
+
+        The edge calls this after each batch of commands (``take_effects``
+        does it too). Many pipelined sends of one read become one store
+        entry, one checksum and one completion instead of one each.
+        """
+        adds, acks, replies = self._group_adds, self._group_acks, self._group_replies
+        if not adds and not acks:
+            return
+        self._group_adds, self._group_acks, self._group_replies = [], [], []
+        if self.failed is not None:
+            self._fail_group(adds, replies, self.failed)
+            return
+
+        def on_refs(refs: list[int]) -> None:
+            for message, ref in zip(adds, refs, strict=True):
+                message.ref = ref
+
+        def on_durable(error: BaseException | None) -> None:
+            if error is not None:
+                self._storage_failed(error)
+                self._fail_group(adds, replies, error)
+                return
+            now = self._now
+            for message in adds:
+                self._apply_add(message, now)
+            for message in acks:
+                self._forget(message)
+            emit = self._effects.items.append
+            for session_id, rid, result in replies:
+                emit(Reply(session_id, rid, result))
+
+        if len(adds) == 1 and not acks:
+            kind, meta = Kind.ADD, adds[0].to_record()
+        else:
+            kind, meta = Kind.TX, [[m.to_record() for m in adds], [m.id for m in acks]]
+        bodies = [m.body for m in adds if m.body is not None]
+        self._emit(Persist(int(kind), records.pack(meta), bodies, on_durable, on_refs))
+
+    def _fail_group(self, adds: list[Message], replies: list[tuple[int, int, Any]],
+                    error: BaseException) -> None:
+        for message in adds:
+            self._drop_pending(message)
+        for session_id, rid, _ in replies:
+            self._emit(Fail(session_id, rid, StorageFailed(str(error))))
 
     def _new_id(self) -> int:
         self.next_id += 1
@@ -187,7 +245,8 @@ class Engine:
     ) -> Any:
         """Send a message to a queue or topic. Replies ``{"duplicate": bool}``."""
         session = self.session(session_id)
-        check_name(dest, "destination")
+        if dest not in self.queues and dest not in self.topics:
+            check_name(dest, "destination")  # known names were checked when created
         if len(body) > self.limits.max_message_size:
             raise MessageTooLarge(
                 f"message of {len(body)} bytes is above max_message_size "
@@ -231,7 +290,7 @@ class Engine:
             queue.pending_bytes += message.size
             made.append(message)
         self.counters["sent"] += 1
-        result = {"duplicate": False}
+        result = NOT_DUPLICATE
         if transaction is not None:
             transaction.sends.extend(made)
             return result
@@ -241,37 +300,16 @@ class Engine:
                 self._apply_add(message, now)
         if not stored:
             return result
+        if self.failed is not None:
+            for message in stored:
+                self._drop_pending(message)
+            raise StorageFailed(f"the store failed, the broker takes no writes: {self.failed}")
         for message in stored:
             self.messages[message.id] = message
-        self._persist_adds(stored, session_id, rid, result, now)
+        self._group_adds.extend(stored)
+        if rid:
+            self._group_replies.append((session_id, rid, result))
         return LATER
-
-    def _persist_adds(
-        self, stored: list[Message], session_id: int, rid: int, result: Any, now: int
-    ) -> None:
-        def on_refs(refs: list[int]) -> None:
-            for message, ref in zip(stored, refs, strict=True):
-                message.ref = ref
-
-        def on_durable(error: BaseException | None) -> None:
-            if error is not None:
-                self._storage_failed(error)
-                for message in stored:
-                    self._drop_pending(message)
-                self._emit(Fail(session_id, rid, StorageFailed(str(error))))
-                return
-            for message in stored:
-                self._apply_add(message, self.now_hint(now))
-            self._emit(Reply(session_id, rid, result))
-
-        if len(stored) == 1:
-            meta: Any = stored[0].to_record()
-            kind = Kind.ADD
-        else:
-            meta = [[m.to_record() for m in stored], []]
-            kind = Kind.TX
-        bodies = [m.body for m in stored if m.body is not None]
-        self._persist(kind, meta, on_durable, bodies, on_refs)
 
     def now_hint(self, fallback: int) -> int:
         """The latest time the edge told us (durable callbacks carry no time)."""
@@ -416,30 +454,24 @@ class Engine:
 
     def _consume(self, messages: list[Message], reply: tuple[int, int] | None) -> Any:
         """Messages acked (outside a transaction): gone now, bodies freed when durable."""
-        stored = [m for m in messages if m.persistent]
+        if self.failed is not None and any(m.persistent for m in messages):
+            raise StorageFailed(f"the store failed, the broker takes no writes: {self.failed}")
+        stored = False
         for message in messages:
             queue = self.queues.get(message.queue)
             if queue is not None:
                 queue.count_out(message)
             message.state = State.GONE
             self.counters["acked"] += 1
-            if not message.persistent:
+            if message.persistent:
+                stored = True
+                self._group_acks.append(message)
+            else:
                 self._forget(message)
         if not stored:
             return {}
-
-        def on_durable(error: BaseException | None) -> None:
-            if error is not None:
-                self._storage_failed(error)
-                if reply is not None:
-                    self._emit(Fail(reply[0], reply[1], StorageFailed(str(error))))
-                return
-            for message in stored:
-                self._forget(message)
-            if reply is not None:
-                self._emit(Reply(reply[0], reply[1], {}))
-
-        self._persist(Kind.ACK, [m.id for m in stored], on_durable)
+        if reply is not None:
+            self._group_replies.append((reply[0], reply[1], {}))
         return LATER
 
     def _expire(self, queue: Queue, message: Message, now: int) -> None:

@@ -84,6 +84,10 @@ class BrokerServer:
         self._dirty: set[SessionSink] = set()
         self._stopping = asyncio.Event()
         self.recovery_seconds = 0.0
+        self._runners: dict[type, Callable[[Any], None]] = {
+            Persist: self._persist, Deliver: self._deliver, Reply: self._reply,
+            Fail: self._fail, Release: self._release, Cancelled: self._cancelled,
+        }
         self.recovered_messages = 0
 
     # ------------------------------------------------------------------ time
@@ -195,40 +199,39 @@ class BrokerServer:
     def run_effects(self) -> None:
         """Carry out every effect the core produced; write to touched connections."""
         broker = self.broker
+        runners = self._runners
         while True:
             effects = broker.take_effects()
             if not effects:
                 break
             for effect in effects:
-                self._run(effect)
+                runners[type(effect)](effect)
         for conn in self._dirty:
             conn.flush()
         self._dirty.clear()
         self._arm_timer()
 
-    def _run(self, effect: Any) -> None:
-        if isinstance(effect, Persist):
-            self._persist(effect)
-        elif isinstance(effect, Deliver):
-            self._deliver(effect)
-        elif isinstance(effect, Reply):
-            conn = self.connections.get(effect.session)
-            if conn is not None:
-                conn.answer_later(effect.rid, effect.result)
-                self._dirty.add(conn)
-        elif isinstance(effect, Release):
-            if self.store is not None:
-                self.store.release(effect.ref)
-        elif isinstance(effect, Fail):
-            conn = self.connections.get(effect.session)
-            if conn is not None:
-                conn.fail_later(effect.rid, effect.error)
-                self._dirty.add(conn)
-        elif isinstance(effect, Cancelled):
-            conn = self.connections.get(effect.session)
-            if conn is not None:
-                conn.push("cancelled", {"sub": effect.sub, "reason": effect.reason})
-                self._dirty.add(conn)
+    def _reply(self, effect: Reply) -> None:
+        conn = self.connections.get(effect.session)
+        if conn is not None:
+            conn.answer_later(effect.rid, effect.result)
+            self._dirty.add(conn)
+
+    def _fail(self, effect: Fail) -> None:
+        conn = self.connections.get(effect.session)
+        if conn is not None:
+            conn.fail_later(effect.rid, effect.error)
+            self._dirty.add(conn)
+
+    def _release(self, effect: Release) -> None:
+        if self.store is not None:
+            self.store.release(effect.ref)
+
+    def _cancelled(self, effect: Cancelled) -> None:
+        conn = self.connections.get(effect.session)
+        if conn is not None:
+            conn.push("cancelled", {"sub": effect.sub, "reason": effect.reason})
+            self._dirty.add(conn)
 
     def _persist(self, effect: Persist) -> None:
         store = self.store

@@ -54,9 +54,20 @@ def _tags(args: dict[str, Any]) -> list[int]:
     return tags
 
 
+_SEND_OPTIONAL = frozenset(["headers", "message_id", "persistent", "priority", "ttl_ms",
+                            "delay_ms", "tx"])
+
+
 def send(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    dest, body = a.get("dest"), a.get("body")
+    if type(dest) is not str:
+        raise BadRequest("argument 'dest' must be of type str")
+    if type(body) is not bytes:
+        raise BadRequest("argument 'body' must be of type bytes")
+    if len(a) == 2:  # the common case: no options
+        return b.send(session, rid, dest, body, now)
     return b.send(
-        session, rid, _get(a, "dest", str), _get(a, "body", bytes), now,
+        session, rid, dest, body, now,
         headers=_headers(a),
         message_id=_get(a, "message_id", str, None),
         persistent=_get(a, "persistent", bool, True),

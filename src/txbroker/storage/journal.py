@@ -102,6 +102,9 @@ RELOCATE_BELOW_LIVE_FRACTION = 0.5
 #: (the broker could not move everything yet), offer it again: about a minute
 #: at the server's default 1 s maintain interval.
 RELOCATION_RETRY_CALLS = 60
+#: Relocate only once the journal has this many segments (Artemis compacts from
+#: journal-compact-min-files = 10; with 64 MiB segments 4 is a similar amount).
+RELOCATE_MIN_SEGMENTS = 4
 #: Subdirectory of the data directory that holds the journal.
 JOURNAL_SUBDIR = "journal"
 
@@ -424,6 +427,11 @@ class JournalStore:
         info = self._segments[oldest]
         if info.live_bytes >= RELOCATE_BELOW_LIVE_FRACTION * info.size:
             return None
+        if len(self._segments) < RELOCATE_MIN_SEGMENTS:
+            return None  # a few segments of waste are cheaper than copying
+        watched, self._oldest_watch = self._oldest_watch, (oldest, info.live_bodies)
+        if watched[0] == oldest and watched[1] > info.live_bodies:
+            return None  # consumers are eating it: it will likely die on its own
         recently = self._maintain_calls - self._relocation_offered_at < RELOCATION_RETRY_CALLS
         if self._relocating == oldest and recently:
             return None
@@ -435,6 +443,8 @@ class JournalStore:
             log.error("cannot read segment %d for relocation: %s", oldest, exc)
             return None
         return Relocation(oldest, entries)
+
+    _oldest_watch: tuple[int, int] = (-1, 0)
 
     def _drop_oldest(self) -> None:
         segment = self._oldest
