@@ -410,3 +410,42 @@ def test_relocation_moves_live_bodies_and_releases_old_refs(h: Harness) -> None:
     h2 = h.crash()
     h2.session()
     assert [h2.receive(1, 20 + i, "q").body for i in range(2)] == [b"body1", b"body2"]
+
+
+def test_relocated_message_survives_deletion_of_its_original_segment(h: Harness) -> None:
+    s = h.session()
+    h.send(s, 1, "q", b"old-and-pinned")
+    h.send(s, 2, "q", b"consumed")
+    d = h.receive(s, 3, "q")
+    d2 = h.receive(s, 4, "q")
+    h.call("nack", s, [d.tag], h.now)  # delivery count 1 is carried by the copy
+    h.call("ack", s, 5, [d2.tag], h.now)
+    from txbroker.storage.interface import StoredEntry
+
+    live = h.broker.live_refs([StoredEntry(k, m, tuple(r)) for k, m, r in h.log])
+    assert [mid for mid, _ in live] == [1]
+    kind, meta = h.broker.snapshot()
+    for mid, ref in live:
+        h.call("relocate", mid, ref, h.bodies[ref])
+    # the store deletes the old segment: the log now starts with a snapshot
+    tail = [entry for entry in h.log if entry[0] == 10]
+    h.log = [(kind, meta, []), *tail]
+    h2 = h.crash()
+    h2.session()
+    got = h2.receive(1, 1, "q")
+    assert (got.body, got.delivery_count, got.redelivered) == (b"old-and-pinned", 2, True)
+    assert h2.receive(1, 2, "q") is None
+
+
+def test_message_acked_in_a_committing_transaction_is_not_relocated(h: Harness) -> None:
+    h.auto_sync = False
+    s = h.session()
+    h.send(s, 1, "q", b"x")
+    h.sync()
+    d = h.receive(s, 2, "q")
+    tx = h.call("tx_begin", s)["tx"]
+    h.call("ack", s, 0, [d.tag], h.now, tx=tx)
+    h.call("tx_commit", s, 3, tx, h.now)  # the TX record is on its way to disk
+    from txbroker.storage.interface import StoredEntry
+
+    assert h.broker.live_refs([StoredEntry(k, m, tuple(r)) for k, m, r in h.log]) == []

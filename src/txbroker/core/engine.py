@@ -668,6 +668,10 @@ class Engine:
         tx.fire(TxEvent.COMMIT)
         stored_sends = [m for m in tx.sends if m.persistent]
         stored_acks = [m for m in tx.acks.values() if m.persistent]
+        for message in tx.acks.values():
+            # gone from now on: compaction must not copy a message whose ack is
+            # already in the log (a copy after the ack would bring it back)
+            message.state = State.GONE
         for message in stored_sends:
             self.messages[message.id] = message
         if not stored_sends and not stored_acks:

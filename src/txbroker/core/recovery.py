@@ -91,13 +91,8 @@ class Broker(Admin):
             if message is not None:
                 message.delivery_count, message.deliver_at_ms = meta[1], meta[2]
         elif kind == Kind.RELOCATE:
-            message = self.messages.get(meta)
-            if message is None:
-                self._emit(Release(refs[0]))
-            else:
-                if message.ref is not None:
-                    self._emit(Release(message.ref))
-                message.ref = refs[0]
+            # the full, current message: the segment with its ADD may be gone
+            self._replay_add(meta, refs[0], 0)
         elif kind == Kind.QUEUE_PUT:
             self._replay_definition(meta)
         elif kind == Kind.QUEUE_DELETE:
@@ -206,7 +201,7 @@ class Broker(Admin):
             elif entry.kind == Kind.TX:
                 ids = [msg[records.MSG_ID] for msg in meta[0]]
             else:
-                ids = [meta]
+                ids = [meta[records.MSG_ID]]
             for message_id, ref in zip(ids, entry.refs, strict=False):
                 message = self.messages.get(message_id)
                 if message is not None and message.ref == ref and message.state is not State.GONE:
@@ -228,4 +223,7 @@ class Broker(Admin):
             else:
                 self._emit(Release(new_refs[0]))
 
-        self._persist(Kind.RELOCATE, message_id, on_durable, [body], new_refs.extend)
+        current = self.messages.get(message_id)
+        if current is None:
+            return
+        self._persist(Kind.RELOCATE, current.to_record(), on_durable, [body], new_refs.extend)

@@ -25,9 +25,10 @@ kind  name            meta                                                bodies
 8     MOVE            ``[[id…], queue, reason]`` — dead-lettered or       0
                       expired to another queue, same id and body
 9     UPDATE          ``[id, delivery_count, deliver_at_ms]``             0
-10    RELOCATE        ``id`` — a fresh copy of a live body, written by    1
-                      compaction; replaces the ref if ``id`` still lives,
-                      else the copy is dead at once
+10    RELOCATE        ``msg`` (as it is now: queue, delivery count) — a    1
+                      fresh copy of a live message written by compaction;
+                      replayed like ADD (replaces an older copy), because
+                      the segment holding the original ADD may be deleted
 ====  ==============  ==================================================  ======
 
 ``msg`` = ``[id, queue, message_id, headers, priority, timestamp_ms,
