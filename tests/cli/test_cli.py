@@ -13,7 +13,9 @@ import pytest
 from tests.support import ROOT, BrokerProcess
 
 
-def txb(*args: str, input: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def txb(
+    *args: str, input: bytes | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run([sys.executable, "-m", "txbroker.cli", *args], cwd=ROOT, env=env,
                           input=None if input is None else input.decode(), text=True,
