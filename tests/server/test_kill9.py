@@ -125,7 +125,11 @@ def _drain(url: str, queue: str) -> list[str]:
 def run_cycles(tmp_path: Path, cycles: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     ledger = Ledger()
-    proc = BrokerProcess(tmp_path / "data").start()
+    # small segments and a fast maintenance tick: segments are deleted and live
+    # messages relocated while the kills happen
+    config = tmp_path / "broker.toml"
+    config.write_text("[server]\nsegment_size = 131072\nmaintain_interval = 0.2\n")
+    proc = BrokerProcess(tmp_path / "data", "--config", str(config)).start()
     try:
         for cycle in range(cycles):
             stop = threading.Event()
