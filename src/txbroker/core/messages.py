@@ -13,8 +13,6 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import Any
 
-from txbroker.storage import records
-
 
 class State(IntEnum):
     """Where a message is in its life."""
@@ -50,7 +48,6 @@ class Message:
         self,
         id: int,
         queue: str,
-        *,
         size: int,
         message_id: str | None = None,
         headers: dict[str, str] | None = None,
@@ -94,20 +91,10 @@ class Message:
 
     @classmethod
     def from_record(cls, msg: list[Any], size: int, ref: int | None) -> Message:
-        """Rebuild an index entry from a replayed ``msg`` tuple."""
-        return cls(
-            msg[records.MSG_ID],
-            msg[records.MSG_QUEUE],
-            size=size,
-            message_id=msg[records.MSG_MESSAGE_ID],
-            headers=msg[records.MSG_HEADERS],
-            priority=msg[records.MSG_PRIORITY],
-            timestamp_ms=msg[records.MSG_TIMESTAMP],
-            expires_ms=msg[records.MSG_EXPIRES],
-            deliver_at_ms=msg[records.MSG_DELIVER_AT],
-            delivery_count=msg[records.MSG_DELIVERY_COUNT],
-            ref=ref,
-        )
+        """Rebuild an index entry from a replayed ``msg`` tuple (hot: positional)."""
+        id, queue, message_id, headers, priority, timestamp, expires, deliver_at, count = msg
+        return cls(id, queue, size, message_id, headers, priority, timestamp, expires,
+                   deliver_at, count, True, None, ref)
 
     def expired(self, now_ms: int) -> bool:
         """True once the message's time to live has run out."""
