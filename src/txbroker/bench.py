@@ -40,22 +40,27 @@ async def _producer(url: str, queue: str, count: int, body: bytes, window: int,
 
 
 async def _consumer(url: str, queue: str, quota: list[int], prefetch: int,
-                    tick: Callable[[int], None], idle: float) -> int:
+                    tick: Callable[[int], None], idle: float, finished: list[float]) -> int:
+    """Consume and ack until ``quota`` is used up (or nothing comes for ``idle`` s)."""
     from txbroker.aio import connect
 
     conn = await connect(url, reconnect=False)
     got = 0
     try:
         sub = await conn.subscribe(queue, prefetch=prefetch, ack="client")
-        while quota[0] > 0:
-            batch = await sub.get_batch(prefetch, timeout=idle)
+        quiet_since = time.perf_counter()
+        while quota[0] > 0 and time.perf_counter() - quiet_since < idle:
+            batch = await sub.get_batch(prefetch, timeout=0.05)
             if not batch:
-                break
+                continue
+            quiet_since = time.perf_counter()
             for msg in batch:
                 await msg.ack()  # pipelined: acks of one loop turn go out as one request
             quota[0] -= len(batch)
             got += len(batch)
             tick(len(batch))
+            if quota[0] <= 0 and not finished:
+                finished.append(time.perf_counter())
         await conn.ping()  # every ack before it has been processed
         await sub.close()
     finally:
@@ -100,11 +105,12 @@ async def _run(url: str, *, queue: str, count: int, size: int, producers: int, c
     if phase in ("consume", "both"):
         before = (await _stats(url)).get("store", {})
         quota = [count]
+        finished: list[float] = []
         started = time.perf_counter()
         got = await asyncio.gather(*(_consumer(url, queue, quota, prefetch,
-                                               lambda k: tick("consume", k), 5.0)
+                                               lambda k: tick("consume", k), 5.0, finished)
                                      for _ in range(consumers)))
-        elapsed = time.perf_counter() - started
+        elapsed = (finished[0] if finished else time.perf_counter()) - started
         after = (await _stats(url)).get("store", {})
         received = sum(got)
         syncs = after.get("syncs", 0) - before.get("syncs", 0)
