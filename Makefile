@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DATA   ?= ./txbroker-data
 
-.PHONY: venv run test lint typecheck unit bench clean
+.PHONY: venv run test lint postgres bench clean
 
 venv: $(STAMP)
 
@@ -22,8 +22,16 @@ lint: venv
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy src
 
-test: venv lint
+test: venv lint postgres
 	$(PY) -m pytest -q
+
+# The XA tests start their own PostgreSQL (initdb in a temp dir): install the
+# Debian package when it is missing.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  ( $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
+	    apt-get install -y -qq postgresql )
 
 bench: venv
 	$(PY) bench/run_core.py

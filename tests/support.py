@@ -40,6 +40,8 @@ class BrokerProcess:
     def start(self, timeout: float = 60.0) -> BrokerProcess:
         cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                "--port", str(self.port), "--log-level", "WARNING", *self.args]
+        if "--stomp-port" not in self.args:
+            cmd += ["--stomp-port", "0"]
         log = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                      cwd=ROOT)

@@ -22,7 +22,9 @@ from txbroker.errors import (
     IllegalState,
     TransactionRolledBack,
     TxBrokerError,
+    XAError,
 )
+from txbroker.xid import Xid
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,8 @@ __all__ = [
     "IllegalState",
     "TransactionRolledBack",
     "TxBrokerError",
+    "XAError",
+    "Xid",
     "__version__",
     "aio",
     "connect",

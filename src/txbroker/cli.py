@@ -1,4 +1,5 @@
-"""The ``txbroker`` command: serve, send, recv, queues, stat, bench, passwd.
+"""The ``txbroker`` command: serve, send, recv, queues, stat, bench, passwd,
+``xa list|commit|rollback|forget``.
 
 Every client command takes ``--url`` (default ``$TXBROKER_URL`` or
 ``txb://127.0.0.1:5445``).
@@ -48,7 +49,8 @@ def serve(
     config: Annotated[Path | None, typer.Option(help="TOML config file")] = None,
     host: Annotated[str | None, typer.Option(help="address to listen on")] = None,
     port: Annotated[int | None, typer.Option(help="native port (0 = off)")] = None,
-    stomp_port: Annotated[int | None, typer.Option(help="STOMP port (0 = off)")] = None,
+    stomp_port: Annotated[int | None, typer.Option(
+        help="STOMP port (0 = off; default 61613)")] = None,
     http_port: Annotated[int | None, typer.Option(help="HTTP console port (0 = off)")] = None,
     sync: Annotated[str | None, typer.Option(help="none | fdatasync | fsync")] = None,
     store: Annotated[str | None, typer.Option(help="journal")] = None,
@@ -71,7 +73,9 @@ def serve(
         raise _fail(exc) from exc
 
     def ready(server: Any) -> None:
-        print(f"txbroker ready on {cfg.host}:{server.port} (data {cfg.data}, sync {cfg.sync}); "
+        stomp = f", STOMP {server.stomp_port}" if server.stomp_port else ""
+        print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
+              f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "
               f"{server.recovery_seconds:.2f} s", flush=True)
         if cfg.repair and getattr(server.store, "repair_report", None):
@@ -237,6 +241,74 @@ def passwd(password: Annotated[str, typer.Option(prompt=True, hide_input=True,
     from txbroker.server.auth import hash_password
 
     print(hash_password(password))
+
+
+xa_app = typer.Typer(no_args_is_help=True,
+                     help="XA branches: list them, complete prepared ones by hand, forget.")
+app.add_typer(xa_app, name="xa")
+XidArgument = Annotated[str, typer.Argument(help="Xid as FORMATID-GTRIDHEX-BQUALHEX")]
+
+
+def _xid(text: str) -> Any:
+    from txbroker.xid import Xid
+
+    try:
+        return Xid.parse(text)
+    except TxBrokerError as exc:
+        raise _fail(exc) from exc
+
+
+@xa_app.command("list")
+def xa_list(url: UrlOption = DEFAULT_URL,
+            json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Every branch: state, age, messages sent and consumed, Xid."""
+    try:
+        with _connect(url) as conn:
+            found = conn.xa_branches()
+    except TxBrokerError as exc:
+        raise _fail(exc) from exc
+    if json_out:
+        print(json.dumps(found, indent=2))
+        return
+    table = Table("state", "age (s)", "sent", "consumed", "xid")
+    for b in found:
+        table.add_row(b["state"], f"{b['age_ms'] / 1000:.1f}", str(b["sent"]),
+                      str(b["consumed"]), b["xid"])
+    console.print(table)
+
+
+@xa_app.command("commit")
+def xa_commit(xid: XidArgument, url: UrlOption = DEFAULT_URL) -> None:
+    """Heuristically commit a PREPARED branch (it becomes HEURISTIC_COMMITTED)."""
+    _heuristic(url, xid, commit=True)
+
+
+@xa_app.command("rollback")
+def xa_rollback(xid: XidArgument, url: UrlOption = DEFAULT_URL) -> None:
+    """Heuristically roll back a PREPARED branch (it becomes HEURISTIC_ROLLED_BACK)."""
+    _heuristic(url, xid, commit=False)
+
+
+def _heuristic(url: str, text: str, *, commit: bool) -> None:
+    xid = _xid(text)
+    try:
+        with _connect(url) as conn:
+            conn.xa_heuristic(xid, commit)
+    except TxBrokerError as exc:
+        raise _fail(exc) from exc
+    print(f"{xid}: heuristically {'committed' if commit else 'rolled back'}")
+
+
+@xa_app.command("forget")
+def xa_forget(xid: XidArgument, url: UrlOption = DEFAULT_URL) -> None:
+    """Forget a heuristically completed branch."""
+    parsed = _xid(xid)
+    try:
+        with _connect(url) as conn:
+            conn.xa_resource().forget(parsed)
+    except TxBrokerError as exc:
+        raise _fail(exc) from exc
+    print(f"{parsed}: forgotten")
 
 
 def _progress() -> Progress:

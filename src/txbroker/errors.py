@@ -16,6 +16,7 @@
     │   ├── TransactionError      wrong transaction use (no transaction, unknown id)
     │   │   └── TransactionRolledBack  the transaction could not commit and was rolled back
     │   ├── IllegalState          e.g. acking a message that is no longer in flight
+    │   ├── XAError               an XA request failed; ``errcode`` is the XA code (XAER_*, XA_RB*)
     │   └── StorageFailed         the store failed (fsync error); the broker stopped writing
     ├── StoreError                local store problems (not sent on the wire as such)
     │   ├── CorruptStore          checksum / format failure in the middle of the log
@@ -54,6 +55,7 @@ class ErrorCode(IntEnum):
     TOO_MANY_UNACKED = 23
     STORAGE_FAILED = 30
     SHUTTING_DOWN = 31
+    XA = 40  #: an XA error; the wire code is ``XA_WIRE_BASE + errcode`` (see XAError)
 
 
 class TxBrokerError(Exception):
@@ -86,6 +88,11 @@ class BrokerError(TxBrokerError):
     @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+    @property
+    def wire_code(self) -> int:
+        """The integer sent in an ``err`` reply (XAError adds its XA code)."""
+        return int(self.code)
 
 
 class BadRequest(BrokerError):
@@ -152,6 +159,67 @@ class ShuttingDown(BrokerError):
     retriable = True
 
 
+# --------------------------------------------------------------------- XA codes
+# The X/Open XA return codes (xa.h; javax.transaction.xa.XAException uses the same numbers).
+XA_RBBASE = 100
+XA_RBROLLBACK = 100  #: rolled back, no reason given
+XA_RBCOMMFAIL = 101  #: rolled back: a communication failure
+XA_RBDEADLOCK = 102  #: rolled back: a deadlock
+XA_RBINTEGRITY = 103  #: rolled back: an integrity violation (an endpoint refused the work)
+XA_RBOTHER = 104  #: rolled back for another reason (e.g. too many messages)
+XA_RBPROTO = 105  #: rolled back: a protocol error in the resource manager
+XA_RBTIMEOUT = 106  #: rolled back: the branch took too long
+XA_RBTRANSIENT = 107  #: rolled back: may be retried
+XA_RBEND = 107
+XA_NOMIGRATE = 9
+XA_HEURHAZ = 8  #: the branch may have been heuristically completed
+XA_HEURCOM = 7  #: the branch was heuristically committed
+XA_HEURRB = 6  #: the branch was heuristically rolled back
+XA_HEURMIX = 5  #: partly committed, partly rolled back
+XA_RETRY = 4  #: the resource manager cannot do it now: retry
+XA_RDONLY = 3  #: the branch was read-only (did no work) and is gone after prepare
+XA_OK = 0
+XAER_ASYNC = -2  #: an asynchronous operation is outstanding
+XAER_RMERR = -3  #: a resource manager error in the branch
+XAER_NOTA = -4  #: the Xid is not a known branch
+XAER_INVAL = -5  #: invalid arguments
+XAER_PROTO = -6  #: the request is not allowed in the branch's state
+XAER_RMFAIL = -7  #: the resource manager is unavailable
+XAER_DUPID = -8  #: the Xid already exists
+XAER_OUTSIDE = -9  #: the resource manager is doing work outside the global transaction
+
+#: Names of the XA codes, for messages and the CLI.
+XA_CODE_NAMES: dict[int, str] = {
+    value: name
+    for name, value in list(globals().items())
+    if (name.startswith("XA_") or name.startswith("XAER_")) and isinstance(value, int)
+    and name not in ("XA_RBBASE", "XA_RBEND")
+}
+#: An XA error travels as ``XA_WIRE_BASE + errcode`` (codes -9..107 -> 1991..2107).
+XA_WIRE_BASE = 2000
+
+
+class XAError(BrokerError):
+    """An XA request failed. ``errcode`` is the XA code (XAER_*, XA_RB*, XA_HEUR*), the
+    same number as ``javax.transaction.xa.XAException.errorCode``."""
+
+    code = ErrorCode.XA
+
+    def __init__(self, errcode: int, message: str = "") -> None:
+        name = XA_CODE_NAMES.get(errcode, str(errcode))
+        super().__init__(f"{name}: {message}" if message else name)
+        self.errcode = errcode
+
+    @property
+    def rolled_back(self) -> bool:
+        """True for the XA_RB* codes: the branch was rolled back."""
+        return XA_RBBASE <= self.errcode <= XA_RBEND
+
+    @property
+    def wire_code(self) -> int:
+        return XA_WIRE_BASE + self.errcode
+
+
 class RemoteProtocolError(BrokerError):
     """The broker reported that our bytes broke the protocol."""
 
@@ -205,6 +273,11 @@ _BY_CODE: dict[int, type[BrokerError]] = {
 
 def error_for_code(code: int, message: str) -> BrokerError:
     """Build the exception matching a wire error code (unknown codes → BrokerError)."""
+    if XA_WIRE_BASE - 100 <= code <= XA_WIRE_BASE + 200:
+        errcode = code - XA_WIRE_BASE
+        error = XAError(errcode)
+        error.args = (message,)  # already "NAME: reason" as the broker wrote it
+        return error
     cls = _BY_CODE.get(code)
     if cls is None:
         try:

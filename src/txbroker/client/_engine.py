@@ -42,13 +42,17 @@ from txbroker.client._session import Pending, Session, SubscriptionSink
 from txbroker.client.options import ConnectOptions
 from txbroker.client.transport import READ_CHUNK
 from txbroker.client.url import ClientURL
+from txbroker.core.xa import TMRESUME
 from txbroker.errors import (
+    XA_RBCOMMFAIL,
+    XAER_PROTO,
     AuthenticationFailed,
     BrokerError,
     ConnectionLost,
     MessageTooLarge,
     ProtocolError,
     TxBrokerError,
+    XAError,
     error_for_code,
 )
 from txbroker.protocol.native import (
@@ -64,6 +68,9 @@ from txbroker.protocol.native import (
 __all__ = ["Engine", "Session", "SubscriptionSink"]
 
 log = logging.getLogger("txbroker.client")
+#: Tries (and the pause between them, s) to resume an XA branch after a failover.
+XA_RESUME_ATTEMPTS: Final = 20
+XA_RESUME_PAUSE: Final = 0.05
 
 #: First pause after a full round of the failover list found no live host.
 INITIAL_BACKOFF: Final = 0.05
@@ -243,6 +250,11 @@ class Engine:
             self.pipeline(session, "ack", {"tags": tags})
 
     _ack_batch: tuple[Session, list[int]] | None = None
+    #: the XA branch associated with this connection (its Xid text), resumed with
+    #: ``start(TMRESUME)`` after a failover (the broker keeps a broken session's branch
+    #: for ``xa_reattach_ms``); if that fails the next XA call raises ``xa_broken``
+    xa_branch: str | None = None
+    xa_broken: BaseException | None = None
 
     def _pipelined_done(self, future: asyncio.Future[Any]) -> None:
         self._outstanding.discard(future)
@@ -460,6 +472,21 @@ class Engine:
             )
         )
 
+    async def _resume_branch(self, session: Session, xid: str) -> None:
+        """Reattach the XA branch this connection worked on. The broker may not have
+        noticed yet that the old session broke (XAER_PROTO: still associated): retry."""
+        for attempt in range(XA_RESUME_ATTEMPTS):
+            try:
+                await self.call_on(session, "xa_start", {"xid": xid, "flags": TMRESUME})
+                return
+            except XAError as exc:
+                if exc.errcode != XAER_PROTO or attempt == XA_RESUME_ATTEMPTS - 1:
+                    self.xa_broken = XAError(XA_RBCOMMFAIL, f"branch {xid} was lost in the "
+                                                            f"failover: {exc.message}")
+                    self.xa_branch = None
+                    return
+            await asyncio.sleep(XA_RESUME_PAUSE)
+
     async def _restore(self, session: Session) -> None:
         """Subscribe again and re-send the carried requests on a new session."""
         for sub in list(self.subs.values()):
@@ -471,6 +498,8 @@ class Engine:
             except BrokerError as exc:
                 self.subs.pop(sub.sub_id, None)
                 sub.on_end(exc)
+        if self.xa_branch is not None:
+            await self._resume_branch(session, self.xa_branch)
         if session.closed:
             raise ConnectionLost(f"{session.host} closed the connection")
         carry, self._carry = self._carry, []

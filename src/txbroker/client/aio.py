@@ -22,6 +22,7 @@ from txbroker.client.async_objects import (
 from txbroker.client.async_transaction import AsyncTransaction
 from txbroker.client.options import ConnectOptions
 from txbroker.client.url import ClientURL, parse_url
+from txbroker.client.xa import AsyncXAResource, TpcMixin
 from txbroker.errors import MessageTooLarge, ProtocolError
 
 __all__ = [
@@ -29,13 +30,17 @@ __all__ = [
     "AsyncMessage",
     "AsyncSubscription",
     "AsyncTransaction",
+    "AsyncXAResource",
     "connect",
     "open_connection",
 ]
 
 
-class AsyncConnection:
-    """A connection to a broker (and its failover list). Use :func:`connect` to make one."""
+class AsyncConnection(TpcMixin):
+    """A connection to a broker (and its failover list). Use :func:`connect` to make one.
+
+    XA: ``xa_resource()`` and the DB-API TPC names (``tpc_begin`` …) come from
+    :class:`~txbroker.client.xa.TpcMixin`."""
 
     def __init__(self, url: ClientURL, options: ConnectOptions) -> None:
         self._engine = Engine(url, options)

@@ -24,9 +24,12 @@ from txbroker.client.async_objects import AckMode, AsyncMessage, AsyncSubscripti
 from txbroker.client.async_transaction import AsyncTransaction
 from txbroker.client.options import ConnectOptions
 from txbroker.client.url import ClientURL, parse_url
+from txbroker.client.xa import AsyncXAResource
+from txbroker.core.xa import TMENDRSCAN, TMSTARTRSCAN, TMSUCCESS
 from txbroker.errors import ConnectionLost
+from txbroker.xid import Xid
 
-__all__ = ["Connection", "Message", "Subscription", "Transaction", "connect"]
+__all__ = ["Connection", "Message", "Subscription", "Transaction", "XAResource", "connect"]
 
 T = TypeVar("T")
 
@@ -437,6 +440,45 @@ class Connection:
         """Round trip to the broker."""
         self._call(self._inner.ping())
 
+    # ------------------------------------------------------------------ XA / TPC
+    def xa_resource(self) -> XAResource:
+        """This connection's XAResource."""
+        return XAResource(self._inner.xa_resource(), self)
+
+    @staticmethod
+    def xid(format_id: int, gtrid: str | bytes, bqual: str | bytes) -> Xid:
+        """An Xid (DB-API 2.0 ``Connection.xid``)."""
+        return Xid(format_id, gtrid, bqual)
+
+    def tpc_begin(self, xid: Xid | tuple[int, Any, Any]) -> None:
+        """Begin a TPC transaction: this connection's sends and acks join branch ``xid``."""
+        self._call(self._inner.tpc_begin(xid))
+
+    def tpc_prepare(self) -> None:
+        """End the work and prepare (durable when this returns)."""
+        self._call(self._inner.tpc_prepare())
+
+    def tpc_commit(self, xid: Xid | tuple[int, Any, Any] | None = None) -> None:
+        """Commit the current transaction (one-phase if not prepared) or, for recovery,
+        the prepared branch ``xid``."""
+        self._call(self._inner.tpc_commit(xid))
+
+    def tpc_rollback(self, xid: Xid | tuple[int, Any, Any] | None = None) -> None:
+        """Roll back the current transaction or, for recovery, the branch ``xid``."""
+        self._call(self._inner.tpc_rollback(xid))
+
+    def tpc_recover(self) -> list[Xid]:
+        """Xids of prepared (and heuristically completed) branches."""
+        return self._call(self._inner.tpc_recover())
+
+    def xa_branches(self) -> list[dict[str, Any]]:
+        """Every XA branch of the broker (operator view)."""
+        return self._call(self._inner.xa_branches())
+
+    def xa_heuristic(self, xid: Xid, commit: bool) -> None:
+        """Complete a PREPARED branch by hand (operator)."""
+        self._call(self._inner.xa_heuristic(xid, commit))
+
     def close(self) -> None:
         """Flush pending acks, close, and stop the private loop thread."""
         if self._closed:
@@ -457,6 +499,55 @@ class Connection:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class XAResource:
+    """The sync face of :class:`~txbroker.client.xa.AsyncXAResource` (same methods)."""
+
+    def __init__(self, inner: AsyncXAResource, connection: Connection) -> None:
+        self._inner = inner
+        self._connection = connection
+
+    def start(self, xid: Xid, flags: int = 0, *, wait: bool = True) -> None:
+        """Associate the connection with branch ``xid`` (TMNOFLAGS, TMJOIN, TMRESUME);
+        ``wait=False`` pipelines it (a refusal is raised by the next call)."""
+        self._connection._call(self._inner.start(xid, flags, wait=wait))
+
+    def end(self, xid: Xid, flags: int = TMSUCCESS, *, wait: bool = True) -> None:
+        """End the association (TMSUCCESS, TMSUSPEND, TMFAIL); ``wait`` as for start."""
+        self._connection._call(self._inner.end(xid, flags, wait=wait))
+
+    def prepare(self, xid: Xid) -> int:
+        """Phase one: XA_OK or XA_RDONLY."""
+        return self._connection._call(self._inner.prepare(xid))
+
+    def commit(self, xid: Xid, one_phase: bool = False) -> None:
+        """Commit (two-phase, or ``one_phase`` for an ended, unprepared branch)."""
+        self._connection._call(self._inner.commit(xid, one_phase))
+
+    def rollback(self, xid: Xid) -> None:
+        """Roll the branch back."""
+        self._connection._call(self._inner.rollback(xid))
+
+    def recover(self, flags: int = TMSTARTRSCAN | TMENDRSCAN) -> list[Xid]:
+        """Prepared and heuristically completed branches."""
+        return self._connection._call(self._inner.recover(flags))
+
+    def forget(self, xid: Xid) -> None:
+        """Remove a heuristically completed branch."""
+        self._connection._call(self._inner.forget(xid))
+
+    def set_transaction_timeout(self, seconds: int) -> bool:
+        """Timeout of branches started from now on; 0 restores the default."""
+        return self._connection._call(self._inner.set_transaction_timeout(seconds))
+
+    def get_transaction_timeout(self) -> int:
+        """The transaction timeout in seconds."""
+        return self._connection._call(self._inner.get_transaction_timeout())
+
+    def is_same_rm(self, other: object) -> bool:
+        """True when ``other`` talks to the same broker."""
+        return isinstance(other, XAResource) and self._inner.is_same_rm(other._inner)
 
 
 def connect(url: str | ClientURL, **options: Any) -> Connection:

@@ -256,13 +256,15 @@ class Engine:
             raise BadRequest(f"priority must be 0 to {PRIORITIES - 1}")
         if ttl_ms < 0 or delay_ms < 0:
             raise BadRequest("ttl and delay must be >= 0")
-        transaction = session.transaction(tx) if tx is not None else None
+        transaction = session.transaction(tx) if tx is not None else session.xa_work
         if transaction is not None:
             transaction.fire(TxEvent.WORK)
-            self._check_tx_room(transaction)
+            self._check_tx_room(transaction, 1)
         targets = self._targets(dest, now)
+        # an XA branch's quota is checked at prepare (seed 002), not per send
+        quota = transaction is None or transaction.id != 0
         for queue in targets:
-            self._check_ingress(queue, len(body))
+            self._check_ingress(queue, len(body), quota)
         duplicate = False
         if message_id is not None:
             duplicate = all(queue.seen(message_id) for queue in targets) and bool(targets)
@@ -345,10 +347,12 @@ class Engine:
         if error is not None:
             self._storage_failed(error)
 
-    def _check_ingress(self, queue: Queue, size: int) -> None:
+    def _check_ingress(self, queue: Queue, size: int, quota: bool = True) -> None:
         settings = queue.settings
         if not settings.ingress:
             raise Disabled(f"queue {queue.name!r} does not accept messages (ingress disabled)")
+        if not quota:
+            return
         if settings.max_messages and queue.messages + queue.pending + 1 > settings.max_messages:
             raise QuotaExceeded(
                 f"queue {queue.name!r} is full: max_messages {settings.max_messages}"
@@ -356,12 +360,18 @@ class Engine:
         if settings.max_bytes and queue.bytes + queue.pending_bytes + size > settings.max_bytes:
             raise QuotaExceeded(f"queue {queue.name!r} is full: max_bytes {settings.max_bytes}")
 
-    def _check_tx_room(self, tx: LocalTransaction) -> None:
-        if tx.operations >= self.limits.max_tx_operations:
+    def _check_tx_room(self, tx: LocalTransaction, more: int) -> None:
+        if tx.id == 0:  # an XA branch's work (core/xa_engine.py)
+            self._check_branch_room(tx, more)
+            return
+        if tx.operations + more > self.limits.max_tx_operations:
             raise TransactionError(
                 f"transaction {tx.id} has {tx.operations} operations, the limit "
                 f"(max_tx_operations)"
             )
+
+    def _check_branch_room(self, tx: LocalTransaction, more: int) -> None:
+        """Overridden by the XA engine: the branch message limit."""
 
     def _apply_add(self, message: Message, now: int) -> None:
         """A new message is durable (or non-persistent): make it visible."""
@@ -582,8 +592,11 @@ class Engine:
             tx: int | None = None) -> Any:
         """Acknowledge deliveries (or stage the acks in a transaction)."""
         session = self.session(session_id)
+        transaction = session.transaction(tx) if tx is not None else session.xa_work
+        if transaction is not None:
+            tags = list(tags)
+            self._check_tx_room(transaction, len(tags))
         consumers = self._take_deliveries(session, tags)
-        transaction = session.transaction(tx) if tx is not None else None
         messages = []
         for tag, consumer in consumers:
             message = consumer.unacked.pop(tag)

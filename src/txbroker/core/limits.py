@@ -18,6 +18,16 @@ DEFAULT_MAX_TX_OPERATIONS = 10_000
 MAX_NAME_LENGTH = 255
 #: How often ready messages with a TTL are scanned for expiry (Artemis: 30 s).
 DEFAULT_EXPIRY_SCAN_MS = 1_000
+#: Messages (sent + consumed) one XA branch may track (seed 002: "at most 256").
+DEFAULT_MAX_XA_BRANCH_MESSAGES = 256
+#: XA transaction timeout (seed 002: 180 s by default; set_transaction_timeout(0)
+#: restores it).
+DEFAULT_XA_TRANSACTION_TIMEOUT_MS = 180_000
+#: An IDLE branch (ended, not prepared) is rolled back after this long (seed 002 names
+#: the idle timeout without a number; we use the transaction timeout's default).
+DEFAULT_XA_IDLE_TIMEOUT_MS = 180_000
+#: A branch whose session broke may be reattached within this time (seed 002: 3 minutes).
+DEFAULT_XA_REATTACH_MS = 180_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,4 +39,8 @@ class Limits:
     default_prefetch: int = DEFAULT_PREFETCH
     max_tx_operations: int = DEFAULT_MAX_TX_OPERATIONS
     expiry_scan_ms: int = DEFAULT_EXPIRY_SCAN_MS
+    max_xa_branch_messages: int = DEFAULT_MAX_XA_BRANCH_MESSAGES
+    xa_transaction_timeout_ms: int = DEFAULT_XA_TRANSACTION_TIMEOUT_MS
+    xa_idle_timeout_ms: int = DEFAULT_XA_IDLE_TIMEOUT_MS
+    xa_reattach_ms: int = DEFAULT_XA_REATTACH_MS
     auto_create: bool = True  #: sending or subscribing to an unknown name creates a queue

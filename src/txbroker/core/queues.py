@@ -46,6 +46,9 @@ class QueueSettings:
     ingress: bool = True  #: sends accepted
     egress: bool = True  #: deliveries made
     dup_window: int = DEFAULT_DUP_WINDOW
+    #: XA (seed 002): a branch whose message cannot go to this queue (ingress off, over
+    #: quota) fails at prepare / one-phase commit; off: it commits, the message is dropped
+    reject_to_sender_on_discard: bool = True
 
     def updated(self, changes: dict[str, Any]) -> QueueSettings:
         """A copy with ``changes`` applied, type-checked (BadRequest on bad input)."""

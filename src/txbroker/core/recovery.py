@@ -25,19 +25,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from txbroker.core.admin import Admin
 from txbroker.core.effects import Release
 from txbroker.core.messages import Message, State
 from txbroker.core.queues import Queue, QueueSettings
 from txbroker.core.sessions import Topic
+from txbroker.core.xa_engine import XaEngine
 from txbroker.errors import CorruptStore
 from txbroker.storage import records
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.records import Kind
 
 
-class Broker(Admin):
-    """The complete broker core: engine + admin + recovery."""
+class Broker(XaEngine):
+    """The complete broker core: engine + admin + XA + recovery."""
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> tuple[int, bytes]:
@@ -52,7 +52,9 @@ class Broker(Admin):
             defs[queue.name] = queue.definition()
             if queue.dups:
                 dups[queue.name] = list(queue.dups)
-        meta = {"next_id": self.next_id, "queues": defs, "dups": dups}
+        meta: dict[str, Any] = {"next_id": self.next_id, "queues": defs, "dups": dups}
+        if self.branches:
+            meta["xa"] = self.xa_snapshot()
         return int(Kind.SNAPSHOT), records.pack(meta)
 
     # ------------------------------------------------------------------ replay
@@ -99,6 +101,10 @@ class Broker(Admin):
             self._replay_delete(meta)
         elif kind == Kind.SNAPSHOT:
             self._replay_snapshot(meta)
+            if "xa" in meta:
+                self._replay_xa_snapshot(meta["xa"])
+        elif Kind.XA_PREPARE <= kind <= Kind.XA_FORGET:
+            self._replay_xa(kind, meta, refs)
         else:
             raise ValueError(f"unknown record kind {kind}")
 
@@ -182,7 +188,9 @@ class Broker(Admin):
                     queue.remember(message_id)
 
     def finish_recovery(self, now: int) -> None:
-        """Put every surviving message into its queue, in log order."""
+        """Put every surviving message into its queue, in log order (messages consumed
+        by prepared XA branches stay held)."""
+        held = self._xa_hold_recovered() if self.branches else []
         queues = self.queues
         name, queue = "", None
         for message in self.messages.values():
@@ -195,6 +203,8 @@ class Broker(Admin):
             if message.expires_ms:
                 queue.expiring += 1
             queue.put(message, now)
+        if self.branches:
+            self._xa_finish(held)
         self._now = now
 
     # ------------------------------------------------------------------ relocation
@@ -202,18 +212,24 @@ class Broker(Admin):
         """``(message id, ref)`` of messages whose current body lives in ``entries``."""
         found: list[tuple[int, int]] = []
         for entry in entries:
-            if entry.kind not in (Kind.ADD, Kind.TX, Kind.RELOCATE) or not entry.refs:
+            if entry.kind not in (Kind.ADD, Kind.TX, Kind.RELOCATE, Kind.XA_PREPARE) \
+                    or not entry.refs:
                 continue
             meta = records.unpack(entry.meta)
             if entry.kind == Kind.ADD:
                 ids = [meta[records.MSG_ID]]
             elif entry.kind == Kind.TX:
                 ids = [msg[records.MSG_ID] for msg in meta[0]]
+            elif entry.kind == Kind.XA_PREPARE:  # committed sends of a branch (else unindexed)
+                ids = [msg[records.MSG_ID] for msg in meta[1]]
             else:
                 ids = [meta[records.MSG_ID]]
             for message_id, ref in zip(ids, entry.refs, strict=False):
                 message = self.messages.get(message_id)
-                if message is not None and message.ref == ref and message.state is not State.GONE:
+                # GONE: its ack is in the log; HELD: consumed by an open transaction or a
+                # prepared XA branch — never copied (a rollback brings it back)
+                if message is not None and message.ref == ref and \
+                        message.state is not State.GONE and message.state is not State.HELD:
                     found.append((message_id, ref))
         return found
 

@@ -19,7 +19,7 @@ class Session:
     """The broker-side state of one client connection."""
 
     __slots__ = ("consumers", "deliveries", "id", "next_tag", "next_tx", "owned_queues",
-                 "receivers", "transactions", "user")
+                 "receivers", "transactions", "user", "xa_timeout_ms", "xa_work", "xa_xid")
 
     def __init__(self, id: int, user: str | None = None) -> None:
         self.id = id
@@ -31,6 +31,11 @@ class Session:
         self.owned_queues: set[str] = set()  #: non-durable subscription queues
         self.next_tag = 1
         self.next_tx = 1
+        #: the XA branch associated with this session (ACTIVE) and its staged work: sends
+        #: and acks outside a local transaction go there (core/xa_engine.py)
+        self.xa_xid: Any = None
+        self.xa_work: LocalTransaction | None = None
+        self.xa_timeout_ms = 0  #: set_transaction_timeout of this session (0 = default)
 
     def new_tag(self) -> int:
         tag = self.next_tag

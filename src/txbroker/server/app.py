@@ -76,6 +76,8 @@ class BrokerServer:
         self.store: Store | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
+        self.stomp_port = 0
+        self._stomp_listener: asyncio.Server | None = None
         self._next_session = 1
         self._listener: asyncio.Server | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -132,6 +134,13 @@ class BrokerServer:
             )
             self.port = self._listener.sockets[0].getsockname()[1]
             log.info("native protocol on %s:%d", self.config.host, self.port)
+        if self.config.stomp_port:  # 0 disables it (DESIGN.md)
+            from txbroker.server.stomp import start_stomp_listener
+
+            self._stomp_listener = await start_stomp_listener(
+                self, self.config.host, self.config.stomp_port)
+            self.stomp_port = self._stomp_listener.sockets[0].getsockname()[1]
+            log.info("STOMP on %s:%d", self.config.host, self.stomp_port)
         self._maintainer = asyncio.create_task(self._maintain_loop())
         self._arm_timer()
 
@@ -151,6 +160,8 @@ class BrokerServer:
         """Graceful shutdown: stop accepting, flush the store, close everything."""
         if self._listener is not None:
             self._listener.close()
+        if self._stomp_listener is not None:
+            self._stomp_listener.close()
         if self._maintainer is not None:
             self._maintainer.cancel()
         if self._timer is not None:

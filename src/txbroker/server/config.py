@@ -52,7 +52,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    stomp_port: int = 0
+    stomp_port: int = DEFAULT_STOMP_PORT
     http_port: int = 0
     data: Path = Path("./txbroker-data")
     sync: str = SyncMode.FDATASYNC

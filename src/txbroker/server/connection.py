@@ -160,9 +160,9 @@ class ClientConnection(asyncio.Protocol):
 
     def fail(self, rid: int, error: BrokerError) -> None:
         if rid:
-            self._out.append(self.codec.send(Err(rid, int(error.code), error.message)))
+            self._out.append(self.codec.send(Err(rid, error.wire_code, error.message)))
         else:
-            self.push("error", {"code": int(error.code), "message": error.message})
+            self.push("error", {"code": error.wire_code, "message": error.message})
 
     def fail_later(self, rid: int, error: BrokerError) -> None:
         self.waiting -= 1

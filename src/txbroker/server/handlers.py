@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from txbroker.core import LATER, Broker
-from txbroker.errors import BadRequest
+from txbroker.core.xa import TMENDRSCAN, TMNOFLAGS, TMSTARTRSCAN, TMSUCCESS
+from txbroker.errors import XAER_INVAL, BadRequest, XAError
 
 Handler = Callable[[Broker, int, int, dict[str, Any], int], Any]
 
@@ -119,7 +120,8 @@ def tx_rollback(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) 
 
 _SETTING_KEYS = frozenset(
     ["max_messages", "max_bytes", "max_deliveries", "dead_letter_queue", "expiry_queue",
-     "default_ttl_ms", "redelivery_delay_ms", "ingress", "egress", "dup_window"]
+     "default_ttl_ms", "redelivery_delay_ms", "ingress", "egress", "dup_window",
+     "reject_to_sender_on_discard"]
 )
 
 
@@ -162,6 +164,74 @@ def topic_subscribe(b: Broker, session: int, rid: int, a: dict[str, Any], now: i
                              durable=_get(a, "durable", bool, True), settings=_settings(a))
 
 
+def _xid(a: dict[str, Any]) -> str:
+    xid = a.get("xid")
+    if type(xid) is not str:
+        raise XAError(XAER_INVAL, "argument 'xid' must be the Xid's text form "
+                                  "(FORMATID-GTRIDHEX-BQUALHEX)")
+    return xid
+
+
+def _flags(a: dict[str, Any], default: int) -> int:
+    flags = a.get("flags", default)
+    if type(flags) is not int:
+        raise XAError(XAER_INVAL, "argument 'flags' must be an integer")
+    return flags
+
+
+def xa_start(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_start(session, _xid(a), _flags(a, TMNOFLAGS), now)
+
+
+def xa_end(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_end(session, _xid(a), _flags(a, TMSUCCESS), now)
+
+
+def xa_prepare(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_prepare(session, rid, _xid(a), now)
+
+
+def xa_commit(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    one_phase = a.get("one_phase", False)
+    if type(one_phase) is not bool:
+        raise XAError(XAER_INVAL, "argument 'one_phase' must be a boolean")
+    return b.xa_commit(session, rid, _xid(a), one_phase, now)
+
+
+def xa_rollback(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_rollback(session, rid, _xid(a), now)
+
+
+def xa_recover(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_recover(session, _flags(a, TMSTARTRSCAN | TMENDRSCAN))
+
+
+def xa_forget(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_forget(session, rid, _xid(a), now)
+
+
+def xa_heuristic(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    outcome = a.get("outcome")
+    if outcome not in ("commit", "rollback"):
+        raise XAError(XAER_INVAL, "argument 'outcome' must be 'commit' or 'rollback'")
+    return b.xa_heuristic(session, rid, _xid(a), outcome == "commit", now)
+
+
+def xa_set_timeout(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    seconds = a.get("seconds")
+    if type(seconds) is not int:
+        raise XAError(XAER_INVAL, "argument 'seconds' must be an integer")
+    return b.xa_set_timeout(session, seconds)
+
+
+def xa_get_timeout(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_get_timeout(session)
+
+
+def xa_list(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+    return b.xa_list(now)
+
+
 def ping(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
     return {}
 
@@ -185,6 +255,17 @@ HANDLERS: dict[str, Handler] = {
     "queue_info": queue_info,
     "topic_subscribe": topic_subscribe,
     "ping": ping,
+    "xa_start": xa_start,
+    "xa_end": xa_end,
+    "xa_prepare": xa_prepare,
+    "xa_commit": xa_commit,
+    "xa_rollback": xa_rollback,
+    "xa_recover": xa_recover,
+    "xa_forget": xa_forget,
+    "xa_heuristic": xa_heuristic,
+    "xa_set_timeout": xa_set_timeout,
+    "xa_get_timeout": xa_get_timeout,
+    "xa_list": xa_list,
 }
 
 __all__ = ["HANDLERS", "LATER", "Handler"]

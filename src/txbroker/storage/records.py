@@ -29,7 +29,30 @@ kind  name            meta                                                bodies
                       fresh copy of a live message written by compaction;
                       replayed like ADD (replaces an older copy), because
                       the segment holding the original ADD may be deleted
+11    XA_PREPARE      ``[xid, [msg…], [[consumed id, delivery count]…],  n
+                      [discard id…],
+                      created_ms]`` — a prepared XA branch's whole
+                      content, atomic; bodies are the sends' (``msg``
+                      order). ``xid`` is the Xid text form
+12    XA_COMMIT       ``[xid, [discard id…]]`` — two-phase commit of a     0
+                      prepared branch: its sends (but the discards) are
+                      added, its consumed messages are gone
+13    XA_ROLLBACK     ``xid`` — a prepared branch rolled back: its sends   0
+                      are dropped, its consumed messages come back
+14    XA_HEURISTIC    ``[xid, "commit"|"rollback", [discard id…]]`` — an   0
+                      operator completed a prepared branch; its outcome
+                      applies as for 12/13 and the branch stays
+                      HEURISTIC_* until forgotten
+15    XA_FORGET       ``xid`` — a heuristically completed branch removed   0
 ====  ==============  ==================================================  ======
+
+The SNAPSHOT also carries ``"xa": {xid: [state, [msg…], [ref…], [[consumed
+id, delivery count]…], [discard id…], created_ms]}`` for every durably PREPARED and every
+HEURISTIC_* branch (``state`` is the BranchState value; a heuristic branch has
+empty lists): an ``XA_PREPARE`` without bodies could otherwise sit in a
+segment that gets deleted. Replaying it adds unknown branches (it never
+removes one: completion records do that); a heuristic state for a branch
+that replay knows as prepared applies that outcome.
 
 ``msg`` = ``[id, queue, message_id, headers, priority, timestamp_ms,
 expires_ms, deliver_at_ms, delivery_count]`` (``message_id`` and ``headers``
@@ -63,6 +86,11 @@ class Kind(IntEnum):
     MOVE = 8
     UPDATE = 9
     RELOCATE = 10
+    XA_PREPARE = 11
+    XA_COMMIT = 12
+    XA_ROLLBACK = 13
+    XA_HEURISTIC = 14
+    XA_FORGET = 15
 
 
 #: Positions in the ``msg`` tuple.

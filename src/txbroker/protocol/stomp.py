@@ -1,0 +1,681 @@
+"""Sans-IO codec of STOMP 1.2 (accepting 1.0 and 1.1), see ``docs/stomp.md``.
+
+Theory of operation
+-------------------
+A :class:`StompConnection` is one side of one STOMP connection, without the
+TCP: the caller hands it the bytes it read (:meth:`~StompConnection.receive_data`)
+and gets back :class:`Frame` events (:meth:`~StompConnection.next_event` or,
+faster, :meth:`~StompConnection.drain`); it hands it frames to write
+(:meth:`~StompConnection.send`) and gets back bytes. No socket, loop, clock or
+file is touched here, as in ``h11``. Heart-beat *negotiation* lives here too
+(:func:`negotiate_heartbeat`); the timers that send and check heart-beats
+belong to the edge.
+
+A frame on the wire (STOMP 1.2, section "Augmented BNF")::
+
+    COMMAND EOL
+    name:value EOL        (0 or more headers; repeated names: the first wins)
+    EOL
+    body                  (content-length octets if that header is given,
+    NUL                    else everything up to the first NUL)
+    *EOL                  (EOLs between frames are heart-beats)
+
+    EOL = [CR] LF
+
+Header escaping depends on the negotiated version: 1.2 decodes ``\\r \\n \\c
+\\\\``, 1.1 decodes ``\\n \\c \\\\``, 1.0 decodes nothing; any other escape is a
+protocol error. ``CONNECT``/``STOMP`` and ``CONNECTED`` frames are never
+escaped (the spec keeps them 1.0-compatible). The codec learns the version
+from the ``CONNECTED`` frame: the server's codec when it *sends* it, the
+client's when it *receives* it.
+
+Which frames may travel when is one table, :data:`TRANSITIONS` (below); the
+headers each command must carry are :data:`REQUIRED_HEADERS`.
+
+Errors: a frame the *peer* got wrong (unknown command, missing header, bad
+escape, a frame above the limits, a body where none is allowed, a frame out
+of order) raises :class:`StompProtocolError` (its :attr:`~StompProtocolError.receipt_id`
+is the offending frame's ``receipt`` header, when it could be read) and moves
+the receiving side to :attr:`ConnectionState.ERROR`: every later
+``next_event``/``drain`` raises again. Sending stays allowed, so that a server
+can write its ``ERROR`` frame before it closes. A frame *we* got wrong raises
+:class:`~txbroker.protocol.native.LocalProtocolError` and changes nothing.
+
+Typical edge loop (a server)::
+
+    codec.receive_data(data)
+    try:
+        while frames := codec.drain():      # an error after valid frames
+            handle(frames)                  # is raised by the *next* drain()
+    except StompProtocolError as exc:
+        transport.write(encode_error(str(exc), exc.receipt_id, codec.version))
+        transport.close()
+
+Speed: the receive buffer is one ``bytearray``; heads are found with
+``bytearray.find`` (C speed), header values are unescaped only when they
+contain a backslash, and the consumed prefix is deleted once per ``drain``.
+A frame whose body is still arriving keeps its parsed head, so a large body
+read in many chunks is neither re-parsed nor re-scanned.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Final
+
+from txbroker.errors import FrameTooLarge, ProtocolError
+from txbroker.protocol.native import NEED_DATA, LocalProtocolError, NeedData
+
+__all__ = [
+    "CLIENT_COMMANDS",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_MAX_HEADERS",
+    "DEFAULT_MAX_HEADER_SIZE",
+    "NEED_DATA",
+    "REQUIRED_HEADERS",
+    "SERVER_COMMANDS",
+    "SUPPORTED_VERSIONS",
+    "TRANSITIONS",
+    "ConnectionState",
+    "Frame",
+    "LocalProtocolError",
+    "NeedData",
+    "Role",
+    "StompConnection",
+    "StompFrameTooLarge",
+    "StompProtocolError",
+    "encode_error",
+    "escape",
+    "negotiate_heartbeat",
+    "negotiate_version",
+    "parse_heartbeat",
+    "unescape",
+]
+
+#: Default limit on one frame (head + body): 8 MiB, twice the broker's default
+#: max message size, the same as the native protocol's frame limit.
+DEFAULT_MAX_FRAME_SIZE: Final = 8 * 1024 * 1024
+#: Default limit on the number of header lines of one frame (ActiveMQ's STOMP
+#: transport uses the same value, ``maxHeaders`` = 1000).
+DEFAULT_MAX_HEADERS: Final = 1000
+#: Default limit on one header line, name and value (ActiveMQ's
+#: ``maxHeaderLength`` = 10 KiB). The whole head is bounded by
+#: ``max_headers * max_header_size`` and by the frame limit.
+DEFAULT_MAX_HEADER_SIZE: Final = 10 * 1024
+#: Versions this codec speaks, oldest first.
+SUPPORTED_VERSIONS: Final = ("1.0", "1.1", "1.2")
+#: Frames a client sends (STOMP 1.2 "Client Frames"), ``CONNECT`` and ``STOMP`` included.
+CLIENT_COMMANDS: Final = frozenset(
+    ["CONNECT", "STOMP", "SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "COMMIT",
+     "ABORT", "DISCONNECT"]
+)
+#: Frames a server sends (STOMP 1.2 "Server Frames").
+SERVER_COMMANDS: Final = frozenset(["CONNECTED", "MESSAGE", "RECEIPT", "ERROR"])
+#: Frames that may carry a body; every other frame MUST NOT (STOMP 1.2 "Body").
+BODY_COMMANDS: Final = frozenset(["SEND", "MESSAGE", "ERROR"])
+#: Frames whose headers are never escaped (STOMP 1.2 "Value Encoding").
+_UNESCAPED_COMMANDS: Final = frozenset(["CONNECT", "STOMP", "CONNECTED"])
+#: A server's codec stops after these: later frames are parsed with the agreed version.
+_OPENING_COMMANDS: Final = frozenset(["CONNECT", "STOMP"])
+
+
+class Role(enum.Enum):
+    """Which side of the connection this codec speaks for."""
+
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class ConnectionState(enum.Enum):
+    """State of one connection, as the codec sees it (see :data:`TRANSITIONS`)."""
+
+    #: Server: waiting for CONNECT/STOMP. Client: waiting for CONNECTED.
+    CONNECTING = "connecting"
+    #: The session is open: any frame of the peer's direction may travel.
+    CONNECTED = "connected"
+    #: Server: the client sent DISCONNECT and must send nothing more.
+    DISCONNECTED = "disconnected"
+    #: Client: the server sent ERROR; the connection is about to close.
+    CLOSED = "closed"
+    #: The peer broke the protocol; nothing more can be received.
+    ERROR = "error"
+
+
+_S = ConnectionState
+#: (role, state, received command) -> next state. Anything missing is a
+#: protocol error naming the command and the state.
+TRANSITIONS: Final[dict[tuple[Role, ConnectionState, str], ConnectionState]] = {
+    # Rule 1 (server): the first frame opens the session: CONNECT, or STOMP
+    # (the 1.1+ spelling, so that the command cannot be mistaken for HTTP).
+    (Role.SERVER, _S.CONNECTING, "CONNECT"): _S.CONNECTED,
+    (Role.SERVER, _S.CONNECTING, "STOMP"): _S.CONNECTED,
+    # Rule 2 (server): an open session takes every other client frame.
+    **{(Role.SERVER, _S.CONNECTED, cmd): _S.CONNECTED
+       for cmd in CLIENT_COMMANDS - {"CONNECT", "STOMP", "DISCONNECT"}},
+    # Rule 3 (server): DISCONNECT is the client's last frame.
+    (Role.SERVER, _S.CONNECTED, "DISCONNECT"): _S.DISCONNECTED,
+    # Rule 4 (client): the server answers CONNECT with CONNECTED or ERROR.
+    (Role.CLIENT, _S.CONNECTING, "CONNECTED"): _S.CONNECTED,
+    (Role.CLIENT, _S.CONNECTING, "ERROR"): _S.CLOSED,
+    # Rule 5 (client): an open session receives messages and receipts ...
+    (Role.CLIENT, _S.CONNECTED, "MESSAGE"): _S.CONNECTED,
+    (Role.CLIENT, _S.CONNECTED, "RECEIPT"): _S.CONNECTED,
+    # Rule 6 (client): ... until an ERROR, after which the server closes.
+    (Role.CLIENT, _S.CONNECTED, "ERROR"): _S.CLOSED,
+}
+
+#: Headers a received frame must carry, by (command, version). STOMP 1.0 did
+#: not require ``id`` on SUBSCRIBE, and acknowledged by ``message-id``; 1.1 by
+#: ``message-id`` + ``subscription``; 1.2 by the MESSAGE's ``ack`` value in ``id``.
+#: CONNECT requires nothing: a missing ``accept-version`` means 1.0, and any
+#: (or no) ``host`` is accepted.
+REQUIRED_HEADERS: Final[dict[tuple[str, str], tuple[str, ...]]] = {
+    **{("SEND", v): ("destination",) for v in SUPPORTED_VERSIONS},
+    ("SUBSCRIBE", "1.0"): ("destination",),
+    ("SUBSCRIBE", "1.1"): ("destination", "id"),
+    ("SUBSCRIBE", "1.2"): ("destination", "id"),
+    ("UNSUBSCRIBE", "1.1"): ("id",),
+    ("UNSUBSCRIBE", "1.2"): ("id",),
+    ("ACK", "1.0"): ("message-id",),
+    ("ACK", "1.1"): ("message-id", "subscription"),
+    ("ACK", "1.2"): ("id",),
+    ("NACK", "1.0"): ("message-id",),
+    ("NACK", "1.1"): ("message-id", "subscription"),
+    ("NACK", "1.2"): ("id",),
+    **{(cmd, v): ("transaction",) for cmd in ("BEGIN", "COMMIT", "ABORT")
+       for v in SUPPORTED_VERSIONS},
+    **{("MESSAGE", v): ("destination", "message-id") for v in SUPPORTED_VERSIONS},
+    **{("RECEIPT", v): ("receipt-id",) for v in SUPPORTED_VERSIONS},
+}
+
+
+class StompProtocolError(ProtocolError):
+    """The peer broke STOMP. ``receipt_id``: the bad frame's ``receipt`` header, if known."""
+
+    def __init__(self, message: str, receipt_id: str | None = None) -> None:
+        super().__init__(message)
+        self.receipt_id = receipt_id
+
+
+class StompFrameTooLarge(StompProtocolError, FrameTooLarge):
+    """A frame, a header line or the number of headers is above its limit."""
+
+
+@dataclass(slots=True)
+class Frame:
+    """One STOMP frame: a command, headers (first occurrence wins) and a body."""
+
+    command: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+# ---------------------------------------------------------------- escaping
+_ESCAPE_12: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
+_ESCAPE_11: Final = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c"})
+_UNESCAPES: Final[dict[str, dict[str, str]]] = {
+    "1.2": {"r": "\r", "n": "\n", "c": ":", "\\": "\\"},
+    "1.1": {"n": "\n", "c": ":", "\\": "\\"},
+}
+_ESCAPE_RE: Final = re.compile(r"\\(.?)", re.DOTALL)
+
+
+def escape(value: str, version: str) -> str:
+    """Escape a header name or value for ``version`` (1.0: unchanged)."""
+    if version == "1.2":
+        return value.translate(_ESCAPE_12)
+    if version == "1.1":
+        return value.translate(_ESCAPE_11)
+    return value
+
+
+def unescape(value: str, version: str) -> str:
+    """Undo :func:`escape`; an undefined escape raises :class:`StompProtocolError`."""
+    if "\\" not in value:
+        return value
+    table = _UNESCAPES.get(version)
+    if table is None:
+        return value  # STOMP 1.0 has no escaping
+
+    def replace(match: re.Match[str]) -> str:
+        found = table.get(match.group(1))
+        if found is None:
+            raise StompProtocolError(
+                f"undefined escape sequence {match.group(0)!r} in a header (STOMP {version} "
+                f"defines only {', '.join(chr(92) + k for k in table)})"
+            )
+        return found
+
+    return _ESCAPE_RE.sub(replace, value)
+
+
+# ---------------------------------------------------------------- negotiation
+def negotiate_version(accept_version: str | None) -> str | None:
+    """The highest version both sides speak (``None``: no common version).
+
+    A CONNECT without ``accept-version`` is a STOMP 1.0 client.
+    """
+    if accept_version is None:
+        return "1.0"
+    offered = {v.strip() for v in accept_version.split(",")}
+    for version in reversed(SUPPORTED_VERSIONS):
+        if version in offered:
+            return version
+    return None
+
+
+def parse_heartbeat(value: str | None) -> tuple[int, int]:
+    """``"cx,cy"`` → ``(cx, cy)`` in ms; absent means ``(0, 0)``.
+
+    Raises :class:`StompProtocolError` unless it is two non-negative integers.
+    """
+    if value is None:
+        return 0, 0
+    parts = value.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise StompProtocolError(
+            f"heart-beat must be two non-negative integers 'cx,cy', not {value!r}"
+        )
+    return int(parts[0]), int(parts[1])
+
+
+def negotiate_heartbeat(
+    client: tuple[int, int], server_send_min: int, server_receive_min: int
+) -> tuple[int, int]:
+    """Heart-beat intervals (ms) as ``(server sends every, server expects every)``.
+
+    ``client`` is the CONNECT's ``(cx, cy)``: cx = the client can send every cx
+    ms, cy = it wants to receive every cy ms (0 = cannot / does not want).
+    The server can send every ``server_send_min`` ms and wants to hear from
+    the client at least that often but not more often than every
+    ``server_receive_min`` ms. STOMP 1.2 "Heart-beating": each direction is
+    ``max`` of what one side can do and the other wants, 0 if either says 0.
+
+    Put the result in the CONNECTED ``heart-beat`` header as ``"out,in"``: the
+    client then computes the same two numbers.
+    """
+    cx, cy = client
+    out = max(server_send_min, cy) if cy and server_send_min else 0
+    inbound = max(cx, server_receive_min) if cx and server_receive_min else 0
+    return out, inbound
+
+
+# ---------------------------------------------------------------- encoding
+def encode_error(message: str, receipt_id: str | None = None, version: str = "1.2",
+                 detail: str = "") -> bytes:
+    """An ERROR frame: ``message`` header, ``receipt-id`` if known, text body.
+
+    Usable before any version was agreed (use ``"1.0"``: newlines are then
+    replaced, since 1.0 cannot escape them).
+    """
+    if version == "1.0":
+        message = message.replace("\n", " ").replace("\r", " ")
+    lines = ["ERROR", f"message:{escape(message, version)}"]
+    if receipt_id is not None:
+        lines.append(f"receipt-id:{escape(receipt_id, version)}")
+    body = (detail or message).encode("utf-8") + b"\n"
+    lines.append("content-type:text/plain;charset=utf-8")
+    lines.append(f"content-length:{len(body)}")
+    return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
+
+
+def _encode(frame: Frame, version: str) -> bytes:
+    command = frame.command
+    body = frame.body
+    esc = "1.0" if command in _UNESCAPED_COMMANDS else version
+    lines = [command]
+    headers = frame.headers
+    for name, value in headers.items():
+        if name == "content-length":
+            continue
+        if esc == "1.0" and ("\n" in name or "\n" in value or ":" in name or "\r" in value):
+            raise LocalProtocolError(
+                f"header {name!r} of a {command} frame cannot be sent unescaped (STOMP {esc})"
+            )
+        lines.append(f"{escape(name, esc)}:{escape(value, esc)}")
+    if body or command in BODY_COMMANDS:
+        lines.append(f"content-length:{len(body)}")
+    return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
+
+
+# ---------------------------------------------------------------- the codec
+_NUL: Final = b"\x00"
+
+
+class StompConnection:
+    """One side of a STOMP connection, without I/O. See the module docstring.
+
+    Limits bound what we *receive*: ``max_frame_size`` (head + body),
+    ``max_headers`` (header lines of one frame), ``max_header_size`` (one
+    header line).
+    """
+
+    __slots__ = (
+        "_allowed",
+        "_buffer",
+        "_error",
+        "_known_commands",
+        "_max_head",
+        "_partial",
+        "_required",
+        "_scan_from",
+        "heartbeats_received",
+        "max_frame_size",
+        "max_header_size",
+        "max_headers",
+        "role",
+        "state",
+        "version",
+    )
+
+    def __init__(
+        self,
+        role: Role,
+        *,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_headers: int = DEFAULT_MAX_HEADERS,
+        max_header_size: int = DEFAULT_MAX_HEADER_SIZE,
+    ) -> None:
+        if max_frame_size < 64 or max_headers < 1 or max_header_size < 16:
+            raise ValueError("STOMP limits are too small to carry any frame")
+        self.role = role
+        self.max_frame_size = max_frame_size
+        self.max_headers = max_headers
+        self.max_header_size = max_header_size
+        self._max_head = min(max_frame_size, max_headers * max_header_size)
+        self._known_commands = CLIENT_COMMANDS if role is Role.SERVER else SERVER_COMMANDS
+        #: The state (see :data:`TRANSITIONS`; ``_allowed`` is its row for this state).
+        self.state = ConnectionState.CONNECTING
+        self._allowed: dict[str, ConnectionState] = {}
+        self._set_state(ConnectionState.CONNECTING)
+        #: The agreed version ("1.0" until CONNECTED travels).
+        self.version = "1.0"
+        self._required: dict[str, tuple[str, ...]] = {}
+        self._set_version("1.0")
+        #: EOLs received between frames (the peer's heart-beats).
+        self.heartbeats_received = 0
+        self._buffer = bytearray()
+        self._error: StompProtocolError | None = None
+        #: A frame whose head is parsed and whose body is still arriving:
+        #: (command, headers, body start, content-length or -1, receipt)
+        self._partial: tuple[str, dict[str, str], int, int, str | None] | None = None
+        self._scan_from = 0  #: where to resume looking for the head's end / the NUL
+
+    # ------------------------------------------------------------------ state
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet turned into frames (a partial frame at EOF)."""
+        return len(self._buffer)
+
+    # -------------------------------------------------------------- receiving
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes read from the peer. Ignored once in the ERROR state."""
+        if self._error is None:
+            self._buffer += data
+
+    def next_event(self) -> Frame | NeedData:
+        """The next complete frame, or :data:`NEED_DATA`."""
+        frames = self._parse(1)
+        return frames[0] if frames else NEED_DATA
+
+    def drain(self) -> list[Frame]:
+        """Every complete frame buffered (empty list = need more data).
+
+        If a violation follows valid frames, those are returned first and the
+        error is raised by the next call: call ``drain`` until it returns an
+        empty list (``while frames := codec.drain(): ...``).
+        """
+        return self._parse(-1)
+
+    def _fail(self, error: StompProtocolError) -> None:
+        self._error = error
+        self._set_state(ConnectionState.ERROR)
+        self._buffer = bytearray()
+        self._partial = None
+
+    def _parse(self, limit: int) -> list[Frame]:
+        if self._error is not None:
+            raise type(self._error)(f"connection is in ERROR state: {self._error}",
+                                    self._error.receipt_id)
+        buf = self._buffer
+        frames: list[Frame] = []
+        pos = 0
+        failure: StompProtocolError | None = None
+        try:
+            while limit != 0:
+                frame, pos = self._parse_one(buf, pos)
+                if frame is None:
+                    break
+                frames.append(frame)
+                limit -= 1
+                if frame.command in _OPENING_COMMANDS:
+                    break  # the edge negotiates the version before we parse on
+        except StompProtocolError as exc:
+            failure = exc
+        if failure is not None:
+            self._fail(failure)
+            if not frames:
+                raise failure
+            return frames
+        if pos:
+            del buf[:pos]
+            if self._partial is not None:
+                cmd, hdrs, start, length, receipt = self._partial
+                self._partial = (cmd, hdrs, start - pos, length, receipt)
+            self._scan_from = max(0, self._scan_from - pos)
+        return frames
+
+    def _parse_one(self, buf: bytearray, pos: int) -> tuple[Frame | None, int]:
+        """Parse the frame at ``pos``: ``(frame, end)``, or ``(None, pos)`` for "need
+        data" (``pos`` moved past heart-beats; a partial frame starts there)."""
+        size = len(buf)
+        partial = self._partial
+        if partial is None:
+            while pos < size and (buf[pos] == 10 or buf[pos] == 13):  # heart-beats
+                if buf[pos] == 10:
+                    self.heartbeats_received += 1
+                pos += 1
+            if pos >= size:
+                return None, pos
+            # the head ends at the first empty line: LF LF, or LF CR LF
+            start = pos if self._scan_from <= pos + 2 else self._scan_from - 2
+            head_end = buf.find(b"\n\n", start)
+            crlf = buf.find(b"\n\r\n", start, head_end + 1 if head_end >= 0 else size)
+            if crlf >= 0:
+                head_end, body_start = crlf, crlf + 3
+            elif head_end >= 0:
+                body_start = head_end + 2
+            else:
+                if size - pos > self._max_head:
+                    raise StompFrameTooLarge(
+                        f"a frame head of more than {self._max_head} bytes (max headers x "
+                        f"max header size)")
+                self._scan_from = size
+                return None, pos
+            command, headers, receipt = self._parse_head(buf, pos, head_end)
+            text = headers.get("content-length")
+            if text is None:
+                length = -1
+            elif text.isdigit() and text.isascii():
+                length = int(text)
+                if body_start - pos + length > self.max_frame_size:
+                    raise StompFrameTooLarge(
+                        f"{command} frame of {body_start - pos + length} bytes exceeds the "
+                        f"limit of {self.max_frame_size} (max frame size)", receipt)
+            else:
+                raise StompProtocolError(
+                    f"content-length must be a non-negative integer, not {text[:40]!r}",
+                    receipt)
+            scan_from = body_start
+        else:
+            command, headers, body_start, length, receipt = partial
+            scan_from = self._scan_from
+        if length >= 0:
+            end = body_start + length
+            if size <= end:
+                self._keep_partial(pos, command, headers, body_start, length, receipt, scan_from)
+                return None, pos
+            if buf[end] != 0:
+                raise StompProtocolError(
+                    f"{command} frame: the {length} body bytes given by content-length are "
+                    f"not followed by NUL", receipt)
+        else:
+            end = buf.find(_NUL, scan_from)
+            if end < 0:
+                self._keep_partial(pos, command, headers, body_start, length, receipt, size)
+                return None, pos
+        frame = Frame(command, headers, bytes(buf[body_start:end]))
+        if partial is not None:
+            self._partial = None
+        self._scan_from = 0
+        self._check(frame, receipt)
+        return frame, end + 1
+
+    def _keep_partial(self, pos: int, command: str, headers: dict[str, str], body_start: int,
+                      length: int, receipt: str | None, scan_from: int) -> None:
+        """The head is parsed, the body incomplete: remember, check the size limit."""
+        if len(self._buffer) - pos > self.max_frame_size:
+            raise StompFrameTooLarge(
+                f"{command} frame exceeds the limit of {self.max_frame_size} bytes "
+                f"(max frame size) without its terminating NUL", receipt)
+        self._partial = (command, headers, body_start, length, receipt)
+        self._scan_from = scan_from
+
+    def _parse_head(
+        self, buf: bytearray, pos: int, head_end: int
+    ) -> tuple[str, dict[str, str], str | None]:
+        try:
+            text = buf[pos:head_end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise StompProtocolError("frame headers are not valid UTF-8") from None
+        if "\r" in text:  # CR LF line ends (a raw CR is only allowed there)
+            text = text.replace("\r\n", "\n")
+            if text.endswith("\r"):
+                text = text[:-1]
+        lines = text.split("\n")
+        command = lines[0]
+        if command not in self._known_commands:
+            shown = command if len(command) <= 40 else command[:40] + "…"
+            raise StompProtocolError(
+                f"unknown command {shown!r} (a {self.role.value} accepts "
+                f"{', '.join(sorted(self._known_commands))})")
+        del lines[0]
+        if len(lines) > self.max_headers:
+            raise StompFrameTooLarge(
+                f"{command} frame has {len(lines)} headers, more than the limit of "
+                f"{self.max_headers} (max headers)")
+        if len(text) > self.max_header_size:
+            longest = max(lines, key=len, default="")
+            if len(longest) > self.max_header_size:
+                raise StompFrameTooLarge(
+                    f"{command} frame has a header line of {len(longest)} characters, more "
+                    f"than the limit of {self.max_header_size} (max header size)")
+        pairs = [line.split(":", 1) for line in lines]
+        try:
+            headers: dict[str, str] = dict(reversed(pairs))
+        except ValueError:  # a line without ':'
+            bad = next(line for line in lines if ":" not in line)
+            receipt = next((p[1] for p in pairs if len(p) == 2 and p[0] == "receipt"), None)
+            raise StompProtocolError(
+                f"{command} frame has a malformed header line {bad[:60]!r} "
+                f"(expected name:value)", receipt) from None
+        if "" in headers:
+            raise StompProtocolError(f"{command} frame has a header with an empty name",
+                                     headers.get("receipt"))
+        if "\\" in text and command not in _UNESCAPED_COMMANDS and self.version != "1.0":
+            headers = self._unescape_headers(command, pairs)
+        return command, headers, headers.get("receipt")
+
+    def _unescape_headers(self, command: str, pairs: list[list[str]]) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        version = self.version
+        for name, value in pairs:
+            try:
+                name = unescape(name, version)
+                value = unescape(value, version)
+            except StompProtocolError as exc:
+                raw_receipt = next((p[1] for p in pairs if p[0] == "receipt"), None)
+                raise StompProtocolError(f"{command} frame: {exc}", raw_receipt) from None
+            if name not in headers:  # STOMP 1.2: the first occurrence wins
+                headers[name] = value
+        return headers
+
+    def _set_state(self, state: ConnectionState) -> None:
+        self.state = state
+        role = self.role
+        self._allowed = {cmd: after for (r, before, cmd), after in TRANSITIONS.items()
+                         if r is role and before is state}
+
+    def _set_version(self, version: str) -> None:
+        self.version = version
+        self._required = {cmd: names for (cmd, v), names in REQUIRED_HEADERS.items()
+                          if v == version}
+
+    def _check(self, frame: Frame, receipt: str | None) -> None:
+        """Order (:data:`TRANSITIONS`), required headers, body rules."""
+        command = frame.command
+        after = self._allowed.get(command)
+        if after is None:
+            raise StompProtocolError(self._order_message(command), receipt)
+        if frame.body and command not in BODY_COMMANDS:
+            raise StompProtocolError(
+                f"a {command} frame must not have a body (only SEND, MESSAGE and ERROR may)",
+                receipt)
+        if command == "CONNECTED":
+            version = frame.headers.get("version", "1.0")
+            if version not in SUPPORTED_VERSIONS:
+                raise StompProtocolError(f"the server chose unsupported version {version!r}")
+            self._set_version(version)
+        required = self._required.get(command)
+        if required:
+            headers = frame.headers
+            for name in required:
+                if name not in headers:
+                    raise StompProtocolError(
+                        f"{command} frame is missing the required header {name!r} "
+                        f"(STOMP {self.version})", receipt)
+        if after is not self.state:
+            self._set_state(after)
+
+    def _order_message(self, command: str) -> str:
+        state = self.state
+        if self.role is Role.SERVER:
+            if state is ConnectionState.CONNECTING:
+                return f"the first frame must be CONNECT or STOMP, not {command}"
+            if command in ("CONNECT", "STOMP"):
+                return f"{command} on a connection that is already connected"
+            if state is ConnectionState.DISCONNECTED:
+                return f"{command} after DISCONNECT: the client must send nothing more"
+        elif state is ConnectionState.CONNECTING:
+            return f"the first frame from a server must be CONNECTED or ERROR, not {command}"
+        elif state is ConnectionState.CLOSED:
+            return f"{command} after ERROR: the server must close the connection"
+        return f"{command} is not allowed in state {state.value}"
+
+    # ---------------------------------------------------------------- sending
+    def send(self, frame: Frame) -> bytes:
+        """Encode one frame (escaped for the agreed version).
+
+        Raises :class:`LocalProtocolError` for a command our role may not send.
+        A server's codec learns the version from the CONNECTED frame it sends.
+        """
+        allowed = SERVER_COMMANDS if self.role is Role.SERVER else CLIENT_COMMANDS
+        if frame.command not in allowed:
+            raise LocalProtocolError(f"a STOMP {self.role.value} cannot send {frame.command}")
+        if frame.body and frame.command not in BODY_COMMANDS:
+            raise LocalProtocolError(f"a {frame.command} frame must not have a body")
+        if frame.command == "CONNECTED":
+            version = frame.headers.get("version", "1.0")
+            if version not in SUPPORTED_VERSIONS:
+                raise LocalProtocolError(f"unsupported version {version!r}")
+            self._set_version(version)
+        data = _encode(frame, self.version)
+        if frame.command == "ERROR" and self.role is Role.SERVER:
+            self._set_state(ConnectionState.CLOSED)
+        return data
+
+    def heartbeat(self) -> bytes:
+        """The bytes of one heart-beat (an EOL)."""
+        return b"\n"

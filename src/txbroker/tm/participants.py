@@ -1,0 +1,245 @@
+"""Participants and resources of the transaction manager, and their adapters.
+
+The contract follows ``IDataManager`` of zopefoundation/transaction:
+
+* :meth:`Participant.begin` opens the participant's branch; the application
+  then does its work on the participant's connection;
+* :meth:`Participant.vote` is phase one (prepare). It may say *no* by
+  raising; it returns True when the participant did no work (read-only: it
+  needs no phase two);
+* :meth:`Participant.finish` is phase two (commit or roll back a prepared
+  branch). It must not fail: an error is logged and it returns False — the
+  branch stays in doubt (the decision is kept) and recovery completes it;
+* :meth:`Participant.commit_one_phase` commits alone when the participant is
+  the only one (one-phase optimisation);
+* :meth:`Participant.abort` cleans up a participant that did not vote yes;
+* participants are ordered by :attr:`Participant.sort_key`.
+
+A :class:`Resource` is what recovery talks to: a connection that lists the
+prepared branches of one resource manager and commits or rolls them back.
+
+Adapters: :class:`BrokerParticipant` / :class:`BrokerResource` for txbroker
+connections (their XAResource), :class:`PostgresParticipant` /
+:class:`PostgresResource` for psycopg 3 connections (DB-API TPC). psycopg is
+not imported here: any object with psycopg's TPC methods works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Protocol
+
+from txbroker.client.xa import TMFAIL, TMSUCCESS, XA_RDONLY
+from txbroker.errors import XAER_NOTA, XAError
+from txbroker.xid import Xid
+
+log = logging.getLogger("txbroker.tm")
+
+#: The format id of every branch this transaction manager creates ("TXBM").
+TM_FORMAT_ID = 0x5458424D
+
+
+def branch_xid(gtrid: bytes, bqual: str) -> Xid:
+    """The Xid of one participant's branch: our format id, the global id (as hex text,
+    so that psycopg's str gtrid and the broker's bytes agree) and the participant name."""
+    return Xid(TM_FORMAT_ID, gtrid.hex(), bqual)
+
+
+class Participant(Protocol):
+    """One resource's branch of a global transaction (see the module docstring)."""
+
+    @property
+    def sort_key(self) -> str: ...
+
+    def begin(self, xid: Xid) -> None: ...
+
+    def vote(self, xid: Xid) -> bool: ...
+
+    def commit_one_phase(self, xid: Xid) -> None: ...
+
+    def finish(self, xid: Xid, commit: bool) -> bool: ...
+
+    def abort(self, xid: Xid) -> None: ...
+
+
+class Resource(Protocol):
+    """A resource manager as recovery sees it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def recover(self) -> list[Xid]: ...
+
+    def resolve(self, xid: Xid, commit: bool) -> None: ...
+
+
+# ---------------------------------------------------------------------- txbroker
+class BrokerParticipant:
+    """A txbroker connection's branch: sends and acks on ``connection`` between
+    :meth:`begin` and :meth:`vote` belong to it."""
+
+    def __init__(self, connection: Any, name: str = "txbroker") -> None:
+        self.connection = connection
+        self.name = name
+        self._xa = connection.xa_resource()
+
+    @property
+    def sort_key(self) -> str:
+        return self.name
+
+    def begin(self, xid: Xid) -> None:
+        self._xa.start(xid, wait=False)  # pipelined: a refusal is raised by the next call
+
+    def vote(self, xid: Xid) -> bool:
+        self._xa.end(xid, TMSUCCESS, wait=False)  # pipelined with the prepare
+        return bool(self._xa.prepare(xid) == XA_RDONLY)
+
+    def commit_one_phase(self, xid: Xid) -> None:
+        self._xa.end(xid, TMSUCCESS, wait=False)
+        self._xa.commit(xid, True)
+
+    def finish(self, xid: Xid, commit: bool) -> bool:
+        try:
+            if commit:
+                self._xa.commit(xid, False)
+            else:
+                self._xa.rollback(xid)
+        except XAError as exc:
+            if exc.errcode == XAER_NOTA:  # already completed (e.g. by recovery)
+                return True
+            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
+                        "commit" if commit else "rollback", xid, exc)
+            return False
+        except Exception as exc:  # finish must not fail
+            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
+                        "commit" if commit else "rollback", xid, exc)
+            return False
+        return True
+
+    def abort(self, xid: Xid) -> None:
+        try:
+            with contextlib.suppress(XAError):  # already ended (or unknown)
+                self._xa.end(xid, TMFAIL)
+            self._xa.rollback(xid)
+        except Exception as exc:
+            log.info("%s: abort of %s: %s", self.name, xid, exc)
+
+
+class BrokerResource:
+    """Recovery's view of a broker: a txbroker connection."""
+
+    def __init__(self, connection: Any, name: str = "txbroker") -> None:
+        self.connection = connection
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def recover(self) -> list[Xid]:
+        found: list[Xid] = self.connection.xa_resource().recover()
+        return [x for x in found if x.format_id == TM_FORMAT_ID]
+
+    def resolve(self, xid: Xid, commit: bool) -> None:
+        xa = self.connection.xa_resource()
+        if commit:
+            xa.commit(xid, False)
+        else:
+            xa.rollback(xid)
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+def _pg_xid(connection: Any, xid: Xid) -> Any:
+    return connection.xid(xid.format_id, xid.gtrid.decode(), xid.bqual.decode())
+
+
+class PostgresParticipant:
+    """A psycopg 3 connection's branch (``tpc_begin`` … ``tpc_commit``); the connection
+    must not be in autocommit mode. Work on ``connection`` between :meth:`begin` and
+    :meth:`vote` belongs to the branch."""
+
+    def __init__(self, connection: Any, name: str = "postgres") -> None:
+        self.connection = connection
+        self.name = name
+        self._prepared = False
+
+    @property
+    def sort_key(self) -> str:
+        return self.name
+
+    def begin(self, xid: Xid) -> None:
+        self._prepared = False
+        self.connection.tpc_begin(_pg_xid(self.connection, xid))
+
+    def commit_one_phase(self, xid: Xid) -> None:
+        self.connection.tpc_commit()
+
+    def finish(self, xid: Xid, commit: bool) -> bool:
+        try:
+            if commit:
+                self.connection.tpc_commit()
+            else:
+                self.connection.tpc_rollback()
+        except Exception as exc:  # finish must not fail
+            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
+                        "commit" if commit else "rollback", xid, exc)
+            self._reset()
+            return False
+        return True
+
+    def vote(self, xid: Xid) -> bool:
+        try:
+            self.connection.tpc_prepare()
+        except Exception:
+            # a failed PREPARE TRANSACTION rolls the transaction back on the server, but
+            # psycopg 3.3 then believes it is prepared (its tpc_rollback looks for a
+            # prepared gid that does not exist): forget its TPC state
+            if hasattr(self.connection, "_tpc"):
+                self.connection._tpc = None
+            raise
+        self._prepared = True
+        return False
+
+    def abort(self, xid: Xid) -> None:
+        if getattr(self.connection, "_tpc", True) is None:
+            return  # nothing open (the failed prepare above rolled it back)
+        try:
+            self.connection.tpc_rollback()
+        except Exception as exc:
+            log.info("%s: abort of %s: %s", self.name, xid, exc)
+            self._reset()
+
+    def _reset(self) -> None:
+        with contextlib.suppress(Exception):  # a broken connection: nothing more to do
+            self.connection.rollback()
+
+
+class PostgresResource:
+    """Recovery's view of PostgreSQL: an **autocommit** psycopg connection (PostgreSQL
+    runs COMMIT PREPARED only outside a transaction block)."""
+
+    def __init__(self, connection: Any, name: str = "postgres") -> None:
+        self.connection = connection
+        self._name = name
+        self._database = connection.info.dbname
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def recover(self) -> list[Xid]:
+        found = []
+        for pg in self.connection.tpc_recover():
+            # tpc_recover lists every database's prepared transactions
+            if pg.format_id != TM_FORMAT_ID or pg.database != self._database:
+                continue
+            found.append(Xid(pg.format_id, pg.gtrid, pg.bqual))
+        return found
+
+    def resolve(self, xid: Xid, commit: bool) -> None:
+        pg = _pg_xid(self.connection, xid)
+        if commit:
+            self.connection.tpc_commit(pg)
+        else:
+            self.connection.tpc_rollback(pg)

@@ -1,0 +1,245 @@
+"""A hypothesis state machine: the broker's XA branches against a small reference model.
+
+The model knows only the seed's rules (which request is allowed in which state, which
+XA code a refusal gets, which branches survive a crash) and counts committed messages;
+the broker must agree with it after every step, across crashes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from tests.core.harness import Harness
+from txbroker.core import LATER
+from txbroker.core.xa import TMFAIL, TMJOIN, TMNOFLAGS, TMRESUME, TMSUCCESS, TMSUSPEND
+from txbroker.errors import (
+    XA_HEURCOM,
+    XA_HEURRB,
+    XA_RBROLLBACK,
+    XAER_DUPID,
+    XAER_NOTA,
+    XAER_PROTO,
+    XAError,
+)
+from txbroker.xid import Xid
+
+XIDS = [str(Xid(0, b"g%d" % i, b"b")) for i in range(3)]
+SESSIONS = [1, 2]
+UNPREPARED = {"active", "idle", "suspended", "rollback_only"}
+HEURISTIC = {"heuristic_committed": XA_HEURCOM, "heuristic_rolled_back": XA_HEURRB}
+
+
+class Model:
+    """The reference: state and work (messages sent) per Xid, association per session."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, str] = {}
+        self.work: dict[str, int] = {}
+        self.assoc: dict[int, str | None] = {s: None for s in SESSIONS}
+        self.committed = 0
+
+    def gone(self, xid: str, commit: bool) -> None:
+        if commit:
+            self.committed += self.work[xid]
+        del self.state[xid]
+        del self.work[xid]
+        for sid, held in self.assoc.items():
+            if held == xid:
+                self.assoc[sid] = None
+
+    def start(self, sid: int, xid: str, flags: int) -> int:
+        state = self.state.get(xid)
+        if flags == TMJOIN and self.assoc[sid] == xid:
+            return 0
+        if self.assoc[sid] is not None:
+            return XAER_PROTO
+        if flags == TMNOFLAGS:
+            if state is not None:
+                return XAER_DUPID
+        elif state is None:
+            return XAER_NOTA
+        elif (flags == TMRESUME and state != "suspended") or (flags == TMJOIN and state != "idle"):
+            return XAER_PROTO
+        self.state[xid] = "active"
+        self.work.setdefault(xid, 0)
+        self.assoc[sid] = xid
+        return 0
+
+    def end(self, sid: int, xid: str, flags: int) -> int:
+        state = self.state.get(xid)
+        if state is None:
+            return XAER_NOTA
+        if state == "active" and self.assoc[sid] != xid:
+            return XAER_PROTO
+        allowed = {TMSUCCESS: ({"active", "idle", "suspended"}, "idle"),
+                   TMSUSPEND: ({"active"}, "suspended"),
+                   TMFAIL: ({"active", "idle", "suspended"}, "rollback_only")}[flags]
+        if state not in allowed[0]:
+            return XAER_PROTO
+        self.state[xid] = allowed[1]
+        for s, held in self.assoc.items():
+            if held == xid:
+                self.assoc[s] = None
+        return 0
+
+    def prepare(self, xid: str) -> int:
+        state = self.state.get(xid)
+        if state is None:
+            return XAER_NOTA
+        if state == "rollback_only":
+            self.gone(xid, False)
+            return XA_RBROLLBACK
+        if state != "idle":
+            return XAER_PROTO
+        if self.work[xid] == 0:
+            self.gone(xid, False)  # read-only
+            return 0
+        self.state[xid] = "prepared"
+        return 0
+
+    def commit(self, xid: str, one_phase: bool) -> int:
+        state = self.state.get(xid)
+        if state is None:
+            return XAER_NOTA
+        if one_phase and state == "rollback_only":
+            self.gone(xid, False)
+            return XA_RBROLLBACK
+        if state in HEURISTIC:
+            return HEURISTIC[state]
+        if state != ("idle" if one_phase else "prepared"):
+            return XAER_PROTO
+        self.gone(xid, True)
+        return 0
+
+    def rollback(self, xid: str) -> int:
+        state = self.state.get(xid)
+        if state is None:
+            return XAER_NOTA
+        if state in HEURISTIC:
+            return HEURISTIC[state]
+        self.gone(xid, False)
+        return 0
+
+    def heuristic(self, xid: str, commit: bool) -> int:
+        state = self.state.get(xid)
+        if state is None:
+            return XAER_NOTA
+        if state != "prepared":
+            return XAER_PROTO
+        if commit:
+            self.committed += self.work[xid]
+        self.work[xid] = 0
+        self.state[xid] = "heuristic_committed" if commit else "heuristic_rolled_back"
+        return 0
+
+    def forget(self, xid: str) -> int:
+        state = self.state.get(xid)
+        if state is None:
+            return XAER_NOTA
+        if state not in HEURISTIC:
+            return XAER_PROTO
+        self.gone(xid, False)
+        return 0
+
+    def crash(self) -> None:
+        for xid in [x for x, s in self.state.items() if s in UNPREPARED]:
+            self.gone(xid, False)
+        self.assoc = {s: None for s in SESSIONS}
+
+
+class XaMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = Harness()
+        for sid in SESSIONS:
+            self.h.session(sid)
+        self.model = Model()
+        self.rid = 0
+
+    def _do(self, method: str, *args: Any) -> int:
+        try:
+            self.h.call(method, *args)
+        except XAError as exc:
+            return exc.errcode
+        return 0
+
+    def _later(self, method: str, sid: int, *args: Any) -> int:
+        self.rid += 1
+        try:
+            result = self.h.call(method, sid, self.rid, *args, self.h.now)
+        except XAError as exc:
+            return exc.errcode
+        if result is LATER:
+            error = self.h.errors.get((sid, self.rid))
+            assert (sid, self.rid) in self.h.replies or error is not None
+            if isinstance(error, XAError):
+                return error.errcode
+        return 0
+
+    @rule(sid=st.sampled_from(SESSIONS), xid=st.sampled_from(XIDS),
+          flags=st.sampled_from([TMNOFLAGS, TMRESUME, TMJOIN]))
+    def start(self, sid: int, xid: str, flags: int) -> None:
+        assert self._do("xa_start", sid, xid, flags, self.h.now) == self.model.start(
+            sid, xid, flags)
+
+    @rule(sid=st.sampled_from(SESSIONS))
+    def work(self, sid: int) -> None:
+        xid = self.model.assoc[sid]
+        self.rid += 1
+        self.h.send(sid, self.rid, "out", b"m")
+        if xid is None:
+            self.model.committed += 1
+        else:
+            self.model.work[xid] += 1
+
+    @rule(sid=st.sampled_from(SESSIONS), xid=st.sampled_from(XIDS),
+          flags=st.sampled_from([TMSUCCESS, TMSUSPEND, TMFAIL]))
+    def end(self, sid: int, xid: str, flags: int) -> None:
+        assert self._do("xa_end", sid, xid, flags, self.h.now) == self.model.end(
+            sid, xid, flags)
+
+    @rule(sid=st.sampled_from(SESSIONS), xid=st.sampled_from(XIDS))
+    def prepare(self, sid: int, xid: str) -> None:
+        assert self._later("xa_prepare", sid, xid) == self.model.prepare(xid)
+
+    @rule(sid=st.sampled_from(SESSIONS), xid=st.sampled_from(XIDS), one_phase=st.booleans())
+    def commit(self, sid: int, xid: str, one_phase: bool) -> None:
+        assert self._later("xa_commit", sid, xid, one_phase) == self.model.commit(
+            xid, one_phase)
+
+    @rule(sid=st.sampled_from(SESSIONS), xid=st.sampled_from(XIDS))
+    def rollback(self, sid: int, xid: str) -> None:
+        assert self._later("xa_rollback", sid, xid) == self.model.rollback(xid)
+
+    @rule(xid=st.sampled_from(XIDS), commit=st.booleans())
+    def heuristic(self, xid: str, commit: bool) -> None:
+        assert self._later("xa_heuristic", 1, xid, commit) == self.model.heuristic(xid, commit)
+
+    @rule(xid=st.sampled_from(XIDS))
+    def forget(self, xid: str) -> None:
+        assert self._later("xa_forget", 1, xid) == self.model.forget(xid)
+
+    @rule()
+    def crash(self) -> None:
+        self.h = self.h.crash()
+        for sid in SESSIONS:
+            self.h.session(sid)
+        self.model.crash()
+
+    @invariant()
+    def agrees(self) -> None:
+        broker = {str(x): b.state.value for x, b in self.h.broker.branches.items()}
+        assert broker == self.model.state
+        recoverable = {x for x, s in self.model.state.items()
+                       if s == "prepared" or s in HEURISTIC}
+        assert set(self.h.call("xa_recover", 1, 0)) == recoverable
+        queue = self.h.broker.queues.get("out")
+        assert (queue.messages if queue else 0) == self.model.committed
+
+
+TestXaMachine = XaMachine.TestCase
+TestXaMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import BrokerProcess
+from tests.tm.pg import PostgresServer, pg_bindir
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server per test session (max_prepared_transactions = 64)."""
+    if pg_bindir() is None:
+        pytest.skip("PostgreSQL is not installed: `make test` installs it")
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker process; a broken XA session's branch is rolled back after 0.3 s."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[limits]\nxa_reattach_ms = 300\n")
+    proc = BrokerProcess(tmp_path / "data", "--config", str(config)).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+@pytest.fixture
+def orders(postgres: PostgresServer) -> Iterator[str]:
+    """The DSN, with an empty ``orders`` table and no prepared transactions left over."""
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(postgres.dsn, autocommit=True) as pg:
+        for (gid,) in pg.execute("SELECT gid FROM pg_prepared_xacts").fetchall():
+            pg.execute(f"ROLLBACK PREPARED '{gid}'")
+        pg.execute("CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, body bytea)")
+        pg.execute("TRUNCATE orders")
+    yield postgres.dsn

@@ -1,0 +1,125 @@
+"""The transaction manager's contract with fake participants (no I/O but the log)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from txbroker.tm import RolledBack, TransactionManager, recover
+from txbroker.xid import Xid
+
+
+class Fake:
+    """A participant and resource that records calls; ``prepared`` is its in-doubt set."""
+
+    def __init__(self, name: str, journal: list[str], *, no: bool = False,
+                 read_only: bool = False, finish_fails: bool = False) -> None:
+        self.sort_key = self.name = name
+        self.journal = journal
+        self.no, self.read_only, self.finish_fails = no, read_only, finish_fails
+        self.prepared: set[Xid] = set()
+        self.committed: list[Xid] = []
+
+    def begin(self, xid: Xid) -> None:
+        self.journal.append(f"begin {self.name}")
+
+    def vote(self, xid: Xid) -> bool:
+        self.journal.append(f"vote {self.name}")
+        if self.no:
+            raise RuntimeError("no")
+        if not self.read_only:
+            self.prepared.add(xid)
+        return self.read_only
+
+    def commit_one_phase(self, xid: Xid) -> None:
+        self.journal.append(f"1pc {self.name}")
+        self.committed.append(xid)
+
+    def finish(self, xid: Xid, commit: bool) -> bool:
+        self.journal.append(f"{'commit' if commit else 'rollback'} {self.name}")
+        if self.finish_fails:
+            return False  # left in doubt (finish must not raise)
+        self.prepared.discard(xid)
+        if commit:
+            self.committed.append(xid)
+        return True
+
+    def abort(self, xid: Xid) -> None:
+        self.journal.append(f"abort {self.name}")
+
+    def recover(self) -> list[Xid]:
+        return sorted(self.prepared)
+
+    def resolve(self, xid: Xid, commit: bool) -> None:
+        self.prepared.discard(xid)
+        if commit:
+            self.committed.append(xid)
+
+
+@pytest.fixture
+def tm(tmp_path: Path) -> TransactionManager:
+    return TransactionManager(tmp_path / "tm.log")
+
+
+def test_two_phase_order_and_log(tm: TransactionManager) -> None:
+    journal: list[str] = []
+    b, a = Fake("b", journal), Fake("a", journal)
+    with tm.begin([b, a]):
+        pass
+    assert journal == ["begin a", "begin b", "vote a", "vote b", "commit a", "commit b"]
+    assert tm.log.open_decisions == set() and tm.log.syncs == 1
+
+
+def test_single_participant_commits_in_one_phase_without_logging(tm: TransactionManager) -> None:
+    journal: list[str] = []
+    with tm.begin([Fake("a", journal)]):
+        pass
+    assert journal == ["begin a", "1pc a"] and tm.log.syncs == 0
+
+
+def test_vote_no_rolls_back_voters_and_aborts_the_rest(tm: TransactionManager) -> None:
+    journal: list[str] = []
+    parts = [Fake("a", journal), Fake("b", journal, no=True), Fake("c", journal)]
+    with pytest.raises(RolledBack), tm.begin(parts):
+        pass
+    assert journal[3:] == ["vote a", "vote b", "rollback a", "abort b", "abort c"]
+    assert tm.log.syncs == 0
+
+
+def test_read_only_voters_need_no_phase_two(tm: TransactionManager) -> None:
+    journal: list[str] = []
+    with tm.begin([Fake("a", journal, read_only=True), Fake("b", journal, read_only=True)]):
+        pass
+    assert "commit a" not in journal and tm.log.syncs == 0
+
+
+def test_exception_in_the_block_rolls_back(tm: TransactionManager) -> None:
+    journal: list[str] = []
+    with pytest.raises(ValueError), tm.begin([Fake("a", journal), Fake("b", journal)]):
+        raise ValueError("app failure")
+    assert journal[2:] == ["abort a", "abort b"]
+
+
+def test_failed_finish_is_completed_by_recovery(tmp_path: Path) -> None:
+    journal: list[str] = []
+    tm = TransactionManager(tmp_path / "tm.log")
+    a, b = Fake("a", journal), Fake("b", journal, finish_fails=True)
+    gtx = tm.begin([a, b])
+    gtx.commit()
+    assert a.committed and not b.committed and len(tm.log.open_decisions) == 1
+    tm.close()
+    # a restart: the decision is in the log, b still holds its branch prepared
+    tm2 = TransactionManager(tmp_path / "tm.log")
+    report = recover(tm2.log, [a, b])
+    assert report.clean and [x for _, x in report.committed] == [gtx.xid_of(b)]
+    assert b.committed and tm2.log.open_decisions == set()
+
+
+def test_recovery_presumes_abort_without_a_decision(tmp_path: Path) -> None:
+    journal: list[str] = []
+    tm = TransactionManager(tmp_path / "tm.log")
+    a = Fake("a", journal)
+    a.prepared.add(Xid(0x5458424D, b"00" * 16, b"a"))
+    report = recover(tm.log, [a])
+    assert report.rolled_back and not a.prepared and not a.committed
