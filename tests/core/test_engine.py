@@ -449,3 +449,14 @@ def test_message_acked_in_a_committing_transaction_is_not_relocated(h: Harness) 
     from txbroker.storage.interface import StoredEntry
 
     assert h.broker.live_refs([StoredEntry(k, m, tuple(r)) for k, m, r in h.log]) == []
+
+
+def test_unacked_messages_come_back_in_their_original_order(h: Harness) -> None:
+    a = h.session(1)
+    for i in range(4):
+        h.send(a, 10 + i, "q", b"m%d" % i)
+    h.call("subscribe", a, 1, "q", h.now, prefetch=10)
+    assert len(h.deliveries) == 4
+    h.call("close_session", a, h.now)
+    b = h.session(2)
+    assert [h.receive(b, 20 + i, "q").body for i in range(4)] == [b"m0", b"m1", b"m2", b"m3"]

@@ -215,7 +215,8 @@ class Engine:
             queue = self.queues.get(consumer.queue)
             if queue is not None:
                 queue.remove_consumer(consumer)
-        for tag, consumer in list(session.deliveries.items()):
+        # newest first: each goes to the front, so the oldest ends up first again
+        for tag, consumer in reversed(list(session.deliveries.items())):
             message = consumer.unacked.pop(tag, None)
             if message is not None:
                 self._requeue(message, now)
@@ -559,7 +560,7 @@ class Engine:
         queue = self.queues.get(consumer.queue)
         if queue is not None:
             queue.remove_consumer(consumer)
-        for tag, message in list(consumer.unacked.items()):
+        for tag, message in reversed(list(consumer.unacked.items())):
             session.deliveries.pop(tag, None)
             self._requeue(message, now)
         consumer.unacked.clear()
