@@ -53,7 +53,9 @@ def serve(
         help="STOMP port (0 = off; default 61613)")] = None,
     http_port: Annotated[int | None, typer.Option(help="HTTP console port (0 = off)")] = None,
     sync: Annotated[str | None, typer.Option(help="none | fdatasync | fsync")] = None,
-    store: Annotated[str | None, typer.Option(help="journal")] = None,
+    store: Annotated[str | None, typer.Option(help="journal | dir")] = None,
+    dir_flags: Annotated[str | None, typer.Option(
+        help="dir store sync flags: FSYNC or FDATASYNC, plus DSYNC (default: none)")] = None,
     segment_size: Annotated[int | None, typer.Option(help="journal segment bytes")] = None,
     repair: Annotated[bool, typer.Option(
         "--repair", help="skip corrupt journal regions (reports what is dropped)")] = False,
@@ -67,7 +69,7 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(config, data=data, host=host, port=port, stomp_port=stomp_port,
-                          http_port=http_port, sync=sync, store=store,
+                          http_port=http_port, sync=sync, store=store, dir_flags=dir_flags,
                           segment_size=segment_size, repair=repair or None)
     except (OSError, ValueError) as exc:
         raise _fail(exc) from exc

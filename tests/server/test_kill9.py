@@ -122,14 +122,15 @@ def _drain(url: str, queue: str) -> list[str]:
     return found
 
 
-def run_cycles(tmp_path: Path, cycles: int, seed: int) -> dict[str, Any]:
+def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal") -> dict[str, Any]:
     rng = random.Random(seed)
     ledger = Ledger()
     # small segments and a fast maintenance tick: segments are deleted and live
     # messages relocated while the kills happen
     config = tmp_path / "broker.toml"
     config.write_text("[server]\nsegment_size = 131072\nmaintain_interval = 0.2\n")
-    proc = BrokerProcess(tmp_path / "data", "--config", str(config)).start()
+    extra = ["--store", "dir", "--dir-flags", "FDATASYNC,DSYNC"] if store == "dir" else []
+    proc = BrokerProcess(tmp_path / "data", "--config", str(config), *extra).start()
     try:
         for cycle in range(cycles):
             stop = threading.Event()
@@ -169,6 +170,7 @@ def run_cycles(tmp_path: Path, cycles: int, seed: int) -> dict[str, Any]:
     confirmed_back = ledger.came_back | (ledger.ack_confirmed & set(plain))
     moved_missing = ledger.moved - set(txout)
     report = {
+        "store": store,
         "cycles": cycles,
         "acknowledged_sends": len(ledger.acknowledged),
         "consumer_acks_confirmed": len(ledger.ack_confirmed),
@@ -195,8 +197,9 @@ def _check(report: dict[str, Any]) -> None:
     assert report["committed_moves_missing"] == 0
 
 
-def test_kill9_cycles(tmp_path: Path) -> None:
-    _check(run_cycles(tmp_path, cycles=10, seed=20261122))
+@pytest.mark.parametrize("store", ["journal", "dir"])
+def test_kill9_cycles(tmp_path: Path, store: str) -> None:
+    _check(run_cycles(tmp_path, cycles=10, seed=20261122, store=store))
 
 
 @pytest.mark.slow

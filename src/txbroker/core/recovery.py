@@ -162,10 +162,9 @@ class Broker(XaEngine):
         if topic is not None:
             return
         queue = self.queues.pop(name, None)
-        if queue is None:
-            return
-        if queue.topic and queue.topic in self.topics:
+        if queue is not None and queue.topic and queue.topic in self.topics:
             self.topics[queue.topic].subscriptions.discard(name)
+        # queues are created lazily during replay: drop its messages either way
         self._replay_gone([m.id for m in self.messages.values() if m.queue == name])
 
     def _replay_snapshot(self, meta: dict[str, Any]) -> None:

@@ -52,6 +52,11 @@ def is_loopback(host: str) -> bool:
 def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], None],
                snapshot: Callable[[], tuple[int, bytes]]) -> Store:
     """Build the configured store (journal by default)."""
+    if config.store == "dir":
+        from txbroker.storage.dirstore import DirStore
+
+        return DirStore(config.data, flags=config.dir_flags, dispatch=dispatch,
+                        snapshot_provider=snapshot)
     from txbroker.storage.journal import JournalStore
 
     return JournalStore(

@@ -57,6 +57,9 @@ class ServerConfig:
     data: Path = Path("./txbroker-data")
     sync: str = SyncMode.FDATASYNC
     store: str = "journal"
+    #: Enduro/X NDRX_XA_FLAGS for the dir store ("FSYNC"/"FDATASYNC", "DSYNC"); "" = the
+    #: seed's default, flush to the OS only (docs/dirstore.md says what that risks).
+    dir_flags: str = ""
     segment_size: int = DEFAULT_SEGMENT_SIZE
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
@@ -69,8 +72,12 @@ class ServerConfig:
     def validate(self) -> None:
         if self.sync not in SyncMode.ALL:
             raise ValueError(f"sync must be one of {', '.join(SyncMode.ALL)}, not {self.sync!r}")
-        if self.store != "journal":
-            raise ValueError(f"unknown store {self.store!r} (available: journal)")
+        if self.store not in ("journal", "dir"):
+            raise ValueError(f"unknown store {self.store!r} (available: journal, dir)")
+        if self.store == "dir":
+            from txbroker.storage.dirstore_format import parse_flags
+
+            parse_flags(self.dir_flags)
         for name in ("port", "stomp_port", "http_port"):
             value = getattr(self, name)
             if not 0 <= value <= 65535:

@@ -1,0 +1,537 @@
+"""The directory store: one file per command block, after Enduro/X's disk queue.
+
+Theory of operation
+-------------------
+``DIR/active/``, ``DIR/prepared/`` and ``DIR/committed/`` hold command
+blocks and message files (byte format and names:
+:mod:`~txbroker.storage.dirstore_format`). Unlike the journal, this store
+keeps *state*, not a log, so it reads the broker's records
+(:mod:`~txbroker.storage.dirstore_model`):
+
+* ``ADD`` — one NEW block (with the body); it ends up as the message file
+  ``committed/<message id>``;
+* ``TX`` — one NEW block per message and one DELETE block per acked
+  message, all in one store transaction: all of it or none of it;
+* ``ACK`` / ``DROP`` — DELETE blocks: committing one removes the message file;
+* ``UPDATE`` / ``MOVE`` — UPDATE blocks: new header fields for the message file;
+* ``QUEUE_PUT`` / ``QUEUE_DELETE`` / ``SNAPSHOT`` — the metadata (queue
+  definitions, duplicate-id windows, next id) changes and a METADATA block
+  carries the new state to ``DIR/metadata``; deleting a queue also deletes
+  its messages in the same transaction;
+* an entry that changes nothing (a TX with no messages) is a DUMMY block, the
+  seed's marker of a read-only transaction. ``RELOCATE`` is refused: this
+  store never asks for relocation.
+
+:meth:`append` (broker thread, no I/O) turns the entry into a
+:class:`~txbroker.storage.dirstore_writer.Txn`, updates the in-memory index
+and metadata model, and queues it. Body refs are the message ids. The writer
+thread (:mod:`~txbroker.storage.dirstore_writer`) moves each batch through
+write → prepare → commit and completes it with one ``dispatch`` call.
+
+:meth:`recover` locks the directory and resolves what a crash left behind
+(:mod:`~txbroker.storage.dirstore_recovery`), then yields one ``SNAPSHOT``
+entry (the metadata) and one ``ADD`` entry per stored message, in commit
+order: a compacted log whose replay rebuilds the same broker state.
+
+Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
+belong to one thread (the broker's event loop); only the writer thread
+creates, renames or unlinks files once recovery is over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from txbroker.errors import CorruptStore, StorageFailed, StoreError
+from txbroker.storage import records
+from txbroker.storage.dirstore_format import (
+    BlockType,
+    block_size,
+    decode_block,
+    message_name,
+    parse_flags,
+)
+from txbroker.storage.dirstore_model import (
+    MetadataModel,
+    Operation,
+    decode_operation,
+    unpack_message_info,
+)
+from txbroker.storage.dirstore_recovery import (
+    PHANTOM_QUEUE,
+    RecoveredDirectory,
+    Recovery,
+    lock_directory,
+    replay_moves,
+)
+from txbroker.storage.dirstore_writer import (
+    Barrier,
+    BlockOp,
+    DirOps,
+    DirWriter,
+    PendingQueue,
+    Txn,
+    read_file,
+)
+from txbroker.storage.interface import (
+    BodyRef,
+    Dispatch,
+    DurableCallback,
+    Relocation,
+    SnapshotProvider,
+    StoredEntry,
+    StoreStats,
+)
+from txbroker.storage.records import Kind
+
+log = logging.getLogger("txbroker.dirstore")
+
+MiB: Final = 1024 * 1024
+#: Default bound of the body cache (as the journal's): bodies in flight to
+#: consumers are served from memory, the rest is read back from message files.
+DEFAULT_BODY_CACHE_BYTES: Final = 32 * MiB
+#: Message ids the metadata keeps in reserve: ``next_id`` is written ahead of the
+#: ids in use, so that ids are never reused after a crash even when the newest
+#: messages were consumed; one metadata write per 65,536 messages.
+ID_RESERVATION: Final = 1 << 16
+#: ``maintain`` writes the duplicate-id windows again when messages that carried
+#: a client message id were deleted, at most this often (seconds): the window of
+#: ids a crash can forget (their live messages' ids are in the message files).
+METADATA_REFRESH_SECONDS: Final = 1.0
+
+
+class _State(enum.Enum):
+    NEW = "new"  #: constructed; recover() not called
+    RECOVERING = "recovering"  #: recover() called; its iterator not exhausted
+    OPEN = "open"  #: appends accepted
+    CLOSED = "closed"
+
+
+class _Indexed:
+    """What the store keeps in memory per stored message."""
+
+    __slots__ = ("deleted", "file_bytes", "has_message_id", "origin", "queue", "released", "size")
+
+    def __init__(
+        self, queue: str, origin: str | None, size: int, file_bytes: int, has_message_id: bool
+    ) -> None:
+        self.queue = queue  #: where it is now
+        #: The queue it was sent to (whose duplicate-id window holds its client id),
+        #: or None once that queue was deleted while the message lived elsewhere.
+        self.origin = origin
+        self.size = size
+        self.file_bytes = file_bytes
+        self.has_message_id = has_message_id
+        self.deleted = False  #: a DELETE for it was appended
+        self.released = False  #: the broker released its body
+
+
+class DirStore:
+    """File-per-command-block store implementing :class:`~txbroker.storage.interface.Store`.
+
+    ``flags`` are the seed's sync flags, e.g. ``"FDATASYNC,DSYNC"`` (default
+    ``""``: flush to the OS only). ``snapshot_provider`` is accepted for
+    symmetry with the journal and not needed: the store keeps the metadata
+    itself. Extra public surface: :attr:`report` (what recovery quarantined),
+    :attr:`ops` (replaceable disk steps for fault injection), :meth:`flush`,
+    use as a context manager.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        flags: str = "",
+        dispatch: Dispatch | None = None,
+        snapshot_provider: SnapshotProvider | None = None,
+        body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES,
+    ) -> None:
+        if body_cache_bytes < 0:
+            raise ValueError("body_cache_bytes must be >= 0")
+        self.directory = Path(directory)
+        self.flags = parse_flags(flags)
+        #: The disk steps (``write_file``, ``sync_file``, ``sync_dir``, ``rename``,
+        #: ``unlink``): replace them to inject faults, before or after recovery.
+        self.ops = DirOps(self.directory, self.flags)
+        #: Files recovery quarantined (or could not), one line each naming the file.
+        self.report: list[str] = []
+        self.repair_report = self.report  # the name the journal (and the CLI) use
+        self.writer: DirWriter | None = None
+        self._dispatch = dispatch
+        self._snapshot_provider = snapshot_provider
+        self._cache_limit = body_cache_bytes
+        self._cache: OrderedDict[BodyRef, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        self._queue = PendingQueue()
+        self._state = _State.NEW
+        self._replay_iterator: Generator[StoredEntry, None, None] | None = None
+        self._lock_fd = -1
+        self._index: dict[int, _Indexed] = {}
+        self._model = MetadataModel()
+        self._next_tid = 1
+        self._appends = 0
+        self._live_bodies = self._live_bytes = 0
+        self._stored_files = self._stored_bytes = 0
+        self._dups_unsaved = False
+        self._metadata_saved_at = time.monotonic()
+
+    # -- opening -----------------------------------------------------------------------
+
+    def recover(self) -> Iterator[StoredEntry]:
+        """Lock the directory, resolve leftovers, and yield the stored state.
+
+        Yields a ``SNAPSHOT`` entry (when metadata exists) and one ``ADD``
+        entry per stored message, in commit order. Raises
+        :class:`~txbroker.errors.StoreLocked` at once if another store holds
+        the directory. The store accepts appends once the iterator is exhausted.
+        """
+        if self._state is not _State.NEW:
+            raise StoreError("recover() may be called only once, on a new DirStore")
+        self._lock_fd, created = lock_directory(self.ops)
+        self._state = _State.RECOVERING
+        self._replay_iterator = self._replay(created)
+        return self._replay_iterator
+
+    def _replay(self, created: list[Path]) -> Generator[StoredEntry, None, None]:
+        try:
+            self.ops.sync_directories(*{path.parent for path in created})
+            found = Recovery(self.ops, self.report).run()
+            entries = self._load(found)
+        except BaseException:
+            self.close()
+            raise
+        yield from entries
+        self.writer = DirWriter(self.ops, self._queue, self._dispatch)
+        self.writer.start()
+        self._state = _State.OPEN
+
+    def _load(self, found: RecoveredDirectory) -> list[StoredEntry]:
+        """Index what recovery found; the entries ``recover`` yields."""
+        model = self._model
+        entries: list[StoredEntry] = []
+        if found.metadata is not None:
+            model.apply_snapshot(records.unpack(found.metadata))
+            entries.append(StoredEntry(int(Kind.SNAPSHOT), found.metadata, ()))
+        moved: list[tuple[int, list[Any], str]] = []
+        for message in found.messages:
+            msg, moved_to = unpack_message_info(message.info)
+            queue, client_id = msg[records.MSG_QUEUE], msg[records.MSG_MESSAGE_ID]
+            self._index[message.message_id] = _Indexed(
+                moved_to or queue, queue, message.body_length, message.file_bytes,
+                client_id is not None,
+            )
+            if moved_to is not None:
+                moved.append((len(entries), msg, moved_to))
+            model.next_id = max(model.next_id, message.message_id + 1)
+            self._live_bodies += 1
+            self._live_bytes += message.body_length
+            self._stored_bytes += message.file_bytes
+            info = message.info if moved_to is None else records.pack(msg)
+            entries.append(StoredEntry(int(Kind.ADD), info, (message.message_id,)))
+        self._stored_files = len(found.messages)
+        entries = replay_moves(entries, moved, model.definitions)
+        for entry in entries:  # duplicate ids as the broker's replay remembers them
+            if entry.kind == Kind.ADD:
+                msg = records.unpack(entry.meta)
+                queue, client_id = msg[records.MSG_QUEUE], msg[records.MSG_MESSAGE_ID]
+                if client_id is not None and queue != PHANTOM_QUEUE:
+                    model.ensure_queue(queue)
+                    model.remember(queue, client_id)
+        self._next_tid = found.max_tid + 1
+        log.info("dir store %s: %d messages, %d transactions rolled back, %d rolled forward, "
+                 "%d files quarantined", self.directory, len(found.messages), found.rolled_back,
+                 found.rolled_forward, len(self.report))
+        return entries
+
+    # -- appending ---------------------------------------------------------------------
+
+    def append(
+        self,
+        kind: int,
+        meta: bytes,
+        bodies: Sequence[bytes],
+        on_durable: DurableCallback,
+    ) -> list[BodyRef]:
+        """Turn an entry into a store transaction and queue it; return its body refs
+        (the message ids) at once (no I/O). ``ValueError`` for an entry this store
+        cannot take (see the module docstring)."""
+        if self._state is not _State.OPEN or self._queue.failure is not None:
+            raise self._not_open()
+        if type(meta) is not bytes:
+            meta = bytes(meta)
+        operation = decode_operation(kind, meta, list(bodies))
+        new_ids = [msg[records.MSG_ID] for msg, _info, _body in operation.adds]
+        if len(set(new_ids)) != len(new_ids) or any(i in self._index for i in new_ids):
+            raise ValueError(f"message ids {new_ids} are already stored (or repeated)")
+        blocks = self._plan(operation)
+        self._queue_txn(blocks, on_durable)
+        self._appends += 1
+        refs: list[BodyRef] = new_ids
+        if self._cache_limit:
+            for ref, body in zip(refs, bodies, strict=True):
+                if len(body) <= self._cache_limit:  # a huge body would flush everything else
+                    self._cache_put(ref, body)
+        return refs
+
+    def _queue_txn(self, blocks: list[BlockOp], on_durable: DurableCallback | None) -> None:
+        queue = self._queue
+        with queue.lock:
+            if queue.failure is not None:
+                raise StorageFailed(str(queue.failure))
+            queue.items.append(Txn(self._next_tid, blocks, on_durable))
+            if queue.writer_idle:
+                queue.wakeup.notify()
+        self._next_tid += 1
+
+    def _plan(self, operation: Operation) -> list[BlockOp]:
+        """The blocks of one operation; updates the index and the metadata model."""
+        model = self._model
+        blocks: list[BlockOp] = []
+        metadata = False
+        for msg, info, body in operation.adds:
+            message_id, queue = msg[records.MSG_ID], msg[records.MSG_QUEUE]
+            client_id = msg[records.MSG_MESSAGE_ID]
+            blocks.append(BlockOp(BlockType.NEW, message_id, info, body))
+            file_bytes = block_size(len(info), len(body))
+            self._index[message_id] = _Indexed(
+                queue, queue, len(body), file_bytes, client_id is not None
+            )
+            self._live_bodies += 1
+            self._live_bytes += len(body)
+            self._stored_files += 1
+            self._stored_bytes += file_bytes
+            if client_id is not None:  # replay creates the queue to remember the id
+                metadata |= model.ensure_queue(queue)
+                model.remember(queue, client_id)
+            if message_id >= model.next_id:
+                model.next_id = message_id + 1 + ID_RESERVATION
+                metadata = True
+        for message_id in operation.deletes:
+            self._delete(message_id, blocks)
+        if operation.move_target is not None:
+            metadata |= model.ensure_queue(operation.move_target)
+        for message_id, patch, target in operation.updates:
+            entry = self._index.get(message_id)
+            if entry is None or entry.deleted:
+                continue  # replay would ignore it too
+            if target is not None:
+                entry.queue = target
+            blocks.append(BlockOp(BlockType.UPDATE, message_id, records.pack(patch)))
+        if operation.put is not None:
+            model.put(operation.put)
+            metadata = True
+        gone: list[str] = []
+        if operation.delete_queue is not None:
+            metadata = True
+            if model.delete(operation.delete_queue):  # a queue (known or not): its messages go
+                gone.append(operation.delete_queue)
+        if operation.snapshot is not None:
+            metadata = True
+            gone += model.apply_snapshot(operation.snapshot)
+        if gone:
+            self._delete_queues(set(gone), blocks)
+        if metadata:
+            blocks.append(self._metadata_block())
+        if not blocks:
+            blocks.append(BlockOp(BlockType.DUMMY, 0))
+        return blocks
+
+    def _delete_queues(self, names: set[str], blocks: list[BlockOp]) -> None:
+        """Queues are gone: delete their messages; forget the origin of messages
+        moved out of them (their client ids went with the queue's window)."""
+        for message_id, entry in list(self._index.items()):
+            if entry.deleted:
+                continue
+            if entry.queue in names:
+                self._delete(message_id, blocks)
+            elif entry.origin in names:
+                entry.origin = None
+                patch = records.pack({records.MSG_QUEUE: None})
+                blocks.append(BlockOp(BlockType.UPDATE, message_id, patch))
+
+    def _delete(self, message_id: int, blocks: list[BlockOp]) -> None:
+        entry = self._index.get(message_id)
+        if entry is None or entry.deleted:
+            return  # unknown or already deleted: replay would ignore it too
+        entry.deleted = True
+        blocks.append(BlockOp(BlockType.DELETE, message_id))
+        self._stored_files -= 1
+        self._stored_bytes -= entry.file_bytes
+        if entry.has_message_id:
+            self._dups_unsaved = True
+        if entry.released:
+            del self._index[message_id]
+
+    def _metadata_block(self) -> BlockOp:
+        self._dups_unsaved = False
+        self._metadata_saved_at = time.monotonic()
+        return BlockOp(BlockType.METADATA, 0, self._model.pack())
+
+    def _not_open(self) -> StoreError | StorageFailed:
+        if self._queue.failure is not None:
+            return StorageFailed(str(self._queue.failure))
+        if self._state is _State.CLOSED:
+            return StoreError(f"dir store {self.directory} is closed")
+        return StoreError("recover() must run (and its iterator be exhausted) before append")
+
+    # -- reading bodies ------------------------------------------------------------------
+
+    def body_size(self, ref: BodyRef) -> int:
+        """The body length of message ``ref`` (no I/O); KeyError if unknown."""
+        return self._index[ref].size
+
+    def read_body(self, ref: BodyRef) -> bytes:
+        """A stored body: from the cache, the writer's queue, or the message file.
+
+        Raises ``KeyError`` if no such message is stored and
+        :class:`~txbroker.errors.CorruptStore` if its file is damaged.
+        """
+        cached = self._cache.get(ref)
+        if cached is not None:
+            self._cache.move_to_end(ref)
+            return cached
+        body = self._read_file_body(ref)
+        if body is None:  # not committed yet: the writer still holds it
+            body = self._unwritten_body(ref)
+            if body is None:
+                body = self._read_file_body(ref)
+        if body is None:
+            raise KeyError(f"body ref {ref}: no message {ref} in {self.ops.committed}")
+        if len(body) <= self._cache_limit:
+            self._cache_put(ref, body)
+        return body
+
+    def _read_file_body(self, ref: BodyRef) -> bytes | None:
+        path = self.ops.committed / message_name(ref)
+        try:
+            data = read_file(path)
+        except FileNotFoundError:
+            return None
+        block = decode_block(data)
+        if isinstance(block, str):
+            raise CorruptStore(str(path), 0, block)
+        return block.body
+
+    def _unwritten_body(self, ref: BodyRef) -> bytes | None:
+        """The body of a queued or in-flight NEW block (the cache may have dropped it)."""
+        with self._queue.lock:
+            in_flight = self.writer.in_flight if self.writer is not None else []
+            for item in (*in_flight, *self._queue.items):
+                if isinstance(item, Txn):
+                    for block in item.blocks:
+                        if block.type is BlockType.NEW and block.message_id == ref:
+                            return bytes(block.body)
+        return None
+
+    def _cache_put(self, ref: BodyRef, body: bytes) -> None:
+        if ref in self._cache:
+            return
+        self._cache[ref] = body
+        self._cache_bytes += len(body)
+        while self._cache_bytes > self._cache_limit:
+            _, evicted = self._cache.popitem(last=False)
+            self._cache_bytes -= len(evicted)
+
+    # -- space -------------------------------------------------------------------------
+
+    def release(self, ref: BodyRef) -> None:
+        """The broker is done with message ``ref``'s body (after its delete, or
+        because replay found it dead)."""
+        entry = self._index.get(ref)
+        if entry is None or entry.released:
+            return
+        entry.released = True
+        self._live_bodies -= 1
+        self._live_bytes -= entry.size
+        cached = self._cache.pop(ref, None)
+        if cached is not None:
+            self._cache_bytes -= len(cached)
+        if entry.deleted:
+            del self._index[ref]
+
+    def maintain(self) -> Relocation | None:
+        """Save the duplicate-id windows if deletes changed them; never relocates.
+
+        (Space needs no upkeep here: committing a delete removes the file.)
+        """
+        if self._state is not _State.OPEN or self._queue.failure is not None:
+            return None
+        waited = time.monotonic() - self._metadata_saved_at
+        if self._dups_unsaved and waited >= METADATA_REFRESH_SECONDS:
+            with contextlib.suppress(StorageFailed):  # failed meanwhile: nothing to save
+                self._queue_txn([self._metadata_block()], None)
+        return None
+
+    # -- status and shutdown -------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        """Current counters: ``syncs`` counts group commits (batches), ``segments``
+        message files."""
+        return StoreStats(
+            appends=self._appends,
+            syncs=self.writer.batches if self.writer else 0,
+            bytes_written=self.ops.bytes_written,
+            segments=self._stored_files,
+            disk_bytes=self._stored_bytes,
+            live_bodies=self._live_bodies,
+            live_body_bytes=self._live_bytes,
+        )
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything queued so far is committed and completed.
+
+        Not for the event loop (it blocks). Raises ``StorageFailed`` if the
+        store failed, ``TimeoutError`` if ``timeout`` passed first.
+        """
+        if self._state is not _State.OPEN:
+            return
+        barrier = Barrier()
+        self._queue.put(barrier)
+        if not barrier.done.wait(timeout):
+            raise TimeoutError(f"dir store flush took longer than {timeout} s")
+        if self._queue.failure is not None:
+            raise StorageFailed(str(self._queue.failure))
+
+    def close(self) -> None:
+        """Commit what is queued (and the duplicate-id windows), stop the writer,
+        unlock. Idempotent."""
+        if self._state is _State.CLOSED:
+            return
+        if self.writer is not None:
+            self.writer.check_not_writer_thread()
+        if self._state is _State.OPEN and self._queue.failure is None and self._dups_unsaved:
+            with contextlib.suppress(StorageFailed):
+                self._queue_txn([self._metadata_block()], None)
+        self._state = _State.CLOSED
+        replay, self._replay_iterator = self._replay_iterator, None
+        if replay is not None and inspect.getgeneratorstate(replay) != inspect.GEN_RUNNING:
+            replay.close()
+        if self.writer is not None:
+            self.writer.stop()
+        self.ops.close()
+        self._cache.clear()
+        self._cache_bytes = 0
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> DirStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
