@@ -109,3 +109,18 @@ def test_corrupt_journal_refuses_to_start_then_repair(tmp_path: Path) -> None:
             assert 100 < depth < 200  # the damaged group entry is dropped, the rest kept
     finally:
         repaired.kill()
+
+
+def test_dir_store_broker_serves_and_refuses_xa_clearly(tmp_path: Path) -> None:
+    from txbroker.errors import XAError
+
+    with BrokerProcess(tmp_path / "data", "--store", "dir", "--dir-flags", "FDATASYNC") as proc:
+        with txbroker.connect(proc.url) as conn:
+            conn.send("q", b"on disk as files")
+            with pytest.raises(XAError, match="does not support XA"):
+                conn.tpc_begin(conn.xid(1, b"gtrid", b"bqual"))
+            msg = conn.receive("q", timeout=5)
+            assert msg is not None and msg.body == b"on disk as files"
+            msg.ack(wait=True)
+        committed = list((tmp_path / "data" / "committed").iterdir())
+        assert committed == []

@@ -249,12 +249,21 @@ class BrokerServer:
             conn.push("cancelled", {"sub": effect.sub, "reason": effect.reason})
             self._dirty.add(conn)
 
+    @property
+    def supports_xa(self) -> bool:
+        """The dir store does not persist XA branches yet (issue 3 / 4 notes)."""
+        return self.config.store != "dir"
+
     def _persist(self, effect: Persist) -> None:
         store = self.store
         try:
             if store is None:
                 raise StorageFailed("the store is closed")
             refs = store.append(effect.kind, effect.meta, effect.bodies, effect.on_durable)
+        except ValueError as exc:  # a record the store cannot hold: a bug, never silent
+            log.error("store refused a record of kind %d: %s", effect.kind, exc)
+            effect.on_durable(StorageFailed(f"store refused a record: {exc}"))
+            return
         except StorageFailed as exc:
             log.error("store append failed: %s", exc)
             effect.on_durable(exc)

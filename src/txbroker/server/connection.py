@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from txbroker.core import LATER
 from txbroker.errors import (
+    XAER_RMERR,
     BrokerError,
     ErrorCode,
     NotAuthenticated,
     ProtocolError,
     TxBrokerError,
+    XAError,
 )
 from txbroker.protocol.native import (
     Err,
@@ -110,6 +112,9 @@ class ClientConnection(asyncio.Protocol):
                 self.reply(rid, self.server.stats())
                 return
             handler = HANDLERS.get(request.op)
+            if request.op.startswith("xa_") and not self.server.supports_xa:
+                raise XAError(XAER_RMERR, "this broker's store (--store dir) does not support "
+                              "XA yet: use the journal store")
             if handler is None:
                 self.fail(rid, BrokerError(f"unknown op {request.op!r}", ErrorCode.UNKNOWN_OP))
                 return
