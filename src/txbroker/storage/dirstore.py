@@ -75,11 +75,9 @@ from txbroker.storage.dirstore_recovery import (
     replay_moves,
 )
 from txbroker.storage.dirstore_writer import (
-    Barrier,
     BlockOp,
     DirOps,
     DirWriter,
-    PendingQueue,
     Txn,
     read_file,
 )
@@ -93,6 +91,7 @@ from txbroker.storage.interface import (
     StoreStats,
 )
 from txbroker.storage.records import Kind
+from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 log = logging.getLogger("txbroker.dirstore")
 

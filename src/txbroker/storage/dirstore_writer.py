@@ -40,13 +40,12 @@ import contextlib
 import errno
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from txbroker.errors import StorageFailed, StoreError
+from txbroker.errors import StorageFailed
 from txbroker.storage import records
 from txbroker.storage.dirstore_format import (
     ACTIVE,
@@ -65,6 +64,12 @@ from txbroker.storage.dirstore_format import (
 )
 from txbroker.storage.dirstore_model import apply_patch
 from txbroker.storage.interface import DurableCallback
+from txbroker.storage.writer_thread import (
+    Barrier,
+    PendingQueue,
+    WriterThread,
+    completion,
+)
 
 log = logging.getLogger("txbroker.dirstore")
 
@@ -98,13 +103,6 @@ class Txn:
     on_durable: DurableCallback | None
 
 
-class Barrier:
-    """Work item: set ``done`` once everything queued before it is processed."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
 
 
 WorkItem = Txn | Barrier
@@ -333,44 +331,11 @@ def prepared_blocks(txn: Txn) -> list[PreparedBlock]:
     ]
 
 
-class PendingQueue:
-    """Work shared by the appending thread and the writer, under one lock."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.wakeup = threading.Condition(self.lock)
-        self.items: list[WorkItem] = []
-        #: Set once a step failed; ``append`` raises from then on.
-        self.failure: StorageFailed | None = None
-        self.stopping = False
-        #: True while the writer waits for work (so ``put`` knows to notify).
-        self.writer_idle = False
-
-    def put(self, item: WorkItem) -> None:
-        """Queue a work item and wake the writer."""
-        with self.lock:
-            self.items.append(item)
-            if self.writer_idle:
-                self.wakeup.notify()
-
-
-def _completion(
-    callbacks: list[DurableCallback], failure: StorageFailed | None
-) -> Callable[[], None]:
-    """One closure that runs a batch's callbacks in order."""
-
-    def complete() -> None:
-        for callback in callbacks:
-            try:
-                callback(None if failure is None else StorageFailed(str(failure)))
-            except Exception:
-                log.exception("on_durable callback raised")
-
-    return complete
-
-
-class DirWriter:
+class DirWriter(WriterThread):
     """The one thread that writes, renames and deletes block files."""
+
+    thread_name = "txbroker-dirstore-writer"
+    store_label = "dir store"
 
     def __init__(
         self,
@@ -379,36 +344,12 @@ class DirWriter:
         dispatch: Callable[[Callable[[], None]], None] | None,
     ) -> None:
         self.ops = ops
-        self.queue = queue
+        super().__init__(queue)
         self.dispatch = dispatch
         #: Group commits done (batches that wrote at least one transaction).
         self.batches = 0
         #: The batch being written (``read_body`` looks here for unwritten bodies).
         self.in_flight: list[WorkItem] = []
-        self._thread = threading.Thread(
-            target=self._run, name="txbroker-dirstore-writer", daemon=True
-        )
-
-    def start(self) -> None:
-        """Start the writer thread."""
-        self._thread.start()
-
-    def check_not_writer_thread(self) -> None:
-        """Refuse to be stopped by a completion running on the writer itself."""
-        if threading.current_thread() is self._thread:
-            raise StoreError(
-                "close() called from a completion running on the dir store writer thread; "
-                "give the store a dispatch function (e.g. loop.call_soon_threadsafe)"
-            )
-
-    def stop(self) -> None:
-        """Process everything queued, then end the thread."""
-        self.check_not_writer_thread()
-        with self.queue.lock:
-            self.queue.stopping = True
-            self.queue.wakeup.notify()
-        if self._thread.is_alive():
-            self._thread.join()
 
     def _run(self) -> None:
         queue = self.queue
@@ -450,7 +391,7 @@ class DirWriter:
             self.batches += 1
             callbacks = [txn.on_durable for txn in txns if txn.on_durable is not None]
             if callbacks:
-                self._dispatch(_completion(callbacks, None))
+                self._dispatch(completion(callbacks, None))
         with self.queue.lock:
             self.in_flight = []
         for item in batch:
@@ -469,7 +410,7 @@ class DirWriter:
             if isinstance(item, Txn) and item.on_durable is not None
         ]
         if callbacks:
-            self._dispatch(_completion(callbacks, failure))
+            self._dispatch(completion(callbacks, failure))
         for item in batch:
             if isinstance(item, Barrier):
                 item.done.set()

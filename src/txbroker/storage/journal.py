@@ -71,13 +71,12 @@ from txbroker.storage.journal_recovery import (
     read_segment_entries,
 )
 from txbroker.storage.journal_writer import (
-    Barrier,
     Delete,
     EntryItem,
     GroupCommitWriter,
-    PendingQueue,
     Roll,
 )
+from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 log = logging.getLogger("txbroker.journal")
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size

@@ -38,13 +38,18 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from txbroker.errors import StorageFailed, StoreError
+from txbroker.errors import StorageFailed
 from txbroker.storage.interface import BodyRef, Dispatch, DurableCallback, SyncMode
 from txbroker.storage.journal_format import encode_entry, encode_segment_header, segment_name
+from txbroker.storage.writer_thread import (
+    Barrier,
+    PendingQueue,
+    WriterThread,
+    completion,
+)
 
 log = logging.getLogger("txbroker.journal")
 
@@ -73,37 +78,9 @@ class Delete:
         self.segment_id = segment_id
 
 
-class Barrier:
-    """Work item: set ``done`` once everything queued before it is processed."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
 
 
 WorkItem = EntryItem | Roll | Delete | Barrier
-
-
-class PendingQueue:
-    """Work shared by the appending thread and the writer, under one lock."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.wakeup = threading.Condition(self.lock)
-        self.items: list[WorkItem] = []
-        #: Set once a write or sync failed; ``append`` raises from then on.
-        self.failure: StorageFailed | None = None
-        self.stopping = False
-        #: True while the writer waits for work (so ``append`` knows to notify).
-        self.writer_idle = False
-
-    def put(self, item: WorkItem) -> None:
-        """Queue a control item (entries are queued by ``append`` itself)."""
-        with self.lock:
-            self.items.append(item)
-            if self.writer_idle:
-                self.wakeup.notify()
 
 
 def _no_sync(fd: int) -> None:
@@ -124,23 +101,11 @@ def _create_segment_file(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, SEGMENT_FILE_MODE)
 
 
-def _completion(
-    callbacks: list[DurableCallback], failure: StorageFailed | None
-) -> Callable[[], None]:
-    """One closure that runs a batch's callbacks in order."""
-
-    def complete() -> None:
-        for callback in callbacks:
-            try:
-                callback(None if failure is None else StorageFailed(str(failure)))
-            except Exception:
-                log.exception("on_durable callback raised")
-
-    return complete
-
-
-class GroupCommitWriter:
+class GroupCommitWriter(WriterThread):
     """The one thread that writes, syncs and deletes segment files."""
+
+    thread_name = "txbroker-journal-writer"
+    store_label = "journal"
 
     def __init__(
         self,
@@ -154,7 +119,7 @@ class GroupCommitWriter:
         head_offset: int,
     ) -> None:
         self.journal_dir = journal_dir
-        self.queue = queue
+        super().__init__(queue)
         self.sync_mode = sync
         self.dispatch = dispatch
         # Replaceable steps (crash points): tests swap these for failing ones.
@@ -175,31 +140,6 @@ class GroupCommitWriter:
         self._offset = head_offset
         self._dir_fd = os.open(journal_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._deletes_broken = False
-        self._thread = threading.Thread(
-            target=self._run, name="txbroker-journal-writer", daemon=True
-        )
-
-    def start(self) -> None:
-        """Start the writer thread."""
-        self._thread.start()
-
-    def check_not_writer_thread(self) -> None:
-        """Refuse to be stopped by a completion running on the writer itself."""
-        if threading.current_thread() is self._thread:
-            raise StoreError(
-                "close() called from a completion running on the journal writer thread; "
-                "give the store a dispatch function (e.g. loop.call_soon_threadsafe)"
-            )
-
-    def stop(self) -> None:
-        """Process everything queued, then end the thread and close its files."""
-        self.check_not_writer_thread()
-        with self.queue.lock:
-            self.queue.stopping = True
-            self.queue.wakeup.notify()
-        if self._thread.is_alive():
-            self._thread.join()
-        self._close_files()
 
     # -- the loop ----------------------------------------------------------
 
@@ -271,7 +211,7 @@ class GroupCommitWriter:
             self._poison(batch, failure)
             return
         if callbacks:
-            self._dispatch(_completion(callbacks, None))
+            self._dispatch(completion(callbacks, None))
         self._delete(deletes)
         with self.queue.lock:
             self.in_flight = []
@@ -334,7 +274,7 @@ class GroupCommitWriter:
             self.in_flight = []
         callbacks = [item[7] for item in batch if type(item) is tuple and item[7] is not None]
         if callbacks:
-            self._dispatch(_completion(callbacks, failure))
+            self._dispatch(completion(callbacks, failure))
         for item in batch:
             if isinstance(item, Barrier):
                 item.done.set()

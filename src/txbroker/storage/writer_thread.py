@@ -1,0 +1,104 @@
+"""What the journal's and the dir store's writer threads share.
+
+A store's caller (the broker's event loop) puts work items in a
+:class:`PendingQueue`; one :class:`WriterThread` takes everything queued,
+does the disk work of the batch, and hands the batch's completions back in
+one :func:`completion` closure through the store's ``dispatch``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from txbroker.errors import StorageFailed, StoreError
+from txbroker.storage.interface import DurableCallback
+
+log = logging.getLogger("txbroker.storage")
+
+
+class Barrier:
+    """Work item: set ``done`` once everything queued before it is processed."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class PendingQueue:
+    """Work shared by the appending thread and the writer, under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)
+        self.items: list[Any] = []
+        #: Set once a write or sync failed; ``append`` raises from then on.
+        self.failure: StorageFailed | None = None
+        self.stopping = False
+        #: True while the writer waits for work (so ``put`` knows to notify).
+        self.writer_idle = False
+
+    def put(self, item: Any) -> None:
+        """Queue a work item and wake the writer if it sleeps."""
+        with self.lock:
+            self.items.append(item)
+            if self.writer_idle:
+                self.wakeup.notify()
+
+
+def completion(
+    callbacks: list[DurableCallback], failure: StorageFailed | None
+) -> Callable[[], None]:
+    """One closure that runs a batch's callbacks in order."""
+
+    def complete() -> None:
+        for callback in callbacks:
+            try:
+                callback(None if failure is None else StorageFailed(str(failure)))
+            except Exception:
+                log.exception("on_durable callback raised")
+
+    return complete
+
+
+class WriterThread:
+    """The single writer thread of a store; subclasses implement ``_run``."""
+
+    #: Thread name, and how errors name the store.
+    thread_name = "txbroker-writer"
+    store_label = "store"
+
+    def __init__(self, queue: PendingQueue) -> None:
+        self.queue = queue
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _close_files(self) -> None:
+        """Close what the thread kept open (after it ended)."""
+
+    def start(self) -> None:
+        """Start the writer thread."""
+        self._thread.start()
+
+    def check_not_writer_thread(self) -> None:
+        """Refuse to be stopped by a completion running on the writer itself."""
+        if threading.current_thread() is self._thread:
+            raise StoreError(
+                f"close() called from a completion running on the {self.store_label} writer "
+                "thread; give the store a dispatch function (e.g. loop.call_soon_threadsafe)"
+            )
+
+    def stop(self) -> None:
+        """Process everything queued, then end the thread and close its files."""
+        self.check_not_writer_thread()
+        with self.queue.lock:
+            self.queue.stopping = True
+            self.queue.wakeup.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._close_files()
