@@ -16,7 +16,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,29 +23,9 @@ from typing import Any
 import pytest
 
 import txbroker
+from tests.ledger import Ledger, check, verdict
 from tests.support import BrokerProcess
 from txbroker.errors import TxBrokerError
-
-
-@dataclass
-class Ledger:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    attempted: set[str] = field(default_factory=set)  # sends tried (maybe stored)
-    acknowledged: set[str] = field(default_factory=set)  # sends the broker confirmed
-    received: dict[str, int] = field(default_factory=dict)  # id -> times delivered
-    ack_confirmed: set[str] = field(default_factory=set)  # consumer acks confirmed
-    came_back: set[str] = field(default_factory=set)  # delivered after a confirmed ack
-    moved: set[str] = field(default_factory=set)  # committed moves in -> out
-
-    def add(self, name: str, *ids: str) -> None:
-        with self.lock:
-            getattr(self, name).update(ids)
-
-    def delivered(self, mid: str) -> None:
-        with self.lock:
-            self.received[mid] = self.received.get(mid, 0) + 1
-            if mid in self.ack_confirmed:
-                self.came_back.add(mid)
 
 
 def _guard(fn: Callable[[], None]) -> Callable[[], None]:
@@ -160,48 +139,16 @@ def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal") -
     finally:
         proc.kill()
 
-    seen_plain = set(ledger.received) | set(plain)
-    everything = seen_plain | set(txin) | set(txout)
-    lost = {m for m in ledger.acknowledged if m not in everything}
-    unexpected = everything - ledger.attempted
-    duplicated = (len(plain) - len(set(plain))) + (len(txin) - len(set(txin))) + (
-        len(txout) - len(set(txout)))
-    both_sides = set(txin) & set(txout)  # a move partly visible
-    confirmed_back = ledger.came_back | (ledger.ack_confirmed & set(plain))
-    moved_missing = ledger.moved - set(txout)
-    report = {
-        "store": store,
-        "cycles": cycles,
-        "acknowledged_sends": len(ledger.acknowledged),
-        "consumer_acks_confirmed": len(ledger.ack_confirmed),
-        "committed_moves": len(ledger.moved),
-        "drained": len(plain) + len(txin) + len(txout),
-        "lost": len(lost),
-        "duplicated": duplicated,
-        "unexpected": len(unexpected),
-        "acked_came_back": len(confirmed_back),
-        "partial_transactions": len(both_sides),
-        "committed_moves_missing": len(moved_missing),
-    }
+    report = verdict(ledger, plain, txin, txout, store=store, cycles=cycles)
     print("kill -9 report:", report)
     return report
 
 
-def _check(report: dict[str, Any]) -> None:
-    assert report["acknowledged_sends"] > 0
-    assert report["lost"] == 0
-    assert report["duplicated"] == 0
-    assert report["unexpected"] == 0
-    assert report["acked_came_back"] == 0
-    assert report["partial_transactions"] == 0
-    assert report["committed_moves_missing"] == 0
-
-
 @pytest.mark.parametrize("store", ["journal", "dir"])
 def test_kill9_cycles(tmp_path: Path, store: str) -> None:
-    _check(run_cycles(tmp_path, cycles=10, seed=20261122, store=store))
+    check(run_cycles(tmp_path, cycles=10, seed=20261122, store=store))
 
 
 @pytest.mark.slow
 def test_kill9_soak(tmp_path: Path) -> None:
-    _check(run_cycles(tmp_path, cycles=60, seed=7))
+    check(run_cycles(tmp_path, cycles=60, seed=7))

@@ -18,38 +18,17 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.ledger import Ledger, check, verdict
 from tests.stomp.support import StompBroker, StompClient
 from txbroker.protocol.stomp import StompProtocolError
 
 PLAIN, TXIN, TXOUT = "/queue/k9-plain", "/queue/k9-txin", "/queue/k9-txout"
-
-
-@dataclass
-class Ledger:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    attempted: set[str] = field(default_factory=set)  # sends tried (maybe stored)
-    acknowledged: set[str] = field(default_factory=set)  # sends with a RECEIPT
-    received: dict[str, int] = field(default_factory=dict)  # id -> times delivered
-    ack_confirmed: set[str] = field(default_factory=set)  # ACKs with a RECEIPT
-    came_back: set[str] = field(default_factory=set)  # delivered after a confirmed ACK
-    moved: set[str] = field(default_factory=set)  # committed moves txin -> txout
-
-    def add(self, name: str, *ids: str) -> None:
-        with self.lock:
-            getattr(self, name).update(ids)
-
-    def delivered(self, mid: str) -> None:
-        with self.lock:
-            self.received[mid] = self.received.get(mid, 0) + 1
-            if mid in self.ack_confirmed:
-                self.came_back.add(mid)
 
 
 def _guard(fn: Callable[[], None]) -> Callable[[], None]:
@@ -175,46 +154,17 @@ def run_cycles(tmp_path: Path, cycles: int, seed: int) -> dict[str, Any]:
     finally:
         broker.kill()
 
-    everything = set(ledger.received) | set(plain) | set(txin) | set(txout)
-    lost = {m for m in ledger.acknowledged if m not in everything}
-    unexpected = everything - ledger.attempted
-    duplicated = sum(len(x) - len(set(x)) for x in (plain, txin, txout))
-    both_sides = set(txin) & set(txout)
-    confirmed_back = ledger.came_back | (ledger.ack_confirmed & set(plain))
-    report = {
-        "cycles": cycles,
-        "acknowledged_sends": len(ledger.acknowledged),
-        "consumer_acks_confirmed": len(ledger.ack_confirmed),
-        "committed_moves": len(ledger.moved),
-        "drained": len(plain) + len(txin) + len(txout),
-        "lost": len(lost),
-        "duplicated": duplicated,
-        "unexpected": len(unexpected),
-        "acked_came_back": len(confirmed_back),
-        "partial_transactions": len(both_sides),
-        "committed_moves_missing": len(ledger.moved - set(txout)),
-    }
+    report = verdict(ledger, plain, txin, txout, cycles=cycles)
     print("kill -9 through STOMP:", report)
     return report
 
 
-def _check(report: dict[str, Any]) -> None:
-    assert report["acknowledged_sends"] > 0
-    assert report["consumer_acks_confirmed"] > 0
-    assert report["lost"] == 0
-    assert report["duplicated"] == 0
-    assert report["unexpected"] == 0
-    assert report["acked_came_back"] == 0
-    assert report["partial_transactions"] == 0
-    assert report["committed_moves_missing"] == 0
-
-
 @pytest.mark.timeout(120)
 def test_kill9_through_stomp(tmp_path: Path) -> None:
-    _check(run_cycles(tmp_path, cycles=6, seed=20261122))
+    check(run_cycles(tmp_path, cycles=6, seed=20261122))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kill9_through_stomp_soak(tmp_path: Path) -> None:
-    _check(run_cycles(tmp_path, cycles=40, seed=5))
+    check(run_cycles(tmp_path, cycles=40, seed=5))
