@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.ledger import check
 from tests.server import test_kill9 as kill9
 from tests.support import ROOT, BrokerProcess
 from txbroker.core import queues as core_queues
@@ -905,7 +906,7 @@ def test_broker_on_the_dir_store_survives_kill_9(tmp_path: Path,
     killed with SIGKILL between cycles, against a broker on the dir store."""
     monkeypatch.setattr(kill9, "BrokerProcess", DirBrokerProcess)
     report = kill9.run_cycles(tmp_path, cycles=4, seed=20261123)
-    kill9._check(report)
+    check(report)
     # A kill in the middle of a write leaves a torn block in active/ (moved
     # aside when its transaction is rolled back); nothing else is ever damaged.
     quarantined = [path.name for path in (tmp_path / "data").glob("quarantine/*")]
