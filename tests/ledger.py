@@ -6,7 +6,9 @@ Clients record what they tried, what the broker confirmed and what they got;
 
 from __future__ import annotations
 
+import sys
 import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,3 +62,12 @@ def check(report: dict[str, Any]) -> None:
     for key in ("lost", "duplicated", "unexpected", "acked_came_back", "partial_transactions",
                 "committed_moves_missing"):
         assert report[key] == 0, f"{key}: {report}"
+
+
+def join_or_explain(thread: threading.Thread, timeout: float) -> None:
+    """Join a client thread; if it hangs, fail with the stack it hangs in."""
+    thread.join(timeout=timeout)
+    if thread.is_alive():
+        frame = sys._current_frames().get(thread.ident or -1)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "?"
+        raise AssertionError(f"a client thread hung after the kill:\n{stack}")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import msgpack
 
@@ -37,11 +37,17 @@ class BrokerProcess:
     def url(self) -> str:
         return f"txb://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60.0) -> BrokerProcess:
+    def command(self) -> list[str]:
+        """The child's command line (subclasses start other launchers)."""
         cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                "--port", str(self.port), "--log-level", "WARNING", *self.args]
         if "--stomp-port" not in self.args:
             cmd += ["--stomp-port", "0"]
+        return cmd
+
+    def start(self, timeout: float = 60.0) -> Self:
+        """Start the child and wait for its "txbroker ready" line."""
+        cmd = self.command()
         log = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
                                      cwd=ROOT)
@@ -68,7 +74,7 @@ class BrokerProcess:
         self.kill(signal.SIGTERM)
         return None if self.proc is None else self.proc.returncode
 
-    def __enter__(self) -> BrokerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import txbroker
-from tests.ledger import Ledger, check, verdict
+from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.support import BrokerProcess
 from txbroker.errors import TxBrokerError
 
@@ -130,8 +130,7 @@ def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal") -
             proc.kill(signal.SIGKILL)
             stop.set()
             for t in threads:
-                t.join(timeout=30)
-                assert not t.is_alive(), "a client thread hung after the kill"
+                join_or_explain(t, timeout=60)
             proc.start()
         plain = _drain(proc.url, "plain")
         txin = _drain(proc.url, "txin")

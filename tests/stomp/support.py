@@ -7,67 +7,37 @@ through the sans-IO codec under test (client role) over a plain socket.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.support import ROOT, free_port
+from tests.support import BrokerProcess, free_port
 from txbroker.protocol.stomp import Frame, Role, StompConnection, StompProtocolError
 
 
-class StompBroker:
+class StompBroker(BrokerProcess):
     """A broker process with a STOMP listener (``tests.stomp.launcher``)."""
 
     def __init__(self, data: Path, *args: str, stomp_port: int | None = None,
                  port: int | None = None) -> None:
-        self.data = data
-        self.args = list(args)
+        super().__init__(data, *args, port=port)
         self.stomp_port = stomp_port or free_port()
-        self.port = port or free_port()
-        self.proc: subprocess.Popen[str] | None = None
         self.log_path = data.parent / f"{data.name}-stomp-broker.log"
         self.ready_line = ""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tests.stomp.launcher", "--data", str(self.data),
+                "--port", str(self.port), "--stomp-port", str(self.stomp_port), *self.args]
 
     @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 60.0) -> StompBroker:
-        cmd = [sys.executable, "-m", "tests.stomp.launcher", "--data", str(self.data),
-               "--port", str(self.port), "--stomp-port", str(self.stomp_port), *self.args]
-        log = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("txbroker ready"):
-                self.ready_line = line.strip()
-                return self
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}: "
-                                   f"{self.log_path.read_text()[-2000:]}")
-        self.kill()
-        raise RuntimeError("broker did not become ready in time")
-
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> int | None:
-        """SIGTERM (clean shutdown); returns the exit code."""
-        self.kill(signal.SIGTERM)
-        return None if self.proc is None else self.proc.returncode
 
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

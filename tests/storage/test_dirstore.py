@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ import pytest
 
 from tests.ledger import check
 from tests.server import test_kill9 as kill9
-from tests.support import ROOT, BrokerProcess
 from txbroker.core import queues as core_queues
 from txbroker.errors import CorruptStore, StorageFailed
 from txbroker.storage import dirstore, records
@@ -879,33 +877,10 @@ def test_same_broker_state_as_the_journal(tmp_path: Path) -> None:
 # -- end to end: the broker on the dir store, killed with SIGKILL --------------------------
 
 
-class DirBrokerProcess(BrokerProcess):
-    """``txbroker serve`` with the dir store (tests/storage/dirstore_serve.py)."""
-
-    def start(self, timeout: float = 60.0) -> DirBrokerProcess:
-        cmd = [sys.executable, "-m", "tests.storage.dirstore_serve", "serve", "--data",
-               str(self.data), "--port", str(self.port), "--log-level", "WARNING", *self.args]
-        log = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                     cwd=ROOT)
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("txbroker ready"):
-                return self
-            if not line and self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited: {self.log_path.read_text()[-2000:]}")
-        self.kill()
-        raise RuntimeError("broker did not become ready in time")
-
-
-def test_broker_on_the_dir_store_survives_kill_9(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_broker_on_the_dir_store_survives_kill_9(tmp_path: Path) -> None:
     """tests/server/test_kill9.py's load (sends, transactions, consumers, movers),
     killed with SIGKILL between cycles, against a broker on the dir store."""
-    monkeypatch.setattr(kill9, "BrokerProcess", DirBrokerProcess)
-    report = kill9.run_cycles(tmp_path, cycles=4, seed=20261123)
+    report = kill9.run_cycles(tmp_path, cycles=4, seed=20261123, store="dir")
     check(report)
     # A kill in the middle of a write leaves a torn block in active/ (moved
     # aside when its transaction is rolled back); nothing else is ever damaged.

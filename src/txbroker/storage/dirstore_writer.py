@@ -348,28 +348,6 @@ class DirWriter(WriterThread):
         self.dispatch = dispatch
         #: Group commits done (batches that wrote at least one transaction).
         self.batches = 0
-        #: The batch being written (``read_body`` looks here for unwritten bodies).
-        self.in_flight: list[WorkItem] = []
-
-    def _run(self) -> None:
-        queue = self.queue
-        while True:
-            with queue.lock:
-                while not queue.items and not queue.stopping:
-                    queue.writer_idle = True
-                    queue.wakeup.wait()
-                queue.writer_idle = False
-                batch = queue.items
-                queue.items = []
-                self.in_flight = batch
-                if not batch and queue.stopping:
-                    return
-            try:
-                self._process(batch)
-            except BaseException:  # a bug: fail loudly rather than hang every caller
-                log.exception("dir store writer crashed")
-                self._poison(batch, StorageFailed("dir store writer crashed"))
-                raise
 
     def _process(self, batch: list[WorkItem]) -> None:
         if self.queue.failure is not None:

@@ -132,8 +132,6 @@ class GroupCommitWriter(WriterThread):
         self.current_segment = head_segment
         self.syncs = 0
         self.bytes_written = 0
-        #: The batch being written (``read_body`` looks here for unwritten bodies).
-        self.in_flight: list[WorkItem] = []
         #: Directories to fsync with the next batch (a freshly created journal dir's parent).
         self.pending_dir_syncs: list[Path] = []
         self._fd = head_fd
@@ -142,26 +140,6 @@ class GroupCommitWriter(WriterThread):
         self._deletes_broken = False
 
     # -- the loop ----------------------------------------------------------
-
-    def _run(self) -> None:
-        queue = self.queue
-        while True:
-            with queue.lock:
-                while not queue.items and not queue.stopping:
-                    queue.writer_idle = True
-                    queue.wakeup.wait()
-                queue.writer_idle = False
-                batch = queue.items
-                queue.items = []
-                self.in_flight = batch
-                if not batch and queue.stopping:
-                    return
-            try:
-                self._process(batch)
-            except BaseException:  # a bug: fail loudly rather than hang every caller
-                log.exception("journal writer crashed")
-                self._poison(batch, StorageFailed("journal writer crashed"))
-                raise
 
     def _process(self, batch: list[WorkItem]) -> None:
         if self.queue.failure is not None:

@@ -73,10 +73,37 @@ class WriterThread:
 
     def __init__(self, queue: PendingQueue) -> None:
         self.queue = queue
+        #: The batch being written (``read_body`` looks here for unwritten bodies).
+        self.in_flight: list[Any] = []
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
-    def _run(self) -> None:
+    def _process(self, batch: list[Any]) -> None:
+        """Do the disk work of one batch and dispatch its completions."""
         raise NotImplementedError
+
+    def _poison(self, batch: list[Any], failure: StorageFailed) -> None:
+        """Fail every entry of ``batch`` (and make later appends fail)."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        queue = self.queue
+        while True:
+            with queue.lock:
+                while not queue.items and not queue.stopping:
+                    queue.writer_idle = True
+                    queue.wakeup.wait()
+                queue.writer_idle = False
+                batch = queue.items
+                queue.items = []
+                self.in_flight = batch
+                if not batch and queue.stopping:
+                    return
+            try:
+                self._process(batch)
+            except BaseException:  # a bug: fail loudly rather than hang every caller
+                log.exception("%s writer crashed", self.store_label)
+                self._poison(batch, StorageFailed(f"{self.store_label} writer crashed"))
+                raise
 
     def _close_files(self) -> None:
         """Close what the thread kept open (after it ended)."""
