@@ -82,3 +82,41 @@ class Xid:
 
     def __getitem__(self, index: int) -> int | bytes:
         return (self.format_id, self.gtrid, self.bqual)[index]
+
+
+# -- the Spark sink's branches (docs/spark.md) --------------------------------
+#: Format id reserved for the Spark sink's branches ("TXSK"): one branch per
+#: (sink, batch, partition, attempt), committed together by ``sink_commit``.
+SINK_FORMAT_ID = 0x5458534B
+#: A sink id is 1 to 40 characters (the gtrid also holds the batch id).
+MAX_SINK_ID = 40
+
+
+def check_sink_id(sink_id: object) -> str:
+    """A valid sink id (XAER_INVAL otherwise): 1–40 characters without NUL."""
+    if (not isinstance(sink_id, str) or not 1 <= len(sink_id.encode()) <= MAX_SINK_ID
+            or "\x00" in sink_id):
+        raise XAError(XAER_INVAL, f"a sink id is 1 to {MAX_SINK_ID} bytes without NUL")
+    return sink_id
+
+
+def sink_xid(sink_id: str, batch_id: int, partition: int, attempt: int) -> Xid:
+    """The branch of one Spark task: gtrid ``<sink>\\0<batch>``, bqual ``<partition>:<attempt>``."""
+    check_sink_id(sink_id)
+    return Xid(SINK_FORMAT_ID, f"{sink_id}\x00{int(batch_id)}", f"{int(partition)}:{int(attempt)}")
+
+
+def is_sink_xid(xid: Xid) -> bool:
+    """True for a Spark sink branch (see :func:`sink_xid`)."""
+    return xid.format_id == SINK_FORMAT_ID
+
+
+def sink_of(xid: Xid) -> tuple[str, int] | None:
+    """``(sink id, batch id)`` of a sink branch, or None for any other Xid."""
+    if xid.format_id != SINK_FORMAT_ID:
+        return None
+    sink, _, batch = xid.gtrid.partition(b"\x00")
+    try:
+        return sink.decode(), int(batch)
+    except (UnicodeDecodeError, ValueError):
+        return None

@@ -21,6 +21,7 @@ from txbroker.client.async_objects import (
 )
 from txbroker.client.async_transaction import AsyncTransaction
 from txbroker.client.options import ConnectOptions
+from txbroker.client.streams import AsyncStreamMixin
 from txbroker.client.url import ClientURL, parse_url
 from txbroker.client.xa import AsyncXAResource, TpcMixin
 from txbroker.errors import MessageTooLarge, ProtocolError
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-class AsyncConnection(TpcMixin):
+class AsyncConnection(TpcMixin, AsyncStreamMixin):
     """A connection to a broker (and its failover list). Use :func:`connect` to make one.
 
     XA: ``xa_resource()`` and the DB-API TPC names (``tpc_begin`` …) come from

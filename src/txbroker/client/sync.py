@@ -23,6 +23,7 @@ from txbroker.client.aio import AsyncConnection, open_connection
 from txbroker.client.async_objects import AckMode, AsyncMessage, AsyncSubscription, MessageBase
 from txbroker.client.async_transaction import AsyncTransaction
 from txbroker.client.options import ConnectOptions
+from txbroker.client.streams import StreamMixin
 from txbroker.client.url import ClientURL, parse_url
 from txbroker.client.xa import AsyncXAResource
 from txbroker.core.xa import TMENDRSCAN, TMSTARTRSCAN, TMSUCCESS
@@ -287,7 +288,7 @@ def _chain(source: asyncio.Future[None], target: concurrent.futures.Future[None]
         target.set_result(None)
 
 
-class Connection:
+class Connection(StreamMixin):
     """A sync connection to a broker. Use :func:`connect` to make one."""
 
     def __init__(self, inner: AsyncConnection, portal: _LoopThread) -> None:
@@ -313,6 +314,10 @@ class Connection:
     @property
     def async_connection(self) -> AsyncConnection:
         """The async connection this one wraps (lives on the private loop thread)."""
+        return self._inner
+
+    @property
+    def _streams(self) -> AsyncConnection:
         return self._inner
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:

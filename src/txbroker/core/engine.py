@@ -156,12 +156,22 @@ class Engine:
             for session_id, rid, result in replies:
                 emit(Reply(session_id, rid, result))
 
+        self._assign_seqs(adds)
         if len(adds) == 1 and not acks:
             kind, meta = Kind.ADD, adds[0].to_record()
         else:
             kind, meta = Kind.TX, [[m.to_record() for m in adds], [m.id for m in acks]]
         bodies = [m.body for m in adds if m.body is not None]
         self._emit(Persist(int(kind), records.pack(meta), bodies, on_durable, on_refs))
+
+    def _assign_seqs(self, messages: Iterable[Message]) -> None:
+        """Messages about to be committed get their queue's next sequence numbers
+        (in log order: called as their record is built)."""
+        queues = self.queues
+        for message in messages:
+            queue = queues.get(message.queue)
+            if queue is not None and message.persistent:
+                queue.assign_seq(message)
 
     def _fail_group(self, adds: list[Message], replies: list[tuple[int, int, Any]],
                     error: BaseException) -> None:
@@ -377,12 +387,13 @@ class Engine:
     def _apply_add(self, message: Message, now: int) -> None:
         """A new message is durable (or non-persistent): make it visible."""
         queue = self.queues.get(message.queue)
-        if queue is not None:
-            queue.pending -= 1
-            queue.pending_bytes -= message.size
         if queue is None:
             self._forget(message)
             return
+        queue.pending -= 1
+        queue.pending_bytes -= message.size
+        if message.seq:
+            queue.settle(message.seq)
         if message.persistent:
             message.body = None  # read back from the store on delivery
         self.messages[message.id] = message
@@ -395,6 +406,8 @@ class Engine:
         if queue is not None:
             queue.pending -= 1
             queue.pending_bytes -= message.size
+            if message.seq:
+                queue.settle(message.seq)
         self._forget(message)
 
     def _forget(self, message: Message) -> None:
@@ -414,7 +427,7 @@ class Engine:
 
     def _dispatch(self, queue: Queue, now: int) -> None:
         """Hand ready messages to consumers with credit."""
-        if not queue.settings.egress or not queue.consumers:
+        if not queue.settings.egress or not queue.consumers or queue.stream_owner:
             return
         while queue.ready_count:
             consumer = queue.next_consumer()
@@ -513,11 +526,21 @@ class Engine:
         message.queue = target.name
         message.expires_ms = 0
         message.deliver_at_ms = 0
+        message.seq = 0
         if message.persistent:
-            self._persist(Kind.MOVE, [[message.id], target.name, reason], self._ignore_durable)
+            seq = target.assign_seq(message)
+            self._persist(Kind.MOVE, [[message.id], target.name, reason, [seq]],
+                          lambda err: self._after_move(target.name, seq, err))
         target.count_in(message)
         target.put(message, now)
         self._dispatch(target, now)
+
+    def _after_move(self, target: str, seq: int, error: BaseException | None) -> None:
+        if error is not None:
+            self._storage_failed(error)
+        queue = self.queues.get(target)
+        if queue is not None:
+            queue.settle(seq)
 
     def _after_drop(self, message: Message, error: BaseException | None) -> None:
         if error is not None:
@@ -545,11 +568,18 @@ class Engine:
                 f"({self.limits.max_unacked_per_consumer})"
             )
         queue = self._queue_or_create(check_name(queue_name), now)
+        self._check_not_streamed(queue)
         consumer = Consumer(session_id, sub, queue.name, prefetch, ack_auto=ack == "auto")
         session.consumers[sub] = consumer
         queue.add_consumer(consumer)
         self._dispatch(queue, now)
         return {}
+
+    @staticmethod
+    def _check_not_streamed(queue: Queue) -> None:
+        if queue.stream_owner is not None:
+            raise IllegalState(f"queue {queue.name!r} is owned by stream reader "
+                               f"{queue.stream_owner[0]!r}: no consumers while it is attached")
 
     def unsubscribe(self, session_id: int, sub: int, now: int) -> Any:
         """End a subscription; its unacked messages go back to the queue."""
@@ -573,6 +603,7 @@ class Engine:
         """Take one message (client ack). Replies with it, or ``None`` on timeout."""
         session = self.session(session_id)
         queue = self._queue_or_create(check_name(queue_name), now)
+        self._check_not_streamed(queue)
         deadline = now + timeout_ms if timeout_ms is not None else 0
         consumer = Consumer(session_id, -rid, queue.name, 1, one_shot=True, rid=rid,
                             deadline_ms=deadline)
@@ -688,6 +719,7 @@ class Engine:
             message.state = State.GONE
         for message in stored_sends:
             self.messages[message.id] = message
+        self._assign_seqs(stored_sends)
         if not stored_sends and not stored_acks:
             self._finish_commit(tx, now)
             return {}
@@ -708,7 +740,7 @@ class Engine:
             self._finish_commit(tx, self.now_hint(now))
             self._emit(Reply(session_id, rid, {}))
 
-        meta = [[m.to_record() for m in stored_sends], [m.id for m in stored_acks]]
+        meta = [[m.to_record() for m in stored_sends], [m.id for m in stored_acks], now]
         bodies = [m.body for m in stored_sends if m.body is not None]
         self._persist(Kind.TX, meta, on_durable, bodies, on_refs)
         return LATER

@@ -20,6 +20,12 @@ MAX_NAME_LENGTH = 255
 DEFAULT_EXPIRY_SCAN_MS = 1_000
 #: Messages (sent + consumed) one XA branch may track (seed 002: "at most 256").
 DEFAULT_MAX_XA_BRANCH_MESSAGES = 256
+#: Messages one Spark sink branch (format id ``xid.SINK_FORMAT_ID``) may track: a task
+#: writes a whole partition of a micro-batch in one branch.
+DEFAULT_MAX_SINK_BRANCH_MESSAGES = 1_000_000
+#: Messages one ``stream_read`` returns at most, and about how many bytes.
+DEFAULT_MAX_STREAM_READ = 50_000
+DEFAULT_MAX_STREAM_READ_BYTES = 4 * 1024 * 1024
 #: XA transaction timeout (seed 002: 180 s by default; set_transaction_timeout(0)
 #: restores it).
 DEFAULT_XA_TRANSACTION_TIMEOUT_MS = 180_000
@@ -40,6 +46,9 @@ class Limits:
     max_tx_operations: int = DEFAULT_MAX_TX_OPERATIONS
     expiry_scan_ms: int = DEFAULT_EXPIRY_SCAN_MS
     max_xa_branch_messages: int = DEFAULT_MAX_XA_BRANCH_MESSAGES
+    max_sink_branch_messages: int = DEFAULT_MAX_SINK_BRANCH_MESSAGES
+    max_stream_read: int = DEFAULT_MAX_STREAM_READ
+    max_stream_read_bytes: int = DEFAULT_MAX_STREAM_READ_BYTES
     xa_transaction_timeout_ms: int = DEFAULT_XA_TRANSACTION_TIMEOUT_MS
     xa_idle_timeout_ms: int = DEFAULT_XA_IDLE_TIMEOUT_MS
     xa_reattach_ms: int = DEFAULT_XA_REATTACH_MS

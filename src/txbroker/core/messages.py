@@ -39,6 +39,7 @@ class Message:
         "priority",
         "queue",
         "ref",
+        "seq",
         "size",
         "state",
         "timestamp_ms",
@@ -74,6 +75,7 @@ class Message:
         self.body = body
         self.ref = ref
         self.state = State.PENDING
+        self.seq = 0  #: the queue's gap-free sequence number, set when committed (0 = none)
 
     def to_record(self) -> list[Any]:
         """The ``msg`` tuple of ``storage/records.py``."""
@@ -87,14 +89,18 @@ class Message:
             self.expires_ms,
             self.deliver_at_ms,
             self.delivery_count,
+            self.seq,
         ]
 
     @classmethod
     def from_record(cls, msg: list[Any], size: int, ref: int | None) -> Message:
         """Rebuild an index entry from a replayed ``msg`` tuple (hot: positional)."""
-        id, queue, message_id, headers, priority, timestamp, expires, deliver_at, count = msg
-        return cls(id, queue, size, message_id, headers, priority, timestamp, expires,
-                   deliver_at, count, True, None, ref)
+        id, queue, message_id, headers, priority, timestamp, expires, deliver_at, count = msg[:9]
+        message = cls(id, queue, size, message_id, headers, priority, timestamp, expires,
+                      deliver_at, count, True, None, ref)
+        if len(msg) > 9:
+            message.seq = msg[9]
+        return message
 
     def expired(self, now_ms: int) -> bool:
         """True once the message's time to live has run out."""

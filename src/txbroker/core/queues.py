@@ -17,6 +17,8 @@ between queues, consumers and the store and records every change.
 from __future__ import annotations
 
 import heapq
+from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
@@ -134,6 +136,15 @@ class Queue:
         self.consumers: list[Consumer] = []
         self._next_consumer = 0
         self.dups: dict[str, None] = {}  #: insertion-ordered duplicate-id window
+        # -- offset reading (core/streams.py) -------------------------------
+        self.next_seq = 1  #: the seq the next committed message gets (persisted)
+        self.unsettled: deque[int] = deque()  #: seqs whose record is not yet durable
+        #: the seq index, built when a stream reader first needs it: seqs and the
+        #: messages that had them (entries go stale when a message leaves)
+        self.seq_keys: array[int] | None = None
+        self.seq_messages: list[Message] = []
+        self.seq_head = 0  #: entries below are released
+        self.stream_owner: tuple[str, int] | None = None  #: (reader name, session)
 
     # -- content ---------------------------------------------------------
     def put(self, message: Message, now_ms: int, *, front: bool = False) -> None:
@@ -219,6 +230,107 @@ class Queue:
         self._scheduled.clear()
         self.ready_count = 0
 
+    # -- sequence numbers and the seq index (offset reading) -------------
+    def assign_seq(self, message: Message) -> int:
+        """Give a message about to be committed into this queue its sequence number.
+
+        Called when its record is built (log order); the seq stays *unsettled*
+        until the record is durable (:meth:`settle`), so readers never see past it.
+        """
+        seq = self.next_seq
+        self.next_seq = seq + 1
+        message.seq = seq
+        self.unsettled.append(seq)
+        if self.seq_keys is not None:
+            self.seq_keys.append(seq)
+            self.seq_messages.append(message)
+            if len(self.seq_keys) - self.seq_head > 2 * (self.messages + self.pending) + 4096:
+                self._compact_index()
+        return seq
+
+    def settle(self, seq: int) -> None:
+        """The record that committed ``seq`` is durable (or failed)."""
+        unsettled = self.unsettled
+        if unsettled and unsettled[0] == seq:
+            unsettled.popleft()
+        elif seq in unsettled:
+            unsettled.remove(seq)
+
+    @property
+    def readable_seq(self) -> int:
+        """One past the highest seq a reader may read: every lower one is durable."""
+        return self.unsettled[0] if self.unsettled else self.next_seq
+
+    def build_index(self, messages: Iterator[Message]) -> None:
+        """Build the seq index from the queue's messages (any order)."""
+        found = sorted((m for m in messages if m.seq and m.queue == self.name),
+                       key=lambda m: m.seq)
+        self.seq_keys = array("q", [m.seq for m in found])
+        self.seq_messages = found
+        self.seq_head = 0
+
+    def _readable(self, index: int) -> Message | None:
+        """The message at index position ``index`` if it is still this queue's."""
+        assert self.seq_keys is not None
+        message = self.seq_messages[index]
+        if (message.queue == self.name and message.seq == self.seq_keys[index]
+                and message.state in (State.READY, State.DELIVERED, State.HELD)):
+            return message
+        return None
+
+    def first_seq(self) -> int:
+        """The lowest seq still present (``readable_seq`` when none is)."""
+        assert self.seq_keys is not None
+        keys, end = self.seq_keys, self.readable_seq
+        index = self.seq_head
+        while index < len(keys) and keys[index] < end:
+            if self._readable(index) is not None:
+                return keys[index]
+            if self.seq_messages[index].state is not State.PENDING:
+                self.seq_head = index + 1  # gone for good: never look at it again
+            index += 1
+        return end
+
+    def read_range(self, start: int, end: int, max_count: int,
+                   max_bytes: int) -> tuple[list[Message], int]:
+        """Present messages with ``start <= seq < end`` (in seq order, at most
+        ``max_count`` / about ``max_bytes``) and the seq to continue from."""
+        assert self.seq_keys is not None
+        keys = self.seq_keys
+        end = min(end, self.readable_seq)
+        index = max(bisect_left(keys, start, self.seq_head), self.seq_head)
+        found: list[Message] = []
+        size = 0
+        while index < len(keys) and keys[index] < end:
+            if len(found) >= max_count or (found and size >= max_bytes):
+                return found, keys[index]
+            message = self._readable(index)
+            if message is not None:
+                found.append(message)
+                size += message.size
+            index += 1
+        return found, max(end, start)
+
+    def below(self, end: int) -> list[Message]:
+        """Present messages with seq < ``end``; the index forgets everything below."""
+        assert self.seq_keys is not None
+        keys = self.seq_keys
+        stop = min(bisect_left(keys, end, self.seq_head), len(keys))
+        found = [m for i in range(self.seq_head, stop) if (m := self._readable(i)) is not None]
+        self.seq_head = max(self.seq_head, stop)
+        if self.seq_head > 4096 and self.seq_head * 2 > len(keys):
+            self._compact_index()
+        return found
+
+    def _compact_index(self) -> None:
+        assert self.seq_keys is not None
+        keep = [i for i in range(self.seq_head, len(self.seq_keys))
+                if self._readable(i) is not None
+                or self.seq_messages[i].state is State.PENDING]
+        self.seq_messages = [self.seq_messages[i] for i in keep]
+        self.seq_keys = array("q", [self.seq_keys[i] for i in keep])
+        self.seq_head = 0
+
     # -- consumers -------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
@@ -258,6 +370,7 @@ class Queue:
             "kind": "queue",
             "topic": self.topic,
             "settings": self.settings.to_dict(),
+            "next_seq": self.next_seq,
         }
 
     def info(self) -> dict[str, Any]:
@@ -274,4 +387,6 @@ class Queue:
             "consumers": len(self.consumers),
             "bytes": self.bytes,
             "settings": self.settings.to_dict(),
+            "next_seq": self.next_seq,
+            "stream_reader": self.stream_owner[0] if self.stream_owner else None,
         }

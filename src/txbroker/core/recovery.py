@@ -29,15 +29,15 @@ from txbroker.core.effects import Release
 from txbroker.core.messages import Message, State
 from txbroker.core.queues import Queue, QueueSettings
 from txbroker.core.sessions import Topic
-from txbroker.core.xa_engine import XaEngine
+from txbroker.core.streams import Streams
 from txbroker.errors import CorruptStore
 from txbroker.storage import records
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.records import Kind
 
 
-class Broker(XaEngine):
-    """The complete broker core: engine + admin + XA + recovery."""
+class Broker(Streams):
+    """The complete broker core: engine + admin + XA + streams + recovery."""
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> tuple[int, bytes]:
@@ -55,6 +55,8 @@ class Broker(XaEngine):
         meta: dict[str, Any] = {"next_id": self.next_id, "queues": defs, "dups": dups}
         if self.branches:
             meta["xa"] = self.xa_snapshot()
+        if self.sinks:
+            meta["sinks"] = dict(self.sinks)
         return int(Kind.SNAPSHOT), records.pack(meta)
 
     # ------------------------------------------------------------------ replay
@@ -71,7 +73,7 @@ class Broker(XaEngine):
         if kind == Kind.ADD:
             self._replay_add(meta, refs[0] if refs else None, 0)
         elif kind == Kind.TX:
-            adds, acks = meta
+            adds, acks = meta[0], meta[1]  # (a local transaction adds committed_ms)
             for msg, ref in zip(adds, refs, strict=True):
                 self._replay_add(msg, ref, 0)
             self._replay_gone(acks)
@@ -80,14 +82,16 @@ class Broker(XaEngine):
         elif kind == Kind.DROP:
             self._replay_gone(meta[0])
         elif kind == Kind.MOVE:
-            ids, target, _reason = meta
+            ids, target = meta[0], meta[1]
+            seqs = meta[3] if len(meta) > 3 else [0] * len(ids)
             self._replay_queue(target)
-            for message_id in ids:
+            for message_id, seq in zip(ids, seqs, strict=True):
                 message = self.messages.get(message_id)
                 if message is not None:
                     message.queue = target
                     message.expires_ms = 0
                     message.deliver_at_ms = 0
+                    message.seq = seq
         elif kind == Kind.UPDATE:
             message = self.messages.get(meta[0])
             if message is not None:
@@ -105,6 +109,8 @@ class Broker(XaEngine):
                 self._replay_xa_snapshot(meta["xa"])
         elif Kind.XA_PREPARE <= kind <= Kind.XA_FORGET:
             self._replay_xa(kind, meta, refs)
+        elif kind == Kind.SINK_COMMIT:
+            self._replay_sink(meta)
         else:
             raise ValueError(f"unknown record kind {kind}")
 
@@ -113,9 +119,16 @@ class Broker(XaEngine):
         body_size_of = self.body_size_of
         if ref is not None and body_size_of is not None:
             size = body_size_of(ref)
-        message_id, queue, client_id, headers, priority, timestamp, expires, deliver_at, count = msg
+        if len(msg) > 9:
+            (message_id, queue, client_id, headers, priority, timestamp, expires, deliver_at,
+             count, seq) = msg
+        else:  # written before seqs
+            message_id, queue, client_id, headers, priority, timestamp, expires, deliver_at, \
+                count = msg
+            seq = 0
         message = Message(message_id, queue, size, client_id, headers, priority, timestamp,
                           expires, deliver_at, count, True, None, ref)
+        message.seq = seq
         old = self.messages.get(message_id)
         if old is not None and old.ref is not None:  # a relocated copy replaces it
             self._emit(Release(old.ref))
@@ -152,6 +165,7 @@ class Broker(XaEngine):
         settings = QueueSettings.from_dict(definition.get("settings") or {})
         queue = self._replay_queue(name)
         queue.settings = settings
+        queue.next_seq = max(queue.next_seq, int(definition.get("next_seq", 1)))
         topic_name = definition.get("topic")
         if topic_name:
             queue.topic = topic_name
@@ -180,6 +194,8 @@ class Broker(XaEngine):
         for definition in defs.values():
             if definition["kind"] != "topic":
                 self._replay_definition(definition)
+        for sink, last in meta.get("sinks", {}).items():
+            self.sinks[sink] = max(self.sinks.get(sink, -1), int(last))
         for name, ids in meta.get("dups", {}).items():
             queue = self.queues.get(name)
             if queue is not None:
@@ -198,6 +214,8 @@ class Broker(XaEngine):
                 queue = queues.get(name) or self._replay_queue(name)
             assert queue is not None
             queue.messages += 1  # count_in + put, inlined: this loop runs per message
+            if message.seq >= queue.next_seq:
+                queue.next_seq = message.seq + 1
             queue.bytes += message.size
             if message.expires_ms:
                 queue.expiring += 1

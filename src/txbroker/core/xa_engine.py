@@ -64,7 +64,7 @@ from txbroker.errors import (
 )
 from txbroker.storage import records
 from txbroker.storage.records import Kind
-from txbroker.xid import Xid
+from txbroker.xid import Xid, is_sink_xid
 
 S = BranchState
 #: Timed-out branches remembered so that a late request gets XA_RBTIMEOUT, not XAER_NOTA.
@@ -89,6 +89,7 @@ class XaEngine(Admin):
         self.branches: dict[Xid, Branch] = {}
         self.xa_timed_out: OrderedDict[Xid, int] = OrderedDict()
         self.xa_scans: set[int] = set()  #: sessions with an open recover scan
+        self._replay_completed = set()
 
     # ------------------------------------------------------------------ lookups
     def _find(self, xid: Xid) -> Branch:
@@ -105,6 +106,10 @@ class XaEngine(Admin):
         if len(tx.sends) + len(tx.acks) + more > limit:
             session = self.sessions.get(tx.session)
             branch = self.branches.get(session.xa_xid) if session is not None else None
+            if branch is not None and is_sink_xid(branch.xid):
+                limit = self.limits.max_sink_branch_messages  # a Spark sink's task
+                if len(tx.sends) + len(tx.acks) + more <= limit:
+                    return
             if branch is not None:
                 branch.error = XA_RBOTHER
             raise XAError(XA_RBOTHER, f"the branch would track more than {limit} messages "
@@ -223,7 +228,7 @@ class XaEngine(Admin):
         stored = [m for m in work.sends if m.persistent]
         meta = [str(xid), [m.to_record() for m in stored],
                 [[m.id, m.delivery_count] for m in work.acks.values() if m.persistent],
-                sorted(branch.discards), branch.created_ms]
+                sorted(branch.discards), branch.created_ms, now]
 
         def on_refs(refs: list[int]) -> None:
             for message, ref in zip(stored, refs, strict=True):
@@ -293,7 +298,7 @@ class XaEngine(Admin):
             return self._write_one_phase(branch, session_id, rid, now)
         branch.fire(Request.COMMIT)
         discards = self._commit_discards(branch)
-        self._persist(Kind.XA_COMMIT, [str(xid), sorted(discards)],
+        self._persist(Kind.XA_COMMIT, [str(xid), sorted(discards), self._commit_seqs(branch), now],
                       self._when_complete(branch, session_id, rid, commit=True,
                                           request=Request.COMMIT_DURABLE))
         return LATER
@@ -305,6 +310,12 @@ class XaEngine(Admin):
             if queue is None or not queue.settings.ingress:
                 branch.discards.add(message.id)
         return branch.discards
+
+    def _commit_seqs(self, branch: Branch) -> list[list[int]]:
+        """Give a committing branch's sends their queues' seqs: ``[[id, seq]…]``."""
+        sends = [m for m in branch.work.sends if m.persistent and m.id not in branch.discards]
+        self._assign_seqs(sends)
+        return [[m.id, m.seq] for m in sends if m.seq]
 
     def _write_one_phase(self, branch: Branch, session_id: int, rid: int, now: int) -> Any:
         work = branch.work
@@ -322,7 +333,8 @@ class XaEngine(Admin):
             for message, ref in zip(stored, refs, strict=True):
                 message.ref = ref
 
-        meta = [[m.to_record() for m in stored], [m.id for m in acked]]
+        self._assign_seqs(stored)
+        meta = [[m.to_record() for m in stored], [m.id for m in acked], now]
         bodies = [m.body for m in stored if m.body is not None]
         self._persist(Kind.TX, meta, self._when_complete(branch, session_id, rid, commit=True,
                                                          request=Request.COMMIT_DURABLE),
@@ -357,7 +369,7 @@ class XaEngine(Admin):
             self._undo(branch, now)
             return {}
         branch.fire(Request.ROLLBACK)
-        self._persist(Kind.XA_ROLLBACK, str(xid),
+        self._persist(Kind.XA_ROLLBACK, [str(xid), now],
                       self._when_complete(branch, session_id, rid, commit=False,
                                           request=Request.ROLLBACK_DURABLE))
         return LATER
@@ -404,8 +416,9 @@ class XaEngine(Admin):
         branch = self._find(xid)
         branch.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
         discards = self._commit_discards(branch) if commit else set()
+        seqs = self._commit_seqs(branch) if commit else []
         self._persist(Kind.XA_HEURISTIC,
-                      [str(xid), "commit" if commit else "rollback", sorted(discards)],
+                      [str(xid), "commit" if commit else "rollback", sorted(discards), seqs, now],
                       self._when_complete(branch, session_id, rid, commit=commit, request=None))
         return LATER
 
@@ -527,34 +540,59 @@ class XaEngine(Admin):
 
     def _replay_xa(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
         if kind == Kind.XA_PREPARE:
-            xid_text, sends, consumed, discards, created = meta
-            self._replay_branch(parse_xid(xid_text), S.PREPARED, sends, list(refs), consumed,
-                                discards, created)
+            xid_text, sends, consumed, discards, created = meta[:5]
+            xid = parse_xid(xid_text)
+            self._replay_completed.discard(xid)
+            self._replay_branch(xid, S.PREPARED, sends, list(refs), consumed, discards, created)
         elif kind == Kind.XA_COMMIT:
-            branch = self.branches.pop(parse_xid(meta[0]), None)
-            if branch is not None:
-                branch.discards.update(meta[1])
-                self._replay_outcome(branch, commit=True)
+            self._replay_commit(parse_xid(meta[0]), meta[1], meta[2] if len(meta) > 2 else [])
         elif kind == Kind.XA_ROLLBACK:
-            branch = self.branches.pop(parse_xid(meta), None)
+            xid = parse_xid(meta if isinstance(meta, str) else meta[0])
+            branch = self.branches.pop(xid, None)
+            self._replay_completed.add(xid)
             if branch is not None:
                 self._replay_outcome(branch, commit=False)
         elif kind == Kind.XA_HEURISTIC:
-            xid_text, outcome, discards = meta
+            xid_text, outcome, discards = meta[:3]
             branch = self.branches.get(parse_xid(xid_text))
             if branch is not None and branch.state is S.PREPARED:
                 branch.discards.update(discards)
+                if outcome == "commit" and len(meta) > 3:
+                    self._replay_seqs(branch, meta[3])
                 self._replay_outcome(branch, commit=outcome == "commit")
                 branch.state = (S.HEURISTIC_COMMITTED if outcome == "commit"
                                 else S.HEURISTIC_ROLLED_BACK)
         elif kind == Kind.XA_FORGET:
-            self.branches.pop(parse_xid(meta), None)
+            xid = parse_xid(meta)
+            self.branches.pop(xid, None)
+            self._replay_completed.add(xid)
         else:
             raise ValueError(f"unknown record kind {kind}")
+
+    def _replay_commit(self, xid: Xid, discards: list[int], seqs: list[Any]) -> None:
+        """Replay a branch's commit (XA_COMMIT, or one branch of a SINK_COMMIT)."""
+        branch = self.branches.pop(xid, None)
+        self._replay_completed.add(xid)
+        if branch is not None:
+            branch.discards.update(discards)
+            self._replay_seqs(branch, seqs)
+            self._replay_outcome(branch, commit=True)
+
+    @staticmethod
+    def _replay_seqs(branch: Branch, pairs: list[Any]) -> None:
+        seqs = dict((int(pair[0]), int(pair[1])) for pair in pairs)
+        for message in branch.work.sends:
+            message.seq = seqs.get(message.id, 0)
+
+    #: Xids completed by a record during replay: a later snapshot (taken while the
+    #: completion was on its way to disk) must not bring such a branch back.
+    _replay_completed: set[Xid]
 
     def _replay_xa_snapshot(self, found: dict[str, Any]) -> None:
         for xid_text, (state, sends, refs, consumed, discards, created) in found.items():
             xid = parse_xid(xid_text)
+            if xid in self._replay_completed:
+                continue
             branch = self.branches.get(xid)
             wanted = S(state)
             if branch is None:

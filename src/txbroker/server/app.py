@@ -31,6 +31,7 @@ from typing import Any
 from txbroker.core import Broker
 from txbroker.core.effects import Cancelled, Deliver, Fail, Persist, Release, Reply
 from txbroker.core.messages import Message
+from txbroker.core.streams import ReadResult
 from txbroker.errors import StorageFailed
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
@@ -292,6 +293,28 @@ class BrokerServer:
             "priority": message.priority,
             "timestamp_ms": message.timestamp_ms,
             "seq": message.id,
+        }
+
+    def read_result(self, result: ReadResult) -> dict[str, Any]:
+        """A ``stream_read`` reply: columns, with the bodies read from the store."""
+        store = self.store
+        bodies = []
+        for message in result.messages:
+            body = message.body
+            if body is None:
+                assert store is not None and message.ref is not None
+                body = store.read_body(message.ref)
+            bodies.append(body)
+        messages = result.messages
+        return {
+            "queue": result.queue,
+            "next": result.next,
+            "seqs": [m.seq for m in messages],
+            "message_ids": [m.message_id for m in messages],
+            "headers": [m.headers for m in messages],
+            "timestamps": [m.timestamp_ms for m in messages],
+            "delivery_counts": [m.delivery_count for m in messages],
+            "bodies": bodies,
         }
 
     def _deliver(self, effect: Deliver) -> None:

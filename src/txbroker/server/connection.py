@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any, cast
 
 from txbroker.core import LATER
+from txbroker.core.streams import ReadResult
 from txbroker.errors import (
     XAER_RMERR,
     BrokerError,
@@ -112,7 +113,7 @@ class ClientConnection(asyncio.Protocol):
                 self.reply(rid, self.server.stats())
                 return
             handler = HANDLERS.get(request.op)
-            if request.op.startswith("xa_") and not self.server.supports_xa:
+            if request.op.startswith(("xa_", "sink_")) and not self.server.supports_xa:
                 raise XAError(XAER_RMERR, "this broker's store (--store dir) does not support "
                               "XA yet: use the journal store")
             if handler is None:
@@ -129,6 +130,8 @@ class ClientConnection(asyncio.Protocol):
             if rid:
                 self.waiting += 1
             return
+        if isinstance(result, ReadResult):
+            result = self.server.read_result(result)
         self.reply(rid, result)
 
     def _hello(self, args: dict[str, Any]) -> dict[str, Any]:

@@ -268,4 +268,13 @@ HANDLERS: dict[str, Handler] = {
     "xa_list": xa_list,
 }
 
+
+def _stream_handlers() -> None:
+    from txbroker.server.stream_handlers import STREAM_HANDLERS
+
+    HANDLERS.update(STREAM_HANDLERS)
+
+
+_stream_handlers()
+
 __all__ = ["HANDLERS", "LATER", "Handler"]

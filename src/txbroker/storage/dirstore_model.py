@@ -59,8 +59,10 @@ def apply_patch(info: bytes, patch: dict[int, Any]) -> bytes:
     for position, value in patch.items():
         if position == PATCH_MOVED_TO:
             moved_to = value
-        else:
+        elif position < len(msg):
             msg[position] = value
+        else:  # a seq for a message written before seqs existed
+            msg.extend([0] * (position - len(msg)) + [value])
     return pack_message_info(msg, moved_to)
 
 
@@ -113,7 +115,7 @@ def decode_operation(kind: int, meta: bytes, bodies: list[bytes]) -> Operation:
             op.adds.append((_msg(value), meta, bodies[0]))
             return op
         if kind == Kind.TX:
-            msgs, acks = value
+            msgs, acks = value[0], value[1]  # (a local transaction adds committed_ms)
             if not isinstance(msgs, list) or len(msgs) != len(bodies):
                 raise ValueError("a TX has one body per message")
             op.adds = [(_msg(msg), records.pack(msg), body)
@@ -127,12 +129,16 @@ def decode_operation(kind: int, meta: bytes, bodies: list[bytes]) -> Operation:
         elif kind == Kind.DROP:
             op.deletes = _ids(value[0])
         elif kind == Kind.MOVE:
-            ids, target, _reason = value
+            ids, target = value[0], value[1]
             if not isinstance(target, str):
                 raise ValueError("a MOVE names its target queue")
-            patch = {PATCH_MOVED_TO: target, records.MSG_EXPIRES: 0,
-                     records.MSG_DELIVER_AT: 0}
-            op.updates = [(message_id, patch, target) for message_id in _ids(ids)]
+            moved = _ids(ids)
+            seqs = value[3] if len(value) > 3 else [0] * len(moved)
+            if len(seqs) != len(moved) or not all(type(v) is int for v in seqs):
+                raise ValueError("a MOVE's seqs are one int per message")
+            op.updates = [(message_id, {PATCH_MOVED_TO: target, records.MSG_EXPIRES: 0,
+                                        records.MSG_DELIVER_AT: 0, records.MSG_SEQ: seq}, target)
+                          for message_id, seq in zip(moved, seqs, strict=True)]
             op.move_target = target
         elif kind == Kind.UPDATE:
             message_id, delivery_count, deliver_at = value

@@ -328,8 +328,9 @@ def replay_moves(
     phantom = False
     for position, msg, target in moved:
         message_id = msg[records.MSG_ID]
+        seq = msg[records.MSG_SEQ] if len(msg) > records.MSG_SEQ else 0
         follow = [StoredEntry(int(Kind.MOVE), records.pack([[message_id], target,
-                                                            "recovered"]), ())]
+                                                            "recovered", [seq]]), ())]
         if msg[records.MSG_DELIVER_AT]:
             update = [message_id, msg[records.MSG_DELIVERY_COUNT],
                       msg[records.MSG_DELIVER_AT]]

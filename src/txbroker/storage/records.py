@@ -44,7 +44,24 @@ kind  name            meta                                                bodies
                       applies as for 12/13 and the branch stays
                       HEURISTIC_* until forgotten
 15    XA_FORGET       ``xid`` — a heuristically completed branch removed   0
+16    SINK_COMMIT     ``[sink, last batch id, [[xid, [[id, seq]…],         0
+                      [discard id…]]…], [rolled-back xid…], at_ms]`` — the
+                      Spark sink's commit (core/streams.py): commits the
+                      listed prepared branches, rolls back the others and
+                      sets the sink's last committed batch id, atomically
 ====  ==============  ==================================================  ======
+
+Times and seqs (added with offset reading; replay accepts records without
+them): ``msg`` has a 10th field ``seq``, the message's gap-free sequence number
+in its queue (0 = none: not yet committed, or not persistent). A local
+transaction's TX record has a 3rd element ``committed_ms`` (a record group of
+plain sends and acks has two). MOVE has a 4th element ``[seq…]`` (the moved
+messages' seqs in the target queue). XA_PREPARE has a 6th element
+``prepared_ms``. XA_COMMIT is ``[xid, [discard id…], [[id, seq]…],
+committed_ms]``; XA_ROLLBACK is ``[xid, rolled_back_ms]`` (formerly the bare
+xid); XA_HEURISTIC is ``[xid, outcome, [discard id…], [[id, seq]…], at_ms]``.
+A queue ``def`` carries ``"next_seq"``; the SNAPSHOT carries ``"sinks": {sink:
+last batch id}``. Seqs and sink batch ids only grow: replay keeps the larger.
 
 The SNAPSHOT also carries ``"xa": {xid: [state, [msg…], [ref…], [[consumed
 id, delivery count]…], [discard id…], created_ms]}`` for every durably PREPARED and every
@@ -55,7 +72,7 @@ removes one: completion records do that); a heuristic state for a branch
 that replay knows as prepared applies that outcome.
 
 ``msg`` = ``[id, queue, message_id, headers, priority, timestamp_ms,
-expires_ms, deliver_at_ms, delivery_count]`` (``message_id`` and ``headers``
+expires_ms, deliver_at_ms, delivery_count, seq]`` (``message_id`` and ``headers``
 may be nil; 0 means "none" for the times).
 
 ``def`` = ``{"name", "kind": "queue"|"topic", "topic": str|nil, "settings":
@@ -91,12 +108,14 @@ class Kind(IntEnum):
     XA_ROLLBACK = 13
     XA_HEURISTIC = 14
     XA_FORGET = 15
+    SINK_COMMIT = 16
 
 
 #: Positions in the ``msg`` tuple.
 MSG_ID, MSG_QUEUE, MSG_MESSAGE_ID, MSG_HEADERS, MSG_PRIORITY = 0, 1, 2, 3, 4
 MSG_TIMESTAMP, MSG_EXPIRES, MSG_DELIVER_AT, MSG_DELIVERY_COUNT = 5, 6, 7, 8
-MSG_FIELDS = 9
+MSG_SEQ = 9
+MSG_FIELDS = 9  #: the fewest fields a ``msg`` has (records written before seqs)
 
 _packer = msgpack.Packer(use_bin_type=True)
 

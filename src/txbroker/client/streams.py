@@ -1,0 +1,183 @@
+"""Offset reading, batched sends and the Spark sink's calls for both clients.
+
+``AsyncStreamMixin`` is mixed into :class:`~txbroker.client.aio.AsyncConnection`;
+``StreamMixin`` gives the sync :class:`~txbroker.client.sync.Connection` the same
+calls. The broker side is ``core/streams.py``; ``docs/spark.md`` shows the use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from txbroker.client._engine import Engine
+from txbroker.xid import Xid
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """A queue's offsets: ``first`` is the lowest seq present, ``next`` one past the
+    highest readable one (``first == next``: nothing to read)."""
+
+    queue: str
+    first: int
+    next: int
+    reader: str | None = None
+
+
+@dataclass(slots=True)
+class StreamChunk:
+    """One ``stream_read`` page, as columns (one entry per message, in seq order)."""
+
+    queue: str
+    next: int  #: the seq to continue from (the range's end when it is done)
+    seqs: list[int]
+    message_ids: list[str | None]
+    headers: list[dict[str, str] | None]
+    timestamps: list[int]  #: ms since the epoch (when sent)
+    delivery_counts: list[int]
+    bodies: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+def _info(result: dict[str, Any]) -> StreamInfo:
+    return StreamInfo(result["queue"], int(result["first"]), int(result["next"]),
+                      result.get("reader"))
+
+
+class AsyncStreamMixin:
+    """Stream readers, ``send_batch`` and sink commits (async)."""
+
+    _engine: Engine
+
+    async def _stream_call(self, op: str, args: dict[str, Any]) -> Any:
+        result, _ = await self._engine.call(op, args, timeout=self._engine.options.timeout)
+        return result
+
+    async def send_batch(self, dest: str, bodies: Sequence[bytes], *,
+                         headers: Sequence[dict[str, str] | None] | None = None,
+                         message_ids: Sequence[str | None] | None = None,
+                         persistent: bool = True) -> int:
+        """Send many messages to one destination in one request; returns how many were
+        stored (duplicates by message id are not). Returns once durable; inside a
+        transaction branch the messages are staged in it."""
+        args: dict[str, Any] = {"dest": dest, "bodies": list(bodies)}
+        if headers is not None:
+            args["headers"] = list(headers)
+        if message_ids is not None:
+            args["message_ids"] = list(message_ids)
+        if not persistent:
+            args["persistent"] = False
+        result = await self._stream_call("send_batch", args)
+        return int(result["count"])
+
+    async def stream_open(self, queue: str, name: str) -> StreamInfo:
+        """Attach as ``queue``'s exclusive stream reader ``name`` (NotFound: no such queue)."""
+        return _info(await self._stream_call("stream_open", {"queue": queue, "name": name}))
+
+    async def stream_info(self, queue: str) -> StreamInfo:
+        """``queue``'s offsets, without attaching."""
+        return _info(await self._stream_call("stream_info", {"queue": queue}))
+
+    async def stream_read(self, queue: str, start: int, end: int, *, name: str | None = None,
+                          max_messages: int = 10_000,
+                          max_bytes: int = 4 * 1024 * 1024) -> StreamChunk:
+        """Messages with ``start <= seq < end`` without consuming them (one page: go on
+        from ``chunk.next`` until it reaches ``end``)."""
+        args: dict[str, Any] = {"queue": queue, "start": start, "end": end,
+                                "max": max_messages, "max_bytes": max_bytes}
+        if name is not None:
+            args["name"] = name
+        r = await self._stream_call("stream_read", args)
+        return StreamChunk(r["queue"], int(r["next"]), r["seqs"], r["message_ids"], r["headers"],
+                           r["timestamps"], r["delivery_counts"], r["bodies"])
+
+    async def stream_commit(self, queue: str, name: str, end: int) -> int:
+        """Consume every message of ``queue`` below seq ``end`` (idempotent); returns how
+        many went now."""
+        result = await self._stream_call("stream_commit",
+                                         {"queue": queue, "name": name, "end": end})
+        return int(result["released"])
+
+    async def stream_close(self, queue: str, name: str) -> None:
+        """Detach the stream reader (closing the connection does it too)."""
+        await self._stream_call("stream_close", {"queue": queue, "name": name})
+
+    async def sink_status(self, sink: str) -> int:
+        """The sink's last committed batch id (-1: none yet)."""
+        return int((await self._stream_call("sink_status", {"sink": sink}))["last"])
+
+    async def sink_commit(self, sink: str, batch: int, xids: Sequence[Xid | str]) -> dict[str, Any]:
+        """Commit batch ``batch`` of ``sink``: its prepared branches ``xids``, atomically
+        with the sink's last committed batch id. ``{"committed": False}`` means the
+        batch was already committed (a replay: its new branches were rolled back)."""
+        result: dict[str, Any] = await self._stream_call(
+            "sink_commit", {"sink": sink, "batch": batch, "xids": [str(x) for x in xids]})
+        return result
+
+    async def sink_abort(self, sink: str, batch: int) -> dict[str, Any]:
+        """Roll back batch ``batch`` of ``sink`` unless it is committed."""
+        result: dict[str, Any] = await self._stream_call("sink_abort",
+                                                         {"sink": sink, "batch": batch})
+        return result
+
+
+class StreamMixin:
+    """The same calls on the sync connection (run on its loop thread)."""
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        raise NotImplementedError
+
+    @property
+    def _streams(self) -> AsyncStreamMixin:
+        raise NotImplementedError
+
+    def send_batch(self, dest: str, bodies: Sequence[bytes], *,
+                   headers: Sequence[dict[str, str] | None] | None = None,
+                   message_ids: Sequence[str | None] | None = None,
+                   persistent: bool = True) -> int:
+        """See :meth:`AsyncStreamMixin.send_batch`."""
+        return self._call(self._streams.send_batch(dest, bodies, headers=headers,
+                                                 message_ids=message_ids, persistent=persistent))
+
+    def stream_open(self, queue: str, name: str) -> StreamInfo:
+        """See :meth:`AsyncStreamMixin.stream_open`."""
+        return self._call(self._streams.stream_open(queue, name))
+
+    def stream_info(self, queue: str) -> StreamInfo:
+        """See :meth:`AsyncStreamMixin.stream_info`."""
+        return self._call(self._streams.stream_info(queue))
+
+    def stream_read(self, queue: str, start: int, end: int, *, name: str | None = None,
+                    max_messages: int = 10_000, max_bytes: int = 4 * 1024 * 1024) -> StreamChunk:
+        """See :meth:`AsyncStreamMixin.stream_read`."""
+        return self._call(self._streams.stream_read(queue, start, end, name=name,
+                                                  max_messages=max_messages, max_bytes=max_bytes))
+
+    def stream_commit(self, queue: str, name: str, end: int) -> int:
+        """See :meth:`AsyncStreamMixin.stream_commit`."""
+        return self._call(self._streams.stream_commit(queue, name, end))
+
+    def stream_close(self, queue: str, name: str) -> None:
+        """See :meth:`AsyncStreamMixin.stream_close`."""
+        self._call(self._streams.stream_close(queue, name))
+
+    def sink_status(self, sink: str) -> int:
+        """See :meth:`AsyncStreamMixin.sink_status`."""
+        return self._call(self._streams.sink_status(sink))
+
+    def sink_commit(self, sink: str, batch: int, xids: Sequence[Xid | str]) -> dict[str, Any]:
+        """See :meth:`AsyncStreamMixin.sink_commit`."""
+        return self._call(self._streams.sink_commit(sink, batch, xids))
+
+    def sink_abort(self, sink: str, batch: int) -> dict[str, Any]:
+        """See :meth:`AsyncStreamMixin.sink_abort`."""
+        return self._call(self._streams.sink_abort(sink, batch))
+
+
+__all__ = ["AsyncStreamMixin", "StreamChunk", "StreamInfo", "StreamMixin"]
