@@ -5,14 +5,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DATA   ?= ./txbroker-data
 
-.PHONY: venv run test lint postgres bench clean
+.PHONY: venv run test lint postgres java bench clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 run: venv
@@ -22,7 +22,7 @@ lint: venv
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy src
 
-test: venv lint postgres
+test: venv lint postgres java
 	$(PY) -m pytest -q
 
 # The XA tests start their own PostgreSQL (initdb in a temp dir): install the
@@ -32,6 +32,13 @@ postgres:
 	  ( $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
 	    apt-get install -y -qq postgresql )
+
+# Spark (the connectors' and the audit job's tests) needs a Java 17+ runtime.
+java:
+	@java -version >/dev/null 2>&1 || \
+	  ( $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
+	    apt-get install -y -qq openjdk-17-jre-headless )
 
 bench: venv
 	$(PY) bench/run_core.py
