@@ -13,6 +13,7 @@ No pyspark import here: the workers and the driver both use this module.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,11 @@ SEND_CHUNK_BYTES = 4 * 1024 * 1024 - 64 * 1024
 SEND_CHUNK_MESSAGES = 10_000
 #: Seconds a worker's or the driver's connection waits for a broker answer.
 CONNECT_TIMEOUT = 30.0
+#: Seconds to keep trying to connect while no broker answers (a broker restart
+#: takes a few seconds; the client's own failover waits 30 s by default).
+RECONNECT_WAIT = 30.0
+#: Pause between two connection attempts.
+RECONNECT_PAUSE = 0.5
 #: The stream reader name used when the ``name`` option is not given.
 DEFAULT_STREAM_NAME = "spark"
 #: The stream reader name a consuming batch read attaches with.
@@ -200,13 +206,21 @@ def _redact(url: str) -> str:
     return f"{scheme}://{user}:***@{hosts}"
 
 
-def open_connection(url: str, **options: Any) -> Connection:
-    """Connect to the broker of option ``url``; refusals name the option."""
+def open_connection(url: str, *, wait: float = RECONNECT_WAIT, **options: Any) -> Connection:
+    """Connect to the broker of option ``url``, trying again for up to ``wait``
+    seconds while no broker answers (a restarting broker); refusals name the option."""
     import txbroker
 
     options.setdefault("timeout", CONNECT_TIMEOUT)
+    deadline = time.monotonic() + wait
     try:
-        return txbroker.connect(url, **options)
+        while True:
+            try:
+                return txbroker.connect(url, **options)
+            except ConnectionLost:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(RECONNECT_PAUSE)
     except AuthenticationFailed as exc:
         raise SparkConnectorError(
             f"option 'url': the broker refused the credentials of {_redact(url)} ({exc})"

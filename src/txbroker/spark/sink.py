@@ -42,7 +42,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from txbroker.client.xa import TMFAIL, TMNOFLAGS, TMSUCCESS, XA_RDONLY
-from txbroker.errors import MessageTooLarge, NotFound
+from txbroker.errors import ConnectionLost, MessageTooLarge, NotFound
+from txbroker.spark import faults
 from txbroker.spark._common import (
     SparkConnectorError,
     WriteOptions,
@@ -121,10 +122,12 @@ def write_branch(options: WriteOptions, sink_id: str, batch_id: int,
                 rows += len(chunk.bodies)
         if xa is None:
             return BranchCommitMessage(None, 0, partition, attempt)
+        faults.point("sink.write", batch_id)  # sent, not prepared: the task fails
         xa.end(xid, TMSUCCESS)
         ended = True
         vote = xa.prepare(xid)
         xid_text = None if vote == XA_RDONLY else str(xid)
+        faults.point("sink.prepared", batch_id)  # an orphan prepared branch
         return BranchCommitMessage(xid_text, rows, partition, attempt)
     except BaseException as exc:
         if xa is not None:
@@ -144,11 +147,20 @@ def commit_batch(options: WriteOptions, sink_id: str, batch_id: int,
                  messages: list[WriterCommitMessage | None]) -> dict[str, Any]:
     """The driver's commit decision for one batch (``sink_commit``)."""
     xids = [m.xid for m in messages if isinstance(m, BranchCommitMessage) and m.xid]
+    faults.point("sink.commit", batch_id)  # before the decision: Spark aborts
     conn = open_connection(options.url)
     try:
-        result: dict[str, Any] = conn.sink_commit(sink_id, batch_id, xids)
+        try:
+            result: dict[str, Any] = conn.sink_commit(sink_id, batch_id, xids)
+        except ConnectionLost:
+            # The answer was lost, not necessarily the decision. Asking again is safe:
+            # a batch already committed answers committed=False and changes nothing.
+            close_quietly(conn)
+            conn = open_connection(options.url)
+            result = conn.sink_commit(sink_id, batch_id, xids)
     finally:
         close_quietly(conn)
+    faults.point("sink.committed", batch_id)  # decided, Spark's commit log not written
     if not result.get("committed", False):
         log.info("txbroker sink %r: batch %d is a replay (last committed %s); "
                  "rolled back %s branches", sink_id, batch_id, result.get("last"),

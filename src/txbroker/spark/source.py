@@ -47,6 +47,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from txbroker.errors import BrokerError, ConnectionLost, NotFound
+from txbroker.spark import faults
 from txbroker.spark._common import (
     FORMAT_NAME,
     READ_PAGE_BYTES,
@@ -130,8 +131,16 @@ def read_range(options: ReadOptions, schema: StructType, part: SeqRange) -> Iter
                                          max_bytes=READ_PAGE_BYTES)
             except NotFound as exc:
                 raise queue_error("queues", part.queue, exc) from exc
+            except ConnectionLost:
+                if part.consume:  # the attachment went with the connection
+                    raise
+                # Reads are repeatable: continue from ``position`` on a new connection.
+                close_quietly(conn)
+                conn = open_connection(options.url)
+                continue
             if chunk.seqs:
                 yield builder.build(part.queue, chunk)
+                faults.point("source.read", _batch_id())  # mid-batch, rows handed over
             if chunk.next <= position:
                 raise SparkConnectorError(
                     f"queue {part.queue!r}: stream_read made no progress at seq {position}")
@@ -141,6 +150,15 @@ def read_range(options: ReadOptions, schema: StructType, part: SeqRange) -> Iter
             conn.stream_close(part.queue, options.name)
     finally:
         close_quietly(conn)
+
+
+def _batch_id() -> int | None:
+    """The micro-batch a read task belongs to (None outside a streaming query)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = None if context is None else context.getLocalProperty("streaming.sql.batchId")
+    return None if value is None else int(value)
 
 
 def _attach(conn: Connection, queue: str, name: str) -> Any:
@@ -286,6 +304,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, int]) -> None:
         """Release every message below ``end`` (idempotent; a failure is retried by
         the next commit, which releases at least as much)."""
+
+        faults.point("source.commit")
 
         def release(conn: Connection) -> None:
             for queue, stop in end.items():
