@@ -100,10 +100,13 @@ def check_sink_id(sink_id: object) -> str:
     return sink_id
 
 
-def sink_xid(sink_id: str, batch_id: int, partition: int, attempt: int) -> Xid:
-    """The branch of one Spark task: gtrid ``<sink>\\0<batch>``, bqual ``<partition>:<attempt>``."""
+def sink_xid(sink_id: str, batch_id: int, partition: int, attempt: int, chunk: int = 0) -> Xid:
+    """A branch of one Spark task: gtrid ``<sink>\\0<batch>``, bqual
+    ``<partition>:<attempt>[:<chunk>]`` (a task writes ``max_sink_branch_messages`` rows
+    per branch: chunk 0, 1, 2 …)."""
     check_sink_id(sink_id)
-    return Xid(SINK_FORMAT_ID, f"{sink_id}\x00{int(batch_id)}", f"{int(partition)}:{int(attempt)}")
+    bqual = f"{int(partition)}:{int(attempt)}" + (f":{int(chunk)}" if chunk else "")
+    return Xid(SINK_FORMAT_ID, f"{sink_id}\x00{int(batch_id)}", bqual)
 
 
 def is_sink_xid(xid: Xid) -> bool:

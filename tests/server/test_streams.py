@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import txbroker
@@ -140,3 +142,24 @@ def test_sink_commit_is_atomic_idempotent_and_survives_kill9(broker: BrokerProce
         info = conn.stream_info("out")
         assert (info.first, info.next) == (1, 601)
         assert [b for _, b in read_all(conn, "out", 1, 601, page=1000)] == bodies
+
+
+def test_a_segment_roll_with_a_prepared_branch_keeps_the_branch(tmp_path: Path) -> None:
+    """Regression: the snapshot that starts a segment carries prepared branches' body
+    refs, which are wider than msgpack ints (the broker crashed on the roll)."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[server]\nsegment_size = 65536\n")
+    proc = BrokerProcess(tmp_path / "data", "--config", str(config)).start()
+    try:
+        with txbroker.connect(proc.url) as conn:
+            xid = _prepare(conn, "s2", 0, 0, 0, [b"prepared-%d" % i for i in range(100)])
+            conn.send_batch("filler", [b"x" * 1000] * 200)  # rolls several segments
+        proc.kill()
+        proc.start()
+        with txbroker.connect(proc.url) as conn:
+            assert [str(x) for x in conn.xa_resource().recover()] == [xid]
+            assert conn.sink_commit("s2", 0, [xid])["committed"] is True
+            assert conn.queue_info("out")["messages"] == 100
+            assert read_all(conn, "out", 1, 101, page=500)[-1] == (100, b"prepared-99")
+    finally:
+        proc.kill()

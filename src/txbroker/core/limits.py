@@ -21,8 +21,9 @@ DEFAULT_EXPIRY_SCAN_MS = 1_000
 #: Messages (sent + consumed) one XA branch may track (seed 002: "at most 256").
 DEFAULT_MAX_XA_BRANCH_MESSAGES = 256
 #: Messages one Spark sink branch (format id ``xid.SINK_FORMAT_ID``) may track: a task
-#: writes a whole partition of a micro-batch in one branch.
-DEFAULT_MAX_SINK_BRANCH_MESSAGES = 1_000_000
+#: writes its partition of a micro-batch in branches of up to this many messages (a
+#: prepared branch is one journal entry, which holds at most 65,535 bodies).
+DEFAULT_MAX_SINK_BRANCH_MESSAGES = 50_000
 #: Messages one ``stream_read`` returns at most, and about how many bytes.
 DEFAULT_MAX_STREAM_READ = 50_000
 DEFAULT_MAX_STREAM_READ_BYTES = 4 * 1024 * 1024

@@ -43,9 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from txbroker.core.effects import Fail, Reply
-from txbroker.core.engine import LATER, NOT_DUPLICATE, check_name
+from txbroker.core.engine import LATER, check_name
 from txbroker.core.messages import Message, State
 from txbroker.core.queues import Queue
+from txbroker.core.transactions import TxEvent
 from txbroker.core.xa import Branch, BranchState, Request
 from txbroker.core.xa_engine import XaEngine, parse_xid
 from txbroker.errors import (
@@ -54,9 +55,11 @@ from txbroker.errors import (
     XAER_PROTO,
     XAER_RMFAIL,
     BadRequest,
+    Disabled,
     IllegalState,
     MessageTooLarge,
     NotFound,
+    QuotaExceeded,
     XAError,
 )
 from txbroker.storage.records import Kind
@@ -203,25 +206,70 @@ class Streams(XaEngine):
                 raise MessageTooLarge(f"bodies[{index}] is {len(body)} bytes, above "
                                       f"max_message_size ({limit}); nothing was sent")
         session = self.session(session_id)
-        if session.xa_work is not None and count:
-            self._check_tx_room(session.xa_work, count)
+        transaction = session.xa_work
+        if transaction is not None:
+            transaction.fire(TxEvent.WORK)
+            if count:
+                self._check_tx_room(transaction, count)
+        if not isinstance(dest, str) or (dest not in self.queues and dest not in self.topics):
+            check_name(dest, "destination")
+        targets = self._targets(dest, now)
+        total = sum(len(body) for body in bodies)
+        for queue in targets:
+            self._check_batch_room(queue, count, total, quota=transaction is None)
+        made: list[Message] = []
         duplicates = 0
-        later = False
-        send = self.send
+        next_id = self.next_id
         for index, body in enumerate(bodies):
-            result = send(session_id, 0, dest, body, now,
-                          headers=headers[index] if headers is not None else None,
-                          message_id=message_ids[index] if message_ids is not None else None,
-                          persistent=persistent)
-            if result is LATER:
-                later = True
-            elif result is not NOT_DUPLICATE and result.get("duplicate"):
-                duplicates += 1
+            message_id = message_ids[index] if message_ids is not None else None
+            if message_id is not None:
+                if targets and all(queue.seen(message_id) for queue in targets):
+                    duplicates += 1
+                    continue
+                for queue in targets:
+                    queue.remember(message_id)
+            header = (headers[index] or None) if headers is not None else None
+            for queue in targets:
+                ttl = queue.settings.default_ttl_ms
+                made.append(Message(next_id, queue.name, len(body), message_id, header, 4, now,
+                                    now + ttl if ttl else 0, 0, 0,
+                                    persistent and queue.durable, body))
+                next_id += 1
+        self.next_id = next_id
+        for queue in targets:
+            mine = [m for m in made if m.queue == queue.name] if len(targets) > 1 else made
+            queue.pending += len(mine)
+            queue.pending_bytes += sum(m.size for m in mine)
+        self.counters["sent"] += count - duplicates
         reply = {"count": count - duplicates, "duplicates": duplicates}
-        if not later or session.xa_work is not None:
+        if transaction is not None:
+            transaction.sends.extend(made)
             return reply
+        stored = [m for m in made if m.persistent]
+        for message in made:
+            if not message.persistent:
+                self._apply_add(message, now)
+        if not stored:
+            return reply
+        messages = self.messages
+        for message in stored:
+            messages[message.id] = message
+        self._group_adds.extend(stored)
         self._group_replies.append((session_id, rid, reply))
         return LATER
+
+    def _check_batch_room(self, queue: Queue, count: int, size: int, *, quota: bool) -> None:
+        settings = queue.settings
+        if not settings.ingress:
+            raise Disabled(f"queue {queue.name!r} does not accept messages (ingress disabled)")
+        if not quota:
+            return  # an XA branch's quota is checked at prepare (seed 002)
+        if settings.max_messages and queue.messages + queue.pending + count > settings.max_messages:
+            raise QuotaExceeded(f"queue {queue.name!r} is full: max_messages "
+                                f"{settings.max_messages}; nothing was sent")
+        if settings.max_bytes and queue.bytes + queue.pending_bytes + size > settings.max_bytes:
+            raise QuotaExceeded(f"queue {queue.name!r} is full: max_bytes {settings.max_bytes}; "
+                                "nothing was sent")
 
     # ------------------------------------------------------------------ the Spark sink
     def _last_batch(self, sink: str) -> int:

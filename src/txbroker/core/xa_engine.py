@@ -71,6 +71,15 @@ S = BranchState
 TIMED_OUT_MEMORY = 1_000
 
 
+def _pack_ref(ref: int | None) -> bytes | None:
+    """A body ref as msgpack can carry it: refs are opaque ints of up to 136 bits."""
+    return None if ref is None else ref.to_bytes((ref.bit_length() + 7) // 8 or 1, "big")
+
+
+def _unpack_ref(value: Any) -> int | None:
+    return int.from_bytes(value, "big") if isinstance(value, bytes) else value
+
+
 def parse_xid(value: Any) -> Xid:
     """An Xid from its text form (XAER_INVAL when malformed)."""
     if isinstance(value, Xid):
@@ -389,11 +398,14 @@ class XaEngine(Admin):
     def _apply(self, branch: Branch, *, commit: bool, now: int) -> None:
         """Carry out a branch's outcome on the live state (its record is durable)."""
         work = branch.work
-        for message in work.sends:
-            if commit and message.id not in branch.discards:
-                self._apply_add(message, now)
-            else:
-                self._drop_pending(message)
+        if commit and not branch.discards:
+            self._apply_adds(work.sends, now)
+        else:
+            for message in work.sends:
+                if commit and message.id not in branch.discards:
+                    self._apply_add(message, now)
+                else:
+                    self._drop_pending(message)
         for message in list(work.acks.values()):
             if commit:
                 queue = self.queues.get(message.queue)
@@ -529,7 +541,8 @@ class XaEngine(Admin):
             if branch.state in (S.PREPARED, S.COMMITTING, S.ROLLING_BACK):
                 sends = [m for m in branch.work.sends if m.persistent]
                 found[str(branch.xid)] = [
-                    S.PREPARED.value, [m.to_record() for m in sends], [m.ref for m in sends],
+                    S.PREPARED.value, [m.to_record() for m in sends],
+                    [_pack_ref(m.ref) for m in sends],
                     [[m.id, m.delivery_count] for m in branch.work.acks.values()]
                     + branch.ref_ids,
                     sorted(branch.discards), branch.created_ms]
@@ -612,7 +625,8 @@ class XaEngine(Admin):
         branch.work.session = 0
         branch.state = state
         body_size_of = self.body_size_of
-        for msg, ref in zip(sends, refs, strict=True):
+        for msg, packed in zip(sends, refs, strict=True):
+            ref = _unpack_ref(packed)
             size = int(body_size_of(ref)) if body_size_of is not None and ref is not None else 0
             message = Message.from_record(msg, size, ref)
             branch.work.sends.append(message)

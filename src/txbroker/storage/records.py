@@ -64,7 +64,8 @@ A queue ``def`` carries ``"next_seq"``; the SNAPSHOT carries ``"sinks": {sink:
 last batch id}``. Seqs and sink batch ids only grow: replay keeps the larger.
 
 The SNAPSHOT also carries ``"xa": {xid: [state, [msg…], [ref…], [[consumed
-id, delivery count]…], [discard id…], created_ms]}`` for every durably PREPARED and every
+id, delivery count]…], [discard id…], created_ms]}`` (each ref as big-endian bytes:
+refs do not fit msgpack ints) for every durably PREPARED and every
 HEURISTIC_* branch (``state`` is the BranchState value; a heuristic branch has
 empty lists): an ``XA_PREPARE`` without bodies could otherwise sit in a
 segment that gets deleted. Replaying it adds unknown branches (it never
