@@ -415,9 +415,14 @@ class StoreContractTests:
         for ref_list, (_, _, bodies) in zip(refs, entries, strict=True):
             assert [store.read_body(ref) for ref in ref_list] == bodies
             assert [store.body_size(ref) for ref in ref_list] == [len(b) for b in bodies]
+        every_ref = [ref for ref_list in refs for ref in ref_list]
+        every_body = [body for _, _, bodies in entries for body in bodies]
+        assert store.read_bodies(every_ref) == every_body  # runs, gaps and all
+        assert store.read_bodies(every_ref[::-1]) == every_body[::-1]
         store.close()
         store, loop, recovered = self.open(factory)
         assert contents(store, recovered) == entries
+        assert store.read_bodies([r for e in recovered for r in e.refs]) == every_body
         for entry, (_, _, bodies) in zip(recovered, entries, strict=True):
             assert [store.body_size(ref) for ref in entry.refs] == [len(b) for b in bodies]
         assert store.stats().live_bodies == sum(len(b) for _, _, b in entries)

@@ -298,15 +298,17 @@ class BrokerServer:
 
     def read_result(self, result: ReadResult) -> dict[str, Any]:
         """A ``stream_read`` reply: columns, with the bodies read from the store."""
-        store = self.store
-        bodies = []
-        for message in result.messages:
-            body = message.body
-            if body is None:
-                assert store is not None and message.ref is not None
-                body = store.read_body(message.ref)
-            bodies.append(body)
         messages = result.messages
+        bodies: list[bytes] = []
+        if any(m.body is None for m in messages):
+            assert self.store is not None
+            refs = [m.ref for m in messages if m.body is None]
+            assert None not in refs  # a message without its body in memory is stored
+            stored = self.store.read_bodies(refs)  # type: ignore[arg-type]
+            later = iter(stored)
+            bodies = [m.body if m.body is not None else next(later) for m in messages]
+        else:
+            bodies = [m.body for m in messages if m.body is not None]
         return {
             "queue": result.queue,
             "next": result.next,

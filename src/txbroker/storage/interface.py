@@ -122,6 +122,11 @@ class Store(Protocol):
         """Read a stored body back (from cache or disk)."""
         ...
 
+    def read_bodies(self, refs: Sequence[BodyRef]) -> list[bytes]:
+        """Read many bodies back (a stream reader's page): like ``read_body`` for
+        each, but a store may read neighbours at once and skip its cache."""
+        ...
+
     def body_size(self, ref: BodyRef) -> int:
         """The length of the body ``ref`` names, without reading it."""
         ...

@@ -86,6 +86,8 @@ MiB = 1024 * 1024
 #: segments; a 64 MiB segment replays in about 0.2 s and reclaims space in
 #: reasonable steps.
 DEFAULT_SEGMENT_SIZE = 64 * MiB
+#: ``read_bodies`` reads neighbouring bodies with one ``pread`` of at most this much.
+READ_RUN_BYTES = 1 * MiB
 #: Smallest segment size accepted (tests use tiny segments to force rolls).
 MIN_SEGMENT_SIZE = 1024
 #: Largest segment size: body offsets in a ref have 40 bits; 4 GiB keeps far below.
@@ -339,6 +341,34 @@ class JournalStore:
     def body_size(self, ref: BodyRef) -> int:
         """The body length packed in ``ref`` (no I/O)."""
         return ref & ((1 << REF_LENGTH_BITS) - 1)
+
+    def read_bodies(self, refs: Sequence[BodyRef]) -> list[bytes]:
+        """Many bodies: runs of refs that lie back to back in one segment (the sends of
+        one record) are read with one ``pread`` of up to :data:`READ_RUN_BYTES`, and
+        the cache is neither searched nor filled for them (a stream reader's scan
+        would only push the hot bodies out)."""
+        found: list[bytes] = []
+        count, index = len(refs), 0
+        while index < count:
+            segment, start, length = unpack_ref(refs[index])
+            end, stop = start + length, index + 1
+            while stop < count and end - start < READ_RUN_BYTES:
+                next_segment, offset, size = unpack_ref(refs[stop])
+                if next_segment != segment or offset != end:
+                    break
+                end += size
+                stop += 1
+            data = None
+            if stop - index > 1 and segment in self._segments:
+                data = self._pread(segment, start, end - start)
+            if data is None or len(data) != end - start:
+                found.extend(self.read_body(ref) for ref in refs[index:stop])
+            else:
+                for ref in refs[index:stop]:
+                    _, offset, size = unpack_ref(ref)
+                    found.append(data[offset - start:offset - start + size])
+            index = stop
+        return found
 
     def read_body(self, ref: BodyRef) -> bytes:
         """A stored body, from the cache or with one ``pread``.

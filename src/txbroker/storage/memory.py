@@ -142,6 +142,10 @@ class MemoryStore:
             self._run(self._group_sync)
         return refs
 
+    def read_bodies(self, refs: Sequence[BodyRef]) -> list[bytes]:
+        """``read_body`` of each ref."""
+        return [self.read_body(ref) for ref in refs]
+
     def read_body(self, ref: BodyRef) -> bytes:
         """The body; ``KeyError`` if it was reclaimed or never existed."""
         try:
