@@ -1,4 +1,4 @@
-"""The ``txbroker`` command: serve, send, recv, queues, stat, bench, passwd,
+"""The ``txbroker`` command: serve, send, recv, queues, stat, bench, passwd, audit,
 ``xa list|commit|rollback|forget``.
 
 Every client command takes ``--url`` (default ``$TXBROKER_URL`` or
@@ -243,6 +243,42 @@ def passwd(password: Annotated[str, typer.Option(prompt=True, hide_input=True,
     from txbroker.server.auth import hash_password
 
     print(hash_password(password))
+
+
+@app.command()
+def audit(
+    data: Annotated[Path, typer.Option(help="broker data directory (read only)")],
+    out: Annotated[Path, typer.Option(help="output: Parquet tables and report.html")],
+    master: Annotated[str, typer.Option(help="Spark master")] = "local[*]",
+) -> None:
+    """Audit a broker's journal with Spark: Parquet tables and an HTML report."""
+    try:
+        from txbroker.spark.audit import STEPS, run_audit
+    except ImportError as exc:
+        raise _fail(RuntimeError(f"the audit needs the spark extra "
+                                 f"(pip install 'txbroker[spark]'): {exc}")) from exc
+    with _progress() as progress:
+        task = progress.add_task("audit", total=len(STEPS))
+
+        def step(name: str) -> None:
+            if not progress.disable:
+                progress.update(task, description=name,
+                                completed=STEPS.index(name) if name in STEPS else 0)
+            else:
+                err_console.print(f"audit: {name}", highlight=False)
+
+        try:
+            result = run_audit(data, out, master=master, progress=step)
+        except TxBrokerError as exc:
+            raise _fail(exc) from exc
+        except Exception as exc:  # Spark's own failures: their first line says enough
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise _fail(RuntimeError(f"the audit job failed: {first}")) from exc
+        progress.update(task, completed=len(STEPS))
+    counts = ", ".join(f"{name} {count:,}" for name, count in result.counts.items())
+    console.print(f"audit of {data} written to {out}: {counts}; report {result.report}")
+    for xid in result.in_doubt:
+        console.print(f"[yellow]needs an operator:[/yellow] {xid}", highlight=False)
 
 
 xa_app = typer.Typer(no_args_is_help=True,
