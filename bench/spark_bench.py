@@ -1,0 +1,180 @@
+"""Spark connector figures (issue 6), in one run on one machine.
+
+1. **Ingest**: N small JSON messages from a txbroker queue to Parquet with a
+   streaming query and ``trigger(availableNow=True)`` (``format=json`` with a
+   schema), against Spark reading the same rows from local JSON-lines files
+   into Parquet. Aim: txbroker >= 50 % of the file source's rate.
+2. **Streaming write**: N rows from a streaming source (Parquet files read as a
+   stream) into a queue through the exactly-once sink. Aim: >= 100,000 rows/s.
+
+Each is run ``--reps`` times; the median is reported, with every figure, as
+JSON in ``bench/results/spark-<time>.json``::
+
+    .venv/bin/python bench/spark_bench.py --count 1000000 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support import BrokerProcess  # noqa: E402
+
+import txbroker  # noqa: E402
+
+SCHEMA = "id long, name string, amount double, at long"
+
+
+def row(i: int) -> bytes:
+    return json.dumps({"id": i, "name": f"customer-{i % 997}", "amount": i * 0.25,
+                       "at": 1_700_000_000_000 + i}, separators=(",", ":")).encode()
+
+
+def session(cores: int):  # type: ignore[no-untyped-def]
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    import txbroker.spark
+
+    spark = (SparkSession.builder.master(f"local[{cores}]").appName("txbroker-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(cores))
+             .config("spark.driver.memory", "4g")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    txbroker.spark.register(spark)
+    return spark
+
+
+def fill(url: str, queue: str, count: int) -> None:
+    with txbroker.connect(url) as conn:
+        for start in range(0, count, 20_000):
+            conn.send_batch(queue, [row(i) for i in range(start, min(count, start + 20_000))])
+
+
+def ingest_broker(spark, url: str, queue: str, work: Path, count: int,  # type: ignore[no-untyped-def]
+                  partition_size: int) -> float:
+    out, checkpoint = work / "out-broker", work / "cp-broker"
+    started = time.perf_counter()
+    query = (spark.readStream.format("txbroker").option("url", url).option("queues", queue)
+             .option("name", f"bench-{time.time_ns()}").option("format", "json")
+             .option("jsonSchema", SCHEMA).option("partitionSize", str(partition_size))
+             .load().select("seq", "body.*")
+             .writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    got = spark.read.parquet(str(out)).count()
+    assert got == count, f"broker ingest wrote {got} rows, not {count}"
+    return elapsed
+
+
+def ingest_files(spark, source: Path, work: Path, count: int) -> float:  # type: ignore[no-untyped-def]
+    out, checkpoint = work / "out-files", work / "cp-files"
+    started = time.perf_counter()
+    query = (spark.readStream.format("json").schema(SCHEMA).load(str(source))
+             .writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    got = spark.read.parquet(str(out)).count()
+    assert got == count, f"file ingest wrote {got} rows, not {count}"
+    return elapsed
+
+
+def stream_write(spark, url: str, source: Path, work: Path, count: int,  # type: ignore[no-untyped-def]
+                 queue: str) -> float:
+    checkpoint = work / f"cp-write-{queue}"
+    started = time.perf_counter()
+    query = (spark.readStream.schema("body string").parquet(str(source))
+             .writeStream.format("txbroker").option("url", url).option("queue", queue)
+             .option("sinkId", queue).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    elapsed = time.perf_counter() - started
+    with txbroker.connect(url) as conn:
+        info = conn.stream_info(queue)
+        assert info.next - info.first == count, f"{queue} holds {info.next - info.first}"
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--partition-size", type=int, default=250_000)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="txb-spark-bench-"))
+    broker = BrokerProcess(work / "data").start()
+    figures: dict[str, list[float]] = {"ingest_broker_s": [], "ingest_files_s": [],
+                                       "stream_write_s": []}
+    try:
+        spark = session(args.cores)
+        lines = work / "jsonl"
+        lines.mkdir()
+        per_file = args.count // 4
+        for part in range(4):
+            with open(lines / f"part-{part}.json", "wb") as out:
+                for i in range(part * per_file, (part + 1) * per_file):
+                    out.write(row(i) + b"\n")
+        bodies = work / "bodies"
+        spark.read.text(str(lines)).withColumnRenamed("value", "body") \
+            .repartition(args.cores).write.parquet(str(bodies))
+        # warm up: the JVM's code paths and Spark's Python workers (the first batch of a
+        # session costs 10-15 s more); not counted
+        fill(broker.url, "warm-up", 10_000)
+        warm = work / "warm"
+        ingest_files(spark, lines, warm, args.count)
+        ingest_broker(spark, broker.url, "warm-up", warm, 10_000, args.partition_size)
+        shutil.rmtree(warm, ignore_errors=True)
+        for rep in range(args.reps):
+            queue = f"ingest-{rep}"
+            fill(broker.url, queue, args.count)
+            run = work / f"run-{rep}"
+            figures["ingest_files_s"].append(ingest_files(spark, lines, run, args.count))
+            figures["ingest_broker_s"].append(
+                ingest_broker(spark, broker.url, queue, run, args.count, args.partition_size))
+            figures["stream_write_s"].append(
+                stream_write(spark, broker.url, bodies, run, args.count, f"written-{rep}"))
+            print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in figures.items()),
+                  flush=True)
+            with txbroker.connect(broker.url) as conn:
+                conn.delete_queue(queue)
+                conn.delete_queue(f"written-{rep}")
+            shutil.rmtree(run, ignore_errors=True)
+        spark.stop()
+    finally:
+        broker.kill()
+    median = {k: statistics.median(v) for k, v in figures.items()}
+    result = {
+        "count": args.count, "reps": args.reps, "cores": args.cores, "figures": figures,
+        "ingest_broker_rows_s": args.count / median["ingest_broker_s"],
+        "ingest_files_rows_s": args.count / median["ingest_files_s"],
+        "ingest_ratio": median["ingest_files_s"] / median["ingest_broker_s"],
+        "stream_write_rows_s": args.count / median["stream_write_s"],
+    }
+    print(json.dumps(result, indent=2))
+    results = ROOT / "bench" / "results"
+    results.mkdir(exist_ok=True)
+    (results / f"spark-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(
+        json.dumps(result, indent=2) + "\n")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
