@@ -149,6 +149,9 @@ def test_outgoing_chunks_stay_under_the_frame() -> None:
     chunks = list(outgoing_chunks(batch))
     assert sum(len(c.bodies) for c in chunks) == 9 and len(chunks) == 3
     assert chunks[0].headers == [{"key": "k"}] * 3 and chunks[0].message_ids is None
+    head, tail = chunks[0].split(2)
+    assert len(head.bodies) == 2 and tail is not None and tail.headers == [{"key": "k"}]
+    assert chunks[0].split(3) == (chunks[0], None)
 
 
 # -- streaming read --------------------------------------------------------------------
@@ -230,6 +233,7 @@ def test_stream_write_exactly_once(spark: Any, broker: BrokerProcess, tmp_path: 
         df = spark.readStream.schema(spark.read.parquet(str(source)).schema).parquet(str(source))
         query = (df.writeStream.format("txbroker").option("url", url).option("queue", "copy")
                  .option("sinkId", "copy-sink").option("checkpointLocation", str(checkpoint))
+                 .option("rowsPerBranch", "40")  # ~100 rows a task: several branches each
                  .trigger(availableNow=True).start())
         query.awaitTermination(120)
         assert query.exception() is None, str(query.exception())

@@ -174,6 +174,7 @@ class WriteOptions:
     url: str
     queue: str
     sink_id: str | None
+    rows_per_branch: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> WriteOptions:
@@ -193,7 +194,8 @@ class WriteOptions:
             raise SparkConnectorError(
                 f"option 'sinkId' must be 1 to {MAX_SINK_ID_BYTES} bytes without NUL, "
                 f"not {sink_id!r}")
-        return cls(url=url, queue=queue, sink_id=sink_id)
+        return cls(url=url, queue=queue, sink_id=sink_id,
+                   rows_per_branch=int_option(options, "rowsPerBranch", None))
 
 
 def _redact(url: str) -> str:

@@ -95,14 +95,22 @@ class BatchBuilder:
     def build(self, queue: str, chunk: Any) -> Any:
         """One ``pyarrow.RecordBatch`` for the messages of ``chunk`` (may be empty)."""
         count = len(chunk.seqs)
-        headers_list = [h or {} for h in chunk.headers]
+        if any(chunk.headers):
+            headers_list = [h or {} for h in chunk.headers]
+            keys = pa.array([h.get(KEY_HEADER) for h in headers_list], pa.string())
+            headers = self._headers(headers_list)
+        else:  # no message of the page has headers (the common case): no per-row work
+            keys = pa.nulls(count, pa.string())
+            headers = pa.MapArray.from_arrays(
+                pa.array([0] * (count + 1), pa.int32()), pa.array([], pa.string()),
+                pa.array([], pa.string()), type=self.headers_type)
         columns = {
             "queue": pa.repeat(pa.scalar(queue, pa.string()), count),
             "seq": pa.array(chunk.seqs, pa.int64()),
             "message_id": pa.array(chunk.message_ids, pa.string()),
-            "key": pa.array([h.get(KEY_HEADER) for h in headers_list], pa.string()),
+            "key": keys,
             "body": self._bodies(chunk.bodies),
-            "headers": self._headers(headers_list),
+            "headers": headers,
             "timestamp": pa.array(chunk.timestamps, pa.int64())
             .cast(pa.timestamp("ms", tz="UTC"))
             .cast(self.timestamp_type),
@@ -210,6 +218,20 @@ class OutgoingChunk:
     bodies: list[bytes]
     headers: list[dict[str, str] | None] | None
     message_ids: list[str | None] | None
+
+    def split(self, count: int) -> tuple[OutgoingChunk, OutgoingChunk | None]:
+        """The first ``count`` messages, and the rest (None when nothing is left)."""
+        if count >= len(self.bodies):
+            return self, None
+
+        def cut(values: list[Any] | None, lo: int, hi: int | None) -> list[Any] | None:
+            return None if values is None else values[lo:hi]
+
+        head = OutgoingChunk(self.bodies[:count], cut(self.headers, 0, count),
+                             cut(self.message_ids, 0, count))
+        tail = OutgoingChunk(self.bodies[count:], cut(self.headers, count, None),
+                             cut(self.message_ids, count, None))
+        return head, tail
 
 
 def outgoing_chunks(batch: Any) -> Iterator[OutgoingChunk]:

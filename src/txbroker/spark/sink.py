@@ -42,6 +42,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from txbroker.client.xa import TMFAIL, TMNOFLAGS, TMSUCCESS, XA_RDONLY
+from txbroker.core.limits import DEFAULT_MAX_SINK_BRANCH_MESSAGES
 from txbroker.errors import ConnectionLost, MessageTooLarge, NotFound
 from txbroker.spark import faults
 from txbroker.spark._common import (
@@ -51,8 +52,8 @@ from txbroker.spark._common import (
     open_connection,
     queue_error,
 )
-from txbroker.spark.schema import check_sink_schema, outgoing_chunks
-from txbroker.xid import sink_xid
+from txbroker.spark.schema import OutgoingChunk, check_sink_schema, outgoing_chunks
+from txbroker.xid import Xid, sink_xid
 
 if TYPE_CHECKING:
     from txbroker.client.sync import Connection, XAResource
@@ -63,13 +64,16 @@ log = logging.getLogger(__name__)
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 #: The batch id of a (non-streaming) batch write: one batch per generated sink id.
 BATCH_WRITE_BATCH_ID = 0
+#: Rows per sink branch when the broker does not announce its cap: the broker's
+#: default ``max_sink_branch_messages`` (core/limits.py).
+DEFAULT_SINK_BRANCH_ROWS = DEFAULT_MAX_SINK_BRANCH_MESSAGES
 
 
 @dataclass
 class BranchCommitMessage(WriterCommitMessage):
-    """What a write task reports: its prepared branch (None: it wrote no rows)."""
+    """What a write task reports: its prepared branches (none: it wrote no rows)."""
 
-    xid: str | None
+    xids: list[str]
     rows: int
     partition: int
     attempt: int
@@ -84,54 +88,113 @@ def _task_identity() -> tuple[int, int, str | None]:
         BATCH_ID_PROPERTY)
 
 
-def _rollback_quietly(xa: XAResource, xid: Any, ended: bool) -> None:
-    """Undo a failed task's branch; its own error is the one that matters."""
-    if not ended:
-        try:
-            xa.end(xid, TMFAIL)
-        except Exception as exc:
-            log.debug("txbroker sink: end(TMFAIL) of %s: %s", xid, exc)
-    try:
-        xa.rollback(xid)
-    except Exception as exc:
-        log.warning("txbroker sink: rolling back %s failed (the broker rolls an "
-                    "unprepared branch back on its own): %s", xid, exc)
+class TaskBranches:
+    """One write task's XA branches: chunk 0, 1, 2 … of at most ``branch_limit`` rows.
+
+    The broker caps the messages of one sink branch (``max_sink_branch_messages``:
+    a prepared branch is one journal entry), so a task that writes more rows
+    prepares a branch and starts the next (``sink_xid(..., chunk)``). The driver
+    commits all of them in one ``sink_commit``; on failure :meth:`rollback`
+    undoes every one (prepared or not).
+    """
+
+    def __init__(self, conn: Connection, sink_id: str, batch_id: int, partition: int,
+                 attempt: int, branch_limit: int) -> None:
+        self.xa: XAResource = conn.xa_resource()
+        self.ids = (sink_id, batch_id, partition, attempt)
+        self.branch_limit = branch_limit
+        self.prepared: list[Xid] = []
+        self.active: Xid | None = None
+        self.active_rows = 0
+        self.active_ended = False
+
+    def room(self) -> int:
+        """Rows the current branch still takes (starting one when needed)."""
+        if self.active is None:
+            self.active = sink_xid(*self.ids, chunk=len(self.prepared))
+            self.active_rows = 0
+            self.active_ended = False
+            self.xa.start(self.active, TMNOFLAGS)
+        if self.active_rows >= self.branch_limit:
+            self.prepare()
+            return self.room()
+        return self.branch_limit - self.active_rows
+
+    def sent(self, count: int) -> None:
+        """``count`` rows went into the current branch."""
+        self.active_rows += count
+
+    def prepare(self) -> None:
+        """End and prepare the current branch (a read-only one simply ends)."""
+        if self.active is None:
+            return
+        self.xa.end(self.active, TMSUCCESS)
+        self.active_ended = True
+        if self.xa.prepare(self.active) != XA_RDONLY:
+            self.prepared.append(self.active)
+        self.active = None
+
+    def rollback(self) -> None:
+        """Undo every branch of the task; errors are logged (the task's own error is
+        the one that matters, and the broker rolls back an unprepared branch of a
+        closed connection by itself)."""
+        undo = [*self.prepared, *([self.active] if self.active is not None else [])]
+        if self.active is not None and not self.active_ended:
+            try:
+                self.xa.end(self.active, TMFAIL)
+            except Exception as exc:
+                log.debug("txbroker sink: end(TMFAIL) of %s: %s", self.active, exc)
+        for xid in undo:
+            try:
+                self.xa.rollback(xid)
+            except Exception as exc:
+                log.warning("txbroker sink: rolling back %s failed: %s", xid, exc)
+        self.prepared, self.active = [], None
+
+
+def _branch_limit(conn: Connection, options: WriteOptions) -> int:
+    """Rows per branch: the broker's cap (from its hello when it says so), or
+    option ``rowsPerBranch`` when smaller."""
+    announced = conn.server_info.get("max_sink_branch_messages")
+    limit = announced if isinstance(announced, int) and announced > 0 else (
+        DEFAULT_SINK_BRANCH_ROWS)
+    return min(limit, options.rows_per_branch or limit)
 
 
 def write_branch(options: WriteOptions, sink_id: str, batch_id: int,
                  batches: Iterator[Any]) -> BranchCommitMessage:
-    """Send one task's rows in an XA branch and prepare it (runs in a worker)."""
+    """Send one task's rows in XA branches and prepare them (runs in a worker)."""
     partition, attempt, _ = _task_identity()
-    xid = sink_xid(sink_id, batch_id, partition, attempt)
     conn: Connection | None = None
-    xa: XAResource | None = None
-    ended = False
+    branches: TaskBranches | None = None
     rows = 0
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            if xa is None:
+            if conn is None:
                 conn = open_connection(options.url)
-                xa = conn.xa_resource()
-                xa.start(xid, TMNOFLAGS)
-            assert conn is not None
+                branches = TaskBranches(conn, sink_id, batch_id, partition, attempt,
+                                        _branch_limit(conn, options))
+            assert branches is not None
             for chunk in outgoing_chunks(batch):
-                conn.send_batch(options.queue, chunk.bodies, headers=chunk.headers,
-                                message_ids=chunk.message_ids)
-                rows += len(chunk.bodies)
-        if xa is None:
-            return BranchCommitMessage(None, 0, partition, attempt)
-        faults.point("sink.write", batch_id)  # sent, not prepared: the task fails
-        xa.end(xid, TMSUCCESS)
-        ended = True
-        vote = xa.prepare(xid)
-        xid_text = None if vote == XA_RDONLY else str(xid)
-        faults.point("sink.prepared", batch_id)  # an orphan prepared branch
-        return BranchCommitMessage(xid_text, rows, partition, attempt)
+                pending: OutgoingChunk | None = chunk
+                while pending is not None:
+                    part, pending = pending.split(branches.room())
+                    conn.send_batch(options.queue, part.bodies, headers=part.headers,
+                                    message_ids=part.message_ids)
+                    branches.sent(len(part.bodies))
+                    rows += len(part.bodies)
+        if branches is None:
+            return BranchCommitMessage([], 0, partition, attempt)
+        faults.point("sink.write", batch_id)  # sent, not all prepared: the task fails
+        branches.prepare()
+        faults.point("sink.prepared", batch_id)  # orphan prepared branches
+        return BranchCommitMessage([str(x) for x in branches.prepared], rows, partition,
+                                   attempt)
     except BaseException as exc:
-        if xa is not None:
-            _rollback_quietly(xa, xid, ended)
+        if branches is not None:
+            branches.rollback()
         if isinstance(exc, MessageTooLarge):
             raise SparkConnectorError(
                 f"column 'body': a row is too large for the broker (queue "
@@ -146,7 +209,7 @@ def write_branch(options: WriteOptions, sink_id: str, batch_id: int,
 def commit_batch(options: WriteOptions, sink_id: str, batch_id: int,
                  messages: list[WriterCommitMessage | None]) -> dict[str, Any]:
     """The driver's commit decision for one batch (``sink_commit``)."""
-    xids = [m.xid for m in messages if isinstance(m, BranchCommitMessage) and m.xid]
+    xids = [xid for m in messages if isinstance(m, BranchCommitMessage) for xid in m.xids]
     faults.point("sink.commit", batch_id)  # before the decision: Spark aborts
     conn = open_connection(options.url)
     try:
