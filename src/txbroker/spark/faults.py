@@ -5,8 +5,9 @@ docs/spark.md). A test sets ``TXBROKER_SPARK_FAULTS`` to a JSON file
 ``{"<point>": {"batch": n, "action": "raise" | "kill"}}``; Spark passes the
 environment on to its Python workers, so the file reaches the process where
 the step runs. Each fault fires once: firing creates ``<file>.<point>.fired``.
-``kill`` SIGKILLs the whole process group — the driver, its JVM and its
-workers — as a machine crash would.
+``kill`` SIGKILLs the process group of the session leader (a test starts the
+driver in a new session) and its own — the driver, its JVM and its workers —
+as a machine crash would.
 """
 
 from __future__ import annotations
@@ -40,5 +41,9 @@ def point(name: str, batch: int | None = None) -> None:
     except FileExistsError:
         return
     if plan.get("action") == "kill":
+        # Spark starts some Python processes in process groups of their own: kill the
+        # group of the session leader (the driver the test started with a new session,
+        # and its JVM), then our own
+        os.killpg(os.getsid(0), signal.SIGKILL)
         os.killpg(os.getpgid(0), signal.SIGKILL)
     raise InjectedFault(f"injected fault at {name} (batch {batch})")
