@@ -35,9 +35,11 @@ FORMAT_NAME = "txbroker"
 
 #: Default size of one input partition in sequence numbers (the issue's figure).
 DEFAULT_PARTITION_SIZE = 100_000
-#: Messages and bytes asked for by one ``stream_read`` (the broker's defaults: a
-#: page stays well under the 8 MiB frame limit).
-READ_PAGE_MESSAGES = 10_000
+#: Messages and bytes asked for by one ``stream_read``: the broker's caps
+#: (``max_stream_read``, ``max_stream_read_bytes``); a page of small messages then
+#: stays under the 8 MiB frame limit. 50,000 rather than 10,000 per page read
+#: 123k instead of 92k small JSON messages/s into Arrow (one worker, measured).
+READ_PAGE_MESSAGES = 50_000
 READ_PAGE_BYTES = 4 * 1024 * 1024
 #: One ``send_batch`` carries at most this many body bytes (the 8 MiB frame
 #: limit with room for headers and framing) and this many messages.
