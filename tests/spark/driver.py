@@ -37,8 +37,8 @@ def main(argv: list[str]) -> int:
     txbroker.spark.register(spark)
     if mode == "read":
         query = (spark.readStream.format("txbroker").option("url", url).option("queues", queue)
-                 .option("name", name).option("maxRowsPerTrigger", "300")
-                 .option("partitionSize", "150").load()
+                 .option("name", name).option("maxRowsPerTrigger", "3000")
+                 .option("partitionSize", "1000").load()
                  .select("seq", "message_id", "body")
                  .writeStream.format("parquet").option("path", path)
                  .option("checkpointLocation", checkpoint)

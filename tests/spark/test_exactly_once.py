@@ -76,7 +76,7 @@ def drivers() -> Iterator[list[Driver]]:
 
 
 class Producer(threading.Thread):
-    """Sends ``m-<n>`` (message id = body) in batches of 50 until stopped; a batch that
+    """Sends ``m-<n>`` (message id = body), 20 every 0.1 s, until stopped; a batch that
     fails (broker killed) is sent again with the same ids, so each is stored once."""
 
     def __init__(self, url: str, queue: str) -> None:
@@ -90,7 +90,7 @@ class Producer(threading.Thread):
         try:
             conn = txbroker.connect(self.url, timeout=60)
             while not self.halt.is_set():
-                ids = [f"m-{n}" for n in range(len(self.sent), len(self.sent) + 50)]
+                ids = [f"m-{n}" for n in range(len(self.sent), len(self.sent) + 20)]
                 while True:
                     try:
                         conn.send_batch(self.queue, [i.encode() for i in ids], message_ids=ids)
@@ -98,7 +98,7 @@ class Producer(threading.Thread):
                     except TxBrokerError:
                         time.sleep(0.2)  # the broker is restarting: the client fails over
                 self.sent += ids
-                time.sleep(0.05)
+                time.sleep(0.1)
             conn.close()
         except BaseException as exc:  # reported by the test
             self.error = exc
@@ -113,6 +113,7 @@ def wait_until(check: Any, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.timeout(900)
 def test_streaming_read_is_exactly_once_through_driver_and_broker_kills(
         tmp_path: Path, spark: Any, drivers: list[Driver]) -> None:
     broker = BrokerProcess(tmp_path / "data").start()
@@ -159,6 +160,7 @@ def test_streaming_read_is_exactly_once_through_driver_and_broker_kills(
     assert sorted(r["seq"] for r in rows) == list(range(1, len(sent) + 1))
 
 
+@pytest.mark.timeout(900)
 def test_streaming_write_is_exactly_once_through_failures_and_a_driver_kill(
         tmp_path: Path, drivers: list[Driver]) -> None:
     broker = BrokerProcess(tmp_path / "data").start()
