@@ -155,6 +155,7 @@ class ClientConnection(asyncio.Protocol):
             "session": self.session_id,
             "max_frame_size": self.server.config.max_frame_size,
             "max_message_size": self.server.config.limits.max_message_size,
+            "max_sink_branch_messages": self.server.config.limits.max_sink_branch_messages,
         }
 
     # ------------------------------------------------------------- output
