@@ -16,6 +16,7 @@ import base64
 import html
 import io
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -28,6 +29,9 @@ MIN_BUCKET_MS: Final = 100
 TOP_QUEUES: Final = 10
 #: Latency samples brought to the driver for the histogram.
 MAX_LATENCY_SAMPLES: Final = 100_000
+#: Labels of the two latency series.
+LOCAL_LATENCY: Final = "local: first send → commit"
+XA_LATENCY: Final = "xa: prepare → commit"
 #: Plot size in inches (matplotlib's unit) and resolution.
 FIGURE_SIZE: Final = (8.0, 3.6)
 FIGURE_DPI: Final = 96
@@ -57,58 +61,100 @@ def _empty(text: str) -> str:
     return f"<p class='empty'>{html.escape(text)}</p>"
 
 
-def throughput_plot(messages: Any) -> str:
-    """Messages sent per second over time, one line per (top) queue."""
+@dataclass
+class ReportData:
+    """The small aggregates the report is drawn from (gathered by :func:`gather`)."""
+
+    #: ``(queue, fate, count, first sent_ms, last sent_ms)``.
+    queue_fates: list[tuple[str, str, int, int | None, int | None]]
+    #: ``(kind, outcome, count)`` of the transactions table.
+    outcomes: list[tuple[str, str, int]]
+    #: Histogram series: label → milliseconds.
+    latencies: dict[str, list[int]]
+    #: ``queue → [(bucket, count)]`` of the top queues, and the bucket width.
+    buckets: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    bucket_ms: int = MIN_BUCKET_MS
+    #: The ``in_doubt`` rows.
+    operator_rows: list[Any] = field(default_factory=list)
+
+    def sent_bounds(self) -> tuple[int, int] | None:
+        """First and last send time over every message, if any has one."""
+        firsts = [row[3] for row in self.queue_fates if row[3] is not None]
+        lasts = [row[4] for row in self.queue_fates if row[4] is not None]
+        return (min(firsts), max(lasts)) if firsts and lasts else None
+
+    def top_queues(self) -> list[tuple[str, int]]:
+        """The queues with the most messages, most first."""
+        totals: dict[str, int] = {}
+        for queue, _fate, count, _lo, _hi in self.queue_fates:
+            totals[queue] = totals.get(queue, 0) + count
+        return sorted(totals.items(), key=lambda item: (-item[1], item[0]))[:TOP_QUEUES]
+
+
+def gather(tables: dict[str, Any]) -> ReportData:
+    """Four small Spark jobs (and the in-doubt rows): everything the report draws."""
     from pyspark.sql import functions as F
 
-    timed = messages.where(F.col("sent_ms").isNotNull())
-    bounds = timed.agg(F.min("sent_ms").alias("lo"), F.max("sent_ms").alias("hi")).first()
-    if bounds is None or bounds.lo is None:
+    messages, transactions = tables["messages"], tables["transactions"]
+    queue_fates = [
+        (row.queue, row.fate, row["count"], row.lo, row.hi)
+        for row in messages.groupBy("queue", "fate").agg(
+            F.count(F.lit(1)).alias("count"), F.min("sent_ms").alias("lo"),
+            F.max("sent_ms").alias("hi")).collect()
+    ]
+    outcomes = [(row.kind, row.outcome, row["count"]) for row in
+                transactions.groupBy("kind", "outcome").count().orderBy("kind", "outcome")
+                .collect()]
+    latencies: dict[str, list[int]] = {LOCAL_LATENCY: [], XA_LATENCY: []}
+    samples = (transactions
+               .select(F.when(F.col("kind") == "local", F.col("duration_ms"))
+                       .when(F.col("kind") == "xa", F.col("commit_latency_ms")).alias("ms"),
+                       "kind")
+               .where(F.col("ms").isNotNull()).limit(MAX_LATENCY_SAMPLES).collect())
+    for row in samples:
+        latencies[LOCAL_LATENCY if row.kind == "local" else XA_LATENCY].append(row.ms)
+    data = ReportData(queue_fates, outcomes, latencies,
+                      operator_rows=tables["in_doubt"].orderBy("position").collect())
+    bounds = data.sent_bounds()
+    if bounds is not None:
+        data.bucket_ms = max(MIN_BUCKET_MS, (bounds[1] - bounds[0]) // THROUGHPUT_BUCKETS + 1)
+        top = [queue for queue, _count in data.top_queues()]
+        for row in (messages.where(F.col("queue").isin(top) & F.col("sent_ms").isNotNull())
+                    .groupBy("queue", (F.col("sent_ms") / data.bucket_ms).cast("long")
+                             .alias("bucket"))
+                    .count().orderBy("queue", "bucket").collect()):
+            data.buckets.setdefault(row.queue, []).append((row.bucket, row["count"]))
+    return data
+
+
+def throughput_plot(data: ReportData) -> str:
+    """Messages sent per second over time, one line per (top) queue."""
+    bounds = data.sent_bounds()
+    if bounds is None or not data.buckets:
         return _empty("no message timestamps")
-    bucket_ms = max(MIN_BUCKET_MS, (bounds.hi - bounds.lo) // THROUGHPUT_BUCKETS + 1)
-    top = [row.queue for row in timed.groupBy("queue").count()
-           .orderBy(F.desc("count")).limit(TOP_QUEUES).collect()]
-    counts = (timed.where(F.col("queue").isin(top))
-              .groupBy("queue", (F.col("sent_ms") / bucket_ms).cast("long").alias("bucket"))
-              .count().orderBy("queue", "bucket").collect())
-    first_bucket = bounds.lo // bucket_ms
-    series: dict[str, tuple[list[float], list[float]]] = {}
-    for row in counts:
-        seconds, rates = series.setdefault(row.queue, ([], []))
-        seconds.append((row.bucket - first_bucket) * bucket_ms / 1000)
-        rates.append(row["count"] / (bucket_ms / 1000))
+    bucket_s = data.bucket_ms / 1000
+    first_bucket = bounds[0] // data.bucket_ms
     fig, axes = _figure()
-    for queue, (seconds, rates) in series.items():
-        axes.plot(seconds, rates, marker="o", label=queue)
-    axes.set_xlim(left=-bucket_ms / 1000)
+    for queue, points in data.buckets.items():
+        axes.plot([(bucket - first_bucket) * bucket_s for bucket, _ in points],
+                  [count / bucket_s for _, count in points], marker="o", label=queue)
+    axes.set_xlim(left=-bucket_s)
     axes.set_ylim(bottom=0)
-    axes.set_xlabel(f"seconds since {_ms_text(bounds.lo)} UTC")
+    axes.set_xlabel(f"seconds since {_ms_text(bounds[0])} UTC")
     axes.set_ylabel("messages / s")
-    axes.set_title(f"throughput per queue ({bucket_ms / 1000:g} s buckets)")
+    axes.set_title(f"throughput per queue ({bucket_s:g} s buckets)")
     axes.legend(fontsize="small")
     return _png(fig)
 
 
-def latency_plot(transactions: Any) -> str:
+def latency_plot(data: ReportData) -> str:
     """Histogram of transaction durations (local) and prepare→commit latency (XA)."""
-    from pyspark.sql import functions as F
-
-    series = {
-        "local: first send → commit": transactions.where(F.col("kind") == "local")
-        .select(F.col("duration_ms").alias("ms")),
-        "xa: prepare → commit": transactions.where(F.col("kind") == "xa")
-        .select(F.col("commit_latency_ms").alias("ms")),
-    }
-    fig, axes = _figure()
-    drawn = 0
-    for label, frame in series.items():
-        values = [row.ms for row in frame.where(F.col("ms").isNotNull())
-                  .limit(MAX_LATENCY_SAMPLES).collect()]
-        if values:
-            axes.hist(values, bins=min(50, max(5, len(values))), alpha=0.6, label=label)
-            drawn += 1
-    if not drawn:
+    series = {label: values for label, values in data.latencies.items() if values}
+    if not series:
         return _empty("no commit times in the journal")
+    fig, axes = _figure()
+    for label, values in series.items():
+        axes.hist(values, bins=min(50, max(5, len(values))), alpha=0.6, label=label)
     axes.set_xlabel("ms")
     axes.set_ylabel("transactions")
     axes.set_title("commit latency")
@@ -127,22 +173,21 @@ def _bar_plot(labels: list[str], values: list[int], title: str, ylabel: str) -> 
     return _png(fig)
 
 
-def outcomes_plot(transactions: Any, messages: Any) -> str:
+def outcomes_plot(data: ReportData) -> str:
     """Transaction outcomes by kind and message fates."""
-    tx = transactions.groupBy("kind", "outcome").count().orderBy("kind", "outcome").collect()
-    fates = messages.groupBy("fate").count().orderBy("fate").collect()
-    labels = [f"tx {r.kind}: {r.outcome}" for r in tx] + [f"msg: {r.fate}" for r in fates]
-    values = [r["count"] for r in tx] + [r["count"] for r in fates]
+    fates: dict[str, int] = {}
+    for _queue, fate, count, _lo, _hi in data.queue_fates:
+        fates[fate] = fates.get(fate, 0) + count
+    labels = [f"tx {kind}: {outcome}" for kind, outcome, _ in data.outcomes]
+    labels += [f"msg: {fate}" for fate in sorted(fates)]
+    values = [count for _, _, count in data.outcomes] + [fates[f] for f in sorted(fates)]
     return _bar_plot(labels, values, "outcomes", "count")
 
 
-def top_queues_plot(messages: Any) -> str:
+def top_queues_plot(data: ReportData) -> str:
     """The queues that received the most messages."""
-    from pyspark.sql import functions as F
-
-    rows = (messages.groupBy("queue").count().orderBy(F.desc("count"), "queue")
-            .limit(TOP_QUEUES).collect())
-    return _bar_plot([r.queue for r in rows], [r["count"] for r in rows],
+    top = data.top_queues()
+    return _bar_plot([queue for queue, _ in top], [count for _, count in top],
                      "top queues by messages", "messages")
 
 
@@ -152,9 +197,8 @@ def _ms_text(value: int | None) -> str:
     return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def operator_table(in_doubt: Any) -> str:
+def operator_table(rows: list[Any]) -> str:
     """Every branch that needs an operator, with the command that completes it."""
-    rows = in_doubt.orderBy("position").collect()
     if not rows:
         return _empty("no branch needs an operator")
     cells = []
@@ -184,16 +228,18 @@ img { max-width: 100%; }
 
 
 def write_report(tables: dict[str, Any], counts: dict[str, int], path: Path, *,
-                 data: Path) -> Path:
-    """Write ``report.html`` from the audit tables and their row counts; returns its path."""
+                 data: Path) -> ReportData:
+    """Write ``report.html`` from the audit tables and their row counts; returns what
+    it drew."""
     summary = "".join(f"<tr><th>{html.escape(k)}</th><td>{v:,}</td></tr>"
                       for k, v in counts.items())
+    gathered = gather(tables)
     sections = [
-        ("Branches that need an operator", operator_table(tables["in_doubt"])),
-        ("Throughput over time per queue", throughput_plot(tables["messages"])),
-        ("Commit latency", latency_plot(tables["transactions"])),
-        ("Outcomes", outcomes_plot(tables["transactions"], tables["messages"])),
-        ("Top queues", top_queues_plot(tables["messages"])),
+        ("Branches that need an operator", operator_table(gathered.operator_rows)),
+        ("Throughput over time per queue", throughput_plot(gathered)),
+        ("Commit latency", latency_plot(gathered)),
+        ("Outcomes", outcomes_plot(gathered)),
+        ("Top queues", top_queues_plot(gathered)),
     ]
     body = "".join(f"<h2>{html.escape(title)}</h2>{content}" for title, content in sections)
     generated = time.strftime("%Y-%m-%d %H:%M:%S %Z")
@@ -205,4 +251,4 @@ def write_report(tables: dict[str, Any], counts: dict[str, int], path: Path, *,
         "</body></html>"
     )
     path.write_text(page, encoding="utf-8")
-    return path
+    return gathered

@@ -23,7 +23,8 @@ XA_PREPARE, XA_COMMIT, XA_ROLLBACK and XA_HEURISTIC, MOVE's optional
 ``kind`` set and every decoded column null.
 
 A record's *position* is ``segment_id << 40 | offset``: one integer that sorts
-in log order (offsets fit 40 bits, as in a body ref).
+in log order (offsets fit 40 bits, as in a body ref; segment ids below 2**23 —
+8 million segments — keep it a positive int64, Spark's BIGINT).
 """
 
 from __future__ import annotations
