@@ -141,6 +141,10 @@ def main() -> None:
         warm = work / "warm"
         ingest_files(spark, lines, warm, args.count)
         ingest_broker(spark, broker.url, "warm-up", warm, 10_000, args.partition_size)
+        stream_write(spark, broker.url, bodies, warm, args.count, "warm-up-written")
+        with txbroker.connect(broker.url) as conn:
+            conn.delete_queue("warm-up")
+            conn.delete_queue("warm-up-written")
         shutil.rmtree(warm, ignore_errors=True)
         for rep in range(args.reps):
             queue = f"ingest-{rep}"

@@ -199,12 +199,14 @@ class Streams(XaEngine):
         if message_ids is not None and len(message_ids) != count:
             raise BadRequest("message_ids must be a list as long as bodies")
         limit = self.limits.max_message_size
-        for index, body in enumerate(bodies):
-            if not isinstance(body, bytes):
-                raise BadRequest(f"bodies[{index}] must be bytes")
-            if len(body) > limit:
-                raise MessageTooLarge(f"bodies[{index}] is {len(body)} bytes, above "
-                                      f"max_message_size ({limit}); nothing was sent")
+        if not set(map(type, bodies)) <= {bytes}:  # (map: no Python-level loop per body)
+            index = next(i for i, body in enumerate(bodies) if type(body) is not bytes)
+            raise BadRequest(f"bodies[{index}] must be bytes")
+        sizes = list(map(len, bodies))
+        if sizes and max(sizes) > limit:
+            index = next(i for i, size in enumerate(sizes) if size > limit)
+            raise MessageTooLarge(f"bodies[{index}] is {sizes[index]} bytes, above "
+                                  f"max_message_size ({limit}); nothing was sent")
         session = self.session(session_id)
         transaction = session.xa_work
         if transaction is not None:
@@ -214,7 +216,7 @@ class Streams(XaEngine):
         if not isinstance(dest, str) or (dest not in self.queues and dest not in self.topics):
             check_name(dest, "destination")
         targets = self._targets(dest, now)
-        total = sum(len(body) for body in bodies)
+        total = sum(sizes)
         for queue in targets:
             self._check_batch_room(queue, count, total, quota=transaction is None)
         made: list[Message] = []
@@ -231,7 +233,7 @@ class Streams(XaEngine):
             header = (headers[index] or None) if headers is not None else None
             for queue in targets:
                 ttl = queue.settings.default_ttl_ms
-                made.append(Message(next_id, queue.name, len(body), message_id, header, 4, now,
+                made.append(Message(next_id, queue.name, sizes[index], message_id, header, 4, now,
                                     now + ttl if ttl else 0, 0, 0,
                                     persistent and queue.durable, body))
                 next_id += 1

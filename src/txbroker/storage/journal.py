@@ -37,6 +37,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from types import TracebackType
 
@@ -285,11 +286,10 @@ class JournalStore:
             if count == 1:
                 refs = [segment << REF_SEGMENT_SHIFT | body << REF_LENGTH_BITS | body_bytes]
             else:
-                refs = []
                 base = segment << REF_SEGMENT_SHIFT
-                for length in lengths:
-                    refs.append(base | body << REF_LENGTH_BITS | length)
-                    body += length
+                starts = accumulate(lengths, initial=body)  # one more than lengths
+                refs = [base | start << REF_LENGTH_BITS | length
+                        for start, length in zip(starts, lengths, strict=False)]
             queue.items.append((segment, offset, size, kind, meta, bodies, refs, on_durable))
             if queue.writer_idle:
                 queue.wakeup.notify()
