@@ -296,19 +296,23 @@ class Queue:
         """Present messages with ``start <= seq < end`` (in seq order, at most
         ``max_count`` / about ``max_bytes``) and the seq to continue from."""
         assert self.seq_keys is not None
-        keys = self.seq_keys
+        keys, messages, name = self.seq_keys, self.seq_messages, self.name
         end = min(end, self.readable_seq)
         index = max(bisect_left(keys, start, self.seq_head), self.seq_head)
+        stop = bisect_left(keys, end, index) if index < len(keys) else index
         found: list[Message] = []
         size = 0
-        while index < len(keys) and keys[index] < end:
+        ready, delivered, held = State.READY, State.DELIVERED, State.HELD
+        for position in range(index, stop):  # (hot: _readable inlined)
+            message = messages[position]
+            state = message.state
+            if (message.queue != name or message.seq != keys[position]
+                    or not (state is ready or state is delivered or state is held)):
+                continue
             if len(found) >= max_count or (found and size >= max_bytes):
-                return found, keys[index]
-            message = self._readable(index)
-            if message is not None:
-                found.append(message)
-                size += message.size
-            index += 1
+                return found, keys[position]
+            found.append(message)
+            size += message.size
         return found, max(end, start)
 
     def below(self, end: int) -> list[Message]:
