@@ -123,3 +123,22 @@ def test_sink_commit_applies_atomically_and_replays() -> None:
     assert [b for _, b in seqs(h, "out")] == [b"p0-0", b"p0-1", b"p0-2", b"p1-0", b"p1-1",
                                               b"p1-2"]
     assert h.call("sink_commit", 1, 21, "s", 6, [], h.now)["committed"] is False
+
+
+def test_unsettled_runs_settle_in_and_out_of_order() -> None:
+    from txbroker.core.messages import Message
+    from txbroker.core.queues import Queue
+
+    queue = Queue("q")
+    first = [Message(i, "q", 1) for i in range(3)]
+    second = [Message(i, "q", 1) for i in range(3, 5)]
+    queue.assign_seqs(first)
+    queue.assign_seqs(second)  # joins the run: [1, 6)
+    assert [m.seq for m in first + second] == [1, 2, 3, 4, 5]
+    assert list(queue.unsettled) == [[1, 6]] and queue.readable_seq == 1
+    queue.settle(4)  # out of order (a failed record): the run splits
+    assert list(queue.unsettled) == [[1, 4], [5, 6]]
+    queue.settle(1, 3)
+    assert queue.readable_seq == 5
+    queue.settle(5)
+    assert not queue.unsettled and queue.readable_seq == 6 == queue.next_seq

@@ -165,11 +165,21 @@ class Engine:
     def _assign_seqs(self, messages: Iterable[Message]) -> None:
         """Messages about to be committed get their queue's next sequence numbers
         (in log order: called as their record is built)."""
-        queues = self.queues
+        run: list[Message] = []
         for message in messages:
-            queue = queues.get(message.queue)
-            if queue is not None and message.persistent:
-                queue.assign_seq(message)
+            if not message.persistent:
+                continue
+            if run and run[0].queue != message.queue:
+                self._assign_run(run)
+                run = []
+            run.append(message)
+        if run:
+            self._assign_run(run)
+
+    def _assign_run(self, run: list[Message]) -> None:
+        queue = self.queues.get(run[0].queue)
+        if queue is not None:
+            queue.assign_seqs(run)
 
     def _fail_group(self, adds: list[Message], replies: list[tuple[int, int, Any]],
                     error: BaseException) -> None:
@@ -403,27 +413,42 @@ class Engine:
         """:meth:`_apply_add` for many (hot: a group commit, a transaction, a branch):
         each queue is looked up once per run of messages and dispatched once."""
         queues, index = self.queues, self.messages
-        name: str | None = None
-        queue: Queue | None = None
         touched: dict[str, Queue] = {}
-        for message in messages:
-            if message.queue != name:
-                name = message.queue
-                queue = queues.get(name)
-                if queue is not None:
-                    touched[name] = queue
+        start, count = 0, len(messages)
+        while start < count:  # runs of messages of one queue (usually one run)
+            name = messages[start].queue
+            stop = start + 1
+            while stop < count and messages[stop].queue == name:
+                stop += 1
+            run = messages[start:stop] if start or stop < count else messages
+            start = stop
+            queue = queues.get(name)
             if queue is None:
-                self._forget(message)
+                for message in run:
+                    self._forget(message)
                 continue
-            queue.pending -= 1
-            queue.pending_bytes -= message.size
-            if message.seq:
-                queue.settle(message.seq)
-            if message.persistent:
-                message.body = None  # read back from the store on delivery
-            index[message.id] = message
-            queue.count_in(message)
-            queue.put(message, now)
+            touched[name] = queue
+            size = 0
+            first_seq, seqs = run[0].seq, 0
+            for message in run:
+                size += message.size
+                if message.seq:
+                    if message.seq == first_seq + seqs:
+                        seqs += 1
+                    else:
+                        queue.settle(message.seq)
+                if message.persistent:
+                    message.body = None  # read back from the store on delivery
+                index[message.id] = message
+                if message.expires_ms:
+                    queue.expiring += 1
+                queue.put(message, now)
+            if seqs:
+                queue.settle(first_seq, seqs)
+            queue.pending -= len(run)
+            queue.pending_bytes -= size
+            queue.messages += len(run)  # count_in, for the whole run
+            queue.bytes += size
         for queue in touched.values():
             self._dispatch(queue, now)
 

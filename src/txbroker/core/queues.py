@@ -138,7 +138,8 @@ class Queue:
         self.dups: dict[str, None] = {}  #: insertion-ordered duplicate-id window
         # -- offset reading (core/streams.py) -------------------------------
         self.next_seq = 1  #: the seq the next committed message gets (persisted)
-        self.unsettled: deque[int] = deque()  #: seqs whose record is not yet durable
+        #: runs ``[first, stop]`` of seqs whose record is not yet durable, in log order
+        self.unsettled: deque[list[int]] = deque()
         #: the seq index, built when a stream reader first needs it: seqs and the
         #: messages that had them (entries go stale when a message leaves)
         self.seq_keys: array[int] | None = None
@@ -237,29 +238,55 @@ class Queue:
         Called when its record is built (log order); the seq stays *unsettled*
         until the record is durable (:meth:`settle`), so readers never see past it.
         """
-        seq = self.next_seq
-        self.next_seq = seq + 1
-        message.seq = seq
-        self.unsettled.append(seq)
+        self.assign_seqs([message])
+        return message.seq
+
+    def assign_seqs(self, messages: list[Message]) -> None:
+        """:meth:`assign_seq` for a run of messages of this queue (one record)."""
+        first = self.next_seq
+        stop = first + len(messages)
+        for message, seq in zip(messages, range(first, stop), strict=True):
+            message.seq = seq
+        self.next_seq = stop
+        unsettled = self.unsettled
+        if unsettled and unsettled[-1][1] == first:
+            unsettled[-1][1] = stop
+        else:
+            unsettled.append([first, stop])
         if self.seq_keys is not None:
-            self.seq_keys.append(seq)
-            self.seq_messages.append(message)
+            self.seq_keys.extend(range(first, stop))
+            self.seq_messages.extend(messages)
             if len(self.seq_keys) - self.seq_head > 2 * (self.messages + self.pending) + 4096:
                 self._compact_index()
-        return seq
 
-    def settle(self, seq: int) -> None:
-        """The record that committed ``seq`` is durable (or failed)."""
+    def settle(self, seq: int, count: int = 1) -> None:
+        """The record that committed seqs ``seq`` … ``seq + count - 1`` is durable (or
+        failed). Records complete in log order, so this is nearly always the front."""
         unsettled = self.unsettled
-        if unsettled and unsettled[0] == seq:
-            unsettled.popleft()
-        elif seq in unsettled:
-            unsettled.remove(seq)
+        if unsettled and unsettled[0][0] == seq and seq + count <= unsettled[0][1]:
+            run = unsettled[0]
+            run[0] += count
+            if run[0] == run[1]:
+                unsettled.popleft()
+            return
+        for one in range(seq, seq + count):  # out of order (a failed record): split runs
+            for index, run in enumerate(unsettled):
+                if run[0] <= one < run[1]:
+                    if run[0] == one:
+                        run[0] += 1
+                    elif one == run[1] - 1:
+                        run[1] -= 1
+                    else:
+                        unsettled.insert(index + 1, [one + 1, run[1]])
+                        run[1] = one
+                    if run[0] >= run[1]:
+                        del unsettled[index]
+                    break
 
     @property
     def readable_seq(self) -> int:
         """One past the highest seq a reader may read: every lower one is durable."""
-        return self.unsettled[0] if self.unsettled else self.next_seq
+        return self.unsettled[0][0] if self.unsettled else self.next_seq
 
     def build_index(self, messages: Iterator[Message]) -> None:
         """Build the seq index from the queue's messages (any order)."""
