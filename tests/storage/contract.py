@@ -417,12 +417,13 @@ class StoreContractTests:
             assert [store.body_size(ref) for ref in ref_list] == [len(b) for b in bodies]
         every_ref = [ref for ref_list in refs for ref in ref_list]
         every_body = [body for _, _, bodies in entries for body in bodies]
-        assert store.read_bodies(every_ref) == every_body  # runs, gaps and all
-        assert store.read_bodies(every_ref[::-1]) == every_body[::-1]
+        assert store.read_bodies(every_ref).split() == every_body  # runs, gaps and all
+        assert store.read_bodies(every_ref[::-1]).split() == every_body[::-1]
+        assert store.read_bodies(every_ref).lengths == [len(b) for b in every_body]
         store.close()
         store, loop, recovered = self.open(factory)
         assert contents(store, recovered) == entries
-        assert store.read_bodies([r for e in recovered for r in e.refs]) == every_body
+        assert store.read_bodies([r for e in recovered for r in e.refs]).split() == every_body
         for entry, (_, _, bodies) in zip(recovered, entries, strict=True):
             assert [store.body_size(ref) for ref in entry.refs] == [len(b) for b in bodies]
         assert store.stats().live_bodies == sum(len(b) for _, _, b in entries)

@@ -12,6 +12,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txbroker.client._engine import Engine
+from txbroker.protocol.columns import (
+    I64,
+    U32,
+    check_page,
+    encode_page,
+    split_bodies,
+    unpack_ints,
+)
 from txbroker.xid import Xid
 
 T = TypeVar("T")
@@ -30,19 +38,76 @@ class StreamInfo:
 
 @dataclass(slots=True)
 class StreamChunk:
-    """One ``stream_read`` page, as columns (one entry per message, in seq order)."""
+    """One ``stream_read`` page, as packed columns (``protocol/columns.py``): one
+    entry per message, in seq order. The list properties unpack a column; the
+    Spark source builds Arrow arrays straight from the packed ones."""
 
     queue: str
     next: int  #: the seq to continue from (the range's end when it is done)
-    seqs: list[int]
-    message_ids: list[str | None]
-    headers: list[dict[str, str] | None]
-    timestamps: list[int]  #: ms since the epoch (when sent)
-    delivery_counts: list[int]
-    bodies: list[bytes]
+    count: int  #: messages in the page
+    seq_column: bytes  #: i64 little-endian per message
+    timestamp_column: bytes  #: i64 little-endian per message: ms since the epoch (sent)
+    delivery_count_column: bytes  #: u32 little-endian per message
+    body_lengths: bytes  #: u32 little-endian per message
+    body_data: bytes  #: the bodies back to back
+    message_id_list: list[str | None] | None = None  #: None: no message has an id
+    header_list: list[dict[str, str] | None] | None = None  #: None: no message has any
+
+    @classmethod
+    def from_page(cls, page: Any) -> StreamChunk:
+        """A received page map, checked (ProtocolError if malformed)."""
+        page = check_page(page)
+        return cls(page["queue"], page["next"], page["count"], page["seqs"],
+                   page["timestamps"], page["delivery_counts"], page["body_lengths"],
+                   page["bodies"], page["message_ids"], page["headers"])
+
+    @classmethod
+    def of(cls, queue: str, next_seq: int, *, seqs: Sequence[int], bodies: Sequence[bytes],
+           timestamps: Sequence[int] | None = None,
+           delivery_counts: Sequence[int] | None = None,
+           message_ids: Sequence[str | None] | None = None,
+           headers: Sequence[dict[str, str] | None] | None = None) -> StreamChunk:
+        """A page built from lists (tests, tools); missing columns are zeros/None."""
+        zeros = [0] * len(seqs)
+        return cls.from_page(encode_page(
+            queue, next_seq, seqs=seqs, timestamps=timestamps or zeros,
+            delivery_counts=delivery_counts or zeros,
+            message_ids=list(message_ids or [None] * len(seqs)),
+            headers=list(headers or [None] * len(seqs)),
+            body_data=b"".join(bodies), body_lengths=[len(b) for b in bodies]))
 
     def __len__(self) -> int:
-        return len(self.seqs)
+        return self.count
+
+    @property
+    def seqs(self) -> list[int]:
+        """The messages' sequence numbers."""
+        return unpack_ints(I64, self.seq_column).tolist()
+
+    @property
+    def timestamps(self) -> list[int]:
+        """When each message was sent (ms since the epoch)."""
+        return unpack_ints(I64, self.timestamp_column).tolist()
+
+    @property
+    def delivery_counts(self) -> list[int]:
+        """How often each message was delivered to a consumer before."""
+        return unpack_ints(U32, self.delivery_count_column).tolist()
+
+    @property
+    def message_ids(self) -> list[str | None]:
+        """Each message's id (None: it has none)."""
+        return self.message_id_list or [None] * self.count
+
+    @property
+    def headers(self) -> list[dict[str, str] | None]:
+        """Each message's headers (None: it has none)."""
+        return self.header_list or [None] * self.count
+
+    @property
+    def bodies(self) -> list[bytes]:
+        """The bodies as separate objects."""
+        return split_bodies(self.body_data, unpack_ints(U32, self.body_lengths))
 
 
 def _info(result: dict[str, Any]) -> StreamInfo:
@@ -93,9 +158,7 @@ class AsyncStreamMixin:
                                 "max": max_messages, "max_bytes": max_bytes}
         if name is not None:
             args["name"] = name
-        r = await self._stream_call("stream_read", args)
-        return StreamChunk(r["queue"], int(r["next"]), r["seqs"], r["message_ids"], r["headers"],
-                           r["timestamps"], r["delivery_counts"], r["bodies"])
+        return StreamChunk.from_page(await self._stream_call("stream_read", args))
 
     async def stream_commit(self, queue: str, name: str, end: int) -> int:
         """Consume every message of ``queue`` below seq ``end`` (idempotent); returns how

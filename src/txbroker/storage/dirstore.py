@@ -85,6 +85,7 @@ from txbroker.storage.interface import (
     BodyRef,
     Dispatch,
     DurableCallback,
+    PackedBodies,
     Relocation,
     SnapshotProvider,
     StoredEntry,
@@ -389,9 +390,9 @@ class DirStore:
         """The body length of message ``ref`` (no I/O); KeyError if unknown."""
         return self._index[ref].size
 
-    def read_bodies(self, refs: Sequence[BodyRef]) -> list[bytes]:
-        """``read_body`` of each ref."""
-        return [self.read_body(ref) for ref in refs]
+    def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
+        """``read_body`` of each ref, packed."""
+        return PackedBodies.of([self.read_body(ref) for ref in refs])
 
     def read_body(self, ref: BodyRef) -> bytes:
         """A stored body: from the cache, the writer's queue, or the message file.

@@ -159,7 +159,7 @@ def decode_operation(kind: int, meta: bytes, bodies: list[bytes]) -> Operation:
             for definition in value["queues"].values():
                 _definition(definition)
             op.snapshot = value
-        elif kind == Kind.RELOCATE:
+        elif kind in (Kind.RELOCATE, Kind.RELOCATE_MANY):
             raise ValueError("the dir store never asks for relocation (RELOCATE)")
         else:
             raise ValueError(f"the dir store does not know record kind {kind}")

@@ -44,7 +44,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from txbroker.protocol.columns import split_bodies
 
 #: Opaque handle to a stored body. Only the store that issued it interprets it.
 BodyRef = int
@@ -57,6 +59,27 @@ Dispatch = Callable[[Callable[[], None]], None]
 
 #: Returns the ``(kind, meta)`` of a metadata snapshot: written first in each new segment.
 SnapshotProvider = Callable[[], tuple[int, bytes]]
+
+
+class PackedBodies(NamedTuple):
+    """Many bodies back to back: what :meth:`Store.read_bodies` returns.
+
+    A stream reader's page goes on the wire as ``data`` and ``lengths``
+    (``protocol/native.py``), so a store that keeps neighbouring bodies
+    contiguous can hand over whole runs without cutting them into objects.
+    """
+
+    data: bytes  #: the bodies, concatenated in the order of the refs
+    lengths: list[int]  #: the length of each body
+
+    @classmethod
+    def of(cls, bodies: Sequence[bytes]) -> PackedBodies:
+        """Pack bodies that are already separate objects."""
+        return cls(b"".join(bodies), [len(body) for body in bodies])
+
+    def split(self) -> list[bytes]:
+        """The bodies as separate objects."""
+        return split_bodies(self.data, self.lengths)
 
 
 class SyncMode:
@@ -122,9 +145,10 @@ class Store(Protocol):
         """Read a stored body back (from cache or disk)."""
         ...
 
-    def read_bodies(self, refs: Sequence[BodyRef]) -> list[bytes]:
-        """Read many bodies back (a stream reader's page): like ``read_body`` for
-        each, but a store may read neighbours at once and skip its cache."""
+    def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
+        """Read many bodies back (a stream reader's page), packed back to back: like
+        ``read_body`` for each, but a store may read neighbours at once and skip its
+        cache."""
         ...
 
     def body_size(self, ref: BodyRef) -> int:

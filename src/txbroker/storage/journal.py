@@ -37,7 +37,8 @@ import os
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, compress, repeat
+from operator import add, and_, ne, rshift
 from pathlib import Path
 from types import TracebackType
 
@@ -46,6 +47,7 @@ from txbroker.storage.interface import (
     BodyRef,
     Dispatch,
     DurableCallback,
+    PackedBodies,
     Relocation,
     SnapshotProvider,
     StoredEntry,
@@ -59,6 +61,7 @@ from txbroker.storage.journal_format import (
     MAX_ENTRY_SIZE,
     MAX_KIND,
     REF_LENGTH_BITS,
+    REF_OFFSET_BITS,
     REF_SEGMENT_SHIFT,
     SEGMENT_HEADER,
     segment_name,
@@ -80,6 +83,8 @@ from txbroker.storage.journal_writer import (
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 log = logging.getLogger("txbroker.journal")
+_REF_LENGTH_MASK = (1 << REF_LENGTH_BITS) - 1
+_REF_OFFSET_MASK = (1 << REF_OFFSET_BITS) - 1
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size
 
 MiB = 1024 * 1024
@@ -87,8 +92,6 @@ MiB = 1024 * 1024
 #: segments; a 64 MiB segment replays in about 0.2 s and reclaims space in
 #: reasonable steps.
 DEFAULT_SEGMENT_SIZE = 64 * MiB
-#: ``read_bodies`` reads neighbouring bodies with one ``pread`` of at most this much.
-READ_RUN_BYTES = 1 * MiB
 #: Smallest segment size accepted (tests use tiny segments to force rolls).
 MIN_SEGMENT_SIZE = 1024
 #: Largest segment size: body offsets in a ref have 40 bits; 4 GiB keeps far below.
@@ -342,33 +345,35 @@ class JournalStore:
         """The body length packed in ``ref`` (no I/O)."""
         return ref & ((1 << REF_LENGTH_BITS) - 1)
 
-    def read_bodies(self, refs: Sequence[BodyRef]) -> list[bytes]:
-        """Many bodies: runs of refs that lie back to back in one segment (the sends of
-        one record) are read with one ``pread`` of up to :data:`READ_RUN_BYTES`, and
-        the cache is neither searched nor filled for them (a stream reader's scan
-        would only push the hot bodies out)."""
-        found: list[bytes] = []
-        count, index = len(refs), 0
-        while index < count:
-            segment, start, length = unpack_ref(refs[index])
-            end, stop = start + length, index + 1
-            while stop < count and end - start < READ_RUN_BYTES:
-                next_segment, offset, size = unpack_ref(refs[stop])
-                if next_segment != segment or offset != end:
-                    break
-                end += size
-                stop += 1
+    def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
+        """Many bodies, packed: each run of refs that lie back to back in one segment
+        (the sends of one record) is read with one ``pread`` and handed over as
+        read, without cutting it into objects; the cache is neither searched nor
+        filled (a stream reader's scan would only push the hot bodies out). The
+        caller bounds the total (a ``stream_read`` page)."""
+        # A ref is segment << 72 | offset << 32 | length, so ``ref >> 32`` is the
+        # body's position (segment and offset) and a run goes on where the next
+        # body's position is this one's position + length. The runs are found
+        # with C-level maps: no Python work per body.
+        count = len(refs)
+        lengths = list(map(and_, refs, repeat(_REF_LENGTH_MASK, count)))
+        starts = list(map(rshift, refs, repeat(REF_LENGTH_BITS, count)))
+        ends = list(map(add, starts, lengths))
+        breaks = list(compress(range(1, count), map(ne, ends, starts[1:])))
+        parts: list[bytes] = []
+        for low, high in zip([0, *breaks], [*breaks, count], strict=True):
+            if high <= low:
+                continue
+            position, size = starts[low], ends[high - 1] - starts[low]
+            segment = position >> REF_OFFSET_BITS
             data = None
-            if stop - index > 1 and segment in self._segments:
-                data = self._pread(segment, start, end - start)
-            if data is None or len(data) != end - start:
-                found.extend(self.read_body(ref) for ref in refs[index:stop])
+            if segment in self._segments:
+                data = self._pread(segment, position & _REF_OFFSET_MASK, size)
+            if data is None:  # not on disk as expected: the careful way, body by body
+                parts.extend(self.read_body(ref) for ref in refs[low:high])
             else:
-                for ref in refs[index:stop]:
-                    _, offset, size = unpack_ref(ref)
-                    found.append(data[offset - start:offset - start + size])
-            index = stop
-        return found
+                parts.append(data)
+        return PackedBodies(b"".join(parts), lengths)
 
     def read_body(self, ref: BodyRef) -> bytes:
         """A stored body, from the cache or with one ``pread``.

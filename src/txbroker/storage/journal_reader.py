@@ -19,8 +19,8 @@ flat row of plain Python values (the columns of the ``txbroker-journal``
 Spark source). It accepts every shape ``storage/records.py`` has had: the
 9- and 10-field ``msg`` tuple (``seq``), optional trailing times on TX,
 XA_PREPARE, XA_COMMIT, XA_ROLLBACK and XA_HEURISTIC, MOVE's optional
-``[seq…]``, and kind 16 SINK_COMMIT. A kind it does not know gives a row with
-``kind`` set and every decoded column null.
+``[seq…]``, and kinds 16 SINK_COMMIT and 17 RELOCATE_MANY. A kind it does not
+know gives a row with ``kind`` set and every decoded column null.
 
 A record's *position* is ``segment_id << 40 | offset``: one integer that sorts
 in log order (offsets fit 40 bits, as in a body ref; segment ids below 2**23 —
@@ -254,6 +254,10 @@ def _tx(row: dict[str, Any], meta: list[Any], lengths: tuple[int, ...]) -> None:
     row["time_ms"] = _time(_opt(meta, 2))
 
 
+def _relocate_many(row: dict[str, Any], meta: list[Any], lengths: tuple[int, ...]) -> None:
+    row["messages"] = _messages(meta, lengths)
+
+
 def _ack(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
     row["ids"] = [int(i) for i in meta]
 
@@ -322,6 +326,7 @@ _DECODERS: Final[dict[int, Callable[[dict[str, Any], Any, tuple[int, ...]], None
     Kind.UPDATE: _update, Kind.RELOCATE: _add, Kind.XA_PREPARE: _xa_prepare,
     Kind.XA_COMMIT: _xa_commit, Kind.XA_ROLLBACK: _xa_rollback,
     Kind.XA_HEURISTIC: _xa_heuristic, Kind.XA_FORGET: _xa_forget, SINK_COMMIT: _sink_commit,
+    Kind.RELOCATE_MANY: _relocate_many,
 }
 
 

@@ -36,6 +36,7 @@ from txbroker.storage.interface import (
     BodyRef,
     Dispatch,
     DurableCallback,
+    PackedBodies,
     Relocation,
     SnapshotProvider,
     StoredEntry,
@@ -142,9 +143,9 @@ class MemoryStore:
             self._run(self._group_sync)
         return refs
 
-    def read_bodies(self, refs: Sequence[BodyRef]) -> list[bytes]:
-        """``read_body`` of each ref."""
-        return [self.read_body(ref) for ref in refs]
+    def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
+        """``read_body`` of each ref, packed."""
+        return PackedBodies.of([self.read_body(ref) for ref in refs])
 
     def read_body(self, ref: BodyRef) -> bytes:
         """The body; ``KeyError`` if it was reclaimed or never existed."""

@@ -49,6 +49,9 @@ kind  name            meta                                                bodies
                       Spark sink's commit (core/streams.py): commits the
                       listed prepared branches, rolls back the others and
                       sets the sink's last committed batch id, atomically
+17    RELOCATE_MANY   ``[msg…]`` — fresh copies of many live messages       n
+                      written by compaction in one entry (bodies in
+                      ``msg`` order); each replayed like RELOCATE
 ====  ==============  ==================================================  ======
 
 Times and seqs (added with offset reading; replay accepts records without
@@ -110,6 +113,7 @@ class Kind(IntEnum):
     XA_HEURISTIC = 14
     XA_FORGET = 15
     SINK_COMMIT = 16
+    RELOCATE_MANY = 17
 
 
 #: Positions in the ``msg`` tuple.
