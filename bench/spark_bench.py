@@ -135,12 +135,13 @@ def main() -> None:
         bodies = work / "bodies"
         spark.read.text(str(lines)).withColumnRenamed("value", "body") \
             .repartition(args.cores).write.parquet(str(bodies))
-        # warm up: the JVM's code paths and Spark's Python workers (the first batch of a
-        # session costs 10-15 s more); not counted
+        # warm up: the JVM's code paths and Spark's Python workers, one per core (the
+        # first batch of a session costs 10-15 s more; a worker's first task about
+        # 1 s); not counted
         fill(broker.url, "warm-up", 10_000)
         warm = work / "warm"
         ingest_files(spark, lines, warm, args.count)
-        ingest_broker(spark, broker.url, "warm-up", warm, 10_000, args.partition_size)
+        ingest_broker(spark, broker.url, "warm-up", warm, 10_000, 10_000 // (2 * args.cores))
         stream_write(spark, broker.url, bodies, warm, args.count, "warm-up-written")
         with txbroker.connect(broker.url) as conn:
             conn.delete_queue("warm-up")

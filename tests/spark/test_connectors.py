@@ -119,7 +119,7 @@ def test_options_name_what_is_wrong() -> None:
 
 
 def test_arrow_batches_from_a_page() -> None:
-    from types import SimpleNamespace
+    from txbroker.client.streams import StreamChunk
 
     schema = pa.schema([
         ("queue", pa.string()), ("seq", pa.int64()), ("message_id", pa.string()),
@@ -127,19 +127,34 @@ def test_arrow_batches_from_a_page() -> None:
         ("headers", pa.map_(pa.string(), pa.string())),
         ("timestamp", pa.timestamp("us", tz="UTC")), ("redelivered", pa.bool_()),
     ])
-    chunk = SimpleNamespace(
-        seqs=[1, 2, 3], message_ids=["a", None, "c"],
+    chunk = StreamChunk.of(
+        "q", 4, seqs=[1, 2, 3], message_ids=["a", None, "c"],
         headers=[{"key": "k"}, None, {"x": "y"}], timestamps=[1000, 2000, 3000],
         delivery_counts=[0, 2, 0],
         bodies=[b'{"id": 1, "name": "one"}', b"not json", b'{"id": 3}'])
     batch = BatchBuilder(schema, "json").build("q", chunk)
     assert batch.schema.equals(schema)
     rows = batch.to_pylist()
+    assert [r["seq"] for r in rows] == [1, 2, 3]
+    assert [r["message_id"] for r in rows] == ["a", None, "c"]
     assert [r["body"] for r in rows] == [{"id": 1, "name": "one"}, None,
                                          {"id": 3, "name": None}]
     assert [r["key"] for r in rows] == ["k", None, None]
     assert [r["redelivered"] for r in rows] == [False, True, False]
-    assert rows[2]["headers"] == [("x", "y")]
+    assert [r["timestamp"].timestamp() for r in rows] == [1.0, 2.0, 3.0]
+    assert rows[2]["headers"] == [("x", "y")] and rows[1]["headers"] == []
+    # a page of plain bodies: no ids, no headers; binary, text and JSON lines
+    plain = StreamChunk.of("q", 9, seqs=[7, 8], bodies=[b'{"id": 7}', b'{"id": 8, "x": [1]}'])
+    rows = BatchBuilder(schema, "json").build("q", plain).to_pylist()
+    assert [(r["seq"], r["body"], r["message_id"], r["headers"]) for r in rows] == [
+        (7, {"id": 7, "name": None}, None, []), (8, {"id": 8, "name": None}, None, [])]
+    multi = StreamChunk.of("q", 3, seqs=[1, 2], bodies=[b'{"id":\n 1}', b""])
+    assert [r["body"] for r in BatchBuilder(schema, "json").build("q", multi).to_pylist()] == [
+        {"id": 1, "name": None}, None]
+    text_schema = schema.set(schema.get_field_index("body"), pa.field("body", pa.string()))
+    rows = BatchBuilder(text_schema, "text").build(
+        "q", StreamChunk.of("q", 3, seqs=[1, 2], bodies=["zürich".encode(), b"\xff"])).to_pylist()
+    assert [r["body"] for r in rows] == ["zürich", "\ufffd"]
 
 
 def test_outgoing_chunks_stay_under_the_frame() -> None:
@@ -215,6 +230,29 @@ def test_json_format_with_schema(spark: Any, broker: BrokerProcess) -> None:
     text = (spark.read.format("txbroker").option("url", url).option("queues", "events")
             .option("format", "text").load().orderBy("seq").collect())
     assert text[-1].body == "{broken"
+
+
+def test_columns_option_chooses_and_orders_the_columns(spark: Any, broker: BrokerProcess,
+                                                       tmp_path: Path) -> None:
+    url = broker.url
+    fill(url, "picked", 4, json_bodies=True)
+    df = (spark.read.format("txbroker").option("url", url).option("queues", "picked")
+          .option("columns", "seq, body,key").option("format", "json")
+          .option("jsonSchema", "id long").load())
+    assert df.schema.simpleString() == "struct<seq:bigint,body:struct<id:bigint>,key:string>"
+    assert [tuple(r) for r in df.orderBy("seq").collect()] == [
+        (i + 1, (i,), f"k{i % 3}") for i in range(4)]
+    out, checkpoint = tmp_path / "out", tmp_path / "cp"
+    run_available_now(stream(spark, url, "picked", name="picked-copy", columns="headers,seq"),
+                      checkpoint, out)
+    rows = spark.read.parquet(str(out)).orderBy("seq").collect()
+    assert [r.seq for r in rows] == [1, 2, 3, 4]
+    assert rows[0].headers == {"key": "k0", "h": "0"}
+    with pytest.raises(Exception, match="option 'columns': 'payload' is not a column"):
+        (spark.read.format("txbroker").option("url", url).option("queues", "picked")
+         .option("columns", "seq,payload").load().collect())
+    with pytest.raises(SparkConnectorError, match="names a column twice"):
+        ReadOptions.parse({"url": url, "queues": "picked", "columns": "seq,seq"})
 
 
 # -- writes ----------------------------------------------------------------------------

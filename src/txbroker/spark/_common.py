@@ -62,6 +62,42 @@ BODY_FORMATS = ("binary", "text", "json")
 MAX_SINK_ID_BYTES = MAX_SINK_ID
 
 
+#: The message header that becomes the ``key`` column.
+KEY_HEADER = "key"
+#: The source's columns in order, with their Spark types (``body``'s follows option
+#: ``format``, see :func:`body_ddl`).
+SOURCE_COLUMNS: dict[str, str] = {
+    "queue": "string",
+    "seq": "long",
+    "message_id": "string",
+    "key": "string",
+    "body": "binary",
+    "headers": "map<string,string>",
+    "timestamp": "timestamp",
+    "redelivered": "boolean",
+}
+
+
+def body_ddl(body_format: str, json_schema: str | None) -> str:
+    """The Spark type of the ``body`` column for option ``format``."""
+    if body_format == "text":
+        return "string"
+    if body_format == "json":
+        assert json_schema is not None
+        text = json_schema.strip()
+        return text if text.lower().startswith("struct<") else f"struct<{text}>"
+    return "binary"
+
+
+def source_ddl(body_format: str, json_schema: str | None,
+               columns: tuple[str, ...] = tuple(SOURCE_COLUMNS)) -> str:
+    """The output schema as a DDL string (Spark parses it on the JVM side): the
+    given columns, in that order."""
+    return ", ".join(
+        f"{name} {body_ddl(body_format, json_schema) if name == 'body' else SOURCE_COLUMNS[name]}"
+        for name in columns)
+
+
 class SparkConnectorError(TxBrokerError, ValueError):
     """Bad input to a txbroker Spark connector: a missing or wrong option, an
     unknown queue, refused credentials, a column the sink cannot write. The
@@ -126,6 +162,24 @@ def queue_list(options: Mapping[str, str]) -> list[str]:
     return names
 
 
+def column_list(options: Mapping[str, str]) -> tuple[str, ...]:
+    """The ``columns`` option: which source columns to produce, in that order (all
+    when absent). Spark gives Python data sources no column pruning, and every
+    column a query drops still costs a conversion per row on the JVM side."""
+    raw = _clean(options.get("columns"))
+    if raw is None:
+        return tuple(SOURCE_COLUMNS)
+    names = [part.strip().lower() for part in raw.split(",")]
+    for name in names:
+        if name not in SOURCE_COLUMNS:
+            raise SparkConnectorError(
+                f"option 'columns': {name!r} is not a column of the source; it has "
+                f"{', '.join(SOURCE_COLUMNS)}")
+    if len(set(names)) != len(names):
+        raise SparkConnectorError(f"option 'columns' names a column twice: {raw!r}")
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """The checked options of a read (batch or streaming)."""
@@ -138,6 +192,7 @@ class ReadOptions:
     partition_size: int
     max_rows_per_trigger: int | None
     consume: bool
+    columns: tuple[str, ...] = tuple(SOURCE_COLUMNS)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -166,6 +221,7 @@ class ReadOptions:
             partition_size=partition_size,
             max_rows_per_trigger=int_option(options, "maxRowsPerTrigger", None),
             consume=consume,
+            columns=column_list(options),
         )
 
 

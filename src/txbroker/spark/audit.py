@@ -8,7 +8,7 @@ row per record, cached) and derives five tables, written as Parquet under
 Every decision follows the broker's own replay rules (``core/recovery.py``):
 
 * **messages** — one row per message ever added: from ADD, TX and (when its
-  ADD's segment is gone) RELOCATE records, and the sends of prepared XA
+  ADD's segment is gone) RELOCATE / RELOCATE_MANY records, and the sends of prepared XA
   branches. Its *fate* is the first terminal event after it: ``consumed`` (an
   ack in TX/ACK, or consumed by a committed XA branch), ``dropped`` (DROP with
   its reason, a discard at XA commit, or a deleted queue), else
@@ -317,7 +317,8 @@ def _added(records: Any, branches: Any) -> Any:
 
     kind = F.col("kind")
     plain = (
-        records.where(kind.isin(int(Kind.ADD), int(Kind.TX), int(Kind.RELOCATE)))
+        records.where(kind.isin(int(Kind.ADD), int(Kind.TX), int(Kind.RELOCATE),
+                                int(Kind.RELOCATE_MANY)))
         .select("position", "kind_name", F.explode("messages").alias("m"),
                 F.lit(None).cast("string").alias("xid"))
     )

@@ -22,21 +22,26 @@ wrong column fails the query before anything is sent.
 
 from __future__ import annotations
 
-import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.compute as pc  # type: ignore[import-untyped]
 import pyarrow.json as pa_json  # type: ignore[import-untyped]
 
-from txbroker.spark._common import SEND_CHUNK_BYTES, SEND_CHUNK_MESSAGES, SparkConnectorError
+from txbroker.client.streams import StreamChunk
+from txbroker.spark._common import (
+    KEY_HEADER,
+    SEND_CHUNK_BYTES,
+    SEND_CHUNK_MESSAGES,
+    SOURCE_COLUMNS,
+    SparkConnectorError,
+)
 
-#: The columns before and after ``body``, in DDL (``body`` goes between them).
-_HEAD_DDL = "queue string, seq long, message_id string, key string"
-_TAIL_DDL = "headers map<string,string>, timestamp timestamp, redelivered boolean"
-#: The message header that becomes the ``key`` column.
-KEY_HEADER = "key"
+#: The byte that JSON parsing puts after each body to make JSON lines of a page.
+_NEWLINE = ord("\n")
 
 #: Columns the sink accepts, with the Spark type names they may have.
 SINK_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -47,124 +52,136 @@ SINK_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
-def body_ddl(body_format: str, json_schema: str | None) -> str:
-    """The Spark type of the ``body`` column for option ``format``."""
-    if body_format == "text":
-        return "string"
-    if body_format == "json":
-        assert json_schema is not None
-        text = json_schema.strip()
-        return text if text.lower().startswith("struct<") else f"struct<{text}>"
-    return "binary"
-
-
-def source_ddl(body_format: str, json_schema: str | None) -> str:
-    """The whole output schema as a DDL string (Spark parses it on the JVM side)."""
-    return f"{_HEAD_DDL}, body {body_ddl(body_format, json_schema)}, {_TAIL_DDL}"
-
-
 # -- read side ---------------------------------------------------------------------
 
 
-@dataclass
-class ChunkColumns:
-    """The list columns of one ``stream_read`` page (``StreamChunk``'s shape)."""
+#: numpy dtypes of the packed (little-endian) page columns.
+_I64 = np.dtype("<i8")
+_U32 = np.dtype("<u4")
 
-    seqs: Sequence[int]
-    message_ids: Sequence[str | None]
-    headers: Sequence[dict[str, str] | None]
-    timestamps: Sequence[int]
-    delivery_counts: Sequence[int]
-    bodies: Sequence[bytes]
+
+def _packed(data: bytes, dtype: Any) -> Any:
+    """An Arrow array over a packed column (no copy on a little-endian host)."""
+    return pa.array(np.frombuffer(data, dtype=dtype))
+
+
+def packed_bodies(count: int, lengths: bytes, data: bytes) -> Any:
+    """A ``BinaryArray`` over bodies packed back to back (offsets from their lengths)."""
+    offsets = np.zeros(count + 1, dtype=np.int32)
+    np.cumsum(np.frombuffer(lengths, dtype=_U32), dtype=np.int32, out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), count,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 class BatchBuilder:
     """Builds Arrow record batches of the output schema from stream pages.
 
     ``arrow_schema`` is ``to_arrow_schema(schema, timezone="UTC")`` of the
-    schema Spark gave the reader (built by the caller, which imports pyspark).
+    schema Spark gave the reader (built by the caller, which imports pyspark):
+    the source's columns that option ``columns`` chose, in that order. Only
+    those are built. A page's packed columns become Arrow arrays without
+    per-row Python work, except for pages whose messages carry ids or headers.
     """
 
     def __init__(self, arrow_schema: Any, body_format: str) -> None:
         self.schema = arrow_schema
         self.body_format = body_format
-        self.body_type = arrow_schema.field("body").type
-        self.headers_type = arrow_schema.field("headers").type
-        self.timestamp_type = arrow_schema.field("timestamp").type
+        self._makers: list[tuple[Callable[[str, StreamChunk], Any], Any]] = []
+        for field in arrow_schema:
+            maker = getattr(self, f"_{field.name}", None)
+            if field.name not in SOURCE_COLUMNS or maker is None:
+                raise SparkConnectorError(
+                    f"column {field.name!r} is not a column of the txbroker source; it has "
+                    f"{', '.join(SOURCE_COLUMNS)}")
+            self._makers.append((maker, field.type))
 
-    def build(self, queue: str, chunk: Any) -> Any:
+    def build(self, queue: str, chunk: StreamChunk) -> Any:
         """One ``pyarrow.RecordBatch`` for the messages of ``chunk`` (may be empty)."""
-        count = len(chunk.seqs)
-        if any(chunk.headers):
-            headers_list = [h or {} for h in chunk.headers]
-            keys = pa.array([h.get(KEY_HEADER) for h in headers_list], pa.string())
-            headers = self._headers(headers_list)
-        else:  # no message of the page has headers (the common case): no per-row work
-            keys = pa.nulls(count, pa.string())
-            headers = pa.MapArray.from_arrays(
-                pa.array([0] * (count + 1), pa.int32()), pa.array([], pa.string()),
-                pa.array([], pa.string()), type=self.headers_type)
-        columns = {
-            "queue": pa.repeat(pa.scalar(queue, pa.string()), count),
-            "seq": pa.array(chunk.seqs, pa.int64()),
-            "message_id": pa.array(chunk.message_ids, pa.string()),
-            "key": keys,
-            "body": self._bodies(chunk.bodies),
-            "headers": headers,
-            "timestamp": pa.array(chunk.timestamps, pa.int64())
-            .cast(pa.timestamp("ms", tz="UTC"))
-            .cast(self.timestamp_type),
-            "redelivered": pa.array([n > 0 for n in chunk.delivery_counts], pa.bool_()),
-        }
-        arrays = [columns[name].cast(self.schema.field(name).type)
-                  for name in self.schema.names]
+        arrays = [maker(queue, chunk).cast(arrow_type) for maker, arrow_type in self._makers]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def _bodies(self, bodies: Sequence[bytes]) -> Any:
-        binary = pa.array(bodies, pa.binary())
+    # -- one method per column -----------------------------------------------------
+
+    def _queue(self, queue: str, chunk: StreamChunk) -> Any:
+        return pa.repeat(pa.scalar(queue, pa.string()), chunk.count)
+
+    def _seq(self, queue: str, chunk: StreamChunk) -> Any:
+        return _packed(chunk.seq_column, _I64)
+
+    def _message_id(self, queue: str, chunk: StreamChunk) -> Any:
+        if chunk.message_id_list is None:
+            return pa.nulls(chunk.count, pa.string())
+        return pa.array(chunk.message_id_list, pa.string())
+
+    def _key(self, queue: str, chunk: StreamChunk) -> Any:
+        if chunk.header_list is None:
+            return pa.nulls(chunk.count, pa.string())
+        return pa.array([(h or {}).get(KEY_HEADER) for h in chunk.header_list], pa.string())
+
+    def _body(self, queue: str, chunk: StreamChunk) -> Any:
+        binary = packed_bodies(chunk.count, chunk.body_lengths, chunk.body_data)
         if self.body_format == "text":
             try:
                 return binary.cast(pa.string())
             except pa.ArrowInvalid:  # not UTF-8: decode row by row, replacing bad bytes
-                return pa.array([b.decode("utf-8", "replace") for b in bodies], pa.string())
+                return pa.array([b.decode("utf-8", "replace") for b in binary.to_pylist()],
+                                pa.string())
         if self.body_format == "json":
-            return parse_json_bodies(bodies, self.body_type)
+            return parse_json_bodies(binary, self.schema.field("body").type)
         return binary
 
-    def _headers(self, headers_list: list[dict[str, str]]) -> Any:
+    def _headers(self, queue: str, chunk: StreamChunk) -> Any:
+        map_type = self.schema.field("headers").type
+        if chunk.header_list is None:  # no message of the page has any: no per-row work
+            return pa.MapArray.from_arrays(
+                pa.array(np.zeros(chunk.count + 1, dtype=np.int32)), pa.array([], pa.string()),
+                pa.array([], pa.string()), type=map_type)
         offsets = [0]
         keys: list[str] = []
         values: list[str | None] = []
-        for headers in headers_list:
-            keys.extend(headers)
-            values.extend(headers.values())
+        for headers in chunk.header_list:
+            if headers:
+                keys.extend(headers)
+                values.extend(headers.values())
             offsets.append(len(keys))
         return pa.MapArray.from_arrays(
             pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
             pa.array([None if v is None else str(v) for v in values], pa.string()),
-            type=self.headers_type)
+            type=map_type)
+
+    def _timestamp(self, queue: str, chunk: StreamChunk) -> Any:
+        return _packed(chunk.timestamp_column, _I64).cast(pa.timestamp("ms", tz="UTC"))
+
+    def _redelivered(self, queue: str, chunk: StreamChunk) -> Any:
+        return pc.greater(_packed(chunk.delivery_count_column, _U32), 0)
 
 
-def parse_json_bodies(bodies: Sequence[bytes], struct_type: Any) -> Any:
-    """Parse JSON object bodies into a ``StructArray`` of ``struct_type``.
+def parse_json_bodies(bodies: Any, struct_type: Any) -> Any:
+    """Parse JSON object bodies (a binary Arrow array) into a ``StructArray`` of
+    ``struct_type``.
 
-    The whole page is parsed at once as JSON lines; when that fails (a body
-    that is not an object of the schema, an empty body) the page is parsed body
-    by body and the bad ones become null.
+    The whole page is parsed at once as JSON lines (a newline put after each
+    body by one ``numpy.insert``); when that fails (a body that is not an
+    object of the schema, an empty body) the page is parsed body by body and
+    the bad ones become null.
     """
     schema = pa.schema(list(struct_type))
-    if not bodies:
+    count = len(bodies)
+    if count == 0:
         return pa.array([], struct_type)
-    joined = b"\n".join(bodies)
-    multiline = joined.count(b"\n") != len(bodies) - 1
+    offsets = np.frombuffer(bodies.buffers()[1], dtype=np.int32, count=count + 1,
+                            offset=bodies.offset * 4)
+    data = np.frombuffer(bodies.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+    lines = np.insert(data, offsets[1:] - offsets[0], _NEWLINE)
+    multiline = bool(np.count_nonzero(data == _NEWLINE))
     try:
-        table = _read_json(joined, schema, multiline)
-        if table.num_rows == len(bodies):
+        table = _read_json(pa.py_buffer(lines), schema, multiline)
+        if table.num_rows == count:
             return _as_struct(table, struct_type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     parts = []
-    for body in bodies:
+    for body in bodies.to_pylist():
         try:
             table = _read_json(body, schema, b"\n" in body)
             parts.append(_as_struct(table, struct_type) if table.num_rows == 1
@@ -174,10 +191,10 @@ def parse_json_bodies(bodies: Sequence[bytes], struct_type: Any) -> Any:
     return pa.concat_arrays(parts)
 
 
-def _read_json(data: bytes, schema: Any, multiline: bool) -> Any:
+def _read_json(data: Any, schema: Any, multiline: bool) -> Any:
     parse = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore",
                                  newlines_in_values=multiline)
-    return pa_json.read_json(io.BytesIO(data), parse_options=parse,
+    return pa_json.read_json(pa.BufferReader(data), parse_options=parse,
                              read_options=pa_json.ReadOptions(use_threads=False))
 
 

@@ -52,14 +52,16 @@ from txbroker.spark._common import (
     FORMAT_NAME,
     READ_PAGE_BYTES,
     READ_PAGE_MESSAGES,
+    SOURCE_COLUMNS,
     ReadOptions,
     SparkConnectorError,
     WriteOptions,
     close_quietly,
+    column_list,
     open_connection,
     queue_error,
+    source_ddl,
 )
-from txbroker.spark.schema import BatchBuilder, source_ddl
 
 if TYPE_CHECKING:
     from txbroker.client.sync import Connection
@@ -116,6 +118,8 @@ def share_rows(backlog: dict[str, int], budget: int) -> dict[str, int]:
 def read_range(options: ReadOptions, schema: StructType, part: SeqRange) -> Iterator[Any]:
     """Arrow record batches of the messages of one range (runs in a worker)."""
     from pyspark.sql.pandas.types import to_arrow_schema
+
+    from txbroker.spark.schema import BatchBuilder  # pyarrow: only the workers need it
 
     builder = BatchBuilder(to_arrow_schema(schema, timezone="UTC"), options.body_format)
     conn = open_connection(options.url)
@@ -350,15 +354,20 @@ class TxBrokerDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> str:
-        """The message schema; the body's type follows option ``format``."""
+        """The message schema: option ``columns`` (all by default); the body's type
+        follows option ``format``. A bad option is reported by the reader, naming it."""
         options = self.options
         body_format = (options.get("format") or "binary").strip().lower()
         if body_format not in ("binary", "text", "json"):
-            body_format = "binary"  # ReadOptions.parse reports it, naming the option
+            body_format = "binary"
         json_schema = options.get("jsonschema")
         if body_format == "json" and not (json_schema or "").strip():
             body_format = "binary"
-        return source_ddl(body_format, json_schema)
+        try:
+            columns = column_list(options)
+        except SparkConnectorError:
+            columns = tuple(SOURCE_COLUMNS)
+        return source_ddl(body_format, json_schema, columns)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader (a snapshot of option ``queues``)."""
