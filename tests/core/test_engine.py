@@ -17,6 +17,7 @@ from txbroker.errors import (
     TransactionError,
     TransactionRolledBack,
 )
+from txbroker.storage.records import Kind
 
 
 @pytest.fixture
@@ -428,13 +429,37 @@ def test_relocated_message_survives_deletion_of_its_original_segment(h: Harness)
     for mid, ref in live:
         h.call("relocate", mid, ref, h.bodies[ref])
     # the store deletes the old segment: the log now starts with a snapshot
-    tail = [entry for entry in h.log if entry[0] == 10]
+    tail = [entry for entry in h.log if entry[0] == Kind.RELOCATE_MANY]
     h.log = [(kind, meta, []), *tail]
     h2 = h.crash()
     h2.session()
     got = h2.receive(1, 1, "q")
     assert (got.body, got.delivery_count, got.redelivered) == (b"old-and-pinned", 2, True)
     assert h2.receive(1, 2, "q") is None
+
+
+def test_relocate_many_copies_a_slice_in_one_entry_and_skips_the_gone(h: Harness) -> None:
+    s = h.session()
+    for i in range(4):
+        h.send(s, i + 1, "q", b"body%d" % i)
+    from txbroker.storage.interface import StoredEntry
+
+    live = h.broker.live_refs([StoredEntry(k, m, tuple(r)) for k, m, r in h.log])
+    assert [mid for mid, _ in live] == [1, 2, 3, 4]
+    d = h.receive(s, 10, "q")
+    h.call("ack", s, 11, [d.tag], h.now)  # message 1 is gone before the slice is copied
+    pairs = h.broker.still_live(live)
+    assert [mid for mid, _ in pairs] == [2, 3, 4]
+    entries_before = len(h.log)
+    h.call("relocate_many", pairs, [h.bodies[ref] for _, ref in pairs])
+    assert [entry[0] for entry in h.log[entries_before:]] == [Kind.RELOCATE_MANY]
+    assert len(h.log[-1][2]) == 3  # three bodies in the one entry
+    assert all(ref in h.released for _, ref in pairs)
+    assert h.broker.still_live(pairs) == []  # each message now points at its copy
+    h2 = h.crash()
+    h2.session()
+    assert [h2.receive(1, 20 + i, "q").body for i in range(3)] == [b"body1", b"body2", b"body3"]
+    assert h2.receive(1, 30, "q") is None
 
 
 def test_message_acked_in_a_committing_transaction_is_not_relocated(h: Harness) -> None:

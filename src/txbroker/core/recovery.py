@@ -15,9 +15,9 @@ replaying a snapshot replaces the metadata, so deleting old segments never
 loses a queue.
 
 Relocation lets the store drop a mostly-dead old segment: the edge reads the
-bodies of the live messages it holds and the broker writes fresh copies
-(``RELOCATE``); once durable the message points at the copy and the old ref
-is released.
+bodies of the live messages it holds, a slice at a time, and the broker
+writes fresh copies of each slice in one entry (``RELOCATE_MANY``); once
+durable each message points at its copy and the old ref is released.
 """
 
 from __future__ import annotations
@@ -99,6 +99,9 @@ class Broker(Streams):
         elif kind == Kind.RELOCATE:
             # the full, current message: the segment with its ADD may be gone
             self._replay_add(meta, refs[0], 0)
+        elif kind == Kind.RELOCATE_MANY:
+            for msg, ref in zip(meta, refs, strict=True):
+                self._replay_add(msg, ref, 0)
         elif kind == Kind.QUEUE_PUT:
             self._replay_definition(meta)
         elif kind == Kind.QUEUE_DELETE:
@@ -229,8 +232,8 @@ class Broker(Streams):
         """``(message id, ref)`` of messages whose current body lives in ``entries``."""
         found: list[tuple[int, int]] = []
         for entry in entries:
-            if entry.kind not in (Kind.ADD, Kind.TX, Kind.RELOCATE, Kind.XA_PREPARE) \
-                    or not entry.refs:
+            if entry.kind not in (Kind.ADD, Kind.TX, Kind.RELOCATE, Kind.RELOCATE_MANY,
+                                  Kind.XA_PREPARE) or not entry.refs:
                 continue
             meta = records.unpack(entry.meta)
             if entry.kind == Kind.ADD:
@@ -239,6 +242,8 @@ class Broker(Streams):
                 ids = [msg[records.MSG_ID] for msg in meta[0]]
             elif entry.kind == Kind.XA_PREPARE:  # committed sends of a branch (else unindexed)
                 ids = [msg[records.MSG_ID] for msg in meta[1]]
+            elif entry.kind == Kind.RELOCATE_MANY:
+                ids = [msg[records.MSG_ID] for msg in meta]
             else:
                 ids = [meta[records.MSG_ID]]
             for message_id, ref in zip(ids, entry.refs, strict=False):
@@ -250,22 +255,46 @@ class Broker(Streams):
                     found.append((message_id, ref))
         return found
 
+    def still_live(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Those ``(message id, ref)`` of a relocation whose message still has that
+        body and may be copied (the edge reads only their bodies)."""
+        found = []
+        for message_id, ref in pairs:
+            message = self.messages.get(message_id)
+            if message is not None and message.ref == ref and \
+                    message.state is not State.GONE and message.state is not State.HELD:
+                found.append((message_id, ref))
+        return found
+
     def relocate(self, message_id: int, old_ref: int, body: bytes) -> None:
         """Write a fresh copy of a live message's body (compaction)."""
+        self.relocate_many([(message_id, old_ref)], [body])
+
+    def relocate_many(self, pairs: list[tuple[int, int]], bodies: list[bytes]) -> None:
+        """Write fresh copies of live messages' bodies in one entry (compaction).
+
+        ``pairs`` are ``(message id, old ref)`` with the bodies read at the old refs;
+        a message gone or changed since is skipped. Once durable, each message
+        that still has its old body points at the copy and the old ref is
+        released (else the copy is released).
+        """
+        copied = [(self.messages[message_id], old_ref, body)
+                  for (message_id, old_ref), body in zip(pairs, bodies, strict=True)
+                  if message_id in self.messages]
+        if not copied:
+            return
         new_refs: list[int] = []
 
         def on_durable(error: BaseException | None) -> None:
             if error is not None:
                 self._storage_failed(error)
                 return
-            message = self.messages.get(message_id)
-            if message is not None and message.ref == old_ref:
-                message.ref = new_refs[0]
-                self._emit(Release(old_ref))
-            else:
-                self._emit(Release(new_refs[0]))
+            for (message, old_ref, _), new_ref in zip(copied, new_refs, strict=True):
+                if self.messages.get(message.id) is message and message.ref == old_ref:
+                    message.ref = new_ref
+                    self._emit(Release(old_ref))
+                else:
+                    self._emit(Release(new_ref))
 
-        current = self.messages.get(message_id)
-        if current is None:
-            return
-        self._persist(Kind.RELOCATE, current.to_record(), on_durable, [body], new_refs.extend)
+        self._persist(Kind.RELOCATE_MANY, [message.to_record() for message, _, _ in copied],
+                      on_durable, [body for _, _, body in copied], new_refs.extend)

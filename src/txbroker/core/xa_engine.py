@@ -561,13 +561,18 @@ class XaEngine(Admin):
         found: dict[str, Any] = {}
         for branch in self.branches.values():
             if branch.state in (S.PREPARED, S.COMMITTING, S.ROLLING_BACK):
-                sends = [m for m in branch.work.sends if m.persistent]
-                found[str(branch.xid)] = [
-                    S.PREPARED.value, [m.to_record() for m in sends],
-                    [_pack_ref(m.ref) for m in sends],
-                    [[m.id, m.delivery_count] for m in branch.work.acks.values()]
-                    + branch.ref_ids,
-                    sorted(branch.discards), branch.created_ms]
+                entry = branch.snapshot_entry
+                if entry is None:
+                    sends = [m for m in branch.work.sends if m.persistent]
+                    entry = [
+                        S.PREPARED.value, [m.to_record() for m in sends],
+                        [_pack_ref(m.ref) for m in sends],
+                        [[m.id, m.delivery_count] for m in branch.work.acks.values()]
+                        + branch.ref_ids,
+                        sorted(branch.discards), branch.created_ms]
+                    if all(m.ref is not None for m in sends):  # its refs are known: final
+                        branch.snapshot_entry = entry
+                found[str(branch.xid)] = entry
             elif branch.state in (S.HEURISTIC_COMMITTED, S.HEURISTIC_ROLLED_BACK):
                 found[str(branch.xid)] = [branch.state.value, [], [], [], [],
                                           branch.created_ms]
