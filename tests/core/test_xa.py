@@ -37,6 +37,7 @@ from txbroker.errors import (
     XAER_PROTO,
     XAError,
 )
+from txbroker.storage import records
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.records import Kind
 from txbroker.xid import Xid
@@ -580,15 +581,43 @@ def test_prepare_not_durable_is_not_prepared_after_crash() -> None:
 def test_prepared_branch_survives_segment_deletion_via_snapshot(h: Harness) -> None:
     _prepared(h)
     kind, meta = h.broker.snapshot()
-    # the store deleted every older segment except those holding live bodies; here we
-    # keep only the ADD of the consumed message and the XA_PREPARE's bodies by hand
-    keep = [e for e in h.log if e[0] in (Kind.ADD, Kind.TX) and e[2]]
+    # the store deleted every older segment except those holding live bodies: here the
+    # ADD of the consumed message and the XA_PREPARE holding the branch's sent body
+    keep = [e for e in h.log if e[0] in (Kind.ADD, Kind.TX, Kind.XA_PREPARE) and e[2]]
+    assert [e[0] for e in keep] == [Kind.ADD, Kind.XA_PREPARE]
     h.log = [*keep, (kind, meta, [])]
     h2 = h.crash()
     x = XA(h2)
     assert x.recover() == [X1]
     assert bodies(h2, "in") == []
     x.commit()
+    assert bodies(h2, "out") == [b"sent"] and bodies(h2, "in") == []
+
+
+def test_snapshot_carries_only_branches_no_stored_body_keeps(h: Harness) -> None:
+    consumer, sender = str(Xid(0, b"consumes", b"b")), str(Xid(0, b"sends", b"b"))
+    XA(h, 2).send("in", b"c")
+    x = XA(h)
+    x.start(consumer)
+    x.take("in")
+    x.end(consumer)
+    assert x.prepare(consumer) == {"vote": XA_OK}
+    x.start(sender)
+    x.send("out", b"sent")
+    x.end(sender)
+    assert x.prepare(sender) == {"vote": XA_OK}
+    kind, meta = h.broker.snapshot()
+    # the consumer's XA_PREPARE has no body to keep its segment: the snapshot carries it;
+    # the sender's is kept by its body and stays out (a sink branch holds 50,000)
+    assert set(records.unpack(meta)["xa"]) == {consumer}
+    # the store deleted every segment without a live body, then wrote the snapshot
+    h.log = [e for e in h.log if e[0] in (Kind.ADD, Kind.XA_PREPARE) and e[2]] + [
+        (kind, meta, [])]
+    h2 = h.crash()
+    x2 = XA(h2)
+    assert sorted(x2.recover()) == sorted([consumer, sender])
+    x2.commit(consumer)
+    x2.commit(sender)
     assert bodies(h2, "out") == [b"sent"] and bodies(h2, "in") == []
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,48 @@ def test_a_segment_roll_with_a_prepared_branch_keeps_the_branch(tmp_path: Path) 
             assert conn.sink_commit("s2", 0, [xid])["committed"] is True
             assert conn.queue_info("out")["messages"] == 100
             assert read_all(conn, "out", 1, 101, page=500)[-1] == (100, b"prepared-99")
+    finally:
+        proc.kill()
+
+
+def test_prepared_sink_branches_keep_their_segment_through_deletion_and_compaction(
+        tmp_path: Path) -> None:
+    """The snapshot leaves out branches that send stored messages (their XA_PREPARE's
+    bodies keep its segment): with small segments, churn that kills old segments and
+    fast maintenance (deletion and compaction), the branches survive kill -9."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[server]\nsegment_size = 65536\nmaintain_interval = 0.05\n")
+    proc = BrokerProcess(tmp_path / "data", "--config", str(config)).start()
+    try:
+        with txbroker.connect(proc.url) as conn:
+
+            def churn(rounds: int) -> None:  # a segment written and consumed per round
+                for _ in range(rounds):
+                    conn.send_batch("churn", [b"x" * 1000] * 60)
+                    while (m := conn.receive("churn", timeout=0)) is not None:
+                        m.ack()
+
+            conn.send_batch("early", [b"e%d" % i for i in range(40)])  # compaction moves it
+            churn(20)
+            xids = [_prepare(conn, "s3", 0, part, 0, [b"p%d-%d" % (part, i) for i in range(50)])
+                    for part in range(4)]
+            churn(20)
+            deadline = time.monotonic() + 20
+            while conn.stats()["store"]["segments"] > 25 and time.monotonic() < deadline:
+                time.sleep(0.1)  # the segments before the branches' one go
+            store = conn.stats()["store"]
+            assert store["segments"] <= 25 and store["disk_bytes"] < store["bytes_written"] / 1.5
+        proc.kill()
+        proc.start()
+        with txbroker.connect(proc.url) as conn:
+            assert sorted(str(x) for x in conn.xa_resource().recover()) == sorted(xids)
+            assert conn.sink_commit("s3", 0, xids[:3])["committed"] is True  # 4th: rolled back
+            got = read_all(conn, "out", 1, 151, page=500)
+            assert [body for _, body in got] == [
+                b"p%d-%d" % (part, i) for part in range(3) for i in range(50)]
+            assert conn.xa_resource().recover() == []
+            early = [conn.receive("early", timeout=5) for _ in range(40)]
+            assert [m.body for m in early if m is not None] == [b"e%d" % i for i in range(40)]
     finally:
         proc.kill()
 

@@ -29,7 +29,6 @@ XA_RB* — that is the engine's job (``core/xa_engine.py``), not the table's.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
 
 from txbroker.core.transactions import LocalTransaction
 from txbroker.errors import (
@@ -182,7 +181,7 @@ class Branch:
     """One XA branch: its state, association, timers and staged work."""
 
     __slots__ = ("created_ms", "deadline_ms", "discards", "error", "idle_since_ms", "ref_ids",
-                 "session", "snapshot_entry", "state", "timeout_ms", "work", "xid")
+                 "session", "state", "timeout_ms", "work", "xid")
 
     def __init__(self, xid: Xid, session: int, now: int, timeout_ms: int) -> None:
         self.xid = xid
@@ -197,10 +196,6 @@ class Branch:
         #: replay: ``[id, delivery count]`` of consumed messages (resolved after replay)
         self.ref_ids: list[list[int]] = []
         self.error = 0  #: XA_RB* reason once the branch is doomed (e.g. over the limit)
-        #: its entry in the SNAPSHOT once durably prepared: a prepared branch's content
-        #: never changes, and a sink branch holds up to 50,000 messages to serialize
-        #: at every segment roll
-        self.snapshot_entry: list[Any] | None = None
 
     def fire(self, request: Request) -> int:
         """Apply ``request`` (see the table); return the XA code of the reply."""

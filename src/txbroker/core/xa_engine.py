@@ -557,22 +557,25 @@ class XaEngine(Admin):
 
     # ------------------------------------------------------------------ snapshot, replay
     def xa_snapshot(self) -> dict[str, Any]:
-        """The ``"xa"`` part of the SNAPSHOT (records.py): durable branches."""
+        """The ``"xa"`` part of the SNAPSHOT (records.py): the durable branches whose
+        XA_PREPARE entry no stored body keeps (consumes only), and heuristic ones."""
         found: dict[str, Any] = {}
         for branch in self.branches.values():
             if branch.state in (S.PREPARED, S.COMMITTING, S.ROLLING_BACK):
-                entry = branch.snapshot_entry
-                if entry is None:
-                    sends = [m for m in branch.work.sends if m.persistent]
-                    entry = [
-                        S.PREPARED.value, [m.to_record() for m in sends],
-                        [_pack_ref(m.ref) for m in sends],
-                        [[m.id, m.delivery_count] for m in branch.work.acks.values()]
-                        + branch.ref_ids,
-                        sorted(branch.discards), branch.created_ms]
-                    if all(m.ref is not None for m in sends):  # its refs are known: final
-                        branch.snapshot_entry = entry
-                found[str(branch.xid)] = entry
+                sends = [m for m in branch.work.sends if m.persistent]
+                if sends and None not in [m.ref for m in sends]:
+                    # Its XA_PREPARE entry holds these bodies, so the store keeps that
+                    # entry's segment while they live (they are never relocated): replay
+                    # finds the branch there. Copying it here would cost every segment
+                    # roll as much as all prepared sends (a Spark micro-batch prepares
+                    # millions), quadratic in the batch.
+                    continue
+                found[str(branch.xid)] = [
+                    S.PREPARED.value, [m.to_record() for m in sends],
+                    [_pack_ref(m.ref) for m in sends],
+                    [[m.id, m.delivery_count] for m in branch.work.acks.values()]
+                    + branch.ref_ids,
+                    sorted(branch.discards), branch.created_ms]
             elif branch.state in (S.HEURISTIC_COMMITTED, S.HEURISTIC_ROLLED_BACK):
                 found[str(branch.xid)] = [branch.state.value, [], [], [], [],
                                           branch.created_ms]

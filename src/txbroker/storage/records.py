@@ -68,10 +68,13 @@ last batch id}``. Seqs and sink batch ids only grow: replay keeps the larger.
 
 The SNAPSHOT also carries ``"xa": {xid: [state, [msg…], [ref…], [[consumed
 id, delivery count]…], [discard id…], created_ms]}`` (each ref as big-endian bytes:
-refs do not fit msgpack ints) for every durably PREPARED and every
-HEURISTIC_* branch (``state`` is the BranchState value; a heuristic branch has
-empty lists): an ``XA_PREPARE`` without bodies could otherwise sit in a
-segment that gets deleted. Replaying it adds unknown branches (it never
+refs do not fit msgpack ints) for every durably PREPARED branch that sends
+no stored message, and every HEURISTIC_* branch (``state`` is the BranchState
+value; a heuristic branch has empty lists): an ``XA_PREPARE`` without bodies
+could otherwise sit in a segment that gets deleted. A branch that sends stored
+messages is left out: its ``XA_PREPARE`` holds their bodies, which keep its
+segment (they are never relocated while prepared); snapshots written before
+this carried it too, which replay accepts. Replaying it adds unknown branches (it never
 removes one: completion records do that); a heuristic state for a branch
 that replay knows as prepared applies that outcome.
 
