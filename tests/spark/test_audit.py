@@ -200,6 +200,9 @@ def test_decoder_accepts_old_and_new_record_shapes() -> None:
         "next_id": 9, "queues": {"q": {"name": "q", "kind": "queue", "next_seq": 6}},
         "dups": {}, "sinks": {"s1": 3}, "xa": {"x": ["prepared", [], [], [], [], 10]}}))
     assert snapshot["branches"] == [{"xid": "x", "state": "prepared", "created_ms": 10}]
+    relocated = decode_record(entry(Kind.RELOCATE_MANY, [OLD_MSG, NEW_MSG], 2))
+    assert relocated["kind_name"] == "RELOCATE_MANY"
+    assert [m["seq"] for m in relocated["messages"]] == [None, 42]
     unknown = decode_record(entry(99, [1, 2, 3]))
     assert unknown["kind"] == 99 and unknown["kind_name"] is None and unknown["meta_json"] is None
     with pytest.raises(CorruptStore, match="undecodable record of kind 4"):
