@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import txbroker
-from tests.support import BrokerProcess, RawClient
+from tests.support import ROOT, BrokerProcess, RawClient
 from txbroker.errors import (
     AuthenticationFailed,
     IllegalState,
@@ -217,3 +219,14 @@ def test_failover_list_moves_to_next_broker(tmp_path: Path) -> None:
     finally:
         first.kill()
         second.kill()
+
+
+def test_a_program_exiting_with_open_connections_exits_quietly(broker: BrokerProcess) -> None:
+    """Spark never calls a stream reader's stop(): its process exits with the
+    connection open. The client stops its loop at exit instead of leaving the
+    interpreter to tear down its tasks (which printed a failover warning)."""
+    code = (f"import txbroker\nc = txbroker.connect({broker.url!r})\n"
+            "c.declare_queue('left-open')\nc.stream_open('left-open', 'r')\nprint('done')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert (run.returncode, run.stdout, run.stderr) == (0, "done\n", "")

@@ -11,9 +11,11 @@ that private thread, so it must not call the connection itself.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import contextlib
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from types import TracebackType
@@ -50,12 +52,20 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 class _LoopThread:
-    """An event loop running on its own daemon thread, and a way to call into it."""
+    """An event loop running on its own daemon thread, and a way to call into it.
+
+    A program may exit with connections still open (Spark never calls a stream
+    reader's ``stop``): at exit every loop still running is stopped, so its
+    tasks end by cancellation instead of being torn down by the interpreter
+    (which made the reader think the connection was lost and print a failover
+    and "Task was destroyed" warnings).
+    """
 
     def __init__(self) -> None:
         self.loop = _new_event_loop()
         self._thread = threading.Thread(target=self._run, name="txbroker-client", daemon=True)
         self._thread.start()
+        _RUNNING_LOOPS.add(self)
 
     def _run(self) -> None:
         loop = self.loop
@@ -112,6 +122,17 @@ class _LoopThread:
             with contextlib.suppress(RuntimeError):  # already closed
                 self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(THREAD_JOIN_TIMEOUT)
+
+
+#: Loop threads not stopped yet (see :class:`_LoopThread`).
+_RUNNING_LOOPS: weakref.WeakSet[_LoopThread] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_loops_at_exit() -> None:
+    for portal in list(_RUNNING_LOOPS):
+        with contextlib.suppress(Exception):
+            portal.stop()
 
 
 async def _awaited(awaitable: Any) -> Any:
