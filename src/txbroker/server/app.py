@@ -371,15 +371,30 @@ class BrokerServer:
 
     async def relocate(self, relocation: Relocation) -> None:
         """Copy the live messages of a mostly-dead segment forward, a slice at a time:
-        one ``pread`` for the bodies and one entry (``RELOCATE_MANY``) per slice, the
-        loop free for clients between slices (a segment can hold a million live
-        messages; copying them in one go would stall every client for seconds)."""
+        the segment's entries are scanned a slice's worth at a time, and each slice
+        costs one ``pread`` for the bodies and one entry (``RELOCATE_MANY``), the
+        loop free for clients in between (a segment can hold a million live
+        messages; scanning and copying them in one go stalled every client for
+        seconds)."""
+        entries = relocation.entries
+        moved, start = 0, 0
+        while start < len(entries) and self.broker.failed is None:
+            end, count = start, 0
+            while end < len(entries) and count < RELOCATE_SLICE_MESSAGES:
+                count += len(entries[end].refs) + 1
+                end += 1
+            live = self.broker.live_refs(entries[start:end])
+            start = end
+            moved += await self._copy_forward(live)
+            await asyncio.sleep(0)
+        log.info("compaction: relocated %d live messages out of segment %d", moved,
+                 relocation.segment)
+
+    async def _copy_forward(self, live: list[tuple[int, int]]) -> int:
+        """Relocate ``(message id, ref)`` pairs in slices; how many were copied."""
         store = self.store
         assert store is not None
-        live = self.broker.live_refs(relocation.entries)
-        log.info("compaction: relocating %d live messages out of segment %d", len(live),
-                 relocation.segment)
-        start = 0
+        copied, start = 0, 0
         while start < len(live) and self.broker.failed is None:
             end, size = start, 0
             while end < len(live) and end - start < RELOCATE_SLICE_MESSAGES and (
@@ -392,7 +407,9 @@ class BrokerServer:
                 bodies = store.read_bodies([ref for _, ref in pairs]).split()
                 self.broker.relocate_many(pairs, bodies)
                 self.run_effects()
+                copied += len(pairs)
             await asyncio.sleep(RELOCATE_PAUSE)
+        return copied
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
