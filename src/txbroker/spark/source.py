@@ -344,7 +344,7 @@ class TxBrokerDataSource(DataSource):
     """The ``txbroker`` format: read queues, write a queue; batch and streaming.
 
     Options: ``url`` (always), ``queues``/``name``/``format``/``jsonSchema``/
-    ``partitionSize``/``maxRowsPerTrigger``/``consume`` for reads, ``queue``/
+    ``partitionSize``/``maxRowsPerTrigger``/``consume``/``columns`` for reads, ``queue``/
     ``sinkId`` for writes (docs/spark.md).
     """
 
