@@ -17,6 +17,7 @@ from txbroker.errors import (
     TransactionError,
     TransactionRolledBack,
 )
+from txbroker.storage import records
 from txbroker.storage.records import Kind
 
 
@@ -197,6 +198,38 @@ def test_duplicate_detection_within_window_survives_restart(h: Harness) -> None:
     s2 = h2.session()
     assert h2.send(s2, 1, "q", b"a", message_id="order-1") == {"duplicate": True}
     assert h2.send(s2, 2, "q", b"b", message_id="order-2") == {"duplicate": False}
+
+
+def test_a_rolled_back_send_leaves_the_duplicate_window(h: Harness) -> None:
+    """A mover receives A and sends B (id = A's) in a transaction that rolls back: A
+    comes back, and sending B again must not be dropped as a duplicate (it lost B)."""
+    s = h.session()
+    tx = h.call("tx_begin", s)["tx"]
+    assert h.send(s, 1, "out", b"b", message_id="order-1", tx=tx) == {"duplicate": False}
+    h.call("tx_rollback", s, tx, h.now)
+    tx = h.call("tx_begin", s)["tx"]
+    assert h.send(s, 2, "out", b"b", message_id="order-1", tx=tx) == {"duplicate": False}
+    h.call("tx_commit", s, 3, tx, h.now)
+    assert h.broker.queues["out"].messages == 1
+    assert h.send(s, 4, "out", b"b", message_id="order-1") == {"duplicate": True}
+
+
+def test_a_snapshot_carries_only_ids_of_durable_sends(h: Harness) -> None:
+    """A segment roll writes a snapshot while a transaction that sent ``order-1`` is
+    open; the broker dies before the commit. The id must not outlive the send."""
+    s = h.session()
+    h.send(s, 1, "out", b"a", message_id="order-0")
+    tx = h.call("tx_begin", s)["tx"]
+    h.send(s, 2, "out", b"b", message_id="order-1", tx=tx)
+    kind, meta = h.broker.snapshot()
+    assert records.unpack(meta)["dups"] == {"out": ["order-0"]}
+    h.log.append((kind, meta, []))  # the roll's snapshot reached the disk; no commit
+    h2 = h.crash()
+    s2 = h2.session()
+    assert h2.send(s2, 1, "out", b"b", message_id="order-1") == {"duplicate": False}
+    assert h2.send(s2, 2, "out", b"a", message_id="order-0") == {"duplicate": True}
+    h.call("tx_commit", s, 3, tx, h.now)  # once durable the id is in the next snapshot
+    assert records.unpack(h.broker.snapshot()[1])["dups"] == {"out": ["order-0", "order-1"]}
 
 
 def test_duplicate_window_is_bounded(h: Harness) -> None:

@@ -292,7 +292,7 @@ class Engine:
         made: list[Message] = []
         for queue in targets:
             if message_id is not None:
-                queue.remember(message_id)
+                queue.remember(message_id, pending=persistent and queue.durable)
             ttl = ttl_ms or queue.settings.default_ttl_ms
             message = Message(
                 self._new_id(),
@@ -402,6 +402,8 @@ class Engine:
         queue.pending_bytes -= message.size
         if message.seq:
             queue.settle(message.seq)
+        if message.message_id is not None:
+            queue.id_settled(message.message_id, durable=True)
         if message.persistent:
             message.body = None  # read back from the store on delivery
         self.messages[message.id] = message
@@ -428,6 +430,10 @@ class Engine:
                     self._forget(message)
                 continue
             touched[name] = queue
+            if queue.undurable_ids:
+                for message in run:
+                    if message.message_id is not None:
+                        queue.id_settled(message.message_id, durable=True)
             size = 0
             first_seq, seqs = run[0].seq, 0
             for message in run:
@@ -459,6 +465,8 @@ class Engine:
             queue.pending_bytes -= message.size
             if message.seq:
                 queue.settle(message.seq)
+            if message.message_id is not None:
+                queue.id_settled(message.message_id, durable=False)
         self._forget(message)
 
     def _forget(self, message: Message) -> None:

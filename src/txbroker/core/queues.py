@@ -136,6 +136,9 @@ class Queue:
         self.consumers: list[Consumer] = []
         self._next_consumer = 0
         self.dups: dict[str, None] = {}  #: insertion-ordered duplicate-id window
+        #: ids of the window whose send is not durable yet (an open transaction's, a
+        #: record on its way): left out of snapshots, forgotten if the send is dropped
+        self.undurable_ids: set[str] = set()
         # -- offset reading (core/streams.py) -------------------------------
         self.next_seq = 1  #: the seq the next committed message gets (persisted)
         #: runs ``[first, stop]`` of seqs whose record is not yet durable, in log order
@@ -385,13 +388,34 @@ class Queue:
     def seen(self, message_id: str) -> bool:
         return message_id in self.dups
 
-    def remember(self, message_id: str) -> None:
+    def remember(self, message_id: str, *, pending: bool = False) -> None:
+        """Add an id to the window; ``pending``: its send is not durable yet."""
         window = self.settings.dup_window
         if window == 0:
             return
+        if pending and message_id not in self.dups:
+            self.undurable_ids.add(message_id)
         self.dups[message_id] = None
         while len(self.dups) > window:
-            del self.dups[next(iter(self.dups))]
+            oldest = next(iter(self.dups))
+            del self.dups[oldest]
+            self.undurable_ids.discard(oldest)
+
+    def id_settled(self, message_id: str, *, durable: bool) -> None:
+        """A pending send with this id became durable, or was dropped (rolled back,
+        failed, discarded): then its id leaves the window, so that a retry of the
+        same message is not taken for a duplicate."""
+        if message_id in self.undurable_ids:
+            self.undurable_ids.discard(message_id)
+            if not durable:
+                self.dups.pop(message_id, None)
+
+    def durable_dups(self) -> list[str]:
+        """The window as a snapshot may carry it: ids of durable sends only (a
+        snapshot can reach the disk while the record of a later send does not)."""
+        if not self.undurable_ids:
+            return list(self.dups)
+        return [i for i in self.dups if i not in self.undurable_ids]
 
     # -- admin -----------------------------------------------------------
     def definition(self) -> dict[str, Any]:

@@ -51,7 +51,7 @@ class Broker(Streams):
                 continue
             defs[queue.name] = queue.definition()
             if queue.dups:
-                dups[queue.name] = list(queue.dups)
+                dups[queue.name] = queue.durable_dups()
         meta: dict[str, Any] = {"next_id": self.next_id, "queues": defs, "dups": dups}
         if self.branches:
             meta["xa"] = self.xa_snapshot()

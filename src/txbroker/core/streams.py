@@ -229,7 +229,7 @@ class Streams(XaEngine):
                     duplicates += 1
                     continue
                 for queue in targets:
-                    queue.remember(message_id)
+                    queue.remember(message_id, pending=persistent and queue.durable)
             header = (headers[index] or None) if headers is not None else None
             for queue in targets:
                 ttl = queue.settings.default_ttl_ms
