@@ -149,5 +149,6 @@ def test_kill9_cycles(tmp_path: Path, store: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 60 cycles take 5-10 minutes on 2 cores
 def test_kill9_soak(tmp_path: Path) -> None:
     check(run_cycles(tmp_path, cycles=60, seed=7))
