@@ -246,14 +246,8 @@ class Broker(Streams):
                 ids = [msg[records.MSG_ID] for msg in meta]
             else:
                 ids = [meta[records.MSG_ID]]
-            for message_id, ref in zip(ids, entry.refs, strict=False):
-                message = self.messages.get(message_id)
-                # GONE: its ack is in the log; HELD: consumed by an open transaction or a
-                # prepared XA branch — never copied (a rollback brings it back)
-                if message is not None and message.ref == ref and \
-                        message.state is not State.GONE and message.state is not State.HELD:
-                    found.append((message_id, ref))
-        return found
+            found.extend(zip(ids, entry.refs, strict=False))
+        return self.still_live(found)
 
     def still_live(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """Those ``(message id, ref)`` of a relocation whose message still has that
@@ -261,6 +255,8 @@ class Broker(Streams):
         found = []
         for message_id, ref in pairs:
             message = self.messages.get(message_id)
+            # GONE: its ack is in the log; HELD: consumed by an open transaction or a
+            # prepared XA branch — never copied (a rollback brings it back)
             if message is not None and message.ref == ref and \
                     message.state is not State.GONE and message.state is not State.HELD:
                 found.append((message_id, ref))

@@ -65,7 +65,7 @@ class PackedBodies(NamedTuple):
     """Many bodies back to back: what :meth:`Store.read_bodies` returns.
 
     A stream reader's page goes on the wire as ``data`` and ``lengths``
-    (``protocol/native.py``), so a store that keeps neighbouring bodies
+    (``protocol/columns.py``), so a store that keeps neighbouring bodies
     contiguous can hand over whole runs without cutting them into objects.
     """
 

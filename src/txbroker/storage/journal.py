@@ -343,7 +343,7 @@ class JournalStore:
 
     def body_size(self, ref: BodyRef) -> int:
         """The body length packed in ``ref`` (no I/O)."""
-        return ref & ((1 << REF_LENGTH_BITS) - 1)
+        return ref & _REF_LENGTH_MASK
 
     def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
         """Many bodies, packed: each run of refs that lie back to back in one segment
