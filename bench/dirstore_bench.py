@@ -42,11 +42,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from txbroker.storage import records  # noqa: E402
+from txbroker.core import records  # noqa: E402
+from txbroker.core.records import Kind  # noqa: E402
 from txbroker.storage.dirstore import DirStore  # noqa: E402
 from txbroker.storage.interface import Store  # noqa: E402
 from txbroker.storage.journal import JournalStore  # noqa: E402
-from txbroker.storage.records import Kind  # noqa: E402
 
 QUEUE = "bench"
 #: (label, journal sync mode it is compared with, dir flags or None for the journal)

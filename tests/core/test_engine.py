@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.core.harness import Harness
-from txbroker.core import LATER, Limits
+from txbroker.core import LATER, Limits, records
+from txbroker.core.records import Kind
 from txbroker.errors import (
     BadRequest,
     Disabled,
@@ -17,8 +18,6 @@ from txbroker.errors import (
     TransactionError,
     TransactionRolledBack,
 )
-from txbroker.storage import records
-from txbroker.storage.records import Kind
 
 
 @pytest.fixture

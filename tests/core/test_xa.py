@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from tests.core.harness import Harness
-from txbroker.core import LATER, Limits
+from txbroker.core import LATER, Limits, records
+from txbroker.core.records import Kind
 from txbroker.core.xa import (
     TMENDRSCAN,
     TMFAIL,
@@ -37,9 +38,7 @@ from txbroker.errors import (
     XAER_PROTO,
     XAError,
 )
-from txbroker.storage import records
 from txbroker.storage.interface import StoredEntry
-from txbroker.storage.records import Kind
 from txbroker.xid import Xid
 
 X1 = str(Xid(0, b"g1", b"b1"))

@@ -23,8 +23,9 @@ import pytest
 import txbroker
 from tests.spark.workload import Workload, run_workload
 from tests.support import ROOT, BrokerProcess
+from txbroker.core import records
+from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore
-from txbroker.storage import records
 from txbroker.storage.journal_format import (
     encode_entry,
     encode_segment_header,
@@ -40,7 +41,6 @@ from txbroker.storage.journal_reader import (
     journal_segments,
     read_records,
 )
-from txbroker.storage.records import Kind
 
 pytest.importorskip("pyspark")
 pytest.importorskip("matplotlib")

@@ -38,12 +38,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from txbroker.core import records
 from txbroker.core.effects import Release
+from txbroker.core.records import Kind
 from txbroker.core.recovery import Broker
 from txbroker.errors import CorruptStore, StorageFailed, StoreError, StoreLocked
-from txbroker.storage import records
 from txbroker.storage.interface import Dispatch, SnapshotProvider, Store, StoredEntry
-from txbroker.storage.records import Kind
 
 from .crash_payload import expected_body
 from .support import Completions, Loop, run_and_kill

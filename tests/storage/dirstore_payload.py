@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from txbroker.storage import records
+from txbroker.core import records
+from txbroker.core.records import Kind
 from txbroker.storage.dirstore import DirStore
 from txbroker.storage.interface import BodyRef, DurableCallback, StoredEntry
-from txbroker.storage.records import Kind
 
 CHILD_QUEUE = "kill"
 

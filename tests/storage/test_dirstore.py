@@ -18,8 +18,10 @@ import pytest
 from tests.ledger import check
 from tests.server import test_kill9 as kill9
 from txbroker.core import queues as core_queues
+from txbroker.core import records
+from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore, StorageFailed
-from txbroker.storage import dirstore, records
+from txbroker.storage import dirstore
 from txbroker.storage.dirstore import DirStore
 from txbroker.storage.dirstore_format import (
     ACTIVE,
@@ -43,7 +45,6 @@ from txbroker.storage.dirstore_format import (
 from txbroker.storage.dirstore_model import DEFAULT_DUP_WINDOW
 from txbroker.storage.interface import Dispatch, SnapshotProvider, Store, StoredEntry, SyncMode
 from txbroker.storage.journal import JournalStore
-from txbroker.storage.records import Kind
 
 from .contract import (
     PROCESS,

@@ -13,9 +13,9 @@ from typing import Any
 from txbroker.core.engine import LATER, SUBSCRIPTION_SEPARATOR, Engine, check_name
 from txbroker.core.messages import State
 from txbroker.core.queues import Queue, QueueSettings
+from txbroker.core.records import Kind
 from txbroker.core.sessions import Topic
 from txbroker.errors import AlreadyExists, BadRequest, NotFound
-from txbroker.storage.records import Kind
 
 
 class Admin(Engine):

@@ -31,6 +31,7 @@ import heapq
 from collections.abc import Iterable
 from typing import Any
 
+from txbroker.core import records
 from txbroker.core.effects import (
     Cancelled,
     Deliver,
@@ -44,6 +45,7 @@ from txbroker.core.effects import (
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, State
 from txbroker.core.queues import PRIORITIES, Consumer, Queue
+from txbroker.core.records import Kind
 from txbroker.core.sessions import Session, Topic
 from txbroker.core.transactions import LocalTransaction, TxEvent, TxState
 from txbroker.errors import (
@@ -58,8 +60,6 @@ from txbroker.errors import (
     TransactionError,
     TransactionRolledBack,
 )
-from txbroker.storage import records
-from txbroker.storage.records import Kind
 
 #: Returned by a command whose reply comes later as an effect.
 LATER: Any = object()

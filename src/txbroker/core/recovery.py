@@ -25,15 +25,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from txbroker.core import records
 from txbroker.core.effects import Release
 from txbroker.core.messages import Message, State
 from txbroker.core.queues import Queue, QueueSettings
+from txbroker.core.records import Kind, StoredEntry
 from txbroker.core.sessions import Topic
 from txbroker.core.streams import Streams
 from txbroker.errors import CorruptStore
-from txbroker.storage import records
-from txbroker.storage.interface import StoredEntry
-from txbroker.storage.records import Kind
 
 
 class Broker(Streams):

@@ -46,6 +46,7 @@ from txbroker.core.effects import Fail, Reply
 from txbroker.core.engine import LATER, check_name
 from txbroker.core.messages import Message, State
 from txbroker.core.queues import Queue
+from txbroker.core.records import Kind
 from txbroker.core.transactions import TxEvent
 from txbroker.core.xa import Branch, BranchState, Request
 from txbroker.core.xa_engine import XaEngine, parse_xid
@@ -62,7 +63,6 @@ from txbroker.errors import (
     QuotaExceeded,
     XAError,
 )
-from txbroker.storage.records import Kind
 from txbroker.xid import check_sink_id, sink_of
 
 S = BranchState

@@ -29,10 +29,12 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Any
 
+from txbroker.core import records
 from txbroker.core.admin import Admin
 from txbroker.core.effects import Fail, Release, Reply
 from txbroker.core.engine import LATER
 from txbroker.core.messages import Message, State
+from txbroker.core.records import Kind
 from txbroker.core.transactions import LocalTransaction
 from txbroker.core.xa import (
     RECOVERABLE,
@@ -62,8 +64,6 @@ from txbroker.errors import (
     XAER_RMFAIL,
     XAError,
 )
-from txbroker.storage import records
-from txbroker.storage.records import Kind
 from txbroker.xid import Xid, is_sink_xid
 
 S = BranchState

@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore
 from txbroker.spark.audit_report import write_report
 from txbroker.spark.journal_source import FORMAT_NAME, register_journal_source
 from txbroker.storage.journal_reader import SINK_COMMIT, journal_segments
-from txbroker.storage.records import Kind
 
 #: The tables the job writes, in order (each under ``OUT/<name>/``).
 TABLES: Final = ("xa_branches", "in_doubt", "messages", "dead_letters", "transactions")

@@ -1,39 +1,13 @@
 """Message stores: the ``Store`` protocol and its implementations.
 
 * :mod:`~txbroker.storage.interface` — the protocol every store implements;
-* :class:`~txbroker.storage.journal.JournalStore` — the default store: a
+* :mod:`~txbroker.storage.journal` (``JournalStore``) — the default store: a
   segmented append-only log with CRCs and group commit (``docs/storage.md``);
-* :class:`~txbroker.storage.memory.MemoryStore` — in memory, for unit tests;
-* :mod:`~txbroker.storage.records` — what the broker writes into entries.
+* :mod:`~txbroker.storage.dirstore` (``DirStore``) — the Enduro/X-style
+  file-per-command store (``docs/dirstore.md``);
+* :mod:`~txbroker.storage.memory` (``MemoryStore``) — in memory, for unit tests;
+* :mod:`~txbroker.core.records` — what the broker writes into entries.
+
+Importing this package loads no store (no files, threads or ``os`` calls):
+import the store's own module (``txbroker.storage.journal`` …) to use it.
 """
-
-from __future__ import annotations
-
-from txbroker.storage.interface import (
-    BodyRef,
-    Dispatch,
-    DurableCallback,
-    Relocation,
-    SnapshotProvider,
-    Store,
-    StoredEntry,
-    StoreStats,
-    SyncMode,
-)
-from txbroker.storage.journal import JournalStore
-from txbroker.storage.memory import MemoryState, MemoryStore
-
-__all__ = [
-    "BodyRef",
-    "Dispatch",
-    "DurableCallback",
-    "JournalStore",
-    "MemoryState",
-    "MemoryStore",
-    "Relocation",
-    "SnapshotProvider",
-    "Store",
-    "StoreStats",
-    "StoredEntry",
-    "SyncMode",
-]

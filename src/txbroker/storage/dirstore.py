@@ -52,8 +52,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+from txbroker.core import records
+from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore, StorageFailed, StoreError
-from txbroker.storage import records
 from txbroker.storage.dirstore_format import (
     BlockType,
     block_size,
@@ -91,7 +92,6 @@ from txbroker.storage.interface import (
     StoredEntry,
     StoreStats,
 )
-from txbroker.storage.records import Kind
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 log = logging.getLogger("txbroker.dirstore")

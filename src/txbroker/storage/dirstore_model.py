@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from txbroker.storage import records
-from txbroker.storage.records import Kind
+from txbroker.core import records
+from txbroker.core.records import Kind
 
 #: Ids remembered per queue for duplicate detection when a definition does not
 #: say: must equal ``txbroker.core.queues.DEFAULT_DUP_WINDOW`` (a test checks;

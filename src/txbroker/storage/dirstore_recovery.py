@@ -45,8 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from txbroker.core import records
+from txbroker.core.records import Kind
 from txbroker.errors import StoreLocked
-from txbroker.storage import records
 from txbroker.storage.dirstore_format import (
     FLAG_LOCAL,
     LOCK_FILE,
@@ -61,7 +62,6 @@ from txbroker.storage.dirstore_format import (
 from txbroker.storage.dirstore_model import unpack_message_info
 from txbroker.storage.dirstore_writer import DirOps, PreparedBlock, read_file
 from txbroker.storage.interface import StoredEntry
-from txbroker.storage.records import Kind
 
 log = logging.getLogger("txbroker.dirstore")
 

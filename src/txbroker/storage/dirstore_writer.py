@@ -45,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from txbroker.core import records
 from txbroker.errors import StorageFailed
-from txbroker.storage import records
 from txbroker.storage.dirstore_format import (
     ACTIVE,
     COMMITTED,

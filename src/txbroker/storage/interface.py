@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A store is an ordered log of *entries*. An entry is ``(kind, meta, bodies)``:
 
-* ``kind`` — a small int naming the record type (see ``storage/records.py``);
+* ``kind`` — a small int naming the record type (see ``core/records.py``);
   the store never interprets it, except that it writes the snapshot entry
   given by ``snapshot_provider`` first in every new segment;
 * ``meta`` — opaque bytes (msgpack written by ``records.py``);
@@ -46,10 +46,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from txbroker.core.records import BodyRef as BodyRef
+from txbroker.core.records import StoredEntry as StoredEntry
 from txbroker.protocol.columns import split_bodies
 
-#: Opaque handle to a stored body. Only the store that issued it interprets it.
-BodyRef = int
+#: ``BodyRef``: an opaque handle to a stored body (only the store that issued it
+#: interprets it) and ``StoredEntry`` live in ``core/records.py`` (replay takes them).
 
 #: Called once per entry when it is durable (``None``) or failed (the error).
 DurableCallback = Callable[[BaseException | None], None]
@@ -90,15 +92,6 @@ class SyncMode:
     FSYNC = "fsync"  #: os.fsync after each group write
 
     ALL = (NONE, FDATASYNC, FSYNC)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEntry:
-    """One entry read back by ``recover`` or ``entries_of``."""
-
-    kind: int
-    meta: bytes
-    refs: tuple[BodyRef, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ meanwhile are simply not seen.
 
 :func:`decode_record` turns an entry's ``kind`` and msgpack ``meta`` into one
 flat row of plain Python values (the columns of the ``txbroker-journal``
-Spark source). It accepts every shape ``storage/records.py`` has had: the
+Spark source). It accepts every shape ``core/records.py`` has had: the
 9- and 10-field ``msg`` tuple (``seq``), optional trailing times on TX,
 XA_PREPARE, XA_COMMIT, XA_ROLLBACK and XA_HEURISTIC, MOVE's optional
 ``[seq…]``, and kinds 16 SINK_COMMIT and 17 RELOCATE_MANY. A kind it does not
@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from txbroker.core import records
+from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore, StoreError
-from txbroker.storage import records
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.journal_format import (
     REF_OFFSET_BITS,
@@ -53,7 +54,6 @@ from txbroker.storage.journal_format import (
     scan_entries,
     segment_name,
 )
-from txbroker.storage.records import Kind
 
 #: The journal's subdirectory of a broker data directory (``storage/journal.py``).
 JOURNAL_SUBDIR: Final = "journal"

@@ -91,10 +91,14 @@ contain the change a later record repeats).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 import msgpack
+
+#: What the store hands back per body (an opaque int; ``storage/interface.py``).
+BodyRef = int
 
 
 class Kind(IntEnum):
@@ -136,3 +140,13 @@ def pack(value: Any) -> bytes:
 def unpack(meta: bytes) -> Any:
     """Decode a meta value (strings as ``str``, bodies never appear here)."""
     return msgpack.unpackb(meta, raw=False, strict_map_key=False, use_list=True)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """One entry read back by a store's ``recover`` or ``entries_of``: what replay
+    takes (``core/replay.py``)."""
+
+    kind: int
+    meta: bytes
+    refs: tuple[BodyRef, ...]
