@@ -76,7 +76,17 @@ class Release:
     ref: int
 
 
-Effect = Persist | Reply | Fail | Deliver | Cancelled | Release
+@dataclass(slots=True)
+class Continue:
+    """Long work (purging or deleting a huge queue) goes on in a later loop turn,
+    so that other clients are served in between: the edge calls ``step(now)``
+    soon, then drains the effects as after any command. A step that has more to
+    do emits another ``Continue``."""
+
+    step: Callable[[int], None]
+
+
+Effect = Persist | Reply | Fail | Deliver | Cancelled | Release | Continue
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from txbroker.core import Broker
-from txbroker.core.effects import Cancelled, Deliver, Fail, Persist, Release, Reply
+from txbroker.core.effects import Cancelled, Continue, Deliver, Fail, Persist, Release, Reply
 from txbroker.core.messages import Message
 from txbroker.core.streams import ReadResult
 from txbroker.errors import StorageFailed
@@ -109,6 +109,7 @@ class BrokerServer:
         self._runners: dict[type, Callable[[Any], None]] = {
             Persist: self._persist, Deliver: self._deliver, Reply: self._reply,
             Fail: self._fail, Release: self._release, Cancelled: self._cancelled,
+            Continue: self._continue,
         }
         self.recovered_messages = 0
 
@@ -253,6 +254,13 @@ class BrokerServer:
         if conn is not None:
             conn.fail_later(effect.rid, effect.error)
             self._dirty.add(conn)
+
+    def _continue(self, effect: Continue) -> None:
+        def step() -> None:
+            effect.step(self.now())
+            self.run_effects()
+
+        self.loop.call_soon(step)
 
     def _release(self, effect: Release) -> None:
         if self.store is not None:
