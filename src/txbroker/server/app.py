@@ -260,6 +260,7 @@ class BrokerServer:
             effect.step(self.now())
             self.run_effects()
 
+        assert self.loop is not None
         self.loop.call_soon(step)
 
     def _release(self, effect: Release) -> None:
