@@ -127,9 +127,13 @@ def test_send_nowait_pipelines() -> None:
             assert all(isinstance(f, asyncio.Future) for f in futures)
             assert await asyncio.gather(*futures) == [None] * 2000
             assert len(server.broker.queues["bulk"].ready) == 2000
-            bad = conn.send_nowait("bulk", b"x", priority=99)
-            with pytest.raises(BadRequest):
-                await bad
+            with pytest.raises(BadRequest):  # checked at once, as the broker would
+                conn.send_nowait("bulk", b"x", priority=99)
+            await conn.declare_queue("full", max_messages=1)
+            await conn.send("full", b"1")
+            refused = conn.send_nowait("full", b"2")  # the broker's refusal: in the future
+            with pytest.raises(QuotaExceeded):
+                await refused
 
     run(main())
 

@@ -18,6 +18,7 @@ from txbroker.errors import (
     ConnectionLost,
     IllegalState,
     NotFound,
+    QuotaExceeded,
     TransactionError,
     TransactionRolledBack,
 )
@@ -75,11 +76,15 @@ def test_sync_send_receive_subscribe(servers: ServerThread) -> None:
         futures = [conn.send_nowait("q", b"%d" % i) for i in range(300)]
         assert all(isinstance(f, concurrent.futures.Future) for f in futures)
         assert [f.result(5) for f in futures] == [None] * 300
-        bad = conn.send_nowait("q", b"x", priority=42)
-        with pytest.raises(BadRequest):
-            bad.result(5)
+        with pytest.raises(BadRequest):  # checked at once, as the broker would
+            conn.send_nowait("q", b"x", priority=42)
         with pytest.raises(TypeError):
-            conn.send_nowait("q", "str").result(5)  # type: ignore[arg-type]
+            conn.send_nowait("q", "str")  # type: ignore[arg-type]
+        conn.declare_queue("full", max_messages=1)
+        conn.send("full", b"1")
+        refused = conn.send_nowait("full", b"2")  # the broker's refusal: in the future
+        with pytest.raises(QuotaExceeded):
+            refused.result(5)
 
         with conn.subscribe("q", prefetch=50) as sub:
             assert isinstance(sub, Subscription)

@@ -35,24 +35,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any, Final
 
+from txbroker.client._failover import Failover
 from txbroker.client._session import Pending, Session, SubscriptionSink
+from txbroker.client.operations import NO_LIMITS, BrokerLimits, settle_args
 from txbroker.client.options import ConnectOptions
 from txbroker.client.transport import READ_CHUNK
 from txbroker.client.url import ClientURL
-from txbroker.core.xa import TMRESUME
 from txbroker.errors import (
-    XA_RBCOMMFAIL,
-    XAER_PROTO,
     AuthenticationFailed,
     BrokerError,
     ConnectionLost,
     MessageTooLarge,
     ProtocolError,
     TxBrokerError,
-    XAError,
     error_for_code,
 )
 from txbroker.protocol.native import (
@@ -68,17 +65,11 @@ from txbroker.protocol.native import (
 __all__ = ["Engine", "Session", "SubscriptionSink"]
 
 log = logging.getLogger("txbroker.client")
-#: Tries (and the pause between them, s) to resume an XA branch after a failover.
-XA_RESUME_ATTEMPTS: Final = 20
-XA_RESUME_PAUSE: Final = 0.05
-
-#: First pause after a full round of the failover list found no live host.
-INITIAL_BACKOFF: Final = 0.05
-#: Longest pause between two rounds of the failover list.
-MAX_BACKOFF: Final = 1.0
 #: Ops that are safe to send again after a failover (no side effect, or the
 #: broker drops the duplicate: a ``send`` with a ``message_id``).
 RESENDABLE_OPS: Final = frozenset({"receive", "ping", "queue_info", "queue_list", "stats"})
+#: Ops whose frame too large for the broker means a body too large (MessageTooLarge).
+SIZED_OPS: Final = frozenset({"send", "send_batch"})
 
 
 class Engine:
@@ -100,11 +91,17 @@ class Engine:
         self._next_rid = 1
         self._next_sub = 1
         self._epochs = 0
-        self._carry: list[Pending] = []
         self._outstanding: set[asyncio.Future[Any]] = set()
-        self._failover_task: asyncio.Task[None] | None = None
+        self._failover = Failover(self)
+        #: the limits of the broker's ``hello`` (max_message_size), checked before sending
+        self.limits: BrokerLimits = NO_LIMITS
 
     # ----------------------------------------------------------------- status
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (or the event loop shut the reader down)."""
+        return self._closed
 
     @property
     def epoch(self) -> int | None:
@@ -162,7 +159,7 @@ class Engine:
         try:
             data = session.codec.send(Request(rid, op, args))
         except LocalProtocolError as exc:
-            if op == "send":
+            if op in SIZED_OPS:  # the body (or bodies) make the frame too large
                 raise MessageTooLarge(str(exc)) from None
             raise
         pending = Pending(session, rid, op, args, resend, discard_result)
@@ -247,7 +244,7 @@ class Engine:
             return
         session, tags = batch
         if session is self.session:  # after a failover the broker redelivers them anyway
-            self.pipeline(session, "ack", {"tags": tags})
+            self.pipeline(session, "ack", settle_args(tags))
 
     _ack_batch: tuple[Session, list[int]] | None = None
     #: the XA branch associated with this connection (its Xid text), resumed with
@@ -354,11 +351,12 @@ class Engine:
     def _return_message(self, session: Session, result: Any) -> None:
         """Give back a message nobody will process (a receive that timed out on our side)."""
         if isinstance(result, dict) and type(result.get("tag")) is int and not session.closed:
-            session.write(session.codec.send(Request(0, "nack", {"tags": [result["tag"]]})))
+            session.write(session.codec.send(Request(0, "nack", settle_args([result["tag"]]))))
 
     # --------------------------------------------------------------- sessions
 
-    async def _open_session(self, index: int, timeout: float | None) -> Session:
+    async def open_session(self, index: int, timeout: float | None) -> Session:
+        """Connect to host ``index`` of the list and say hello (within ``timeout``)."""
         host = self.url.hosts[index]
         async with asyncio.timeout(timeout):
             stream = await self.options.transport.open(host.host, host.port)
@@ -389,7 +387,7 @@ class Engine:
         errors: list[str] = []
         for index, host in enumerate(self.url.hosts):
             try:
-                self._activate(await self._open_session(index, self.options.timeout))
+                self.activate(await self.open_session(index, self.options.timeout))
             except AuthenticationFailed:
                 raise
             except (OSError, TimeoutError, TxBrokerError) as exc:
@@ -398,11 +396,13 @@ class Engine:
             return
         raise ConnectionLost("no broker of the list answered: " + "; ".join(errors))
 
-    def _activate(self, session: Session) -> None:
+    def activate(self, session: Session) -> None:
+        """Make ``session`` (its hello done) the current one."""
         if session.closed:  # lost while the handshake finished
             raise ConnectionLost(f"{session.host} closed the connection after hello")
         self.session = session
         self.server_info = session.info
+        self.limits = BrokerLimits.from_hello(session.info)
         self._ready.set()
 
     def _session_lost(self, session: Session, error: BaseException | None) -> None:
@@ -416,119 +416,31 @@ class Engine:
                 p.future.set_exception(lost)
             if current:
                 self.session = None
-                self._fail(lost)
+                self.fail(lost)
             return
         self.session = None
         self._ready.clear()
         for p in pending:
             if p.resend:
-                self._carry.append(p)
+                self._failover.carry(p)
             else:
                 p.future.set_exception(ConnectionLost(reason + " (request not retried)"))
         log.warning("txbroker: %s; failing over", reason)
-        self._failover_task = asyncio.create_task(self._failover(session))
+        self._failover.start(session)
 
-    async def _failover(self, old: Session) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.reconnect_timeout
-        hosts = self.url.hosts
-        index = (old.index + 1) % len(hosts)
-        backoff = INITIAL_BACKOFF
-        attempts = 0
-        last_error: BaseException | None = None
-        while not self._closed:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            timeout = remaining
-            if self.options.timeout is not None:
-                timeout = min(remaining, self.options.timeout)
-            session: Session | None = None
-            try:
-                async with asyncio.timeout(timeout):
-                    session = await self._open_session(index, None)
-                    await self._restore(session)
-                self._activate(session)
-            except (OSError, TimeoutError, TxBrokerError) as exc:
-                last_error = exc
-                if session is not None:
-                    session.close()
-            except BaseException:  # cancelled by close()
-                if session is not None:
-                    session.close()
-                raise
-            else:
-                self._notify_failover(str(old.host), str(session.host))
-                return
-            index = (index + 1) % len(hosts)
-            attempts += 1
-            if attempts % len(hosts) == 0:
-                await asyncio.sleep(max(0.0, min(backoff, deadline - loop.time())))
-                backoff = min(backoff * 2, MAX_BACKOFF)
-        self._fail(
-            ConnectionLost(
-                f"no broker of {self.url} answered within {self.options.reconnect_timeout} s"
-                + (f" (last error: {last_error})" if last_error else "")
-            )
-        )
+    def resubmit(self, session: Session, pending: Pending) -> None:
+        """Send a request carried over a failover again, on ``session`` with a new id."""
+        rid = self._next_rid
+        self._next_rid = rid + 1
+        pending.session, pending.rid = session, rid
+        session.pending[rid] = pending
+        session.write(session.codec.send(Request(rid, pending.op, pending.args)))
 
-    async def _resume_branch(self, session: Session, xid: str) -> None:
-        """Reattach the XA branch this connection worked on. The broker may not have
-        noticed yet that the old session broke (XAER_PROTO: still associated): retry."""
-        for attempt in range(XA_RESUME_ATTEMPTS):
-            try:
-                await self.call_on(session, "xa_start", {"xid": xid, "flags": TMRESUME})
-                return
-            except XAError as exc:
-                if exc.errcode != XAER_PROTO or attempt == XA_RESUME_ATTEMPTS - 1:
-                    self.xa_broken = XAError(XA_RBCOMMFAIL, f"branch {xid} was lost in the "
-                                                            f"failover: {exc.message}")
-                    self.xa_branch = None
-                    return
-            await asyncio.sleep(XA_RESUME_PAUSE)
-
-    async def _restore(self, session: Session) -> None:
-        """Subscribe again and re-send the carried requests on a new session."""
-        for sub in list(self.subs.values()):
-            sub.on_failover(session.epoch)
-            if not sub.active:
-                continue
-            try:
-                await self.call_on(session, "subscribe", sub.subscribe_args())
-            except BrokerError as exc:
-                self.subs.pop(sub.sub_id, None)
-                sub.on_end(exc)
-        if self.xa_branch is not None:
-            await self._resume_branch(session, self.xa_branch)
-        if session.closed:
-            raise ConnectionLost(f"{session.host} closed the connection")
-        carry, self._carry = self._carry, []
-        for p in carry:
-            if p.future.done():
-                continue
-            rid = self._next_rid
-            self._next_rid = rid + 1
-            p.session, p.rid = session, rid
-            session.pending[rid] = p
-            session.write(session.codec.send(Request(rid, p.op, p.args)))
-
-    def _notify_failover(self, old_host: str, new_host: str) -> None:
-        log.warning("txbroker: failed over from %s to %s", old_host, new_host)
-        callback: Callable[[str, str], object] | None = self.options.on_failover
-        if callback is not None:
-            try:
-                callback(old_host, new_host)
-            except Exception:
-                log.exception("txbroker: on_failover callback raised")
-
-    def _fail(self, error: ConnectionLost) -> None:
+    def fail(self, error: ConnectionLost) -> None:
         """No broker left: fail every waiter and end every subscription."""
         if self._failed is None and not self._closed:
             self._failed = error
-        carry, self._carry = self._carry, []
-        for p in carry:
-            if not p.future.done():
-                p.future.set_exception(error)
+        self._failover.fail_carried(error)
         subs = list(self.subs.values())
         self.subs.clear()
         for sub in subs:
@@ -546,14 +458,12 @@ class Engine:
         if self._outstanding and self.session is not None:
             await asyncio.wait(set(self._outstanding), timeout=self.options.timeout)
         self._closed = True
-        task = self._failover_task
-        if task is not None and not task.done():
-            task.cancel()
+        self._failover.cancel()
         session = self.session
         if session is not None:
             session.close()
             if session.reader is not None:
                 await asyncio.wait([session.reader])
-        self._fail(ConnectionLost("the connection is closed"))
+        self.fail(ConnectionLost("the connection is closed"))
         if self._deferred is not None:
             log.warning("txbroker: error of a pipelined request at close: %s", self._deferred)

@@ -17,14 +17,20 @@ from txbroker.client.async_objects import (
     AsyncMessage,
     AsyncSubscription,
     AwaitableContext,
-    build_send_args,
 )
 from txbroker.client.async_transaction import AsyncTransaction
+from txbroker.client.operations import (
+    BrokerLimits,
+    ReceiveRequest,
+    SendRequest,
+    receive_face,
+    send_face,
+)
 from txbroker.client.options import ConnectOptions
 from txbroker.client.streams import AsyncStreamMixin
 from txbroker.client.url import ClientURL, parse_url
 from txbroker.client.xa import AsyncXAResource, TpcMixin
-from txbroker.errors import MessageTooLarge, ProtocolError
+from txbroker.errors import ProtocolError
 
 __all__ = [
     "AsyncConnection",
@@ -71,72 +77,60 @@ class AsyncConnection(TpcMixin, AsyncStreamMixin):
 
     # --------------------------------------------------------------- messages
 
-    async def send(
-        self,
-        dest: str,
-        body: bytes,
-        *,
-        headers: dict[str, str] | None = None,
-        message_id: str | None = None,
-        persistent: bool = True,
-        priority: int = 4,
-        ttl: float | None = None,
-        delay: float | None = None,
-    ) -> None:
+    def _limits(self) -> BrokerLimits:
+        return self._engine.limits
+
+    @send_face
+    async def send(self, request: SendRequest) -> None:
         """Send a message to a queue or topic; returns once the broker made it durable.
 
-        ``ttl`` and ``delay`` are in seconds. A send with a ``message_id`` is
-        re-sent after a failover (the broker drops the duplicate).
+        The arguments are those of :func:`~txbroker.client.operations.send_request`
+        (``ttl`` and ``delay`` in seconds), checked before anything is sent: a body
+        above the broker's ``max_message_size`` raises MessageTooLarge at once. A
+        send with a ``message_id`` is re-sent after a failover (the broker drops
+        the duplicate).
         """
-        args = build_send_args(dest, body, headers, message_id, persistent, priority, ttl, delay)
-        self._check_size(body)
-        await self._engine.call(
-            "send", args, timeout=self._engine.options.timeout, resend=message_id is not None
+        await self._send(request)
+
+    async def _send(self, request: SendRequest) -> None:
+        engine = self._engine
+        await engine.call(
+            "send", request.wire_args(), timeout=engine.options.timeout,
+            resend=request.resendable,
         )
 
-    def send_nowait(
-        self,
-        dest: str,
-        body: bytes,
-        *,
-        headers: dict[str, str] | None = None,
-        message_id: str | None = None,
-        persistent: bool = True,
-        priority: int = 4,
-        ttl: float | None = None,
-        delay: float | None = None,
-    ) -> asyncio.Future[None]:
+    @send_face
+    def send_nowait(self, request: SendRequest) -> asyncio.Future[None]:
         """Like :meth:`send` but returns at once with a future: pipeline many sends.
 
-        Must be called from the connection's event loop.
+        The arguments are checked at once (errors are raised, not put in the
+        future). Must be called from the connection's event loop.
         """
-        args = build_send_args(dest, body, headers, message_id, persistent, priority, ttl, delay)
-        self._check_size(body)
-        return self._engine.submit("send", args, resend=message_id is not None, discard_result=True)
+        return self._send_nowait(request)
 
-    def _check_size(self, body: bytes) -> None:
-        limit = self._engine.server_info.get("max_message_size")
-        if type(limit) is int and len(body) > limit > 0:
-            raise MessageTooLarge(f"body of {len(body)} bytes exceeds the broker's {limit}")
+    def _send_nowait(self, request: SendRequest) -> asyncio.Future[None]:
+        return self._engine.submit(
+            "send", request.wire_args(), resend=request.resendable, discard_result=True
+        )
 
-    async def receive(self, queue: str, timeout: float | None = None) -> AsyncMessage | None:
+    @receive_face
+    async def receive(self, request: ReceiveRequest) -> AsyncMessage | None:
         """Take one message (client-ack mode: ``ack`` it); None after ``timeout`` seconds.
 
-        ``timeout=None`` waits forever, ``0`` only polls.
+        ``timeout=None`` waits forever, ``0`` only polls (see
+        :func:`~txbroker.client.operations.receive_request`).
         """
-        args: dict[str, Any] = {"queue": queue}
-        request_timeout: float | None = None
-        if timeout is not None:
-            if timeout < 0:
-                raise ValueError("timeout must be >= 0")
-            args["timeout_ms"] = round(timeout * 1000)
-            option = self._engine.options.timeout
-            request_timeout = None if option is None else timeout + option
-        result, epoch = await self._engine.call("receive", args, timeout=request_timeout)
+        return await self._receive(request)
+
+    async def _receive(self, request: ReceiveRequest) -> AsyncMessage | None:
+        engine = self._engine
+        result, epoch = await engine.call(
+            "receive", request.wire_args(), timeout=request.reply_timeout(engine.options.timeout)
+        )
         if result is None:
             return None
         try:
-            return AsyncMessage(self._engine, result, epoch, auto=False)
+            return AsyncMessage(engine, result, epoch, auto=False)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed message from the broker: {exc!r}") from exc
 

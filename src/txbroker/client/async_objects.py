@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, Final, Generic, Literal, TypeVar
 
 from txbroker.client._engine import Engine, Session
+from txbroker.client.operations import settle_args
 from txbroker.errors import IllegalState, TxBrokerError
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "AsyncSubscription",
     "AwaitableContext",
     "MessageBase",
-    "build_send_args",
 ]
 
 AckMode = Literal["client", "auto"]
@@ -59,48 +59,6 @@ class AwaitableContext(Generic[T]):
     ) -> None:
         if self._value is not None:
             await self._value.close()  # type: ignore[attr-defined]
-
-
-def _millis(name: str, seconds: float | None) -> int | None:
-    if seconds is None:
-        return None
-    if seconds < 0:
-        raise ValueError(f"{name} must be >= 0 seconds")
-    return round(seconds * 1000)
-
-
-def build_send_args(
-    dest: str,
-    body: bytes,
-    headers: dict[str, str] | None,
-    message_id: str | None,
-    persistent: bool,
-    priority: int,
-    ttl: float | None,
-    delay: float | None,
-    tx: int | None = None,
-) -> dict[str, Any]:
-    """The ``send`` request's arguments (seconds → milliseconds, defaults left out)."""
-    if not isinstance(body, bytes | bytearray | memoryview):
-        raise TypeError(f"a message body must be bytes, not {type(body).__name__}")
-    args: dict[str, Any] = {"dest": dest, "body": body}
-    if headers:
-        args["headers"] = headers
-    if message_id is not None:
-        args["message_id"] = message_id
-    if not persistent:
-        args["persistent"] = False
-    if priority != 4:
-        args["priority"] = priority
-    ttl_ms = _millis("ttl", ttl)
-    if ttl_ms is not None:
-        args["ttl_ms"] = ttl_ms
-    delay_ms = _millis("delay", delay)
-    if delay_ms is not None:
-        args["delay_ms"] = delay_ms
-    if tx is not None:
-        args["tx"] = tx
-    return args
 
 
 class MessageBase:
@@ -191,7 +149,7 @@ class AsyncMessage(MessageBase):
         messages consumed by a transaction (their ack is part of the transaction)."""
         if self._auto or self._tx is not None:
             return
-        await self._settle_with("ack", {"tags": [self.tag]}, wait)
+        await self._settle_with("ack", settle_args([self.tag]), wait)
 
     async def nack(self, requeue: bool = True, *, wait: bool = False) -> None:
         """Reject: redeliver it (``requeue``) or dead-letter it at once."""
@@ -199,10 +157,7 @@ class AsyncMessage(MessageBase):
             raise IllegalState("an auto-ack message cannot be rejected")
         if self._tx is not None:
             raise IllegalState("the message was consumed by a transaction: roll it back instead")
-        args: dict[str, Any] = {"tags": [self.tag]}
-        if not requeue:
-            args["requeue"] = False
-        await self._settle_with("nack", args, wait)
+        await self._settle_with("nack", settle_args([self.tag], requeue=requeue), wait)
 
 
 _END: Final = None

@@ -20,7 +20,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from txbroker.client._engine import Engine
-from txbroker.client.async_objects import AsyncMessage, build_send_args
+from txbroker.client.async_objects import AsyncMessage
+from txbroker.client.operations import (
+    BrokerLimits,
+    ReceiveRequest,
+    SendRequest,
+    receive_face,
+    send_face,
+    settle_args,
+)
 from txbroker.errors import IllegalState, TransactionError, TransactionRolledBack, TxBrokerError
 
 if TYPE_CHECKING:
@@ -81,29 +89,32 @@ class AsyncTransaction:
         """Send ``tx_begin`` now (otherwise the first operation does)."""
         await self._ensure()
 
-    async def send(
-        self,
-        dest: str,
-        body: bytes,
-        *,
-        headers: dict[str, str] | None = None,
-        message_id: str | None = None,
-        persistent: bool = True,
-        priority: int = 4,
-        ttl: float | None = None,
-        delay: float | None = None,
-    ) -> None:
-        """Stage a send; it becomes visible at commit."""
-        tx = await self._ensure()
-        args = build_send_args(
-            dest, body, headers, message_id, persistent, priority, ttl, delay, tx=tx
-        )
+    def _limits(self) -> BrokerLimits:
+        return self._engine.limits
+
+    @send_face
+    async def send(self, request: SendRequest) -> None:
+        """Stage a send; it becomes visible at commit.
+
+        The arguments are those of the connection's ``send``
+        (:func:`~txbroker.client.operations.send_request`), checked before
+        anything is sent — before ``tx_begin`` too.
+        """
+        await self._send(request)
+
+    async def _send(self, request: SendRequest) -> None:
+        args = request.wire_args()
+        args["tx"] = await self._ensure()
         await self._call("send", args)
 
-    async def receive(self, queue: str, timeout: float | None = None) -> AsyncMessage | None:
+    @receive_face
+    async def receive(self, request: ReceiveRequest) -> AsyncMessage | None:
         """Receive a message consumed by the transaction (its ack is staged at once)."""
+        return await self._receive(request)
+
+    async def _receive(self, request: ReceiveRequest) -> AsyncMessage | None:
         tx = await self._ensure()
-        message = await self._connection.receive(queue, timeout)
+        message = await self._connection._receive(request)
         if message is None:
             return None
         session = self._engine.session
@@ -112,12 +123,11 @@ class AsyncTransaction:
             raise TransactionRolledBack("the connection failed over: the transaction rolled back")
         message._settled = True
         message._tx = self
-        self._staged.append(
-            self._engine.pipeline(session, "ack", {"tags": [message.tag], "tx": tx})
-        )
+        staged_ack = settle_args([message.tag], tx=tx)
+        self._staged.append(self._engine.pipeline(session, "ack", staged_ack))
         return message
 
-    async def _settle(self, message: AsyncMessage, op: str, args: dict[str, Any]) -> None:
+    async def _settle(self, message: AsyncMessage, op: str, requeue: bool = True) -> None:
         tx = await self._ensure()
         if message._tx is self:
             if op == "ack":
@@ -127,17 +137,17 @@ class AsyncTransaction:
             raise IllegalState(f"message {message.tag} was already acknowledged or rejected")
         if message._epoch != self._epoch:
             raise IllegalState("the message was delivered before a failover")
-        await self._call(op, {**args, "tags": [message.tag], "tx": tx})
+        await self._call(op, settle_args([message.tag], requeue=requeue, tx=tx))
         message._settled = True
         message._tx = self
 
     async def ack(self, message: AsyncMessage) -> None:
         """Stage the ack of a message received outside the transaction."""
-        await self._settle(message, "ack", {})
+        await self._settle(message, "ack")
 
     async def nack(self, message: AsyncMessage, requeue: bool = True) -> None:
         """Stage the rejection of a message received outside the transaction."""
-        await self._settle(message, "nack", {} if requeue else {"requeue": False})
+        await self._settle(message, "nack", requeue)
 
     async def commit(self) -> None:
         """Commit; returns once durable. Raises TransactionRolledBack if it could not."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from txbroker.client._engine import Engine
+from txbroker.client.operations import BatchRequest, BrokerLimits, batch_face
 from txbroker.protocol.columns import (
     I64,
     U32,
@@ -124,21 +125,20 @@ class AsyncStreamMixin:
         result, _ = await self._engine.call(op, args, timeout=self._engine.options.timeout)
         return result
 
-    async def send_batch(self, dest: str, bodies: Sequence[bytes], *,
-                         headers: Sequence[dict[str, str] | None] | None = None,
-                         message_ids: Sequence[str | None] | None = None,
-                         persistent: bool = True) -> int:
+    def _limits(self) -> BrokerLimits:
+        return self._engine.limits
+
+    @batch_face
+    async def send_batch(self, request: BatchRequest) -> int:
         """Send many messages to one destination in one request; returns how many were
-        stored (duplicates by message id are not). Returns once durable; inside a
-        transaction branch the messages are staged in it."""
-        args: dict[str, Any] = {"dest": dest, "bodies": list(bodies)}
-        if headers is not None:
-            args["headers"] = list(headers)
-        if message_ids is not None:
-            args["message_ids"] = list(message_ids)
-        if not persistent:
-            args["persistent"] = False
-        result = await self._stream_call("send_batch", args)
+        stored (duplicates by message id are not). Returns once durable; inside an XA
+        branch the messages are staged in it. The arguments are those of
+        :func:`~txbroker.client.operations.batch_request`, checked before anything is
+        sent (a body above ``max_message_size``: MessageTooLarge, nothing sent)."""
+        return await self._send_batch(request)
+
+    async def _send_batch(self, request: BatchRequest) -> int:
+        result = await self._stream_call("send_batch", request.wire_args())
         return int(result["count"])
 
     async def stream_open(self, queue: str, name: str) -> StreamInfo:
@@ -200,13 +200,13 @@ class StreamMixin:
     def _streams(self) -> AsyncStreamMixin:
         raise NotImplementedError
 
-    def send_batch(self, dest: str, bodies: Sequence[bytes], *,
-                   headers: Sequence[dict[str, str] | None] | None = None,
-                   message_ids: Sequence[str | None] | None = None,
-                   persistent: bool = True) -> int:
+    def _limits(self) -> BrokerLimits:
+        return self._streams._limits()
+
+    @batch_face
+    def send_batch(self, request: BatchRequest) -> int:
         """See :meth:`AsyncStreamMixin.send_batch`."""
-        return self._call(self._streams.send_batch(dest, bodies, headers=headers,
-                                                 message_ids=message_ids, persistent=persistent))
+        return self._call(self._streams._send_batch(request))
 
     def stream_open(self, queue: str, name: str) -> StreamInfo:
         """See :meth:`AsyncStreamMixin.stream_open`."""

@@ -11,19 +11,23 @@ that private thread, so it must not call the connection itself.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
-import contextlib
-import threading
-import weakref
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
+from txbroker.client._portal import LoopThread
 from txbroker.client.aio import AsyncConnection, open_connection
 from txbroker.client.async_objects import AckMode, AsyncMessage, AsyncSubscription, MessageBase
 from txbroker.client.async_transaction import AsyncTransaction
+from txbroker.client.operations import (
+    BrokerLimits,
+    ReceiveRequest,
+    SendRequest,
+    receive_face,
+    send_face,
+)
 from txbroker.client.options import ConnectOptions
 from txbroker.client.streams import StreamMixin
 from txbroker.client.url import ClientURL, parse_url
@@ -38,101 +42,6 @@ T = TypeVar("T")
 
 #: Messages moved from the loop thread to a sync subscription per hand-over.
 SYNC_BATCH: Final = 256
-#: Seconds to wait for the loop thread to finish at close.
-THREAD_JOIN_TIMEOUT: Final = 10.0
-
-
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
-
-
-class _LoopThread:
-    """An event loop running on its own daemon thread, and a way to call into it.
-
-    A program may exit with connections still open (Spark never calls a stream
-    reader's ``stop``): at exit every loop still running is stopped, so its
-    tasks end by cancellation instead of being torn down by the interpreter
-    (which made the reader think the connection was lost and print a failover
-    and "Task was destroyed" warnings).
-    """
-
-    def __init__(self) -> None:
-        self.loop = _new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="txbroker-client", daemon=True)
-        self._thread.start()
-        _RUNNING_LOOPS.add(self)
-
-    def _run(self) -> None:
-        loop = self.loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            tasks = asyncio.all_tasks(loop)
-            for task in tasks:
-                task.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    def _check_thread(self) -> None:
-        if threading.get_ident() == self._thread.ident:
-            raise RuntimeError(
-                "a sync txbroker call from the client's own loop thread (e.g. in on_failover) "
-                "would deadlock"
-            )
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Schedule ``coro`` on the loop; return its concurrent future."""
-        try:
-            self._check_thread()
-            return asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError as exc:
-            coro.close()
-            if "deadlock" in str(exc):
-                raise
-            raise ConnectionLost("the connection is closed") from None
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the loop and wait for its outcome (Ctrl-C cancels it)."""
-        future = self.submit(coro)
-        try:
-            return future.result()
-        except BaseException:
-            future.cancel()
-            raise
-
-    def call_soon(self, callback: Callable[[], None]) -> None:
-        """Run a plain callback on the loop."""
-        self._check_thread()
-        try:
-            self.loop.call_soon_threadsafe(callback)
-        except RuntimeError:
-            raise ConnectionLost("the connection is closed") from None
-
-    def stop(self) -> None:
-        """Stop the loop and wait for its thread."""
-        if self._thread.is_alive():
-            self._check_thread()
-            with contextlib.suppress(RuntimeError):  # already closed
-                self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(THREAD_JOIN_TIMEOUT)
-
-
-#: Loop threads not stopped yet (see :class:`_LoopThread`).
-_RUNNING_LOOPS: weakref.WeakSet[_LoopThread] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_loops_at_exit() -> None:
-    for portal in list(_RUNNING_LOOPS):
-        with contextlib.suppress(Exception):
-            portal.stop()
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -144,7 +53,7 @@ class Message(MessageBase):
 
     __slots__ = ("_inner", "_portal")
 
-    def __init__(self, inner: AsyncMessage, portal: _LoopThread) -> None:
+    def __init__(self, inner: AsyncMessage, portal: LoopThread) -> None:
         self._copy_fields(inner)
         self._inner = inner
         self._portal = portal
@@ -161,7 +70,7 @@ class Message(MessageBase):
 class Subscription:
     """Messages pushed for one queue: ``for msg in sub``; ``close()`` or ``with`` ends it."""
 
-    def __init__(self, inner: AsyncSubscription, portal: _LoopThread) -> None:
+    def __init__(self, inner: AsyncSubscription, portal: LoopThread) -> None:
         self._inner = inner
         self._portal = portal
         self._local: deque[Message] = deque()
@@ -225,7 +134,7 @@ class Transaction:
     """A local transaction: ``with conn.transaction() as tx`` commits on normal exit and
     rolls back on an exception."""
 
-    def __init__(self, inner: AsyncTransaction, portal: _LoopThread) -> None:
+    def __init__(self, inner: AsyncTransaction, portal: LoopThread) -> None:
         self._inner = inner
         self._portal = portal
 
@@ -238,35 +147,19 @@ class Transaction:
         """Begin now (otherwise the first operation does)."""
         self._portal.call(self._inner.begin())
 
-    def send(
-        self,
-        dest: str,
-        body: bytes,
-        *,
-        headers: dict[str, str] | None = None,
-        message_id: str | None = None,
-        persistent: bool = True,
-        priority: int = 4,
-        ttl: float | None = None,
-        delay: float | None = None,
-    ) -> None:
-        """Stage a send; it becomes visible at commit."""
-        self._portal.call(
-            self._inner.send(
-                dest,
-                body,
-                headers=headers,
-                message_id=message_id,
-                persistent=persistent,
-                priority=priority,
-                ttl=ttl,
-                delay=delay,
-            )
-        )
+    def _limits(self) -> BrokerLimits:
+        return self._inner._limits()
 
-    def receive(self, queue: str, timeout: float | None = None) -> Message | None:
+    @send_face
+    def send(self, request: SendRequest) -> None:
+        """Stage a send; it becomes visible at commit (arguments: the connection's ``send``,
+        checked before anything is sent)."""
+        self._portal.call(self._inner._send(request))
+
+    @receive_face
+    def receive(self, request: ReceiveRequest) -> Message | None:
         """Receive a message consumed by the transaction (its ack is staged)."""
-        inner = self._portal.call(self._inner.receive(queue, timeout))
+        inner = self._portal.call(self._inner._receive(request))
         return None if inner is None else Message(inner, self._portal)
 
     def ack(self, message: Message) -> None:
@@ -312,7 +205,7 @@ def _chain(source: asyncio.Future[None], target: concurrent.futures.Future[None]
 class Connection(StreamMixin):
     """A sync connection to a broker. Use :func:`connect` to make one."""
 
-    def __init__(self, inner: AsyncConnection, portal: _LoopThread) -> None:
+    def __init__(self, inner: AsyncConnection, portal: LoopThread) -> None:
         self._inner = inner
         self._portal = portal
         self._closed = False
@@ -347,61 +240,31 @@ class Connection(StreamMixin):
             raise ConnectionLost("the connection is closed")
         return self._portal.call(coro)
 
-    def send(
-        self,
-        dest: str,
-        body: bytes,
-        *,
-        headers: dict[str, str] | None = None,
-        message_id: str | None = None,
-        persistent: bool = True,
-        priority: int = 4,
-        ttl: float | None = None,
-        delay: float | None = None,
-    ) -> None:
-        """Send a message; returns once the broker made it durable (``ttl``/``delay`` in s)."""
-        self._call(
-            self._inner.send(
-                dest,
-                body,
-                headers=headers,
-                message_id=message_id,
-                persistent=persistent,
-                priority=priority,
-                ttl=ttl,
-                delay=delay,
-            )
-        )
+    def _limits(self) -> BrokerLimits:
+        return self._inner._limits()
 
-    def send_nowait(
-        self,
-        dest: str,
-        body: bytes,
-        *,
-        headers: dict[str, str] | None = None,
-        message_id: str | None = None,
-        persistent: bool = True,
-        priority: int = 4,
-        ttl: float | None = None,
-        delay: float | None = None,
-    ) -> concurrent.futures.Future[None]:
-        """Like :meth:`send` but returns a future at once: pipeline many sends."""
+    @send_face
+    def send(self, request: SendRequest) -> None:
+        """Send a message; returns once the broker made it durable.
+
+        The arguments are those of :func:`~txbroker.client.operations.send_request`
+        (``ttl``/``delay`` in seconds), checked before anything is sent.
+        """
+        self._call(self._inner._send(request))
+
+    @send_face
+    def send_nowait(self, request: SendRequest) -> concurrent.futures.Future[None]:
+        """Like :meth:`send` but returns a future at once: pipeline many sends.
+
+        The arguments are checked at once (errors are raised, not put in the future).
+        """
         if self._closed:
             raise ConnectionLost("the connection is closed")
         result: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def start() -> None:
             try:
-                reply = self._inner.send_nowait(
-                    dest,
-                    body,
-                    headers=headers,
-                    message_id=message_id,
-                    persistent=persistent,
-                    priority=priority,
-                    ttl=ttl,
-                    delay=delay,
-                )
+                reply = self._inner._send_nowait(request)
             except BaseException as exc:
                 result.set_exception(exc)
             else:
@@ -410,9 +273,10 @@ class Connection(StreamMixin):
         self._portal.call_soon(start)
         return result
 
-    def receive(self, queue: str, timeout: float | None = None) -> Message | None:
+    @receive_face
+    def receive(self, request: ReceiveRequest) -> Message | None:
         """Take one message (``ack`` it); None after ``timeout`` s (None: wait forever)."""
-        inner = self._call(self._inner.receive(queue, timeout))
+        inner = self._call(self._inner._receive(request))
         return None if inner is None else Message(inner, self._portal)
 
     def subscribe(self, queue: str, prefetch: int = 100, ack: AckMode = "client") -> Subscription:
@@ -583,7 +447,7 @@ def connect(url: str | ClientURL, **options: Any) -> Connection:
     """
     parsed = url if isinstance(url, ClientURL) else parse_url(url)
     checked = ConnectOptions.from_kwargs(options)
-    portal = _LoopThread()
+    portal = LoopThread()
     try:
         inner = portal.call(open_connection(parsed, options=checked))
     except BaseException:

@@ -1,0 +1,207 @@
+"""The engine's failover part: walk the failover list, restore the state, re-send.
+
+Theory of operation
+-------------------
+When the current session breaks, the engine (``_engine.py``) hands the
+pending requests that are safe to send again to :meth:`Failover.carry` and
+calls :meth:`Failover.start`. The failover task then tries the hosts of the
+URL's list starting with the one after the lost host, with a back-off after
+each full round, until ``reconnect_timeout``. On a new session it restores,
+in this order: the open subscriptions, the associated XA branch
+(``start(TMRESUME)``), then the carried requests (with new request ids). Only
+then is the session made current, so no new request overtakes them. If no
+host answers in time, the engine fails every waiter.
+
+This part owns its state (the carried requests and the task); what it needs
+of the engine is the small :class:`FailoverHost` interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from txbroker.client._session import Pending, Session, SubscriptionSink
+from txbroker.client.options import ConnectOptions
+from txbroker.client.url import ClientURL
+from txbroker.core.xa import TMRESUME
+from txbroker.errors import (
+    XA_RBCOMMFAIL,
+    XAER_PROTO,
+    BrokerError,
+    ConnectionLost,
+    TxBrokerError,
+    XAError,
+)
+
+__all__ = ["Failover", "FailoverHost"]
+
+log = logging.getLogger("txbroker.client")
+
+#: Tries (and the pause between them, s) to resume an XA branch after a failover.
+XA_RESUME_ATTEMPTS: Final = 20
+XA_RESUME_PAUSE: Final = 0.05
+#: First pause after a full round of the failover list found no live host.
+INITIAL_BACKOFF: Final = 0.05
+#: Longest pause between two rounds of the failover list.
+MAX_BACKOFF: Final = 1.0
+
+
+class FailoverHost(Protocol):
+    """What the failover part needs of the engine."""
+
+    url: ClientURL
+    options: ConnectOptions
+    subs: dict[int, SubscriptionSink]
+    #: the XA branch to resume (its Xid text), and the error of a failed resume
+    xa_branch: str | None
+    xa_broken: BaseException | None
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection was closed (stop trying)."""
+        ...
+
+    async def open_session(self, index: int, timeout: float | None) -> Session:
+        """Connect to host ``index`` of the list and say hello."""
+        ...
+
+    def activate(self, session: Session) -> None:
+        """Make ``session`` the current one."""
+        ...
+
+    async def call_on(self, session: Session, op: str, args: dict[str, Any]) -> Any:
+        """Send a request on ``session`` and wait for its result."""
+        ...
+
+    def resubmit(self, session: Session, pending: Pending) -> None:
+        """Send a carried request again on ``session`` (with a new request id)."""
+        ...
+
+    def fail(self, error: ConnectionLost) -> None:
+        """No broker left: fail every waiter."""
+        ...
+
+
+class Failover:
+    """Finds a new session after a loss (see the module docstring)."""
+
+    def __init__(self, host: FailoverHost) -> None:
+        self._host = host
+        self._carried: list[Pending] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def carry(self, pending: Pending) -> None:
+        """Send ``pending`` again on the next session."""
+        self._carried.append(pending)
+
+    def fail_carried(self, error: BaseException) -> None:
+        """Fail the requests waiting for the next session."""
+        carried, self._carried = self._carried, []
+        for pending in carried:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def start(self, old: Session) -> None:
+        """Start looking for a new session after ``old`` broke."""
+        self._task = asyncio.create_task(self._run(old))
+
+    def cancel(self) -> None:
+        """Stop looking (the connection is being closed)."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _run(self, old: Session) -> None:
+        host = self._host
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + host.options.reconnect_timeout
+        hosts = host.url.hosts
+        index = (old.index + 1) % len(hosts)
+        backoff = INITIAL_BACKOFF
+        attempts = 0
+        last_error: BaseException | None = None
+        while not host.closed:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            timeout = remaining
+            if host.options.timeout is not None:
+                timeout = min(remaining, host.options.timeout)
+            session: Session | None = None
+            try:
+                async with asyncio.timeout(timeout):
+                    session = await host.open_session(index, None)
+                    await self._restore(session)
+                host.activate(session)
+            except (OSError, TimeoutError, TxBrokerError) as exc:
+                last_error = exc
+                if session is not None:
+                    session.close()
+            except BaseException:  # cancelled by close()
+                if session is not None:
+                    session.close()
+                raise
+            else:
+                self._notify(str(old.host), str(session.host))
+                return
+            index = (index + 1) % len(hosts)
+            attempts += 1
+            if attempts % len(hosts) == 0:
+                await asyncio.sleep(max(0.0, min(backoff, deadline - loop.time())))
+                backoff = min(backoff * 2, MAX_BACKOFF)
+        host.fail(
+            ConnectionLost(
+                f"no broker of {host.url} answered within {host.options.reconnect_timeout} s"
+                + (f" (last error: {last_error})" if last_error else "")
+            )
+        )
+
+    async def _resume_branch(self, session: Session, xid: str) -> None:
+        """Reattach the XA branch this connection worked on. The broker may not have
+        noticed yet that the old session broke (XAER_PROTO: still associated): retry."""
+        host = self._host
+        for attempt in range(XA_RESUME_ATTEMPTS):
+            try:
+                await host.call_on(session, "xa_start", {"xid": xid, "flags": TMRESUME})
+                return
+            except XAError as exc:
+                if exc.errcode != XAER_PROTO or attempt == XA_RESUME_ATTEMPTS - 1:
+                    host.xa_broken = XAError(
+                        XA_RBCOMMFAIL, f"branch {xid} was lost in the failover: {exc.message}"
+                    )
+                    host.xa_branch = None
+                    return
+            await asyncio.sleep(XA_RESUME_PAUSE)
+
+    async def _restore(self, session: Session) -> None:
+        """Subscribe again, resume the XA branch and re-send the carried requests."""
+        host = self._host
+        for sub in list(host.subs.values()):
+            sub.on_failover(session.epoch)
+            if not sub.active:
+                continue
+            try:
+                await host.call_on(session, "subscribe", sub.subscribe_args())
+            except BrokerError as exc:
+                host.subs.pop(sub.sub_id, None)
+                sub.on_end(exc)
+        if host.xa_branch is not None:
+            await self._resume_branch(session, host.xa_branch)
+        if session.closed:
+            raise ConnectionLost(f"{session.host} closed the connection")
+        carried, self._carried = self._carried, []
+        for pending in carried:
+            if not pending.future.done():
+                host.resubmit(session, pending)
+
+    def _notify(self, old_host: str, new_host: str) -> None:
+        log.warning("txbroker: failed over from %s to %s", old_host, new_host)
+        callback: Callable[[str, str], object] | None = self._host.options.on_failover
+        if callback is not None:
+            try:
+                callback(old_host, new_host)
+            except Exception:
+                log.exception("txbroker: on_failover callback raised")
