@@ -72,6 +72,10 @@ def test_the_send_signature_is_the_documented_one() -> None:
     )
     for face in SEND_FACES:
         assert face.__doc__, face.__qualname__
+    # the async faces stay coroutine functions (their checks run when awaited)
+    assert inspect.iscoroutinefunction(AsyncConnection.send)
+    assert inspect.iscoroutinefunction(AsyncTransaction.send)
+    assert not inspect.iscoroutinefunction(AsyncConnection.send_nowait)
 
 
 def public_methods(cls: type) -> dict[str, Callable[..., Any]]:
