@@ -12,8 +12,9 @@ complete frame of each read and resolves futures (``OK``/``ERR``) or hands
 
 Each session has an *epoch* number; messages and transactions remember the
 epoch they belong to. When the current session breaks, the :class:`Engine`
-(if ``reconnect``) walks the failover list starting with the next host,
-with a short back-off after each full round, until ``reconnect_timeout``:
+(if ``reconnect``) has its failover part (``_failover.py``) walk the failover
+list starting with the next host, with a short back-off after each full
+round, until ``reconnect_timeout``:
 
 * pending sends that carry a ``message_id`` (the broker drops duplicates),
   ``receive`` and the read-only ops are re-sent on the new session; other
@@ -29,6 +30,11 @@ If no host answers in time, every waiter gets ConnectionLost.
 
 Pipelined requests (acks sent without waiting) that fail with a broker error
 are remembered and raised by the next call on the connection.
+
+The limits the broker announces in ``hello`` are kept in :attr:`Engine.limits`;
+the faces check each request against them before it gets here
+(``operations.py``). A frame still too large for the broker's
+``max_frame_size`` raises MessageTooLarge for a send (the body made it so).
 """
 
 from __future__ import annotations
