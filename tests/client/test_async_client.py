@@ -402,8 +402,37 @@ def test_connect_errors_and_options() -> None:
             txbroker.aio.connect("http://x")
         with pytest.raises(ValueError):
             txbroker.aio.connect(url_of(server), timeout=0)
+        # A host that never answers hello: the error names the timeout (it said nothing).
+        with pytest.raises(ConnectionLost, match=r"somewhere:1: TimeoutError"):
+            await txbroker.aio.connect("txb://somewhere:1", transport=SilentTransport(),
+                                       timeout=0.05)
 
     run(main())
+
+
+class SilentTransport:
+    """Opens streams on which nobody ever answers."""
+
+    async def open(self, host: str, port: int) -> Stream:
+        return SilentStream()
+
+
+class SilentStream:
+    def __init__(self) -> None:
+        self.closed = asyncio.Event()
+
+    async def read(self, max_bytes: int) -> bytes:
+        await self.closed.wait()
+        return b""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed.set()
 
 
 class ScriptedTransport:

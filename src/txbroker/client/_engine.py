@@ -397,7 +397,7 @@ class Engine:
             except AuthenticationFailed:
                 raise
             except (OSError, TimeoutError, TxBrokerError) as exc:
-                errors.append(f"{host}: {exc or type(exc).__name__}")
+                errors.append(f"{host}: {str(exc) or type(exc).__name__}")
                 continue
             return
         raise ConnectionLost("no broker of the list answered: " + "; ".join(errors))
