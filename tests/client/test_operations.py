@@ -15,6 +15,13 @@ import txbroker.aio
 from txbroker.client import sync
 from txbroker.client.aio import AsyncConnection, AsyncMessage, AsyncSubscription
 from txbroker.client.async_transaction import AsyncTransaction
+from txbroker.client.operations import (
+    BrokerLimits,
+    batch_request,
+    receive_request,
+    send_request,
+    settle_args,
+)
 from txbroker.client.xa import AsyncXAResource
 from txbroker.errors import BadRequest, MessageTooLarge
 
@@ -172,3 +179,56 @@ def test_receive_and_batch_arguments_are_checked_before_any_request() -> None:
             assert wire_ops(server) == []
 
     run(main())
+
+
+def test_requests_and_their_wire_arguments() -> None:
+    plain = send_request("q", b"x")
+    assert plain.wire_args() == {"dest": "q", "body": b"x"}  # defaults are left out
+    assert not plain.resendable
+    full = send_request("q", bytearray(b"xy"), headers={"k": "v"}, message_id="m",
+                        persistent=False, priority=0, ttl=0.5, delay=0)
+    assert full.wire_args(tx=7) == {
+        "dest": "q", "body": bytearray(b"xy"), "headers": {"k": "v"}, "message_id": "m",
+        "persistent": False, "priority": 0, "ttl_ms": 500, "delay_ms": 0, "tx": 7,
+    }
+    assert full.resendable
+    assert send_request("q", memoryview(b"abc")).body_size == 3
+    for bad in ({"dest": 1}, {"body": "text"}, {"headers": {"k": 1}}, {"headers": [("k", "v")]},
+                {"message_id": 5}, {"persistent": 1}, {"priority": 4.0}, {"priority": True},
+                {"ttl": "1"}):
+        arguments: dict[str, Any] = {"dest": "q", "body": b"x", **bad}
+        with pytest.raises(TypeError):
+            send_request(arguments.pop("dest"), arguments.pop("body"), **arguments)
+    with pytest.raises(ValueError):
+        send_request("q", b"x", delay=-0.001)
+    for priority in (-1, 10):
+        with pytest.raises(BadRequest):
+            send_request("q", b"x", priority=priority)
+
+    limits = BrokerLimits.from_hello({"max_message_size": 3})
+    send_request("q", b"abc").check(limits)
+    with pytest.raises(MessageTooLarge, match="4 bytes is above max_message_size \\(3\\)"):
+        send_request("q", b"abcd").check(limits)
+    assert BrokerLimits.from_hello({"max_message_size": "3"}) == BrokerLimits(None)
+    send_request("q", b"abcd").check(BrokerLimits.from_hello({}))  # no limit announced
+
+    batch = batch_request("q", [b"a", b"bcde"], headers=[None, {"k": "v"}],
+                          message_ids=["1", None], persistent=False)
+    assert batch.wire_args() == {"dest": "q", "bodies": [b"a", b"bcde"],
+                                 "headers": [None, {"k": "v"}], "message_ids": ["1", None],
+                                 "persistent": False}
+    with pytest.raises(MessageTooLarge, match="bodies\\[1\\] is 4 bytes"):
+        batch.check(limits)
+    with pytest.raises(TypeError, match="headers\\[0\\]"):
+        batch_request("q", [b"a"], headers=["k=v"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="message_ids\\[0\\]"):
+        batch_request("q", [b"a"], message_ids=[1])  # type: ignore[list-item]
+
+    assert receive_request("q").wire_args() == {"queue": "q"}
+    assert receive_request("q").reply_timeout(30.0) is None
+    polled = receive_request("q", 0)
+    assert (polled.wire_args(), polled.reply_timeout(30.0)) == ({"queue": "q", "timeout_ms": 0},
+                                                                30.0)
+    assert receive_request("q", 1.5).reply_timeout(None) is None
+    assert settle_args([1, 2]) == {"tags": [1, 2]}
+    assert settle_args([1], requeue=False, tx=3) == {"tags": [1], "requeue": False, "tx": 3}

@@ -77,14 +77,14 @@ class BrokerLimits:
         size = info.get("max_message_size")
         return cls(size if type(size) is int and size > 0 else None)
 
-    def check_body(self, size: int, what: str = "message") -> None:
+    def check_body(self, size: int) -> None:
         """Raise MessageTooLarge if a body of ``size`` bytes is above ``max_message_size``.
 
         The message is the broker's own (``core/engine.py``), so a caller sees
         the same error whichever side refused the body."""
         limit = self.max_message_size
         if limit is not None and size > limit:
-            raise MessageTooLarge(f"{what} of {size} bytes is above max_message_size ({limit})")
+            raise MessageTooLarge(f"message of {size} bytes is above max_message_size ({limit})")
 
 
 #: A connection that has not said hello yet knows no limit.
