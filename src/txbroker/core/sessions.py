@@ -32,7 +32,7 @@ class Session:
         self.next_tag = 1
         self.next_tx = 1
         #: the XA branch associated with this session (ACTIVE) and its staged work: sends
-        #: and acks outside a local transaction go there (core/xa_engine.py)
+        #: and acks outside a local transaction go there (core/xa_branches.py)
         self.xa_xid: Any = None
         self.xa_work: LocalTransaction | None = None
         self.xa_timeout_ms = 0  #: set_transaction_timeout of this session (0 = default)
