@@ -36,7 +36,7 @@ staged only in a local transaction (``core/xa_branches.py`` says why).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from txbroker.core.admin import Admin
@@ -77,6 +77,16 @@ class Broker:
         self.admin = Admin(self.index, self.outbox)
         self.replay_part = Replay(self.index, self.xa, self.sinks_part, self.outbox)
         self.compaction = Compaction(self.index, self.outbox)
+        self.index.held_messages = self._held_messages
+
+    def _held_messages(self) -> Iterator[Message]:
+        """Messages consumed inside open local transactions and XA branches."""
+        for session in self.index.sessions.values():
+            for tx in session.transactions.values():
+                yield from tx.acks.values()
+                yield from tx.nacks.values()
+        for branch in self.xa.branches.values():
+            yield from branch.work.acks.values()
 
     # ------------------------------------------------------------------ state, for edges
     @property

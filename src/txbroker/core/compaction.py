@@ -57,14 +57,16 @@ class Compaction:
     def still_live(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """Those ``(message id, ref)`` of a relocation whose message still has that
         body and may be copied (the edge reads only their bodies)."""
-        messages = self.index.messages
+        messages, deleting = self.index.messages, self.index.deleting
         found = []
         for message_id, ref in pairs:
             message = messages.get(message_id)
             # GONE: its ack is in the log; HELD: consumed by an open transaction or a
-            # prepared XA branch — never copied (a rollback brings it back)
+            # prepared XA branch — never copied (a rollback brings it back); a queue
+            # being deleted: its QUEUE_DELETE record is in the log (core/drop_jobs.py)
             if message is not None and message.ref == ref and \
-                    message.state is not State.GONE and message.state is not State.HELD:
+                    message.state is not State.GONE and message.state is not State.HELD \
+                    and (not deleting or message.queue not in deleting):
                 found.append((message_id, ref))
         return found
 

@@ -31,9 +31,10 @@ writes them as one record (``core/outbox.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from txbroker.core.drop_jobs import DropJob
 from txbroker.core.effects import Cancelled, Deliver, Fail, Persist, Release, Reply
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, State
@@ -71,6 +72,10 @@ class QueueIndex:
         self.sessions: dict[int, Session] = {}
         self.next_id = 1
         self.counters = {"sent": 0, "delivered": 0, "acked": 0, "expired": 0, "dead_lettered": 0}
+        #: names of queues whose deletion is still dropping messages (``core/drop_jobs.py``)
+        self.deleting: dict[str, int] = {}
+        #: messages held by open transactions and XA branches (installed by the broker)
+        self.held_messages: Callable[[], Iterable[Message]] = tuple
 
     # ------------------------------------------------------------------ lookups
     def session(self, session_id: int) -> Session:
@@ -349,7 +354,7 @@ class QueueIndex:
     def requeue_held(self, message: Message, now: int) -> None:
         """A message held by a transaction (acked or nacked in it) comes back."""
         queue = self.queues.get(message.queue)
-        if queue is None:
+        if queue is None or message.state is State.GONE:  # (its queue was deleted)
             return
         queue.in_flight += 1  # requeue takes one off for a DELIVERED message
         message.state = State.DELIVERED
@@ -437,18 +442,35 @@ class QueueIndex:
 
     # ------------------------------------------------------------------ deletion
     def delete_queue(self, name: str, now: int, on_durable: Any = None) -> int:
-        """Remove a queue and every message in it; cancel its consumers."""
+        """Remove a queue and every message in it; cancel its consumers. Returns how
+        many messages the queue held. Its visible messages are dropped a slice per
+        loop turn (``core/drop_jobs.py``); delivered and held ones at once."""
         queue = self.queues.pop(name, None)
         if queue is None:
             return 0
+        count = queue.messages
         if queue.durable:
             self.outbox.persist(Kind.QUEUE_DELETE, name, on_durable or self.outbox.ignore_durable)
         if queue.topic is not None and queue.topic in self.topics:
             self.topics[queue.topic].subscriptions.discard(name)
         for consumer in list(queue.consumers):
-            session = self.sessions.get(consumer.session)
-            if session is None:
-                continue
+            self._cancel(consumer, name)
+        for message in list(self.held_messages()):
+            if message.queue == name and message.state is State.HELD:
+                self.forget(message)
+        session_owner = self.sessions.get(queue.owner)
+        if session_owner is not None:
+            session_owner.owned_queues.discard(name)
+        self.deleting[name] = self.deleting.get(name, 0) + 1
+        job = DropJob(self.outbox, self.forget, queue, queue.detach_visible(), reason=None,
+                      finished=self._deleted)
+        job.step(now)
+        return count
+
+    def _cancel(self, consumer: Consumer, name: str) -> None:
+        """The consumer's queue is deleted: it ends, its unacked messages are gone."""
+        session = self.sessions.get(consumer.session)
+        if session is not None:
             if consumer.one_shot:
                 session.receivers.discard(consumer)
                 self.outbox.emit(Fail(session.id, consumer.rid,
@@ -458,38 +480,28 @@ class QueueIndex:
                 self.outbox.emit(Cancelled(session.id, consumer.id, f"queue {name!r} deleted"))
             for tag in consumer.unacked:
                 session.deliveries.pop(tag, None)
-            consumer.unacked.clear()
-        dropped = [m for m in self.messages.values() if m.queue == name]
-        for message in dropped:
-            if message.state is not State.PENDING:
-                self.forget(message)
-        session_owner = self.sessions.get(queue.owner)
-        if session_owner is not None:
-            session_owner.owned_queues.discard(name)
-        return len(dropped)
+        for message in consumer.unacked.values():
+            self.forget(message)
+        consumer.unacked.clear()
+
+    def _deleted(self, job: DropJob) -> None:
+        name = job.queue.name
+        left = self.deleting.get(name, 0) - 1
+        if left > 0:
+            self.deleting[name] = left
+        else:
+            self.deleting.pop(name, None)
 
     def purge(self, queue: Queue, session_id: int, rid: int) -> Any:
-        """Drop every ready or scheduled message of ``queue`` (in-flight ones stay)."""
-        victims = queue.ready_messages()
-        queue.clear_ready()
-        stored = [m for m in victims if m.persistent]
-        for message in victims:
-            message.state = State.GONE
-            queue.count_out(message)
-            if not message.persistent:
-                self.forget(message)
-        result = {"purged": len(victims)}
-        if not stored:
-            return result
-        reply = self.outbox.reply_when_durable(session_id, rid, result)
-
-        def on_durable(error: BaseException | None) -> None:
-            if error is None:
-                for message in stored:
-                    self.forget(message)
-            reply(error)
-
-        self.outbox.persist(Kind.DROP, [[m.id for m in stored], "purged"], on_durable)
+        """Drop every ready or scheduled message of ``queue`` (in-flight ones stay), a
+        slice per loop turn (``core/drop_jobs.py``); replies ``{"purged": n}``."""
+        count = queue.ready_count + queue.scheduled_count
+        if count == 0:
+            return {"purged": 0}
+        job = DropJob(self.outbox, self.forget, queue, queue.detach_visible(),
+                      reason="purged",
+                      done=self.outbox.reply_when_durable(session_id, rid, {"purged": count}))
+        job.step(self.outbox.now)
         return LATER
 
 

@@ -228,11 +228,26 @@ class Queue:
         found.extend(m for _, _, m in self._scheduled if m.state is State.READY and m.queue == name)
         return found
 
-    def clear_ready(self) -> None:
-        for level in self._ready:
-            level.clear()
-        self._scheduled.clear()
+    def detach_visible(self) -> Iterator[Message]:
+        """Take every visible message (ready and scheduled) out at once — O(1): the
+        queue keeps fresh empty lists — and return them lazily, highest priority
+        first (purge and deletion work through them a slice at a time)."""
+        ready, scheduled = self._ready, self._scheduled
+        self._ready = [deque() for _ in range(PRIORITIES)]
+        self._scheduled = []
         self.ready_count = 0
+        return self._visible_in(ready, scheduled)
+
+    def _visible_in(self, ready: list[deque[Message]],
+                    scheduled: list[tuple[int, int, Message]]) -> Iterator[Message]:
+        name = self.name
+        for level in reversed(ready):
+            for message in level:
+                if message.state is State.READY and message.queue == name:
+                    yield message
+        for _, _, message in scheduled:
+            if message.state is State.READY and message.queue == name:
+                yield message
 
     # -- sequence numbers and the seq index (offset reading) -------------
     def assign_seq(self, message: Message) -> int:
