@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from txbroker.core.drop_jobs import delete_queue, purge_queue
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, SUBSCRIPTION_SEPARATOR, QueueIndex, check_name
 from txbroker.core.queues import Queue, QueueSettings
@@ -113,21 +114,21 @@ class Admin:
         if topic is not None:
             dropped = 0
             for sub in list(topic.subscriptions):
-                dropped += index.delete_queue(sub, now)
+                dropped += delete_queue(index, sub, now)
             self.outbox.persist(Kind.QUEUE_DELETE, name, self.outbox.reply_when_durable(
                 session_id, rid, {"deleted": dropped}))
             return LATER
         queue = index.existing_queue(name)
         if not queue.durable:
-            return {"deleted": index.delete_queue(name, now)}
+            return {"deleted": delete_queue(index, name, now)}
         result: dict[str, int] = {}
-        result["deleted"] = index.delete_queue(
+        result["deleted"] = delete_queue(index,
             name, now, on_durable=self.outbox.reply_when_durable(session_id, rid, result))
         return LATER
 
     def queue_purge(self, session_id: int, rid: int, name: str, now: int) -> Any:
         """Drop every ready or scheduled message (in-flight ones are left alone)."""
-        return self.index.purge(self.index.existing_queue(name), session_id, rid)
+        return purge_queue(self.index, self.index.existing_queue(name), session_id, rid)
 
     def queue_info(self, name: str) -> dict[str, Any]:
         """One queue's or topic's info (NotFound if there is none)."""

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from txbroker.core.drop_jobs import delete_queue
 from txbroker.core.effects import Reply
 from txbroker.core.limits import Limits
 from txbroker.core.messages import Message, State
@@ -80,7 +81,7 @@ class Delivery:
                 touched.add(message.queue)
         session.deliveries.clear()
         for name in list(session.owned_queues):
-            self.index.delete_queue(name, now)
+            delete_queue(self.index, name, now)
         for name in touched:
             self.index.dispatch_name(name, now)
 

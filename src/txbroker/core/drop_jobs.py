@@ -21,7 +21,7 @@ new messages (which go to the queue's fresh lists) are not part of the job.
 * **deletion** writes nothing more: the ``QUEUE_DELETE`` record already
   drops every message of the queue on replay. Until its slice is reached a
   message is still in the index; the queue index lists the names being
-  deleted (:attr:`QueueIndex.deleting`) so that compaction never copies such
+  deleted (``QueueIndex.deleting``) so that compaction never copies such
   a message forward (a copy written after the ``QUEUE_DELETE`` record would
   bring it back on replay).
 """
@@ -30,13 +30,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import islice
+from typing import Any
 
-from txbroker.core.effects import Continue
+from txbroker.core.effects import Cancelled, Continue, Fail
 from txbroker.core.messages import Message, State
 from txbroker.core.outbox import OnDurable, Outbox
-from txbroker.core.queues import Queue
+from txbroker.core.queue_index import LATER, QueueIndex
+from txbroker.core.queues import Consumer, Queue
 from txbroker.core.records import Kind
-from txbroker.errors import StorageFailed
+from txbroker.errors import NotFound, StorageFailed
 
 #: Messages a purge or a deletion handles per loop turn. Measured on this machine
 #: kind (loaded): 2-5 µs a message for marking, counting and releasing, so a slice
@@ -110,4 +112,71 @@ class DropJob:
             done(self.error)
 
 
-__all__ = ["DROP_SLICE", "DropJob"]
+def delete_queue(index: QueueIndex, name: str, now: int, on_durable: OnDurable | None = None,
+             ) -> int:
+    """Remove a queue and every message in it; cancel its consumers. Returns how
+    many messages the queue held. Its visible messages are dropped a slice per
+    loop turn (``core/drop_jobs.py``); delivered and held ones at once."""
+    queue = index.queues.pop(name, None)
+    if queue is None:
+        return 0
+    count = queue.messages
+    if queue.durable:
+        index.outbox.persist(Kind.QUEUE_DELETE, name, on_durable or index.outbox.ignore_durable)
+    if queue.topic is not None and queue.topic in index.topics:
+        index.topics[queue.topic].subscriptions.discard(name)
+    for consumer in list(queue.consumers):
+        _cancel(index, consumer, name)
+    for message in list(index.held_messages()):
+        if message.queue == name and message.state is State.HELD:
+            index.forget(message)
+    session_owner = index.sessions.get(queue.owner)
+    if session_owner is not None:
+        session_owner.owned_queues.discard(name)
+    index.deleting[name] = index.deleting.get(name, 0) + 1
+    job = DropJob(index.outbox, index.forget, queue, queue.detach_visible(), reason=None,
+                  finished=lambda finished: _deleted(index, finished))
+    job.step(now)
+    return count
+
+
+def _cancel(index: QueueIndex, consumer: Consumer, name: str) -> None:
+    """The consumer's queue is deleted: it ends, its unacked messages are gone."""
+    session = index.sessions.get(consumer.session)
+    if session is not None:
+        if consumer.one_shot:
+            session.receivers.discard(consumer)
+            index.outbox.emit(Fail(session.id, consumer.rid, NotFound(f"queue {name!r} deleted")))
+        else:
+            session.consumers.pop(consumer.id, None)
+            index.outbox.emit(Cancelled(session.id, consumer.id, f"queue {name!r} deleted"))
+        for tag in consumer.unacked:
+            session.deliveries.pop(tag, None)
+    for message in consumer.unacked.values():
+        index.forget(message)
+    consumer.unacked.clear()
+
+
+def _deleted(index: QueueIndex, job: DropJob) -> None:
+    name = job.queue.name
+    left = index.deleting.get(name, 0) - 1
+    if left > 0:
+        index.deleting[name] = left
+    else:
+        index.deleting.pop(name, None)
+
+
+def purge_queue(index: QueueIndex, queue: Queue, session_id: int, rid: int) -> Any:
+    """Drop every ready or scheduled message of ``queue`` (in-flight ones stay), a
+    slice per loop turn (``core/drop_jobs.py``); replies ``{"purged": n}``."""
+    count = queue.ready_count + queue.scheduled_count
+    if count == 0:
+        return {"purged": 0}
+    job = DropJob(index.outbox, index.forget, queue, queue.detach_visible(),
+                  reason="purged",
+                  done=index.outbox.reply_when_durable(session_id, rid, {"purged": count}))
+    job.step(index.outbox.now)
+    return LATER
+
+
+__all__ = ["DROP_SLICE", "DropJob", "delete_queue", "purge_queue"]

@@ -34,8 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from txbroker.core.drop_jobs import DropJob
-from txbroker.core.effects import Cancelled, Deliver, Fail, Persist, Release, Reply
+from txbroker.core.effects import Deliver, Fail, Persist, Release, Reply
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox, PendingReply, RecordGroup
@@ -441,68 +440,6 @@ class QueueIndex:
         self.forget(message)
 
     # ------------------------------------------------------------------ deletion
-    def delete_queue(self, name: str, now: int, on_durable: Any = None) -> int:
-        """Remove a queue and every message in it; cancel its consumers. Returns how
-        many messages the queue held. Its visible messages are dropped a slice per
-        loop turn (``core/drop_jobs.py``); delivered and held ones at once."""
-        queue = self.queues.pop(name, None)
-        if queue is None:
-            return 0
-        count = queue.messages
-        if queue.durable:
-            self.outbox.persist(Kind.QUEUE_DELETE, name, on_durable or self.outbox.ignore_durable)
-        if queue.topic is not None and queue.topic in self.topics:
-            self.topics[queue.topic].subscriptions.discard(name)
-        for consumer in list(queue.consumers):
-            self._cancel(consumer, name)
-        for message in list(self.held_messages()):
-            if message.queue == name and message.state is State.HELD:
-                self.forget(message)
-        session_owner = self.sessions.get(queue.owner)
-        if session_owner is not None:
-            session_owner.owned_queues.discard(name)
-        self.deleting[name] = self.deleting.get(name, 0) + 1
-        job = DropJob(self.outbox, self.forget, queue, queue.detach_visible(), reason=None,
-                      finished=self._deleted)
-        job.step(now)
-        return count
-
-    def _cancel(self, consumer: Consumer, name: str) -> None:
-        """The consumer's queue is deleted: it ends, its unacked messages are gone."""
-        session = self.sessions.get(consumer.session)
-        if session is not None:
-            if consumer.one_shot:
-                session.receivers.discard(consumer)
-                self.outbox.emit(Fail(session.id, consumer.rid,
-                                      NotFound(f"queue {name!r} deleted")))
-            else:
-                session.consumers.pop(consumer.id, None)
-                self.outbox.emit(Cancelled(session.id, consumer.id, f"queue {name!r} deleted"))
-            for tag in consumer.unacked:
-                session.deliveries.pop(tag, None)
-        for message in consumer.unacked.values():
-            self.forget(message)
-        consumer.unacked.clear()
-
-    def _deleted(self, job: DropJob) -> None:
-        name = job.queue.name
-        left = self.deleting.get(name, 0) - 1
-        if left > 0:
-            self.deleting[name] = left
-        else:
-            self.deleting.pop(name, None)
-
-    def purge(self, queue: Queue, session_id: int, rid: int) -> Any:
-        """Drop every ready or scheduled message of ``queue`` (in-flight ones stay), a
-        slice per loop turn (``core/drop_jobs.py``); replies ``{"purged": n}``."""
-        count = queue.ready_count + queue.scheduled_count
-        if count == 0:
-            return {"purged": 0}
-        job = DropJob(self.outbox, self.forget, queue, queue.detach_visible(),
-                      reason="purged",
-                      done=self.outbox.reply_when_durable(session_id, rid, {"purged": count}))
-        job.step(self.outbox.now)
-        return LATER
 
 
 def check_not_streamed(queue: Queue) -> None:
