@@ -23,6 +23,8 @@ from txbroker.errors import TransactionError
 
 
 class TxState(Enum):
+    """States of a local transaction (the table below)."""
+
     ACTIVE = "active"
     COMMITTING = "committing"
     COMMITTED = "committed"
@@ -30,6 +32,8 @@ class TxState(Enum):
 
 
 class TxEvent(Enum):
+    """What happens to a local transaction (the table below)."""
+
     WORK = "work"  #: a staged send, ack or nack
     COMMIT = "commit"  #: the client asks to commit
     ROLLBACK = "rollback"  #: the client asks to roll back, or its session ended
