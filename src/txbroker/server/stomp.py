@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from txbroker import __version__
 from txbroker.core import LATER
-from txbroker.core.queue_index import SUBSCRIPTION_SEPARATOR
+from txbroker.core.engine import SUBSCRIPTION_SEPARATOR
 from txbroker.errors import BrokerError, TxBrokerError
 from txbroker.protocol.stomp import (
     DEFAULT_MAX_HEADER_SIZE,
