@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txbroker.core import LATER, Broker, Limits
-from txbroker.core.effects import Cancelled, Deliver, Fail, Persist, Release, Reply
+from txbroker.core.effects import Cancelled, Continue, Deliver, Fail, Persist, Release, Reply
 from txbroker.storage.interface import StoredEntry
 
 
@@ -34,6 +34,7 @@ class Harness:
     limits: Limits = field(default_factory=Limits)
     auto_sync: bool = True
     now: int = 1_000_000
+    auto_continue: bool = True
 
     def __post_init__(self) -> None:
         self.broker = Broker(self.limits)
@@ -46,10 +47,27 @@ class Harness:
         self.errors: dict[tuple[int, int], Exception] = {}
         self.deliveries: list[Delivery] = []
         self.cancelled: list[tuple[int, int]] = []
+        self.continues: list[Continue] = []
         self.broker.body_size_of = lambda ref: len(self.bodies[ref])
 
     # -- running effects ----------------------------------------------------
     def run(self) -> None:
+        """Carry out the effects; with ``auto_continue``, run long work (``Continue``)
+        to its end as later loop turns would."""
+        self._run_effects()
+        while self.auto_continue and self.continues:
+            self.continues.pop(0).step(self.now)
+            self._run_effects()
+
+    def next_turn(self) -> bool:
+        """Run one pending ``Continue`` step (a later loop turn); False if none."""
+        if not self.continues:
+            return False
+        self.continues.pop(0).step(self.now)
+        self._run_effects()
+        return True
+
+    def _run_effects(self) -> None:
         for effect in self.broker.take_effects():
             if isinstance(effect, Persist):
                 refs = []
@@ -78,6 +96,8 @@ class Harness:
                 self.released.add(effect.ref)
             elif isinstance(effect, Cancelled):
                 self.cancelled.append((effect.session, effect.sub))
+            elif isinstance(effect, Continue):
+                self.continues.append(effect)
         if self.auto_sync and self.pending:
             self.sync()
 

@@ -20,7 +20,7 @@ A ``RECORDS`` store (the dir store) keeps state, not a log: ``recover`` yields
 a compacted, *equivalent* set of entries (metadata and live messages; acked
 messages are absent). For it the cases that append arbitrary bytes use valid
 broker records (``records.py``) instead, and compare the broker state that
-replaying the recovered entries rebuilds (``core/recovery.py``) with the
+replaying the recovered entries rebuilds (``core/replay.py``) with the
 state the appended entries rebuild. The ``broker_state`` cases run on every
 store, so that all stores are held to the same broker state.
 """
@@ -39,9 +39,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from txbroker.core import records
+from txbroker.core.broker import Broker
 from txbroker.core.effects import Release
 from txbroker.core.records import Kind
-from txbroker.core.recovery import Broker
 from txbroker.errors import CorruptStore, StorageFailed, StoreError, StoreLocked
 from txbroker.storage.interface import Dispatch, SnapshotProvider, Store, StoredEntry
 

@@ -96,5 +96,6 @@ class EffectList:
     items: list[Effect] = field(default_factory=list)
 
     def take(self) -> list[Effect]:
+        """Every effect gathered so far, in order; the list starts empty again."""
         items, self.items = self.items, []
         return items

@@ -72,10 +72,12 @@ class QueueSettings:
         return replace(self, **clean)
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as a plain dict (the ``settings`` of a queue ``def``)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QueueSettings:
+        """Settings from a ``def``'s dict; unknown keys (from newer versions) are ignored."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -110,6 +112,7 @@ class Consumer:
 
     @property
     def has_credit(self) -> bool:
+        """May this consumer take another delivery (unacked below its prefetch)?"""
         return len(self.unacked) < self.prefetch
 
 
@@ -217,6 +220,7 @@ class Queue:
 
     @property
     def scheduled_count(self) -> int:
+        """Messages waiting for their delivery time (delay or redelivery back-off)."""
         return sum(1 for _, _, m in self._scheduled
                    if m.state is State.READY and m.queue == self.name)
 
@@ -228,11 +232,26 @@ class Queue:
         found.extend(m for _, _, m in self._scheduled if m.state is State.READY and m.queue == name)
         return found
 
-    def clear_ready(self) -> None:
-        for level in self._ready:
-            level.clear()
-        self._scheduled.clear()
+    def detach_visible(self) -> Iterator[Message]:
+        """Take every visible message (ready and scheduled) out at once — O(1): the
+        queue keeps fresh empty lists — and return them lazily, highest priority
+        first (purge and deletion work through them a slice at a time)."""
+        ready, scheduled = self._ready, self._scheduled
+        self._ready = [deque() for _ in range(PRIORITIES)]
+        self._scheduled = []
         self.ready_count = 0
+        return self._visible_in(ready, scheduled)
+
+    def _visible_in(self, ready: list[deque[Message]],
+                    scheduled: list[tuple[int, int, Message]]) -> Iterator[Message]:
+        name = self.name
+        for level in reversed(ready):
+            for message in level:
+                if message.state is State.READY and message.queue == name:
+                    yield message
+        for _, _, message in scheduled:
+            if message.state is State.READY and message.queue == name:
+                yield message
 
     # -- sequence numbers and the seq index (offset reading) -------------
     def assign_seq(self, message: Message) -> int:
@@ -367,9 +386,11 @@ class Queue:
 
     # -- consumers -------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
+        """A consumer starts competing for this queue's messages."""
         self.consumers.append(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:
+        """A consumer stops taking this queue's messages."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
 
@@ -386,6 +407,7 @@ class Queue:
 
     # -- duplicate detection ---------------------------------------------
     def seen(self, message_id: str) -> bool:
+        """Is ``message_id`` in the duplicate window?"""
         return message_id in self.dups
 
     def remember(self, message_id: str, *, pending: bool = False) -> None:
@@ -429,6 +451,7 @@ class Queue:
         }
 
     def info(self) -> dict[str, Any]:
+        """Depth, counts, consumers and settings (``queue_info``, ``txbroker queues``)."""
         return {
             "name": self.name,
             "kind": "queue",

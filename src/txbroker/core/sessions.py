@@ -32,23 +32,26 @@ class Session:
         self.next_tag = 1
         self.next_tx = 1
         #: the XA branch associated with this session (ACTIVE) and its staged work: sends
-        #: and acks outside a local transaction go there (core/xa_engine.py)
+        #: and acks outside a local transaction go there (core/xa_branches.py)
         self.xa_xid: Any = None
         self.xa_work: LocalTransaction | None = None
         self.xa_timeout_ms = 0  #: set_transaction_timeout of this session (0 = default)
 
     def new_tag(self) -> int:
+        """The next delivery tag of this session (tags are unique per session)."""
         tag = self.next_tag
         self.next_tag += 1
         return tag
 
     def begin(self) -> LocalTransaction:
+        """Open a new local transaction in this session."""
         tx = LocalTransaction(self.id, self.next_tx)
         self.next_tx += 1
         self.transactions[tx.id] = tx
         return tx
 
     def transaction(self, tx_id: Any) -> LocalTransaction:
+        """The open transaction ``tx_id`` of this session (TransactionError if none)."""
         if not isinstance(tx_id, int) or isinstance(tx_id, bool):
             raise TransactionError("tx must be an integer transaction id")
         tx = self.transactions.get(tx_id)
@@ -68,9 +71,11 @@ class Topic:
         self.subscriptions: set[str] = set()
 
     def definition(self) -> dict[str, Any]:
+        """The ``def`` persisted for this topic (records.py)."""
         return {"name": self.name, "kind": "topic", "topic": None, "settings": {}}
 
     def info(self) -> dict[str, Any]:
+        """What ``queue_info`` shows for a topic (it holds no messages itself)."""
         return {
             "name": self.name,
             "kind": "topic",

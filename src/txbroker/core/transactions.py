@@ -10,7 +10,8 @@ the broker applies it (sends become visible, acked messages go) and it is
 COMMITTED. Rollback — asked for, or because the session went away — drops
 the staged sends and puts the consumed messages back to be redelivered.
 
-The XA issue adds branch states to this module in the same table form.
+An XA branch stages its work in a ``LocalTransaction`` too (``is_xa``); its
+own state table is ``core/xa.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from txbroker.errors import TransactionError
 
 
 class TxState(Enum):
+    """States of a local transaction (the table below)."""
+
     ACTIVE = "active"
     COMMITTING = "committing"
     COMMITTED = "committed"
@@ -29,6 +32,8 @@ class TxState(Enum):
 
 
 class TxEvent(Enum):
+    """What happens to a local transaction (the table below)."""
+
     WORK = "work"  #: a staged send, ack or nack
     COMMIT = "commit"  #: the client asks to commit
     ROLLBACK = "rollback"  #: the client asks to roll back, or its session ended
@@ -58,11 +63,13 @@ TRANSITIONS: dict[tuple[TxState, TxEvent], TxState] = {
 class LocalTransaction:
     """The staged work of one local transaction of a session."""
 
-    __slots__ = ("acks", "id", "nacks", "sends", "session", "state")
+    __slots__ = ("acks", "id", "is_xa", "nacks", "sends", "session", "state")
 
-    def __init__(self, session: int, id: int) -> None:
+    def __init__(self, session: int, id: int, *, is_xa: bool = False) -> None:
         self.session = session
         self.id = id
+        #: the staged work of an XA branch (``core/xa.py``), not a local transaction
+        self.is_xa = is_xa
         self.state = TxState.ACTIVE
         self.sends: list[Message] = []  #: messages to add at commit (bodies in memory)
         self.acks: dict[int, Message] = {}  #: message id -> consumed message (HELD)
@@ -80,4 +87,5 @@ class LocalTransaction:
 
     @property
     def operations(self) -> int:
+        """Staged sends, acks and nacks (the ``max_tx_operations`` limit counts them)."""
         return len(self.sends) + len(self.acks) + len(self.nacks)

@@ -21,9 +21,17 @@ HEURISTIC_* until ``forget`` (``XA_FORGET``).
 The table below is the whole state machine: ``(state, request) -> (next
 state, XA code)``. ``GONE`` means the branch is removed. A missing pair is
 XAER_PROTO; an unknown Xid is XAER_NOTA (except for ``start`` TMNOFLAGS);
-``start`` TMNOFLAGS of a known Xid is XAER_DUPID. Endpoint checks that fail
-(at ``end``, ``prepare``, one-phase ``commit``) roll the branch back with
-XA_RB* — that is the engine's job (``core/xa_engine.py``), not the table's.
+``start`` TMNOFLAGS of a known Xid is XAER_DUPID. A row whose code is an
+XA_RB* code rolls the branch back and answers with that code (the branch's
+own reason, e.g. XA_RBOTHER over the message limit, when it has one).
+
+Rules that are not about one branch's state are the named checks below the
+table: which session may work on a branch (:func:`check_association`), which
+kind of prepare a branch gets (:func:`prepare_request`) and when its timers
+run out (:func:`timeout_at`). Endpoint checks (seed 002: queues shut, deleted
+or over quota at ``end``, ``prepare`` and ``commit``) look at the queues, so
+they are the branch part's (``core/xa_branches.py``); a failed one rolls the
+branch back with XA_RBROLLBACK.
 """
 
 from __future__ import annotations
@@ -35,6 +43,11 @@ from txbroker.errors import (
     XA_HEURCOM,
     XA_HEURRB,
     XA_OK,
+    XA_RBBASE,
+    XA_RBEND,
+    XA_RBROLLBACK,
+    XA_RBTIMEOUT,
+    XA_RDONLY,
     XAER_NOTA,
     XAER_PROTO,
     XAError,
@@ -86,6 +99,7 @@ class Request(Enum):
     END_SUSPEND = "end(TMSUSPEND)"
     END_FAIL = "end(TMFAIL)"
     PREPARE = "prepare"
+    PREPARE_READ_ONLY = "prepare (no work)"
     PREPARE_DURABLE = "prepare durable"
     COMMIT_ONE_PHASE = "commit(one_phase=True)"
     COMMIT = "commit(one_phase=False)"
@@ -96,7 +110,7 @@ class Request(Enum):
     HEURISTIC_ROLLBACK = "heuristic rollback"
     FORGET = "forget"
     SESSION_LOST = "session lost"
-    WORK = "work"
+    RECOVER = "recover (replay)"
 
 
 S, R = BranchState, Request
@@ -111,8 +125,8 @@ TRANSITIONS: dict[tuple[BranchState, Request], tuple[BranchState, int]] = {
     # TMJOIN; we support it). Joining an ACTIVE branch moves it to the joining session.
     (S.ACTIVE, R.JOIN): (S.ACTIVE, XA_OK),
     (S.IDLE, R.JOIN): (S.ACTIVE, XA_OK),
-    # Rule 4: an ACTIVE branch takes work (sends, acks) up to the branch message limit.
-    (S.ACTIVE, R.WORK): (S.ACTIVE, XA_OK),
+    # Rule 4: an ACTIVE branch takes work (sends, acks) up to the branch message limit;
+    # that is staged work, not a request (the branch part checks the limit).
     # Rule 5: end TMSUCCESS ends the work: IDLE (the idle timeout starts). The seed allows
     # it on ACTIVE or IDLE (a repeated end is harmless); from SUSPENDED it ends a
     # suspended association (XA allows that; DESIGN.md lists it).
@@ -128,8 +142,16 @@ TRANSITIONS: dict[tuple[BranchState, Request], tuple[BranchState, int]] = {
     # Rule 8: prepare an IDLE branch: PREPARING until the XA_PREPARE record is durable.
     (S.IDLE, R.PREPARE): (S.PREPARING, XA_OK),
     (S.PREPARING, R.PREPARE_DURABLE): (S.PREPARED, XA_OK),
+    # Rule 8a: prepare of a branch that did no work votes XA_RDONLY: nothing is written,
+    # the branch is gone (commit or rollback of it would be XAER_NOTA).
+    (S.IDLE, R.PREPARE_READ_ONLY): (S.GONE, XA_RDONLY),
+    # Rule 8b: prepare of a ROLLBACK_ONLY branch rolls it back and answers XA_RB*.
+    (S.ROLLBACK_ONLY, R.PREPARE): (S.GONE, XA_RBROLLBACK),
+    (S.ROLLBACK_ONLY, R.PREPARE_READ_ONLY): (S.GONE, XA_RBROLLBACK),
     # Rule 9: one-phase commit of an IDLE branch (no prepare): one TX record, then gone.
     (S.IDLE, R.COMMIT_ONE_PHASE): (S.COMMITTING, XA_OK),
+    # Rule 9a: one-phase commit of a ROLLBACK_ONLY branch rolls it back and answers XA_RB*.
+    (S.ROLLBACK_ONLY, R.COMMIT_ONE_PHASE): (S.GONE, XA_RBROLLBACK),
     # Rule 10: two-phase commit of a PREPARED branch: XA_COMMIT record, then gone.
     (S.PREPARED, R.COMMIT): (S.COMMITTING, XA_OK),
     (S.COMMITTING, R.COMMIT_DURABLE): (S.GONE, XA_OK),
@@ -150,18 +172,70 @@ TRANSITIONS: dict[tuple[BranchState, Request], tuple[BranchState, int]] = {
     (S.HEURISTIC_COMMITTED, R.ROLLBACK): (S.HEURISTIC_COMMITTED, XA_HEURCOM),
     (S.HEURISTIC_ROLLED_BACK, R.COMMIT): (S.HEURISTIC_ROLLED_BACK, XA_HEURRB),
     (S.HEURISTIC_ROLLED_BACK, R.ROLLBACK): (S.HEURISTIC_ROLLED_BACK, XA_HEURRB),
+    (S.HEURISTIC_COMMITTED, R.COMMIT_ONE_PHASE): (S.HEURISTIC_COMMITTED, XA_HEURCOM),
+    (S.HEURISTIC_ROLLED_BACK, R.COMMIT_ONE_PHASE): (S.HEURISTIC_ROLLED_BACK, XA_HEURRB),
     # Rule 14: forget removes a heuristically completed branch (XA_FORGET record).
     (S.HEURISTIC_COMMITTED, R.FORGET): (S.GONE, XA_OK),
     (S.HEURISTIC_ROLLED_BACK, R.FORGET): (S.GONE, XA_OK),
     # Rule 15: the session of an ACTIVE branch broke: the branch waits SUSPENDED for the
     # client to reattach (start TMRESUME) within the reattach timeout, else it rolls back.
     (S.ACTIVE, R.SESSION_LOST): (S.SUSPENDED, XA_OK),
+    # Rule 16: replay of an XA_PREPARE record (or of a snapshot's branch) brings a durable
+    # branch back PREPARED; a replayed heuristic decision then moves it by rule 12.
+    (S.NONE, R.RECOVER): (S.PREPARED, XA_OK),
 }
 
 #: States a branch has survived a restart in (and ``recover`` lists).
 RECOVERABLE = frozenset({S.PREPARED, S.HEURISTIC_COMMITTED, S.HEURISTIC_ROLLED_BACK})
 #: States in which a branch is still being worked on (the transaction timeout applies).
 UNPREPARED = frozenset({S.ACTIVE, S.SUSPENDED, S.IDLE, S.ROLLBACK_ONLY})
+
+
+def rolls_back(code: int) -> bool:
+    """True for an XA_RB* code: the branch was rolled back."""
+    return XA_RBBASE <= code <= XA_RBEND
+
+
+def check_association(associated: Xid | None, xid: Xid, request: Request) -> None:
+    """Rule 17 (seed 002: one branch per session at a time): a session associated
+    with a branch may start no other one; ``start TMJOIN`` of the branch it is
+    already associated with is allowed (rule 3 leaves it ACTIVE)."""
+    if associated is None or (request is Request.JOIN and associated == xid):
+        return
+    raise XAError(XAER_PROTO, f"the session is already associated with branch "
+                              f"{associated} (one branch per session at a time)")
+
+
+def check_owner(branch: Branch, session: int, owner_alive: bool) -> None:
+    """Rule 18: an ACTIVE branch belongs to its session while that session lives;
+    no other session may end or join it."""
+    if branch.state is S.ACTIVE and branch.session != session and owner_alive:
+        raise XAError(XAER_PROTO, f"branch {branch.xid} is associated with another session")
+
+
+def prepare_request(branch: Branch) -> Request:
+    """Rule 8a: a branch that staged no send and no ack gets the read-only prepare."""
+    work = branch.work
+    return Request.PREPARE if work.sends or work.acks else Request.PREPARE_READ_ONLY
+
+
+def timeout_at(branch: Branch, idle_timeout_ms: int, reattach_ms: int) -> int:
+    """Rule 19 (seed 002's timers): when an unprepared branch is rolled back with
+    XA_RBTIMEOUT, or 0 for never: its transaction timeout; an IDLE branch's idle
+    timeout; a SUSPENDED branch whose session broke: the reattach timeout."""
+    if branch.state not in UNPREPARED:
+        return 0
+    times = [branch.deadline_ms] if branch.deadline_ms else []
+    if branch.idle_since_ms:
+        if branch.state is S.IDLE:
+            times.append(branch.idle_since_ms + idle_timeout_ms)
+        elif branch.state is S.SUSPENDED and branch.session is None:
+            times.append(branch.idle_since_ms + reattach_ms)
+    return min(times) if times else 0
+
+
+#: The code a timed-out branch answers with afterwards (rule 19).
+TIMEOUT_CODE = XA_RBTIMEOUT
 
 
 def next_state(state: BranchState, request: Request, xid: Xid | str = "") -> tuple[
@@ -191,7 +265,7 @@ class Branch:
         self.timeout_ms = timeout_ms
         self.deadline_ms = now + timeout_ms if timeout_ms else 0  #: transaction timeout
         self.idle_since_ms = 0  #: when it became IDLE (idle timeout) or lost its session
-        self.work = LocalTransaction(session, 0)  #: staged sends and acks
+        self.work = LocalTransaction(session, 0, is_xa=True)  #: staged sends and acks
         self.discards: set[int] = set()  #: ids of sends not to add at commit (seed rules)
         #: replay: ``[id, delivery count]`` of consumed messages (resolved after replay)
         self.ref_ids: list[list[int]] = []

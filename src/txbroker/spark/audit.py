@@ -5,7 +5,7 @@ Theory of operation
 The job reads the journal once through the ``txbroker-journal`` source (one
 row per record, cached) and derives five tables, written as Parquet under
 ``OUT/<table>/``; ``OUT/report.html`` summarises them (``audit_report.py``).
-Every decision follows the broker's own replay rules (``core/recovery.py``):
+Every decision follows the broker's own replay rules (``core/replay.py``):
 
 * **messages** — one row per message ever added: from ADD, TX and (when its
   ADD's segment is gone) RELOCATE / RELOCATE_MANY records, and the sends of prepared XA
@@ -51,7 +51,7 @@ from txbroker.storage.journal_reader import SINK_COMMIT, journal_segments
 TABLES: Final = ("xa_branches", "in_doubt", "messages", "dead_letters", "transactions")
 #: Progress steps: reading, one per table, the report.
 STEPS: Final = ("read journal", *TABLES, "report")
-#: Move reasons that make a message a dead letter (``core/engine.py``).
+#: Move reasons that make a message a dead letter (``core/queue_index.py``).
 DEAD_LETTER_REASONS: Final = ("max_deliveries", "rejected", "expired")
 #: Branch states that still need a decision or an operator (``core/xa.py`` BranchState).
 OPEN_STATES: Final = ("prepared", "heuristic_committed", "heuristic_rolled_back")

@@ -12,7 +12,7 @@ store's state moves.
 
 :class:`MetadataModel` is the part of the broker's state that is not in
 message files — queue and topic definitions, duplicate-id windows, the next
-message id — kept exactly as ``core/recovery.py`` would rebuild it by
+message id — kept exactly as ``core/replay.py`` would rebuild it by
 replaying the same records (snapshot replacement, implicit queues, the
 insertion-ordered, bounded duplicate-id window). The store writes it as the
 METADATA block ``DIR/metadata`` and hands it back as one ``SNAPSHOT`` entry.
@@ -31,7 +31,7 @@ from txbroker.core.records import Kind
 #: the storage layer does not import the core).
 DEFAULT_DUP_WINDOW: Final = 20_000
 
-#: msg positions an UPDATE replaces (as ``core/recovery.py`` replays them).
+#: msg positions an UPDATE replaces (as ``core/replay.py`` replays them).
 _UPDATE_FIELDS: Final = (records.MSG_DELIVERY_COUNT, records.MSG_DELIVER_AT)
 #: Key of an UPDATE patch that is not a msg position: the queue a MOVE sends the
 #: message to (``msg`` keeps the queue it was sent to, whose duplicate-id window

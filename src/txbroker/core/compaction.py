@@ -1,0 +1,105 @@
+"""Body relocation: what compaction of the store asks of the core.
+
+Theory of operation
+-------------------
+The store drops a segment once every body in it is released. A mostly-dead
+old segment is emptied by relocation: the edge reads the bodies of the live
+messages it holds, a slice at a time (``server/app.py``), and the core
+writes fresh copies of each slice in one entry (``RELOCATE_MANY``); once
+durable each message points at its copy and the old ref is released. A
+message acked in the meantime (GONE) or consumed by an open transaction or a
+prepared XA branch (HELD) is never copied: a copy written after its ack
+would bring it back on replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from txbroker.core import records
+from txbroker.core.effects import Release
+from txbroker.core.messages import State
+from txbroker.core.outbox import Outbox
+from txbroker.core.queue_index import QueueIndex
+from txbroker.core.records import Kind, StoredEntry
+
+#: Record kinds that carry message bodies (and the ids of their messages).
+BODY_KINDS = frozenset({Kind.ADD, Kind.TX, Kind.RELOCATE, Kind.RELOCATE_MANY, Kind.XA_PREPARE})
+
+
+def message_ids(kind: int, meta: bytes) -> list[int]:
+    """The ids of the messages whose bodies an entry of ``kind`` holds, in body order."""
+    value = records.unpack(meta)
+    if kind == Kind.ADD or kind == Kind.RELOCATE:
+        return [value[records.MSG_ID]]
+    if kind == Kind.TX:
+        return [msg[records.MSG_ID] for msg in value[0]]
+    if kind == Kind.XA_PREPARE:  # committed sends of a branch (else unindexed)
+        return [msg[records.MSG_ID] for msg in value[1]]
+    return [msg[records.MSG_ID] for msg in value]  # RELOCATE_MANY
+
+
+class Compaction:
+    """Relocation of live bodies (see the module docstring)."""
+
+    def __init__(self, index: QueueIndex, outbox: Outbox) -> None:
+        self.index = index
+        self.outbox = outbox
+
+    def live_refs(self, entries: Iterable[StoredEntry]) -> list[tuple[int, int]]:
+        """``(message id, ref)`` of messages whose current body lives in ``entries``."""
+        found: list[tuple[int, int]] = []
+        for entry in entries:
+            if entry.kind in BODY_KINDS and entry.refs:
+                found.extend(zip(message_ids(entry.kind, entry.meta), entry.refs, strict=False))
+        return self.still_live(found)
+
+    def still_live(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Those ``(message id, ref)`` of a relocation whose message still has that
+        body and may be copied (the edge reads only their bodies)."""
+        messages, deleting = self.index.messages, self.index.deleting
+        found = []
+        for message_id, ref in pairs:
+            message = messages.get(message_id)
+            # GONE: its ack is in the log; HELD: consumed by an open transaction or a
+            # prepared XA branch — never copied (a rollback brings it back); a queue
+            # being deleted: its QUEUE_DELETE record is in the log (core/drop_jobs.py)
+            if message is not None and message.ref == ref and \
+                    message.state is not State.GONE and message.state is not State.HELD \
+                    and (not deleting or message.queue not in deleting):
+                found.append((message_id, ref))
+        return found
+
+    def relocate_many(self, pairs: list[tuple[int, int]], bodies: list[bytes]) -> None:
+        """Write fresh copies of live messages' bodies in one entry (compaction).
+
+        ``pairs`` are ``(message id, old ref)`` with the bodies read at the old refs;
+        a message gone or changed since is skipped. Once durable, each message
+        that still has its old body points at the copy and the old ref is
+        released (else the copy is released).
+        """
+        messages = self.index.messages
+        copied = [(messages[message_id], old_ref, body)
+                  for (message_id, old_ref), body in zip(pairs, bodies, strict=True)
+                  if message_id in messages]
+        if not copied:
+            return
+        new_refs: list[int] = []
+        emit = self.outbox.emit
+
+        def on_durable(error: BaseException | None) -> None:
+            if error is not None:
+                self.outbox.storage_failed(error)
+                return
+            for (message, old_ref, _), new_ref in zip(copied, new_refs, strict=True):
+                if messages.get(message.id) is message and message.ref == old_ref:
+                    message.ref = new_ref
+                    emit(Release(old_ref))
+                else:
+                    emit(Release(new_ref))
+
+        self.outbox.persist(Kind.RELOCATE_MANY, [message.to_record() for message, _, _ in copied],
+                            on_durable, [body for _, _, body in copied], new_refs.extend)
+
+
+__all__ = ["BODY_KINDS", "Compaction", "message_ids"]

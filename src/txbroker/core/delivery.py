@@ -1,0 +1,266 @@
+"""Consumers: subscriptions, receives, acks and nacks, sessions that end, and time.
+
+Theory of operation
+-------------------
+:class:`Delivery` runs the commands of the consuming side on the queue index
+(``core/queue_index.py``): a subscription is a :class:`~txbroker.core.queues.Consumer`
+with credit (its prefetch); a ``receive`` is a one-shot consumer that answers
+one request (or times out); every delivery gets a tag, unique in its session,
+that ack and nack name. :meth:`Delivery.take_deliveries` is the one place
+that decides "ack of an unknown delivery" for every protocol: each tag must
+be an unacked delivery of this session, else the whole request is refused
+with IllegalState and nothing is taken.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from txbroker.core.drop_jobs import delete_queue
+from txbroker.core.effects import Reply
+from txbroker.core.limits import Limits
+from txbroker.core.messages import Message, State
+from txbroker.core.outbox import Outbox
+from txbroker.core.queue_index import LATER, QueueIndex, check_name, check_not_streamed
+from txbroker.core.queues import Consumer
+from txbroker.core.records import Kind
+from txbroker.core.sessions import Session
+from txbroker.core.transactions import LocalTransaction, TxEvent
+from txbroker.errors import BadRequest, IllegalState, NotFound, TooManyUnacked
+
+
+@dataclass(order=True, slots=True)
+class ReceiveDeadline:
+    """When a waiting ``receive`` times out (a heap entry)."""
+
+    at_ms: int
+    session: int
+    rid: int
+    consumer: Consumer = field(compare=False)
+
+
+class Delivery:
+    """The consuming side's commands and timers. See the module docstring."""
+
+    def __init__(self, index: QueueIndex, limits: Limits, outbox: Outbox) -> None:
+        self.index = index
+        self.limits = limits
+        self.outbox = outbox
+        self._receive_deadlines: list[ReceiveDeadline] = []
+        self._next_expiry_scan = 0
+
+
+    # ------------------------------------------------------------------ sessions
+    def open_session(self, session_id: int, user: str | None = None) -> Session:
+        """Register a connection's session."""
+        session = Session(session_id, user)
+        self.index.sessions[session_id] = session
+        return session
+
+    def detach_consumers(self, session: Session) -> None:
+        """A session is ending: its subscriptions and waiting receives stop taking messages."""
+        for consumer in list(session.consumers.values()) + list(session.receivers):
+            queue = self.index.queues.get(consumer.queue)
+            if queue is not None:
+                queue.remove_consumer(consumer)
+
+    def close_session(self, session: Session, now: int) -> None:
+        """The connection ended (its transactions are rolled back already): its unacked
+        messages are redelivered and its non-durable subscriptions dropped."""
+        self.index.sessions.pop(session.id, None)
+        self.detach_consumers(session)
+        touched: set[str] = set()
+        # newest first: each goes to the front, so the oldest ends up first again
+        for tag, consumer in reversed(list(session.deliveries.items())):
+            message = consumer.unacked.pop(tag, None)
+            if message is not None:
+                self.index.requeue(message, now)
+                touched.add(message.queue)
+        session.deliveries.clear()
+        for name in list(session.owned_queues):
+            delete_queue(self.index, name, now)
+        for name in touched:
+            self.index.dispatch_name(name, now)
+
+    # ------------------------------------------------------------------ consumers
+    def subscribe(self, session: Session, sub: int, queue_name: str, now: int, *,
+                  prefetch: int | None = None, ack: str = "client") -> Any:
+        """Start a subscription: deliveries arrive as ``Deliver`` effects."""
+        if sub in session.consumers:
+            raise BadRequest(f"subscription id {sub} is already in use on this connection")
+        if ack not in ("client", "auto"):
+            raise BadRequest("ack must be 'client' or 'auto'")
+        prefetch = self.limits.default_prefetch if prefetch is None else prefetch
+        if prefetch < 1:
+            raise BadRequest("prefetch must be >= 1")
+        if prefetch > self.limits.max_unacked_per_consumer:
+            raise TooManyUnacked(
+                f"prefetch {prefetch} is above max_unacked_per_consumer "
+                f"({self.limits.max_unacked_per_consumer})"
+            )
+        queue = self.index.queue_or_create(check_name(queue_name), now)
+        check_not_streamed(queue)
+        consumer = Consumer(session.id, sub, queue.name, prefetch, ack_auto=ack == "auto")
+        session.consumers[sub] = consumer
+        queue.add_consumer(consumer)
+        self.index.dispatch(queue, now)
+        return {}
+
+    def unsubscribe(self, session: Session, sub: int, now: int) -> Any:
+        """End a subscription; its unacked messages go back to the queue."""
+        consumer = session.consumers.pop(sub, None)
+        if consumer is None:
+            raise NotFound(f"no subscription {sub} on this connection")
+        queue = self.index.queues.get(consumer.queue)
+        if queue is not None:
+            queue.remove_consumer(consumer)
+        for tag, message in reversed(list(consumer.unacked.items())):
+            session.deliveries.pop(tag, None)
+            self.index.requeue(message, now)
+        consumer.unacked.clear()
+        self.index.dispatch_name(consumer.queue, now)
+        return {}
+
+    def receive(self, session: Session, rid: int, queue_name: str, now: int,
+                timeout_ms: int | None) -> Any:
+        """Take one message (client ack). Replies with it, or ``None`` on timeout."""
+        queue = self.index.queue_or_create(check_name(queue_name), now)
+        check_not_streamed(queue)
+        deadline = now + timeout_ms if timeout_ms is not None else 0
+        consumer = Consumer(session.id, -rid, queue.name, 1, one_shot=True, rid=rid,
+                            deadline_ms=deadline)
+        session.receivers.add(consumer)
+        queue.add_consumer(consumer)
+        self.index.dispatch(queue, now)
+        if consumer not in session.receivers:
+            return LATER  # delivered at once: the Deliver effect answers
+        if timeout_ms == 0:
+            queue.remove_consumer(consumer)
+            session.receivers.discard(consumer)
+            return None
+        if deadline:
+            heapq.heappush(self._receive_deadlines,
+                           ReceiveDeadline(deadline, session.id, rid, consumer))
+        return LATER
+
+    def ack(self, session: Session, rid: int, tags: list[int], now: int,
+            work: LocalTransaction | None) -> Any:
+        """Acknowledge deliveries, or stage the acks in ``work`` (a transaction or branch)."""
+        taken = self.take_deliveries(session, tags)
+        messages = []
+        for tag, consumer in taken:
+            message = consumer.unacked.pop(tag)
+            queue = self.index.queues.get(message.queue)
+            if queue is not None:
+                queue.in_flight -= 1
+            messages.append(message)
+        if work is not None:
+            work.fire(TxEvent.WORK)
+            for message in messages:
+                message.state = State.HELD
+                work.acks[message.id] = message
+            result: Any = {}
+        else:
+            result = self.index.consume(messages, (session.id, rid) if rid else None)
+        for name in {consumer.queue for _, consumer in taken}:
+            self.index.dispatch_name(name, now)
+        return result
+
+    def nack(self, session: Session, tags: Iterable[int], now: int, *, requeue: bool,
+             work: LocalTransaction | None) -> Any:
+        """Reject deliveries: redeliver them, or dead-letter them (``requeue=False``).
+        In a local transaction (``work``) the nack is staged until commit."""
+        taken = self.take_deliveries(session, tags)
+        if work is not None:
+            work.fire(TxEvent.WORK)
+        for tag, consumer in taken:
+            message = consumer.unacked.pop(tag)
+            if work is not None:
+                queue = self.index.queues.get(message.queue)
+                if queue is not None:
+                    queue.in_flight -= 1
+                message.state = State.HELD
+                work.nacks[message.id] = message
+            elif requeue:
+                self.index.requeue(message, now)
+                self._persist_delivery_count(message)
+            else:
+                queue = self.index.queues.get(message.queue)
+                if queue is not None:
+                    queue.in_flight -= 1
+                    self.index.dead_letter(queue, message, queue.settings.dead_letter_queue,
+                                     "rejected", now)
+        for name in {consumer.queue for _, consumer in taken}:
+            self.index.dispatch_name(name, now)
+        return {}
+
+    def _persist_delivery_count(self, message: Message) -> None:
+        if message.persistent and message.state is State.READY:
+            self.outbox.persist(Kind.UPDATE, [message.id, message.delivery_count,
+                                              message.deliver_at_ms], self.outbox.ignore_durable)
+
+    def take_deliveries(self, session: Session,
+                        tags: Iterable[int]) -> list[tuple[int, Consumer]]:
+        """The unacked deliveries ``tags`` of ``session``, taken out of its table. This is
+        the one place that decides "ack of an unknown delivery": every tag must be an
+        unacked delivery of this session, else IllegalState and nothing is taken."""
+        found: list[tuple[int, Consumer]] = []
+        for tag in tags:
+            if not isinstance(tag, int) or isinstance(tag, bool):
+                raise BadRequest("delivery tags must be integers")
+            consumer = session.deliveries.get(tag)
+            if consumer is None or tag not in consumer.unacked:
+                raise IllegalState(
+                    f"delivery tag {tag} is not an unacked delivery of this connection"
+                )
+            found.append((tag, consumer))
+        for tag, _ in found:
+            session.deliveries.pop(tag, None)
+        return found
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: int) -> None:
+        """Time passed: scheduled messages come due, receives time out, TTLs expire."""
+        for queue in list(self.index.queues.values()):
+            if any(True for _ in queue.due(now)):
+                self.index.dispatch(queue, now)
+        deadlines = self._receive_deadlines
+        while deadlines and deadlines[0].at_ms <= now:
+            deadline = heapq.heappop(deadlines)
+            session = self.index.sessions.get(deadline.session)
+            consumer = deadline.consumer
+            if session is None or consumer not in session.receivers:
+                continue
+            session.receivers.discard(consumer)
+            waiting_on = self.index.queues.get(consumer.queue)
+            if waiting_on is not None:
+                waiting_on.remove_consumer(consumer)
+            self.outbox.emit(Reply(deadline.session, deadline.rid, None))
+        if now >= self._next_expiry_scan:
+            self._next_expiry_scan = now + self.limits.expiry_scan_ms
+            self._expire_scan(now)
+
+    def _expire_scan(self, now: int) -> None:
+        for queue in list(self.index.queues.values()):
+            if queue.expiring == 0:
+                continue
+            for message in queue.ready_messages():
+                if message.expired(now):
+                    queue.discard(message)
+                    message.state = State.READY
+                    self.index.expire(queue, message, now)
+
+    def next_wakeup(self) -> int | None:
+        """The next time (ms) ``tick`` has something to do, if any."""
+        times = [t for q in self.index.queues.values() if (t := q.next_due_ms()) is not None]
+        if self._receive_deadlines:
+            times.append(self._receive_deadlines[0].at_ms)
+        if any(q.expiring for q in self.index.queues.values()):
+            times.append(self._next_expiry_scan)
+        return min(times) if times else None
+
+
+__all__ = ["Delivery", "ReceiveDeadline"]

@@ -1,0 +1,127 @@
+"""Local transactions: begin, commit as one record, roll back.
+
+Theory of operation
+-------------------
+The staged work and the state table of one transaction are
+``core/transactions.py``'s. :class:`LocalTransactions` runs the commands:
+``tx_begin`` opens one in the session; sends, acks and nacks naming it are
+staged there (``core/sending.py``, ``core/delivery.py``); ``tx_commit``
+writes every staged send and ack as ONE ``TX`` record and applies them once
+it is durable (sends become visible, acked messages go, nacked ones come
+back); ``tx_rollback`` — or the end of the session — drops the staged sends
+and puts the consumed messages back to be redelivered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from txbroker.core.effects import Fail, Reply
+from txbroker.core.limits import Limits
+from txbroker.core.messages import State
+from txbroker.core.outbox import Outbox
+from txbroker.core.queue_index import LATER, QueueIndex
+from txbroker.core.records import Kind
+from txbroker.core.sessions import Session
+from txbroker.core.transactions import LocalTransaction, TxEvent, TxState
+from txbroker.errors import TransactionError, TransactionRolledBack
+
+
+class LocalTransactions:
+    """The local transaction commands. See the module docstring."""
+
+    def __init__(self, index: QueueIndex, limits: Limits, outbox: Outbox) -> None:
+        self.index = index
+        self.limits = limits
+        self.outbox = outbox
+
+    def check_room(self, tx: LocalTransaction, more: int) -> None:
+        """Refuse work beyond ``max_tx_operations``."""
+        if tx.operations + more > self.limits.max_tx_operations:
+            raise TransactionError(
+                f"transaction {tx.id} has {tx.operations} operations, the limit "
+                f"(max_tx_operations)"
+            )
+
+    def begin(self, session: Session) -> Any:
+        """Open a transaction in the session; replies ``{"tx": id}``."""
+        return {"tx": session.begin().id}
+
+    def commit(self, session: Session, rid: int, tx_id: int, now: int) -> Any:
+        """Commit: one TX record with every staged send and ack; reply once durable."""
+        tx = session.transaction(tx_id)
+        if self.outbox.failed is not None:
+            self.rollback(tx, now)
+            raise TransactionRolledBack(f"the store failed; transaction {tx_id} rolled back")
+        tx.fire(TxEvent.COMMIT)
+        index = self.index
+        stored_sends = [m for m in tx.sends if m.persistent]
+        stored_acks = [m for m in tx.acks.values() if m.persistent]
+        for message in tx.acks.values():
+            # gone from now on: compaction must not copy a message whose ack is
+            # already in the log (a copy after the ack would bring it back)
+            message.state = State.GONE
+        for message in stored_sends:
+            index.messages[message.id] = message
+        index.assign_seqs(stored_sends)
+        if not stored_sends and not stored_acks:
+            self.finish(tx, now)
+            return {}
+
+        def on_refs(refs: list[int]) -> None:
+            for message, ref in zip(stored_sends, refs, strict=True):
+                message.ref = ref
+
+        def on_durable(error: BaseException | None) -> None:
+            if error is not None:
+                self.outbox.storage_failed(error)
+                tx.fire(TxEvent.FAILED)
+                for message in tx.sends:
+                    index.drop_pending(message)
+                self.outbox.emit(Fail(session.id, rid, TransactionRolledBack(
+                    f"the store failed; transaction {tx_id} rolled back: {error}")))
+                return
+            self.finish(tx, max(self.outbox.now, now))
+            self.outbox.emit(Reply(session.id, rid, {}))
+
+        meta = [[m.to_record() for m in stored_sends], [m.id for m in stored_acks], now]
+        bodies = [m.body for m in stored_sends if m.body is not None]
+        self.outbox.persist(Kind.TX, meta, on_durable, bodies, on_refs)
+        return LATER
+
+    def finish(self, tx: LocalTransaction, now: int) -> None:
+        """The TX record is durable (or there was nothing to write): apply the work."""
+        if tx.state is TxState.COMMITTING:
+            tx.fire(TxEvent.DURABLE)
+        index = self.index
+        session = index.sessions.get(tx.session)
+        if session is not None:
+            session.transactions.pop(tx.id, None)
+        index.apply_adds(tx.sends, now)
+        for message in tx.acks.values():
+            index.count_acked(message)
+        for message in tx.nacks.values():
+            index.requeue_held(message, now)
+
+    def rollback(self, tx: LocalTransaction, now: int) -> None:
+        """Drop the staged sends; consumed (and nacked) messages are redelivered."""
+        tx.fire(TxEvent.ROLLBACK)
+        if tx.state is not TxState.ROLLED_BACK:
+            return  # a commit already on its way to disk completes on its own
+        index = self.index
+        session = index.sessions.get(tx.session)
+        if session is not None:
+            session.transactions.pop(tx.id, None)
+        for message in tx.sends:
+            index.drop_pending(message)
+        for message in list(tx.acks.values()) + list(tx.nacks.values()):
+            index.requeue_held(message, now)
+
+    def session_closed(self, session: Session, now: int) -> None:
+        """The session ended: its open transactions roll back."""
+        for tx in list(session.transactions.values()):
+            if tx.state is TxState.ACTIVE:
+                self.rollback(tx, now)
+
+
+__all__ = ["LocalTransactions"]

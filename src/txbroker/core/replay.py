@@ -1,0 +1,425 @@
+"""Replaying the log and metadata snapshots.
+
+Theory of operation
+-------------------
+On start the edge feeds every stored entry, in log order, to
+:meth:`Replay.replay`, then calls :meth:`Replay.finish`. Replay keeps
+messages only in the index (not yet in queues): acks, drops and moves of
+later records are cheap dict operations. ``finish`` then puts the survivors
+into their queues in log order (commit order), and releases the bodies of
+everything that died.
+
+:meth:`Replay.snapshot` is the metadata state (queues, topics, duplicate-id
+windows, the next message id, durable XA branches a body does not keep, the
+sinks' last batches) that the store writes first in every segment; replaying
+a snapshot replaces the metadata, so deleting old segments never loses a
+queue. ``core/records.py`` describes every record kind.
+
+XA branches come back PREPARED (rule 16 of ``core/xa.py``) from their
+``XA_PREPARE`` record or the snapshot; a later completion record applies
+their outcome. The messages a prepared branch consumed stay HELD; the
+message ids of its sends are back in their queues' duplicate windows (still
+pending: a rollback takes them out again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from txbroker.core import records
+from txbroker.core.effects import Release
+from txbroker.core.messages import Message, State
+from txbroker.core.outbox import Outbox
+from txbroker.core.queue_index import QueueIndex
+from txbroker.core.queues import Queue, QueueSettings
+from txbroker.core.records import Kind, StoredEntry
+from txbroker.core.sessions import Topic
+from txbroker.core.sinks import Sinks
+from txbroker.core.xa import Branch, BranchState, Request
+from txbroker.core.xa_branches import XaBranches, parse_xid
+from txbroker.errors import CorruptStore
+from txbroker.xid import Xid
+
+S = BranchState
+#: The store's ``body_size``: the edge sets it before replaying.
+BodySize = Callable[[int], int]
+
+
+def pack_ref(ref: int | None) -> bytes | None:
+    """A body ref as msgpack can carry it: refs are opaque ints of up to 136 bits."""
+    return None if ref is None else ref.to_bytes((ref.bit_length() + 7) // 8 or 1, "big")
+
+
+def unpack_ref(value: Any) -> int | None:
+    """The inverse of :func:`pack_ref` (also takes a plain int)."""
+    return int.from_bytes(value, "big") if isinstance(value, bytes) else value
+
+
+class Replay:
+    """Snapshots and replay over the index, the XA branches and the sinks."""
+
+    def __init__(self, index: QueueIndex, xa: XaBranches, sinks: Sinks, outbox: Outbox) -> None:
+        self.index = index
+        self.xa = xa
+        self.sinks = sinks
+        self.outbox = outbox
+        self.body_size_of: BodySize | None = None
+        #: Xids completed by a record during replay: a later snapshot (taken while the
+        #: completion was on its way to disk) must not bring such a branch back.
+        self._completed: set[Xid] = set()
+
+    # ------------------------------------------------------------------ snapshot
+    def snapshot(self) -> tuple[int, bytes]:
+        """``(kind, meta)`` of the metadata snapshot (records.py SNAPSHOT)."""
+        index = self.index
+        defs: dict[str, Any] = {}
+        dups: dict[str, list[str]] = {}
+        for topic in index.topics.values():
+            defs[topic.name] = topic.definition()
+        for queue in index.queues.values():
+            if not queue.durable:
+                continue
+            defs[queue.name] = queue.definition()
+            if queue.dups:
+                dups[queue.name] = queue.durable_dups()
+        meta: dict[str, Any] = {"next_id": index.next_id, "queues": defs, "dups": dups}
+        if self.xa.branches:
+            meta["xa"] = self._xa_snapshot()
+        if self.sinks.sinks:
+            meta["sinks"] = dict(self.sinks.sinks)
+        return int(Kind.SNAPSHOT), records.pack(meta)
+
+    def _xa_snapshot(self) -> dict[str, Any]:
+        """The ``"xa"`` part of the SNAPSHOT: the durable branches whose XA_PREPARE
+        entry no stored body keeps (consumes only), and heuristic ones."""
+        found: dict[str, Any] = {}
+        for branch in self.xa.branches.values():
+            if branch.state in (S.PREPARED, S.COMMITTING, S.ROLLING_BACK):
+                sends = [m for m in branch.work.sends if m.persistent]
+                if sends and None not in [m.ref for m in sends]:
+                    # Its XA_PREPARE entry holds these bodies, so the store keeps that
+                    # entry's segment while they live (they are never relocated): replay
+                    # finds the branch there. Copying it here would cost every segment
+                    # roll as much as all prepared sends (a Spark micro-batch prepares
+                    # millions), quadratic in the batch.
+                    continue
+                found[str(branch.xid)] = [
+                    S.PREPARED.value, [m.to_record() for m in sends],
+                    [pack_ref(m.ref) for m in sends],
+                    [[m.id, m.delivery_count] for m in branch.work.acks.values()]
+                    + branch.ref_ids,
+                    sorted(branch.discards), branch.created_ms]
+            elif branch.state in (S.HEURISTIC_COMMITTED, S.HEURISTIC_ROLLED_BACK):
+                found[str(branch.xid)] = [branch.state.value, [], [], [], [],
+                                          branch.created_ms]
+        return found
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, entry: StoredEntry) -> None:
+        """Apply one stored entry (log order) to the recovering state."""
+        try:
+            meta = records.unpack(entry.meta)
+            self._replay(entry.kind, meta, entry.refs)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise CorruptStore("<entry>", 0, f"undecodable record of kind {entry.kind}: {exc}") \
+                from exc
+
+    def _replay(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
+        if kind == Kind.ADD or kind == Kind.RELOCATE:
+            # RELOCATE: the full, current message: the segment with its ADD may be gone
+            self._add(meta, refs[0] if refs else None)
+        elif kind == Kind.TX:
+            adds, acks = meta[0], meta[1]  # (a local transaction adds committed_ms)
+            for msg, ref in zip(adds, refs, strict=True):
+                self._add(msg, ref)
+            self._gone(acks)
+        elif kind == Kind.ACK:
+            self._gone(meta)
+        elif kind == Kind.DROP:
+            self._gone(meta[0])
+        elif kind == Kind.MOVE:
+            self._move(meta)
+        elif kind == Kind.UPDATE:
+            message = self.index.messages.get(meta[0])
+            if message is not None:
+                message.delivery_count, message.deliver_at_ms = meta[1], meta[2]
+        elif kind == Kind.RELOCATE_MANY:
+            for msg, ref in zip(meta, refs, strict=True):
+                self._add(msg, ref)
+        elif kind == Kind.QUEUE_PUT:
+            self._definition(meta)
+        elif kind == Kind.QUEUE_DELETE:
+            self._delete(meta)
+        elif kind == Kind.SNAPSHOT:
+            self._snapshot(meta)
+            if "xa" in meta:
+                self._xa_snapshot_entries(meta["xa"])
+        elif Kind.XA_PREPARE <= kind <= Kind.XA_FORGET:
+            self._xa(kind, meta, refs)
+        elif kind == Kind.SINK_COMMIT:
+            self._sink(meta)
+        else:
+            raise ValueError(f"unknown record kind {kind}")
+
+    def _add(self, msg: list[Any], ref: int | None) -> None:
+        """Index a replayed message (hot during recovery: kept lean)."""
+        index = self.index
+        body_size_of = self.body_size_of
+        size = body_size_of(ref) if ref is not None and body_size_of is not None else 0
+        message = Message.from_record(msg, size, ref)
+        message_id = message.id
+        old = index.messages.get(message_id)
+        if old is not None and old.ref is not None:  # a relocated copy replaces it
+            self.outbox.emit(Release(old.ref))
+        index.messages[message_id] = message
+        if message_id >= index.next_id:
+            index.next_id = message_id + 1
+        if message.message_id is not None:
+            self._queue(message.queue).remember(message.message_id)
+
+    def _gone(self, ids: Iterable[int]) -> None:
+        messages = self.index.messages
+        for message_id in ids:
+            message = messages.pop(message_id, None)
+            if message is not None and message.ref is not None:
+                self.outbox.emit(Release(message.ref))
+
+    def _move(self, meta: list[Any]) -> None:
+        ids, target = meta[0], meta[1]
+        seqs = meta[3] if len(meta) > 3 else [0] * len(ids)
+        self._queue(target)
+        for message_id, seq in zip(ids, seqs, strict=True):
+            message = self.index.messages.get(message_id)
+            if message is not None:
+                message.queue = target
+                message.expires_ms = 0
+                message.deliver_at_ms = 0
+                message.seq = seq
+
+    def _queue(self, name: str) -> Queue:
+        queues = self.index.queues
+        queue = queues.get(name)
+        if queue is None:
+            queue = Queue(name)
+            queues[name] = queue
+        return queue
+
+    def _definition(self, definition: dict[str, Any]) -> None:
+        name = definition["name"]
+        topics = self.index.topics
+        if definition["kind"] == "topic":
+            topics.setdefault(name, Topic(name))
+            return
+        settings = QueueSettings.from_dict(definition.get("settings") or {})
+        queue = self._queue(name)
+        queue.settings = settings
+        queue.next_seq = max(queue.next_seq, int(definition.get("next_seq", 1)))
+        topic_name = definition.get("topic")
+        if topic_name:
+            queue.topic = topic_name
+            topics.setdefault(topic_name, Topic(topic_name)).subscriptions.add(name)
+
+    def _delete(self, name: str) -> None:
+        index = self.index
+        topic = index.topics.pop(name, None)
+        if topic is not None:
+            return
+        queue = index.queues.pop(name, None)
+        if queue is not None and queue.topic and queue.topic in index.topics:
+            index.topics[queue.topic].subscriptions.discard(name)
+        # queues are created lazily during replay: drop its messages either way
+        self._gone([m.id for m in index.messages.values() if m.queue == name])
+
+    def _snapshot(self, meta: dict[str, Any]) -> None:
+        index = self.index
+        index.next_id = max(index.next_id, int(meta["next_id"]))
+        defs: dict[str, Any] = meta["queues"]
+        for name in [n for n in index.queues if n not in defs]:
+            self._delete(name)
+        for name in [n for n in index.topics if n not in defs]:
+            index.topics.pop(name)
+        for definition in defs.values():
+            if definition["kind"] == "topic":
+                self._definition(definition)
+        for definition in defs.values():
+            if definition["kind"] != "topic":
+                self._definition(definition)
+        sinks = self.sinks.sinks
+        for sink, last in meta.get("sinks", {}).items():
+            sinks[sink] = max(sinks.get(sink, -1), int(last))
+        for name, ids in meta.get("dups", {}).items():
+            queue = index.queues.get(name)
+            if queue is not None:
+                for message_id in ids:
+                    queue.remember(message_id)
+
+    # ------------------------------------------------------------------ XA and sinks
+    def _xa(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
+        if kind == Kind.XA_PREPARE:
+            xid_text, sends, consumed, discards, created = meta[:5]
+            xid = parse_xid(xid_text)
+            self._completed.discard(xid)
+            self._branch(xid, sends, list(refs), consumed, discards, created)
+        elif kind == Kind.XA_COMMIT:
+            self._commit(parse_xid(meta[0]), meta[1], meta[2] if len(meta) > 2 else [])
+        elif kind == Kind.XA_ROLLBACK:
+            self._rollback(parse_xid(meta if isinstance(meta, str) else meta[0]))
+        elif kind == Kind.XA_HEURISTIC:
+            xid_text, outcome, discards = meta[:3]
+            branch = self.xa.branches.get(parse_xid(xid_text))
+            if branch is not None and branch.state is S.PREPARED:
+                commit = outcome == "commit"
+                branch.discards.update(discards)
+                if commit and len(meta) > 3:
+                    self._seqs(branch, meta[3])
+                self._outcome(branch, commit=commit)
+                branch.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
+        elif kind == Kind.XA_FORGET:
+            xid = parse_xid(meta)
+            self.xa.branches.pop(xid, None)
+            self._completed.add(xid)
+        else:
+            raise ValueError(f"unknown record kind {kind}")
+
+    def _commit(self, xid: Xid, discards: list[int], seqs: list[Any]) -> None:
+        """Replay a branch's commit (XA_COMMIT, or one branch of a SINK_COMMIT)."""
+        branch = self.xa.branches.pop(xid, None)
+        self._completed.add(xid)
+        if branch is not None:
+            branch.discards.update(discards)
+            self._seqs(branch, seqs)
+            self._outcome(branch, commit=True)
+
+    def _rollback(self, xid: Xid) -> None:
+        branch = self.xa.branches.pop(xid, None)
+        self._completed.add(xid)
+        if branch is not None:
+            self._outcome(branch, commit=False)
+
+    @staticmethod
+    def _seqs(branch: Branch, pairs: list[Any]) -> None:
+        seqs = dict((int(pair[0]), int(pair[1])) for pair in pairs)
+        for message in branch.work.sends:
+            message.seq = seqs.get(message.id, 0)
+
+    def _xa_snapshot_entries(self, found: dict[str, Any]) -> None:
+        for xid_text, (state, sends, refs, consumed, discards, created) in found.items():
+            xid = parse_xid(xid_text)
+            if xid in self._completed:
+                continue
+            wanted = S(state)
+            branch = self.xa.branches.get(xid)
+            if branch is None:
+                branch = self._branch(xid, sends, refs, consumed, discards, created)
+            if wanted is not S.PREPARED and branch.state is S.PREPARED:
+                commit = wanted is S.HEURISTIC_COMMITTED
+                self._outcome(branch, commit=commit)
+                branch.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
+
+    def _branch(self, xid: Xid, sends: list[Any], refs: list[Any], consumed: list[Any],
+                discards: list[int], created: int) -> Branch:
+        index = self.index
+        branch = Branch(xid, 0, created, 0)
+        branch.session = None
+        branch.work.session = 0
+        branch.fire(Request.RECOVER)
+        body_size_of = self.body_size_of
+        for msg, packed in zip(sends, refs, strict=True):
+            ref = unpack_ref(packed)
+            size = int(body_size_of(ref)) if body_size_of is not None and ref is not None else 0
+            message = Message.from_record(msg, size, ref)
+            branch.work.sends.append(message)
+            if message.id >= index.next_id:
+                index.next_id = message.id + 1
+        branch.ref_ids = [[int(pair[0]), int(pair[1])] for pair in consumed]  # [id, count]
+        branch.discards = set(discards)
+        self.xa.branches[xid] = branch
+        return branch
+
+    def _outcome(self, branch: Branch, *, commit: bool) -> None:
+        messages = self.index.messages
+        for message in branch.work.sends:
+            if commit and message.id not in branch.discards:
+                messages[message.id] = message
+            elif message.ref is not None:
+                self.outbox.emit(Release(message.ref))
+        if commit:
+            for message_id, _ in branch.ref_ids:
+                consumed = messages.pop(message_id, None)
+                if consumed is not None and consumed.ref is not None:
+                    self.outbox.emit(Release(consumed.ref))
+        branch.work.sends = []
+        branch.ref_ids = []
+        branch.discards = set()
+
+    def _sink(self, meta: Any) -> None:
+        sink, last, entries, rollbacks = meta[:4]
+        sinks = self.sinks.sinks
+        sinks[sink] = max(sinks.get(sink, -1), int(last))
+        for entry in entries:
+            self._commit(parse_xid(entry[0]), entry[2] if len(entry) > 2 else [], entry[1])
+        for xid_text in rollbacks:
+            self._rollback(parse_xid(xid_text))
+
+    # ------------------------------------------------------------------ finish
+    def finish(self, now: int) -> None:
+        """Put every surviving message into its queue, in log order (messages consumed
+        by prepared XA branches stay held)."""
+        held = self._hold_consumed() if self.xa.branches else []
+        index = self.index
+        queues = index.queues
+        name, queue = "", None
+        for message in index.messages.values():
+            if message.queue != name:
+                name = message.queue
+                queue = queues.get(name) or self._queue(name)
+            assert queue is not None
+            queue.messages += 1  # count_in + put, inlined: this loop runs per message
+            if message.seq >= queue.next_seq:
+                queue.next_seq = message.seq + 1
+            queue.bytes += message.size
+            if message.expires_ms:
+                queue.expiring += 1
+            queue.put(message, now)
+        if self.xa.branches:
+            self._finish_branches(held)
+        self.outbox.set_now(now)
+
+    def _hold_consumed(self) -> list[Message]:
+        """Before the survivors go into their queues: take out the messages consumed by
+        prepared branches (they stay HELD). Returns them for :meth:`_finish_branches`."""
+        held: list[Message] = []
+        messages = self.index.messages
+        for branch in self.xa.branches.values():
+            for message_id, delivery_count in branch.ref_ids:
+                message = messages.pop(message_id, None)
+                if message is not None:
+                    message.delivery_count = max(message.delivery_count, delivery_count)
+                    held.append(message)
+                    branch.work.acks[message_id] = message
+            branch.ref_ids = []
+        return held
+
+    def _finish_branches(self, held: list[Message]) -> None:
+        """After recovery: held messages counted in their queues; prepared sends pending
+        (a new message is counted in ``pending`` until it is added or dropped) with
+        their message ids in the duplicate window (pending too)."""
+        index = self.index
+        for message in held:
+            queue = index.queues.get(message.queue)
+            if queue is not None:
+                queue.count_in(message)
+            message.state = State.HELD
+            index.messages[message.id] = message
+        for branch in self.xa.branches.values():
+            for message in branch.work.sends:
+                queue = index.queues.get(message.queue)
+                if queue is not None:
+                    queue.pending += 1
+                    queue.pending_bytes += message.size
+                    if message.message_id is not None:
+                        queue.remember(message.message_id, pending=True)
+
+
+__all__ = ["BodySize", "Replay", "pack_ref", "unpack_ref"]
