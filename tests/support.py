@@ -23,6 +23,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: The queue :func:`durability_barrier` sends its marker to.
+BARRIER_QUEUE = "test-durability-barrier"
+
+
+def durability_barrier(conn: Any, queue: str = BARRIER_QUEUE) -> None:
+    """Return once every record the broker wrote for this connection's earlier requests
+    is durable, so that a kill -9 right after cannot undo them.
+
+    Some requests are answered before their record is durable (``nack``, a pipelined
+    ``ack``, ``stream_close``; docs/protocol.md). This sends one persistent message
+    and waits for its reply, which the broker sends only once that message's record
+    is durable. The broker handles one connection's requests in order and appends
+    their records to the store in that order; the store's single writer thread
+    writes and completes them in log order (group commit), so the marker's record
+    being durable means every record appended before it is too. The marker stays
+    in ``queue``; keep that queue out of what a test counts."""
+    conn.send(queue, b"durability barrier", persistent=True)
+
+
 class BrokerProcess:
     """``txbroker serve`` in a child process; stopped by pid."""
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import txbroker
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, durability_barrier
 from txbroker.client.xa import TMNOFLAGS, TMSUCCESS, XA_OK
 from txbroker.errors import XAER_NOTA, IllegalState, MessageTooLarge, NotFound, XAError
 from txbroker.xid import sink_xid
@@ -222,7 +222,12 @@ def test_seqs_survive_kill9_on_the_dir_store(tmp_path: Path) -> None:
             got = conn.receive("src", timeout=5)
             assert got is not None
             got.nack(requeue=False)  # "a" moves to dlq and gets its seq 2 there
-            conn.stream_info("dlq")
+            # nack is answered before its MOVE record is durable: a kill right after it
+            # could undo the move ("a" back in src). Wait until it is durable first.
+            durability_barrier(conn)
+            # dlq's readable limit passes a seq only once its record is durable
+            assert (conn.stream_info("dlq").first, conn.stream_info("dlq").next) == (1, 3)
+            assert conn.stream_info("src").first == 2
         proc.kill()
         proc.start()
         with txbroker.connect(proc.url) as conn:
