@@ -87,6 +87,7 @@ class BrokerError(TxBrokerError):
 
     @property
     def message(self) -> str:
+        """The error's text, without its code."""
         return str(self.args[0]) if self.args else ""
 
     @property
@@ -96,65 +97,95 @@ class BrokerError(TxBrokerError):
 
 
 class BadRequest(BrokerError):
+    """A request with a missing, malformed or out-of-range argument."""
+
     code = ErrorCode.BAD_REQUEST
 
 
 class NotFound(BrokerError):
+    """The named queue, topic, subscription or transaction does not exist."""
+
     code = ErrorCode.NOT_FOUND
 
 
 class AlreadyExists(BrokerError):
+    """A declare names something that exists with other settings or kind."""
+
     code = ErrorCode.ALREADY_EXISTS
 
 
 class QuotaExceeded(BrokerError):
+    """The queue is full (``max_messages`` / ``max_bytes``); retry later."""
+
     code = ErrorCode.QUOTA_EXCEEDED
     retriable = True
 
 
 class Disabled(BrokerError):
+    """The queue does not accept messages (ingress off)."""
+
     code = ErrorCode.DISABLED
 
 
 class MessageTooLarge(BrokerError):
+    """A body above ``max_message_size``."""
+
     code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 class TooManyConnections(BrokerError):
+    """The broker is at ``max_connections``; retry later."""
+
     code = ErrorCode.TOO_MANY_CONNECTIONS
     retriable = True
 
 
 class AuthenticationFailed(BrokerError):
+    """Wrong user or password."""
+
     code = ErrorCode.AUTHENTICATION_FAILED
 
 
 class NotAuthenticated(BrokerError):
+    """A request before a successful ``hello`` on a broker with users."""
+
     code = ErrorCode.NOT_AUTHENTICATED
 
 
 class TransactionError(BrokerError):
+    """A transaction request that its state does not allow."""
+
     code = ErrorCode.TRANSACTION
 
 
 class TransactionRolledBack(TransactionError):
+    """The transaction was rolled back (store failure, failover, its session ended)."""
+
     code = ErrorCode.TRANSACTION_ROLLED_BACK
 
 
 class IllegalState(BrokerError):
+    """A request the connection's state does not allow (e.g. ack of a delivery it does not hold)."""
+
     code = ErrorCode.ILLEGAL_STATE
 
 
 class TooManyUnacked(BrokerError):
+    """A prefetch above ``max_unacked_per_consumer``."""
+
     code = ErrorCode.TOO_MANY_UNACKED
     retriable = True
 
 
 class StorageFailed(BrokerError):
+    """The store failed: the broker takes no more writes."""
+
     code = ErrorCode.STORAGE_FAILED
 
 
 class ShuttingDown(BrokerError):
+    """The broker is stopping; retry on another broker or later."""
+
     code = ErrorCode.SHUTTING_DOWN
     retriable = True
 
@@ -217,6 +248,7 @@ class XAError(BrokerError):
 
     @property
     def wire_code(self) -> int:
+        """``XA_WIRE_BASE`` plus the XA code, so a client can rebuild the XAError."""
         return XA_WIRE_BASE + self.errcode
 
 

@@ -50,28 +50,38 @@ class Participant(Protocol):
     """One resource's branch of a global transaction (see the module docstring)."""
 
     @property
-    def sort_key(self) -> str: ...
+    def sort_key(self) -> str:
+        """Participants are voted and finished in this order (stable across runs)."""
 
-    def begin(self, xid: Xid) -> None: ...
+    def begin(self, xid: Xid) -> None:
+        """Start this resource's branch ``xid``: work done from now on belongs to it."""
 
-    def vote(self, xid: Xid) -> bool: ...
+    def vote(self, xid: Xid) -> bool:
+        """Prepare the branch: True to commit; False or raising is a "no" (the TM aborts)."""
 
-    def commit_one_phase(self, xid: Xid) -> None: ...
+    def commit_one_phase(self, xid: Xid) -> None:
+        """The only participant: commit without a prepare (may raise: rolled back)."""
 
-    def finish(self, xid: Xid, commit: bool) -> bool: ...
+    def finish(self, xid: Xid, commit: bool) -> bool:
+        """Commit or roll back the prepared branch; must not fail for good: True when
+        done, False to leave it to recovery."""
 
-    def abort(self, xid: Xid) -> None: ...
+    def abort(self, xid: Xid) -> None:
+        """Roll back a branch that did not vote yes (cleanup: must not raise)."""
 
 
 class Resource(Protocol):
     """A resource manager as recovery sees it."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The resource's name (the bqual of its branches)."""
 
-    def recover(self) -> list[Xid]: ...
+    def recover(self) -> list[Xid]:
+        """Xids of this resource's prepared branches of our format id."""
 
-    def resolve(self, xid: Xid, commit: bool) -> None: ...
+    def resolve(self, xid: Xid, commit: bool) -> None:
+        """Commit or roll back one in-doubt branch found by :meth:`recover`."""
 
 
 # ---------------------------------------------------------------------- txbroker
@@ -86,20 +96,26 @@ class BrokerParticipant:
 
     @property
     def sort_key(self) -> str:
+        """Participants are voted and finished in this order (stable across runs)."""
         return self.name
 
     def begin(self, xid: Xid) -> None:
+        """Start this resource's branch ``xid``: work done from now on belongs to it."""
         self._xa.start(xid, wait=False)  # pipelined: a refusal is raised by the next call
 
     def vote(self, xid: Xid) -> bool:
+        """Prepare the branch: True to commit; False or raising is a "no" (the TM aborts)."""
         self._xa.end(xid, TMSUCCESS, wait=False)  # pipelined with the prepare
         return bool(self._xa.prepare(xid) == XA_RDONLY)
 
     def commit_one_phase(self, xid: Xid) -> None:
+        """The only participant: commit without a prepare (may raise: rolled back)."""
         self._xa.end(xid, TMSUCCESS, wait=False)
         self._xa.commit(xid, True)
 
     def finish(self, xid: Xid, commit: bool) -> bool:
+        """Commit or roll back the prepared branch; must not fail for good: True when
+        done, False to leave it to recovery."""
         try:
             if commit:
                 self._xa.commit(xid, False)
@@ -118,6 +134,7 @@ class BrokerParticipant:
         return True
 
     def abort(self, xid: Xid) -> None:
+        """Roll back a branch that did not vote yes (cleanup: must not raise)."""
         try:
             with contextlib.suppress(XAError):  # already ended (or unknown)
                 self._xa.end(xid, TMFAIL)
@@ -135,13 +152,16 @@ class BrokerResource:
 
     @property
     def name(self) -> str:
+        """The resource's name (the bqual of its branches)."""
         return self._name
 
     def recover(self) -> list[Xid]:
+        """Xids of this resource's prepared branches of our format id."""
         found: list[Xid] = self.connection.xa_resource().recover()
         return [x for x in found if x.format_id == TM_FORMAT_ID]
 
     def resolve(self, xid: Xid, commit: bool) -> None:
+        """Commit or roll back one in-doubt branch found by :meth:`recover`."""
         xa = self.connection.xa_resource()
         if commit:
             xa.commit(xid, False)
@@ -166,16 +186,21 @@ class PostgresParticipant:
 
     @property
     def sort_key(self) -> str:
+        """Participants are voted and finished in this order (stable across runs)."""
         return self.name
 
     def begin(self, xid: Xid) -> None:
+        """Start this resource's branch ``xid``: work done from now on belongs to it."""
         self._prepared = False
         self.connection.tpc_begin(_pg_xid(self.connection, xid))
 
     def commit_one_phase(self, xid: Xid) -> None:
+        """The only participant: commit without a prepare (may raise: rolled back)."""
         self.connection.tpc_commit()
 
     def finish(self, xid: Xid, commit: bool) -> bool:
+        """Commit or roll back the prepared branch; must not fail for good: True when
+        done, False to leave it to recovery."""
         try:
             if commit:
                 self.connection.tpc_commit()
@@ -189,6 +214,7 @@ class PostgresParticipant:
         return True
 
     def vote(self, xid: Xid) -> bool:
+        """Prepare the branch: True to commit; False or raising is a "no" (the TM aborts)."""
         try:
             self.connection.tpc_prepare()
         except Exception:
@@ -202,6 +228,7 @@ class PostgresParticipant:
         return False
 
     def abort(self, xid: Xid) -> None:
+        """Roll back a branch that did not vote yes (cleanup: must not raise)."""
         if getattr(self.connection, "_tpc", True) is None:
             return  # nothing open (the failed prepare above rolled it back)
         try:
@@ -226,9 +253,11 @@ class PostgresResource:
 
     @property
     def name(self) -> str:
+        """The resource's name (the bqual of its branches)."""
         return self._name
 
     def recover(self) -> list[Xid]:
+        """Xids of this resource's prepared branches of our format id."""
         found = []
         for pg in self.connection.tpc_recover():
             # tpc_recover lists every database's prepared transactions
@@ -238,6 +267,7 @@ class PostgresResource:
         return found
 
     def resolve(self, xid: Xid, commit: bool) -> None:
+        """Commit or roll back one in-doubt branch found by :meth:`recover`."""
         pg = _pg_xid(self.connection, xid)
         if commit:
             self.connection.tpc_commit(pg)
