@@ -233,6 +233,125 @@ def test_entry_larger_than_a_segment_gets_its_own(directory: Path) -> None:
     store.close()
 
 
+def _snapshot_kinds(path: Path) -> list[int]:
+    """The kind of each entry of a segment file."""
+    data = path.read_bytes()
+    return [struct.unpack_from("<H", data, offset + 8)[0] for offset, _ in entry_spans(data)]
+
+
+def test_a_snapshot_bigger_than_a_segment_takes_at_most_half_of_one(directory: Path) -> None:
+    # The broker's snapshot carries the duplicate-id windows (up to 20,000 ids a
+    # queue): the kill -9 soak's grew past its 128 KiB segments, and from then on
+    # every append rolled, writing a segment (and the whole snapshot) of its own.
+    snapshot = (1, b"S" * (3 * SMALL_SEGMENT // 2))
+    store, loop = open_journal(
+        directory, segment_size=SMALL_SEGMENT, snapshot_provider=lambda: snapshot
+    )
+    entries = [(4, b"%d" % n, [bytes(100)]) for n in range(1000)]
+    append_all(store, loop, entries)
+    written = store.stats().bytes_written
+    store.close()
+    payload = sum(ENTRY_HEADER.size + 8 + len(meta) + 100 for _, meta, _ in entries)
+    snapshot_entry = ENTRY_HEADER.size + 4 + len(snapshot[1])
+    files = segment_files(directory)
+    # a segment per append before: 1,000 files and 25 MB written
+    assert len(files) <= payload // snapshot_entry + 2
+    assert written <= 2 * payload + 2 * snapshot_entry
+    for path in files[1:-1]:
+        assert _snapshot_kinds(path)[0] == 1
+        assert path.stat().st_size >= 2 * snapshot_entry - 200  # the snapshot is half of it
+    store = JournalStore(directory)
+    assert [e for e in contents(store, recover(store)) if e[0] != 1] == entries
+    store.close()
+
+
+def test_restarts_keep_the_head_segment_with_a_big_snapshot(directory: Path) -> None:
+    # Each start of the soak appended a few entries and was killed: the recovered
+    # head forgot where its snapshot ended and rolled at the first append.
+    snapshot = (1, b"S" * (3 * SMALL_SEGMENT // 2))
+    for start in range(30):
+        store, loop = open_journal(
+            directory, segment_size=SMALL_SEGMENT, snapshot_provider=lambda: snapshot
+        )
+        append_all(store, loop, [(4, b"%d-%d" % (start, n), [bytes(100)]) for n in range(10)])
+        store.close()
+    # 300 entries of ~130 bytes: 39 KB, one or two segments' worth (30+ before)
+    assert len(segment_files(directory)) <= 3
+
+
+def test_a_head_that_lost_its_snapshot_gets_one_before_older_segments_go(
+    directory: Path,
+) -> None:
+    # A kill during a roll's first write tears the new head's snapshot: recovery
+    # cuts it to an empty segment. Had the store deleted the older segments (their
+    # bodies all dead), the log would start without a snapshot: queues and
+    # duplicate-id windows forgotten at the next start.
+    made: list[bytes] = []
+
+    def snapshot() -> tuple[int, bytes]:
+        made.append(b"snap-%d" % len(made))
+        return 1, made[-1]
+
+    options: dict[str, Any] = {"segment_size": SMALL_SEGMENT, "snapshot_provider": snapshot}
+    store, loop = open_journal(directory, **options)
+    append_all(store, loop, [(4, b"%d" % n, [bytes(1000)]) for n in range(40)])
+    store.close()
+    assert len(segment_files(directory)) >= 3
+    head = segment_files(directory)[-1]
+    os.truncate(head, SEGMENT_HEADER.size)  # the roll's snapshot (and what followed) torn
+
+    store = JournalStore(directory, **options)
+    for entry in recover(store):
+        for ref in entry.refs:
+            store.release(ref)  # every body dead: every segment but the head may go
+    store.maintain()
+    store.flush()
+    assert len(segment_files(directory)) == 1
+    store.close()
+    store = JournalStore(directory, **options)
+    assert [(e.kind, e.meta) for e in recover(store)] == [(1, made[-1])]
+    store.close()
+
+    # the same when an append comes first: it goes after a new snapshot
+    store, loop = open_journal(directory, **options)
+    append_all(store, loop, [(4, b"%d" % n, [bytes(1000)]) for n in range(40)])
+    store.close()
+    os.truncate(segment_files(directory)[-1], SEGMENT_HEADER.size)
+    store, loop = open_journal(directory, **options)
+    append_all(store, loop, [(4, b"after", [b"x"])])
+    store.close()
+    store = JournalStore(directory, **options)
+    recovered = [(e.kind, e.meta) for e in recover(store)]
+    assert recovered[-2:] == [(1, made[-1]), (4, b"after")]
+    store.close()
+
+
+@pytest.mark.parametrize("snapshot_size", [4, 3 * SMALL_SEGMENT // 2])
+def test_segments_of_small_live_messages_are_not_relocated(
+    directory: Path, snapshot_size: int
+) -> None:
+    # Relocation must pay: copying a segment's live messages must write less than
+    # half of what deleting it frees. Counted in body bytes alone, a segment of
+    # small messages (10-byte bodies, ~120-byte entries) always looked mostly dead,
+    # and so did one whose snapshot is half of it: the live messages were copied
+    # forward again and again (the soak rewrote ~700 KB of them several times a
+    # second, ten times what its clients wrote).
+    snapshot = (1, b"S" * snapshot_size)
+    store, loop = open_journal(
+        directory, segment_size=SMALL_SEGMENT, snapshot_provider=lambda: snapshot
+    )
+    refs = append_all(store, loop, [(4, b"m" * 80, [b"%010d" % n]) for n in range(1500)])
+    assert store.stats().segments >= 5
+    for _ in range(3):
+        assert store.maintain() is None  # every message lives: nothing to gain
+    oldest = [ref for [ref] in refs if unpack_ref(ref)[0] == 1]
+    for ref in oldest[: len(oldest) * 3 // 4]:
+        store.release(ref)  # three quarters consumed: moving the rest pays
+    relocation = store.maintain()
+    assert relocation is not None and relocation.segment == 1
+    store.close()
+
+
 def test_dead_segments_are_deleted_from_the_oldest_end_only(directory: Path) -> None:
     store, loop = open_journal(directory, segment_size=SMALL_SEGMENT)
     refs = append_all(store, loop, [(4, b"%d" % n, [bytes(1000)]) for n in range(80)])

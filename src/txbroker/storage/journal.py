@@ -16,12 +16,21 @@ the entry for the writer and caches the bodies. The writer writes each batch
 with one ``pwrite`` per segment and one sync, then dispatches the batch's
 completions in one call.
 
+A snapshot takes at most half of its segment: when it is bigger than half of
+``segment_size`` (say a duplicate-id window of 60,000 ids in 128 KiB
+segments), the segment grows to twice the snapshot before the next roll —
+else every append would roll, and write, a segment of its own. A head that
+lost its snapshot (a kill tore the roll's first write) gets a new segment with
+a snapshot at the first append or ``maintain``, before an older segment can go.
+
 Space: each segment keeps a count of live bodies and live body bytes.
 Recovery counts every body live; :meth:`release` marks one dead.
 :meth:`maintain` deletes dead segments from the oldest end (through the
 writer, after the sync of everything queued before), and offers the oldest
-sealed segment for *relocation* when less than
-:data:`RELOCATE_BELOW_LIVE_FRACTION` of it is live.
+sealed segment for *relocation* when that pays: copying its live messages
+(bodies, and per body the segment's average record overhead) writes less than
+:data:`RELOCATE_BELOW_LIVE_FRACTION` of what deleting it frees (its size less
+its snapshot).
 
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread
@@ -99,9 +108,10 @@ MAX_SEGMENT_SIZE = 4 * 1024 * MiB
 #: Default bound of the body cache: enough for the bodies in flight to
 #: consumers of a busy broker without holding the whole journal in memory.
 DEFAULT_BODY_CACHE_BYTES = 32 * MiB
-#: ``maintain`` offers the oldest sealed segment for relocation when its live
-#: body bytes are below this fraction of its size (Artemis compacts at 30 %
-#: live; 0.5 bounds disk use to about twice the live data).
+#: ``maintain`` offers the oldest sealed segment for relocation when copying its
+#: live messages (``SegmentInfo.copy_bytes``) writes less than this fraction of
+#: its size less its snapshot (Artemis compacts at 30 % live; 0.5 bounds disk
+#: use to about twice the live data).
 RELOCATE_BELOW_LIVE_FRACTION = 0.5
 #: If an offered segment is still there after this many ``maintain`` calls
 #: (the broker could not move everything yet), offer it again: about a minute
@@ -110,6 +120,10 @@ RELOCATION_RETRY_CALLS = 60
 #: Relocate only once the journal has this many segments (Artemis compacts from
 #: journal-compact-min-files = 10; with 64 MiB segments 4 is a similar amount).
 RELOCATE_MIN_SEGMENTS = 4
+#: A segment rolls at ``segment_size`` bytes, or at this multiple of its snapshot
+#: when that is bigger: a snapshot takes at most half of its segment, however
+#: big it grows (a snapshot over ``segment_size`` made every append roll).
+SNAPSHOT_SEGMENT_FACTOR = 2
 #: Subdirectory of the data directory that holds the journal.
 JOURNAL_SUBDIR = "journal"
 
@@ -128,6 +142,18 @@ class SegmentInfo:
     size: int  #: bytes assigned (written or queued)
     live_bodies: int
     live_bytes: int
+    bodies: int = 0  #: bodies ever stored in it
+    #: bytes of its body-carrying entries that are not bodies: entry headers and
+    #: message records, which a relocation copies too
+    overhead: int = 0
+    lead: int = 0  #: bytes of its snapshot (every segment has one)
+
+    def copy_bytes(self) -> float:
+        """About what relocating its live messages writes: their bodies and, per
+        body, the segment's average record overhead."""
+        if not self.bodies:
+            return self.live_bytes
+        return self.live_bytes + self.live_bodies * self.overhead / self.bodies
 
 
 class JournalStore:
@@ -183,6 +209,10 @@ class JournalStore:
         self._read_fds: dict[int, int] = {}
         self._oldest = self._head = 1
         self._offset = self._first_free = SEGMENT_HEADER.size
+        #: the head rolls when an entry would end past this (see SNAPSHOT_SEGMENT_FACTOR)
+        self._roll_at = segment_size
+        #: the head has no snapshot but older segments (a torn roll): roll at once
+        self._snapshot_due = False
         self._head_info = SegmentInfo(SEGMENT_HEADER.size, 0, 0)
         self._appends = 0
         self._relocating: int | None = None
@@ -222,7 +252,8 @@ class JournalStore:
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
         for segment in recovered:
             self._segments[segment.segment_id] = SegmentInfo(
-                segment.size, segment.bodies, segment.body_bytes
+                segment.size, segment.bodies, segment.body_bytes, segment.bodies,
+                segment.overhead, segment.lead,
             )
         head_fd = None
         if recovered:
@@ -230,6 +261,7 @@ class JournalStore:
             self._offset = recovered[-1].size
             head_path = self.journal_dir / segment_name(self._head)
             head_fd = os.open(head_path, os.O_WRONLY | os.O_CLOEXEC)
+            self._find_head_snapshot(recovered[-1].lead, len(recovered) > 1)
         else:
             self._segments[1] = SegmentInfo(SEGMENT_HEADER.size, 0, 0)
             self._queue.items.append(Roll(1))
@@ -246,6 +278,18 @@ class JournalStore:
         self.writer.pending_dir_syncs = [path.parent for path in self._created_dirs]
         self.writer.start()
         self._state = _State.OPEN
+
+    def _find_head_snapshot(self, lead: int, older: bool) -> None:
+        """Where the recovered head's snapshot ends, so that the head keeps the
+        roll limit it had; or, if it has none but has older segments (a kill tore
+        the snapshot its roll wrote), mark a snapshot due."""
+        if self._snapshot_provider is None:
+            return
+        if lead:  # every segment but a new journal's first starts with its snapshot
+            self._first_free = SEGMENT_HEADER.size + lead
+            self._roll_at = max(self.segment_size, SNAPSHOT_SEGMENT_FACTOR * self._first_free)
+        else:  # empty, or it begins with bodies (written so by an older version)
+            self._snapshot_due = older
 
     # -- appending ---------------------------------------------------------
 
@@ -270,7 +314,7 @@ class JournalStore:
         if size > MAX_ENTRY_SIZE or kind & ~MAX_KIND or count > MAX_BODIES:
             raise ValueError(f"entry too large or malformed (kind {kind}, {size} bytes)")
         offset = self._offset
-        roll = offset + size > self.segment_size and offset > self._first_free
+        roll = (offset + size > self._roll_at and offset > self._first_free) or self._snapshot_due
         snapshot = self._snapshot_provider() if roll and self._snapshot_provider else None
         if snapshot is not None and (
             ENTRY_OVERHEAD + len(snapshot[1]) > MAX_ENTRY_SIZE or snapshot[0] & ~MAX_KIND
@@ -301,8 +345,11 @@ class JournalStore:
             queue.lock.release()
         info = self._head_info
         info.size += size
-        info.live_bodies += count
-        info.live_bytes += body_bytes
+        if count:
+            info.live_bodies += count
+            info.live_bytes += body_bytes
+            info.bodies += count
+            info.overhead += size - body_bytes
         self._appends += 1
         limit = self._cache_limit
         if limit:
@@ -330,7 +377,25 @@ class JournalStore:
             items.append(snap)
             self._offset += size
             info.size += size
+            info.lead = size
         self._first_free = self._offset
+        self._roll_at = max(self.segment_size, SNAPSHOT_SEGMENT_FACTOR * self._first_free)
+        self._snapshot_due = False
+
+    def _roll_now(self) -> None:
+        """Roll to a new segment that starts with a snapshot (no entry to append)."""
+        snapshot = self._snapshot_provider() if self._snapshot_provider else None
+        if snapshot is not None and (
+            ENTRY_OVERHEAD + len(snapshot[1]) > MAX_ENTRY_SIZE or snapshot[0] & ~MAX_KIND
+        ):
+            raise ValueError(f"snapshot entry too large or malformed (kind {snapshot[0]})")
+        queue = self._queue
+        with queue.lock:
+            if queue.failure is not None:
+                return
+            self._roll(snapshot)
+            if queue.writer_idle:
+                queue.wakeup.notify()
 
     def _not_open(self) -> StoreError | StorageFailed:
         if self._queue.failure is not None:
@@ -453,14 +518,17 @@ class JournalStore:
             return None
         assert self.writer is not None
         self._maintain_calls += 1
+        if self._snapshot_due:  # before an older segment, and the metadata in it, can go
+            self._roll_now()
         while self._oldest < self._head and self._segments[self._oldest].live_bodies == 0:
             self._drop_oldest()
         oldest = self._oldest
         if oldest >= self._head or oldest >= self.writer.current_segment:
             return None  # only the head is left, or the oldest is not fully written yet
         info = self._segments[oldest]
-        if info.live_bytes >= RELOCATE_BELOW_LIVE_FRACTION * info.size:
-            return None
+        if info.copy_bytes() >= RELOCATE_BELOW_LIVE_FRACTION * (info.size - info.lead):
+            return None  # copying would write as much as it frees (the copies need
+            # segments, and snapshots, of their own)
         if len(self._segments) < RELOCATE_MIN_SEGMENTS:
             return None  # a few segments of waste are cheaper than copying
         watched, self._oldest_watch = self._oldest_watch, (oldest, info.live_bodies)

@@ -215,6 +215,8 @@ class Tally:
 
     bodies: int = 0
     body_bytes: int = 0
+    #: bytes of the entries that carry bodies, less the bodies (headers, message records)
+    overhead: int = 0
 
 
 #: What the scanners read: a whole file's bytes, or an mmap of it (slicing either gives bytes).
@@ -246,7 +248,7 @@ def scan_entries(
     append = out.append
     base = segment_id << REF_SEGMENT_SHIFT
     header_size = ENTRY_HEADER.size
-    bodies = body_bytes = 0
+    bodies = body_bytes = overhead = 0
     stop_at = len(out) + limit
     damage = None
     while offset < end and len(out) < stop_at:
@@ -276,9 +278,11 @@ def scan_entries(
                 break
             refs: tuple[BodyRef, ...] = (base | body << REF_LENGTH_BITS | first_length,)
             body_bytes += first_length
+            overhead += length - first_length
         elif count:
             lengths = lengths_struct(count).unpack_from(raw, header_size)
-            if body + sum(lengths) + 4 != stop:
+            carried = sum(lengths)
+            if body + carried + 4 != stop:
                 damage = Damage(offset, "entry length disagrees with its contents")
                 break
             ref_list = []
@@ -286,7 +290,8 @@ def scan_entries(
                 ref_list.append(base | body << REF_LENGTH_BITS | body_length)
                 body += body_length
             refs = tuple(ref_list)
-            body_bytes += sum(lengths)
+            body_bytes += carried
+            overhead += length - carried
         else:
             if body + 4 != stop:
                 damage = Damage(offset, "entry length disagrees with its contents")
@@ -297,6 +302,7 @@ def scan_entries(
         offset = stop
     tally.bodies += bodies
     tally.body_bytes += body_bytes
+    tally.overhead += overhead
     return offset, damage
 
 

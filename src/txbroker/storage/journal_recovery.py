@@ -38,6 +38,8 @@ from pathlib import Path
 from txbroker.errors import CorruptStore, StoreLocked
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.journal_format import (
+    ENTRY_HEADER,
+    ENTRY_MAGIC,
     MIN_PAD,
     SEGMENT_HEADER,
     Tally,
@@ -68,6 +70,11 @@ class RecoveredSegment:
     size: int  #: bytes of valid data (where appends continue, for the last one)
     bodies: int
     body_bytes: int
+    #: bytes of its body-carrying entries that are not bodies (see ``Tally``)
+    overhead: int = 0
+    #: bytes of its first entry if that carries no bodies: the snapshot the
+    #: journal writes first in every segment it rolls to (0: none)
+    lead: int = 0
 
 
 def lock_directory(directory: Path, journal_dir: Path) -> tuple[int, list[Path]]:
@@ -114,6 +121,17 @@ def read_segment_entries(journal_dir: Path, segment_id: int, size: int) -> tuple
     if damage is not None:
         raise CorruptStore(str(path), damage.offset, damage.reason)
     return tuple(entries)
+
+
+def _lead(fd: int, end: int) -> int:
+    """The length of a segment's first entry if it carries no bodies (a snapshot)."""
+    first = os.pread(fd, ENTRY_HEADER.size, SEGMENT_HEADER.size)
+    if len(first) < ENTRY_HEADER.size:
+        return 0
+    magic, length, _kind, bodies, _meta = ENTRY_HEADER.unpack(first)
+    if magic != ENTRY_MAGIC or bodies or SEGMENT_HEADER.size + length > end:
+        return 0
+    return int(length)
 
 
 class Recovery:
@@ -181,7 +199,8 @@ class Recovery:
                 os.pwrite(fd, encode_pad(stop - start), start)
             if end < size or pads:
                 os.fsync(fd)
-            return RecoveredSegment(segment_id, end, tally.bodies, tally.body_bytes)
+            return RecoveredSegment(segment_id, end, tally.bodies, tally.body_bytes,
+                                    tally.overhead, _lead(fd, end))
         finally:
             os.close(fd)
 
