@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import txbroker
@@ -19,8 +20,6 @@ from txbroker.tm import (
     recover,
 )
 from txbroker.tm.example import dequeue_and_insert, insert_and_send
-
-psycopg = pytest.importorskip("psycopg")
 
 
 def rows(dsn: str) -> list[str]:
