@@ -93,11 +93,20 @@ def run_and_kill(spec: dict[str, Any], start: int, kill_after: float) -> set[int
         child.kill()
         raise AssertionError(f"child never started: {child.stderr.read()!r}") from None
     assert first == b"ready\n", (first, child.stderr.read())
+    # Kill ``kill_after`` s after the child's FIRST acknowledgement, not after its
+    # start: on a loaded machine a slow store (fsync per file) may not have
+    # acknowledged anything within a fixed delay, and the test asserts it did.
+    try:
+        early = [lines.get(timeout=60)]
+    except queue.Empty:
+        child.kill()
+        raise AssertionError(f"child acknowledged nothing in 60 s: {child.stderr.read()!r}") \
+            from None
     time.sleep(kill_after)
     child.kill()
     child.wait()
     reader.join(timeout=10)
-    acked = set()
+    acked = {int(line) for line in early if line.endswith(b"\n")}
     while not lines.empty():
         line = lines.get()
         if line.endswith(b"\n"):  # a line cut by the kill was never fully reported
