@@ -14,6 +14,7 @@ Clients::
 from __future__ import annotations
 
 from txbroker import aio
+from txbroker._version import __version__
 from txbroker.client.sync import Connection, connect
 from txbroker.errors import (
     BrokerError,
@@ -25,8 +26,6 @@ from txbroker.errors import (
     XAError,
 )
 from txbroker.xid import Xid
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BrokerError",
