@@ -2,9 +2,8 @@
 
 ``python -m tests.stomp.launcher --data DIR --port P --stomp-port S [--sync MODE]
 [--users FILE.toml] [--heartbeat-min-ms N] [--heartbeat-grace G]`` builds a
-:class:`~txbroker.server.config.ServerConfig`, starts a
-:class:`~txbroker.server.app.BrokerServer`, then
-:func:`~txbroker.server.stomp.start_stomp_listener`, prints
+:class:`~txbroker.server.config.ServerConfig` and the STOMP settings, starts a
+:class:`~txbroker.server.app.BrokerServer` (which opens both listeners), prints
 ``txbroker ready native=<port> stomp=<port>`` and serves until SIGTERM/SIGINT.
 """
 
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
-from txbroker.server.stomp import StompSettings, start_stomp_listener
+from txbroker.server.stomp import StompSettings
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -28,17 +27,17 @@ async def main(args: argparse.Namespace) -> None:
     if args.users:
         with open(args.users, "rb") as handle:
             users = dict(tomllib.load(handle).get("users", {}))
-    config = ServerConfig(host="127.0.0.1", stomp_port=0, port=args.port, data=Path(args.data),
-                          sync=args.sync, users=users)
-    server = BrokerServer(config)
-    await server.start()
+    config = ServerConfig(host="127.0.0.1", stomp_port=args.stomp_port, port=args.port,
+                          data=Path(args.data), sync=args.sync, users=users)
     settings = StompSettings(heartbeat_send_min_ms=args.heartbeat_min_ms,
                              heartbeat_receive_min_ms=args.heartbeat_min_ms,
                              heartbeat_grace=args.heartbeat_grace,
                              connect_timeout_s=args.connect_timeout)
-    listener = await start_stomp_listener(server, "127.0.0.1", args.stomp_port, settings)
-    stomp_port = listener.sockets[0].getsockname()[1]
-    print(f"txbroker ready native={server.port} stomp={stomp_port} "
+    server = BrokerServer(config, stomp_settings=settings)
+    await server.start()
+    if not server.stomp_port:  # --stomp-port 0: any free port
+        await server.listen_stomp("127.0.0.1", 0)
+    print(f"txbroker ready native={server.port} stomp={server.stomp_port} "
           f"recovered={server.recovered_messages}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -46,7 +45,6 @@ async def main(args: argparse.Namespace) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    listener.close()
     await server.stop()
 
 

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -74,6 +75,7 @@ __all__ = [
     "DEFAULT_MAX_HEADERS",
     "DEFAULT_MAX_HEADER_SIZE",
     "NEED_DATA",
+    "PROTOCOL_HEADERS",
     "REQUIRED_HEADERS",
     "SERVER_COMMANDS",
     "SUPPORTED_VERSIONS",
@@ -87,7 +89,10 @@ __all__ = [
     "StompFrameTooLarge",
     "StompProtocolError",
     "encode_error",
+    "encode_message",
+    "encode_receipt",
     "escape",
+    "message_head",
     "negotiate_heartbeat",
     "negotiate_version",
     "parse_heartbeat",
@@ -115,6 +120,13 @@ CLIENT_COMMANDS: Final = frozenset(
 SERVER_COMMANDS: Final = frozenset(["CONNECTED", "MESSAGE", "RECEIPT", "ERROR"])
 #: Frames that may carry a body; every other frame MUST NOT (STOMP 1.2 "Body").
 BODY_COMMANDS: Final = frozenset(["SEND", "MESSAGE", "ERROR"])
+#: Headers that are the protocol's, not the message's: a SEND's headers other
+#: than these travel with the message, and a MESSAGE frame never repeats them
+#: from the message (it writes its own ``destination``, ``message-id`` ...).
+PROTOCOL_HEADERS: Final = frozenset(
+    ["destination", "transaction", "receipt", "content-length", "persistent", "message-id",
+     "subscription", "ack", "redelivered"]
+)
 #: Frames whose headers are never escaped (STOMP 1.2 "Value Encoding").
 _UNESCAPED_COMMANDS: Final = frozenset(["CONNECT", "STOMP", "CONNECTED"])
 #: A server's codec stops after these: later frames are parsed with the agreed version.
@@ -319,6 +331,46 @@ def encode_error(message: str, receipt_id: str | None = None, version: str = "1.
     lines.append("content-type:text/plain;charset=utf-8")
     lines.append(f"content-length:{len(body)}")
     return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
+
+
+def encode_receipt(receipt_id: str, version: str) -> bytes:
+    """A RECEIPT frame for the frame that carried ``receipt:receipt_id``."""
+    return f"RECEIPT\nreceipt-id:{escape(receipt_id, version)}\n\n\x00".encode()
+
+
+def message_head(destination: str, subscription: str, version: str) -> str:
+    """The first lines of every MESSAGE frame of one subscription (command,
+    ``destination``, ``subscription``): made once per SUBSCRIBE, handed to
+    :func:`encode_message` for each message."""
+    return (f"MESSAGE\ndestination:{escape(destination, version)}\n"
+            f"subscription:{escape(subscription, version)}\n")
+
+
+def encode_message(head: str, message_id: str, body: bytes, version: str, *,
+                   ack: str | None = None, redelivered: bool = False,
+                   headers: Mapping[str, str] | None = None) -> bytes:
+    """A MESSAGE frame: ``head`` (:func:`message_head`), ``message-id``, ``ack``
+    (the id an ACK/NACK names, STOMP 1.2 client modes), ``redelivered:true`` on a
+    redelivery, the message's own ``headers`` and ``content-length``.
+
+    Of the message's headers, :data:`PROTOCOL_HEADERS` are left out (the frame
+    writes its own), and so, in STOMP 1.0, is any header that cannot travel
+    unescaped (a newline, or a ``:`` in the name).
+    """
+    parts = [head, "message-id:", message_id, "\n"]
+    if ack is not None:
+        parts += ("ack:", ack, "\n")
+    if redelivered:
+        parts.append("redelivered:true\n")
+    if headers:
+        for name, value in headers.items():
+            if name in PROTOCOL_HEADERS:
+                continue
+            if version == "1.0" and ("\n" in value or "\n" in name or ":" in name):
+                continue  # STOMP 1.0 cannot escape: such a header cannot travel
+            parts += (escape(name, version), ":", escape(value, version), "\n")
+    parts += ("content-length:", str(len(body)), "\n\n")
+    return "".join(parts).encode() + body + b"\x00"
 
 
 def _encode(frame: Frame, version: str) -> bytes:

@@ -1,16 +1,22 @@
-"""The asyncio edge: store, listener, effect runner, timers, shutdown.
+"""The asyncio edge: store, listeners, effect runner, timers, shutdown.
 
 Theory of operation
 -------------------
-One event loop owns the :class:`~txbroker.core.Broker` (no locks). A
-connection turns frames into core commands; after each batch the server runs
-the core's effects: records go to the store (whose single writer thread does
-group commit and hands completions back to the loop in one call per batch),
-replies and deliveries are written to the connections they belong to, bodies
-the core no longer needs are released. One timer is kept armed at the core's
-next wake-up time (delays, receive timeouts, expiry scans); a periodic task
-lets the store drop dead segments and asks the core to relocate live bodies
-out of a mostly-dead old segment.
+One event loop owns the :class:`~txbroker.core.Broker` (no locks). Each
+listener (native protocol, STOMP — both opened by :meth:`BrokerServer.listen`)
+makes one connection object per client; a connection turns frames into
+operations of the operation layer (``server/ops.py``), which calls the core.
+After each batch the server runs the core's effects: records go to the store
+(whose single writer thread does group commit and hands completions back to
+the loop in one call per batch), replies and deliveries go through the
+operation layer to the connections they belong to, bodies the core no longer
+needs are released, long work is resumed in a later loop turn. One timer is
+kept armed at the core's next wake-up time (delays, receive timeouts, expiry
+scans); a periodic task lets the store drop dead segments and asks the core to
+relocate live bodies out of a mostly-dead old segment.
+
+This module imports the edges and the operation layer; they see the server
+only as ``seams.ServerPort`` (no import circle inside ``server/``).
 
 SIGTERM / SIGINT: stop accepting, let the store flush and sync what is
 queued, close the connections, close the segments.
@@ -21,24 +27,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import ipaddress
 import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from txbroker.core import Broker
 from txbroker.core.effects import Cancelled, Continue, Deliver, Fail, Persist, Release, Reply
 from txbroker.core.messages import Message
-from txbroker.core.streams import ReadResult
 from txbroker.errors import StorageFailed
-from txbroker.protocol.columns import encode_page
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import ClientConnection
-from txbroker.server.sink import SessionSink
+from txbroker.server.ops import Operations, is_loopback
+from txbroker.server.stomp import StompServerConnection, StompSettings
 from txbroker.storage.interface import PackedBodies, Relocation, Store
 
 log = logging.getLogger("txbroker.server")
@@ -53,15 +57,10 @@ RELOCATE_SLICE_BYTES = 4 * 1024 * 1024
 #: ... and pauses this long between slices (seconds), so that clients' requests
 #: go first.
 RELOCATE_PAUSE = 0.005
+#: Pending connections the kernel queues on each listener.
+LISTEN_BACKLOG = 1024
 
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+__all__ = ["BrokerServer", "is_loopback", "open_store", "run", "serve"]
 
 
 def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], None],
@@ -87,31 +86,38 @@ def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], No
 class BrokerServer:
     """A running broker: see the module docstring."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, stomp_settings: StompSettings | None = None
+                 ) -> None:
         config.validate()
+        if stomp_settings is not None:
+            stomp_settings.validate()
         self.config = config
+        self.stomp_settings = stomp_settings or StompSettings()
         self.broker = Broker(config.limits)
-        self.auth = Authenticator(config.users)
-        self.connections: dict[int, SessionSink] = {}
+        #: the operation layer: sessions, admission, and every decision about a request
+        self.ops = Operations(self, Authenticator(config.users))
         self.store: Store | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self.stomp_port = 0
-        self._stomp_listener: asyncio.Server | None = None
-        self._next_session = 1
-        self._listener: asyncio.Server | None = None
+        self._listeners: list[asyncio.Server] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self._maintainer: asyncio.Task[None] | None = None
-        self._dirty: set[SessionSink] = set()
         self._stopping = asyncio.Event()
         self.recovery_seconds = 0.0
+        ops = self.ops
         self._runners: dict[type, Callable[[Any], None]] = {
-            Persist: self._persist, Deliver: self._deliver, Reply: self._reply,
-            Fail: self._fail, Release: self._release, Cancelled: self._cancelled,
+            Persist: self._persist, Deliver: ops.deliver, Reply: ops.reply,
+            Fail: ops.fail, Release: self._release, Cancelled: ops.cancelled,
             Continue: self._continue,
         }
         self.recovered_messages = 0
+
+    @property
+    def auth(self) -> Authenticator:
+        """The users' table (open when empty)."""
+        return self.ops.auth
 
     # ------------------------------------------------------------------ time
     @staticmethod
@@ -123,12 +129,8 @@ class BrokerServer:
     async def start(self) -> None:
         """Recover the store, then listen."""
         self.loop = asyncio.get_running_loop()
+        self.ops.check_listen(self.config.host)  # before a long recovery
         if self.auth.open:
-            if not is_loopback(self.config.host):
-                raise ValueError(
-                    f"no users are configured: the broker runs open and only on loopback; "
-                    f"refusing to listen on {self.config.host}"
-                )
             log.warning("no users configured: the broker is OPEN (no authentication), "
                         "listening on loopback only")
         started = time.monotonic()
@@ -149,19 +151,9 @@ class BrokerServer:
         log.info("recovered %d messages in %d queues in %.2f s", self.recovered_messages,
                  len(self.broker.queues), self.recovery_seconds)
         if self.config.port:  # a port of 0 disables the listener (DESIGN.md)
-            self._listener = await loop.create_server(
-                self._new_connection, self.config.host, self.config.port,
-                reuse_address=True, backlog=1024,
-            )
-            self.port = self._listener.sockets[0].getsockname()[1]
-            log.info("native protocol on %s:%d", self.config.host, self.port)
+            await self.listen_native(self.config.host, self.config.port)
         if self.config.stomp_port:  # 0 disables it (DESIGN.md)
-            from txbroker.server.stomp import start_stomp_listener
-
-            self._stomp_listener = await start_stomp_listener(
-                self, self.config.host, self.config.stomp_port)
-            self.stomp_port = self._stomp_listener.sockets[0].getsockname()[1]
-            log.info("STOMP on %s:%d", self.config.host, self.stomp_port)
+            await self.listen_stomp(self.config.host, self.config.stomp_port)
         self._maintainer = asyncio.create_task(self._maintain_loop())
         self._arm_timer()
 
@@ -175,14 +167,48 @@ class BrokerServer:
         await self.stop()
 
     def request_stop(self) -> None:
+        """Make :meth:`serve_forever` shut down."""
         self._stopping.set()
+
+    # ------------------------------------------------------------------ listeners
+    async def listen(self, factory: Callable[[], asyncio.Protocol], host: str, port: int,
+                     protocol: str) -> asyncio.Server:
+        """Open a listener (``port`` 0: any free port): the one place every
+        protocol's listener is opened, after the operation layer's check."""
+        self.ops.check_listen(host)
+        loop = asyncio.get_running_loop()
+        listener = await loop.create_server(factory, host, port, reuse_address=True,
+                                            backlog=LISTEN_BACKLOG)
+        self._listeners.append(listener)
+        bound = listener.sockets[0].getsockname()
+        log.info("%s on %s:%d", protocol, bound[0], bound[1])
+        return listener
+
+    async def listen_native(self, host: str, port: int) -> asyncio.Server:
+        """Listen for native-protocol clients; sets :attr:`port`."""
+        ops = self.ops
+        listener = await self.listen(lambda: ClientConnection(ops), host, port,
+                                     "native protocol")
+        self.port = listener.sockets[0].getsockname()[1]
+        return listener
+
+    async def listen_stomp(self, host: str, port: int, settings: StompSettings | None = None
+                           ) -> asyncio.Server:
+        """Listen for STOMP clients (``settings``: the server's by default); sets
+        :attr:`stomp_port`."""
+        if settings is not None:
+            settings.validate()
+        chosen = settings or self.stomp_settings
+        ops = self.ops
+        listener = await self.listen(lambda: StompServerConnection(ops, chosen), host, port,
+                                     "STOMP")
+        self.stomp_port = listener.sockets[0].getsockname()[1]
+        return listener
 
     async def stop(self) -> None:
         """Graceful shutdown: stop accepting, flush the store, close everything."""
-        if self._listener is not None:
-            self._listener.close()
-        if self._stomp_listener is not None:
-            self._stomp_listener.close()
+        for listener in self._listeners:
+            listener.close()
         if self._maintainer is not None:
             self._maintainer.cancel()
         if self._timer is not None:
@@ -192,34 +218,9 @@ class BrokerServer:
             await asyncio.get_running_loop().run_in_executor(None, store.close)
             await asyncio.sleep(0)  # let the last completions run
             self.run_effects()
-        for conn in list(self.connections.values()):
-            conn.close()
+        self.ops.close_all()
         self.store = None
         log.info("broker stopped")
-
-    # ------------------------------------------------------------------ connections
-    def new_session_id(self) -> int:
-        """A session id for a new connection of any protocol."""
-        session = self._next_session
-        self._next_session += 1
-        return session
-
-    def _new_connection(self) -> ClientConnection:
-        return ClientConnection(self, self.new_session_id())
-
-    def admit(self, conn: SessionSink) -> bool:
-        if len(self.connections) >= self.config.max_connections:
-            return False
-        self.connections[conn.session_id] = conn
-        return True
-
-    def forget(self, conn: SessionSink) -> None:
-        if self.connections.pop(conn.session_id, None) is None:
-            return
-        self._dirty.discard(conn)
-        if conn.authenticated:
-            self.broker.close_session(conn.session_id, self.now())
-            self.run_effects()
 
     # ------------------------------------------------------------------ effects
     def _completed(self, completions: Callable[[], None]) -> None:
@@ -238,22 +239,8 @@ class BrokerServer:
                 break
             for effect in effects:
                 runners[type(effect)](effect)
-        for conn in self._dirty:
-            conn.flush()
-        self._dirty.clear()
+        self.ops.flush()
         self._arm_timer()
-
-    def _reply(self, effect: Reply) -> None:
-        conn = self.connections.get(effect.session)
-        if conn is not None:
-            conn.answer_later(effect.rid, effect.result)
-            self._dirty.add(conn)
-
-    def _fail(self, effect: Fail) -> None:
-        conn = self.connections.get(effect.session)
-        if conn is not None:
-            conn.fail_later(effect.rid, effect.error)
-            self._dirty.add(conn)
 
     def _continue(self, effect: Continue) -> None:
         def step() -> None:
@@ -266,12 +253,6 @@ class BrokerServer:
     def _release(self, effect: Release) -> None:
         if self.store is not None:
             self.store.release(effect.ref)
-
-    def _cancelled(self, effect: Cancelled) -> None:
-        conn = self.connections.get(effect.session)
-        if conn is not None:
-            conn.push("cancelled", {"sub": effect.sub, "reason": effect.reason})
-            self._dirty.add(conn)
 
     @property
     def supports_xa(self) -> bool:
@@ -295,55 +276,20 @@ class BrokerServer:
         if effect.on_refs is not None:
             effect.on_refs(refs)
 
-    def _body(self, message: Message) -> bytes:
+    def body(self, message: Message) -> bytes:
         """A message's body: held in memory, or read from the store."""
         if message.body is not None:
             return message.body
         assert self.store is not None and message.ref is not None
         return self.store.read_body(message.ref)
 
-    def message_map(self, message: Message, tag: int, redelivered: bool) -> dict[str, Any]:
-        return {
-            "tag": tag,
-            "queue": message.queue,
-            "body": self._body(message),
-            "headers": message.headers or {},
-            "message_id": message.message_id,
-            "redelivered": redelivered,
-            "delivery_count": message.delivery_count,
-            "priority": message.priority,
-            "timestamp_ms": message.timestamp_ms,
-            "seq": message.id,
-        }
-
-    def read_result(self, result: ReadResult) -> dict[str, Any]:
-        """A ``stream_read`` reply: a page of packed columns (``protocol/columns.py``),
-        with the bodies read from the store back to back."""
-        messages = result.messages
+    def bodies(self, messages: Sequence[Message]) -> PackedBodies:
+        """Several bodies back to back: one store read when all are stored (the
+        usual case), else each from memory or the store."""
         refs = [m.ref for m in messages]
-        if self.store is not None and refs.count(None) == 0:  # all stored (the usual case)
-            packed = self.store.read_bodies(refs)  # type: ignore[arg-type]
-        else:  # some are held in memory only
-            packed = PackedBodies.of([self._body(m) for m in messages])
-        return encode_page(
-            result.queue, result.next,
-            seqs=[m.seq for m in messages],
-            timestamps=[m.timestamp_ms for m in messages],
-            delivery_counts=[m.delivery_count for m in messages],
-            message_ids=[m.message_id for m in messages],
-            headers=[m.headers for m in messages],
-            body_data=packed.data, body_lengths=packed.lengths)
-
-    def _deliver(self, effect: Deliver) -> None:
-        conn = self.connections.get(effect.session)
-        if conn is None:
-            return
-        data = self.message_map(effect.message, effect.tag, effect.redelivered)
-        if effect.sub == 0:
-            conn.answer_later(effect.rid, data)
-        else:
-            conn.deliver(effect.sub, data)
-        self._dirty.add(conn)
+        if self.store is not None and refs.count(None) == 0:
+            return self.store.read_bodies(refs)  # type: ignore[arg-type]
+        return PackedBodies.of([self.body(m) for m in messages])
 
     # ------------------------------------------------------------------ timers
     def _arm_timer(self) -> None:
@@ -423,7 +369,7 @@ class BrokerServer:
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
         result = self.broker.stats()
-        result["connections"] = len(self.connections)
+        result["connections"] = len(self.ops.sessions)
         result["recovery_seconds"] = round(self.recovery_seconds, 3)
         if self.store is not None:
             s = self.store.stats()

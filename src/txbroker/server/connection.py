@@ -1,30 +1,25 @@
-"""One native-protocol client connection: bytes in, core commands, bytes out.
+"""One native-protocol client connection: bytes in, operations, bytes out.
 
-The edge loop is thin: ``data_received`` hands bytes to the sans-IO codec,
-each request goes to the broker core, and the server's effect runner writes
-whatever comes back. Replies for one read are batched into one write. When a
-client has too many requests waiting for durability, reading pauses
-(back-pressure) until half of them are answered.
+The edge loop is thin: ``data_received`` hands bytes to the sans-IO codec
+(``protocol/native.py``), each request goes through the handler table
+(``handlers.py``) to the session's operations (``ops.py``), and the server's
+effect runner hands back what the core answers later. Replies of one read are
+written in one ``write``. Every decision about the request — admission,
+authentication, back-pressure, acks — is the operation layer's; this module
+only turns its outcomes into ``ok``/``err``/``push`` frames.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from txbroker.core import LATER
 from txbroker.core.streams import ReadResult
-from txbroker.errors import (
-    XAER_RMERR,
-    BrokerError,
-    ErrorCode,
-    NotAuthenticated,
-    ProtocolError,
-    TxBrokerError,
-    XAError,
-)
+from txbroker.errors import BadRequest, BrokerError, ErrorCode, ProtocolError, TxBrokerError
+from txbroker.protocol.columns import encode_page
 from txbroker.protocol.native import (
+    PROTOCOL_VERSION,
     Err,
     NativeConnection,
     Ok,
@@ -33,48 +28,61 @@ from txbroker.protocol.native import (
     Role,
     encode_error,
 )
-from txbroker.server.handlers import HANDLERS
-
-if TYPE_CHECKING:
-    from txbroker.server.app import BrokerServer
+from txbroker.server.handlers import HANDLERS, XA_OPS
+from txbroker.server.ops import Delivery, Operations, Session, as_refusal
 
 log = logging.getLogger("txbroker.server")
 
-PROTOCOL_VERSION = 1
+
+def delivery_map(delivery: Delivery) -> dict[str, Any]:
+    """The message map of docs/protocol.md ("Pushes") for one delivery."""
+    message = delivery.message
+    return {
+        "tag": delivery.tag,
+        "queue": message.queue,
+        "body": delivery.body,
+        "headers": message.headers or {},
+        "message_id": message.message_id,
+        "redelivered": delivery.redelivered,
+        "delivery_count": message.delivery_count,
+        "priority": message.priority,
+        "timestamp_ms": message.timestamp_ms,
+        "seq": message.id,
+    }
 
 
 class ClientConnection(asyncio.Protocol):
-    """asyncio protocol for one client of the native protocol."""
+    """asyncio protocol for one client of the native protocol; a ``SessionSink``."""
 
-    def __init__(self, server: BrokerServer, session_id: int) -> None:
-        self.server = server
-        self.session_id = session_id
-        self.codec = NativeConnection(Role.SERVER, max_frame_size=server.config.max_frame_size)
+    def __init__(self, ops: Operations) -> None:
+        self.ops = ops
+        self.codec = NativeConnection(Role.SERVER, max_frame_size=ops.config.max_frame_size)
         self.transport: asyncio.Transport | None = None
-        self.authenticated = False
-        self.user: str | None = None
-        self.waiting = 0  #: requests answered later (LATER) not yet answered
-        self.paused = False
+        self.session: Session | None = None
         self.closed = False
         self._out: list[bytes] = []
         self.peer = ""
 
     # ------------------------------------------------------------- asyncio side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Admit the connection, or write the refusal and close."""
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        if not self.server.admit(self):
-            self.transport.write(encode_error(0, ErrorCode.TOO_MANY_CONNECTIONS,
-                                              "too many connections (max_connections)"))
+        try:
+            self.session = self.ops.open(self, peer[0] if peer else None)
+        except BrokerError as exc:
+            self.transport.write(encode_error(0, exc.wire_code, exc.message))
             self.transport.close()
             self.closed = True
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
+        """Parse what arrived, run each request, write the replies."""
+        session = self.session
+        if self.closed or session is None:
             return
         self.codec.receive_data(data)
-        now = self.server.now()
+        now = self.ops.now()
         try:
             # drain() returns the valid frames first and raises on a later call
             # when garbage follows them: loop until it has nothing more.
@@ -82,109 +90,117 @@ class ClientConnection(asyncio.Protocol):
                 for event in events:
                     if not isinstance(event, Request):
                         raise ProtocolError("clients may only send requests")
-                    self._handle(event, now)
+                    self._handle(session, event, now)
         except ProtocolError as exc:
-            self.server.run_effects()
+            self.ops.run_effects()
             self._protocol_error(exc)
             return
-        self.server.run_effects()
+        self.ops.run_effects()
         self.flush()
-        if self.waiting > self.server.config.max_pending_requests and not self.paused:
-            self.paused = True
-            if self.transport is not None:
-                self.transport.pause_reading()
+        if session.should_pause() and self.transport is not None:
+            self.transport.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.closed and self.session_id not in self.server.connections:
-            return
+        """The socket is gone: the session ends (the core rolls back, redelivers)."""
         self.closed = True
-        self.server.forget(self)
+        if self.session is not None:
+            self.session.end()
 
     # ------------------------------------------------------------- requests
-    def _handle(self, request: Request, now: int) -> None:
+    def _handle(self, session: Session, request: Request, now: int) -> None:
         rid = request.rid
+        op = request.op
         try:
-            if request.op == "hello":
-                self.reply(rid, self._hello(request.args))
-                return
-            if not self.authenticated:
-                raise NotAuthenticated("the first request must be hello")
-            if request.op == "stats":
-                self.reply(rid, self.server.stats())
-                return
-            handler = HANDLERS.get(request.op)
-            if request.op.startswith(("xa_", "sink_")) and not self.server.supports_xa:
-                raise XAError(XAER_RMERR, "this broker's store (--store dir) does not support "
-                              "XA yet: use the journal store")
-            if handler is None:
-                self.fail(rid, BrokerError(f"unknown op {request.op!r}", ErrorCode.UNKNOWN_OP))
-                return
-            result = handler(self.server.broker, self.session_id, rid, request.args, now)
-        except BrokerError as exc:
-            self.fail(rid, exc)
-            return
+            if op == "hello":
+                result: Any = self._hello(session, request.args)
+            else:
+                session.require_authenticated("hello")
+                handler = HANDLERS.get(op)
+                if op in XA_OPS:
+                    session.require_xa()
+                if handler is None:
+                    raise BrokerError(f"unknown op {op!r}", ErrorCode.UNKNOWN_OP)
+                result = handler(session, rid, request.args, now)
         except TxBrokerError as exc:
-            self.fail(rid, BrokerError(str(exc)))
+            self.fail(rid, as_refusal(exc))
             return
-        if result is LATER:
-            if rid:
-                self.waiting += 1
+        if session.started(rid, result):
             return
         if isinstance(result, ReadResult):
-            result = self.server.read_result(result)
+            result = self._page(result)
         self.reply(rid, result)
 
-    def _hello(self, args: dict[str, Any]) -> dict[str, Any]:
-        from txbroker.errors import AuthenticationFailed, BadRequest
-
-        if self.authenticated:
+    def _hello(self, session: Session, args: dict[str, Any]) -> dict[str, Any]:
+        if session.authenticated:
             raise BadRequest("hello was already sent on this connection")
         if args.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
             raise BadRequest(f"unsupported protocol version {args.get('version')!r}; "
                              f"this broker speaks {PROTOCOL_VERSION}")
-        user, password = args.get("user"), args.get("password")
-        if not self.server.auth.check(user, password):
-            log.warning("authentication failed for user %r from %s", user, self.peer)
-            raise AuthenticationFailed("wrong user or password")
-        self.authenticated = True
-        self.user = user if isinstance(user, str) else None
-        self.server.broker.open_session(self.session_id, self.user)
+        session.authenticate(args.get("user"), args.get("password"))
+        config = self.ops.config
         return {
             "server": "txbroker",
             "version": PROTOCOL_VERSION,
-            "session": self.session_id,
-            "max_frame_size": self.server.config.max_frame_size,
-            "max_message_size": self.server.config.limits.max_message_size,
-            "max_sink_branch_messages": self.server.config.limits.max_sink_branch_messages,
+            "session": session.id,
+            "max_frame_size": config.max_frame_size,
+            "max_message_size": config.limits.max_message_size,
+            "max_sink_branch_messages": config.limits.max_sink_branch_messages,
         }
+
+    def _page(self, result: ReadResult) -> dict[str, Any]:
+        """A ``stream_read`` reply: a page of packed columns (``protocol/columns.py``)."""
+        messages = result.messages
+        packed = self.ops.server.bodies(messages)
+        return encode_page(
+            result.queue, result.next,
+            seqs=[m.seq for m in messages],
+            timestamps=[m.timestamp_ms for m in messages],
+            delivery_counts=[m.delivery_count for m in messages],
+            message_ids=[m.message_id for m in messages],
+            headers=[m.headers for m in messages],
+            body_data=packed.data, body_lengths=packed.lengths)
 
     # ------------------------------------------------------------- output
     def reply(self, rid: int, result: Any) -> None:
+        """An ``ok`` frame (nothing for rid 0)."""
         if rid:
             self._out.append(self.codec.send(Ok(rid, result)))
 
-    def answer_later(self, rid: int, result: Any) -> None:
-        self.waiting -= 1
-        self.reply(rid, result)
-
     def fail(self, rid: int, error: BrokerError) -> None:
+        """An ``err`` frame, or an ``error`` push for rid 0."""
         if rid:
             self._out.append(self.codec.send(Err(rid, error.wire_code, error.message)))
         else:
             self.push("error", {"code": error.wire_code, "message": error.message})
 
-    def fail_later(self, rid: int, error: BrokerError) -> None:
-        self.waiting -= 1
-        self.fail(rid, error)
-
     def push(self, event: str, data: dict[str, Any]) -> None:
+        """A ``push`` frame."""
         self._out.append(self.codec.send(Push(event, data)))
 
-    def deliver(self, sub: int, data: dict[str, Any]) -> None:
-        data["sub"] = sub
-        self._out.append(self.codec.send(Push("deliver", data)))
+    # ------------------------------------------------------------- SessionSink
+    def answer(self, rid: int, result: Any) -> None:
+        """The reply the core gave later."""
+        self.reply(rid, result)
+
+    def refuse(self, rid: int, error: BrokerError) -> None:
+        """The refusal the core gave later."""
+        self.fail(rid, error)
+
+    def deliver(self, delivery: Delivery) -> None:
+        """A ``deliver`` push, or the reply to a ``receive``."""
+        data = delivery_map(delivery)
+        if delivery.sub == 0:
+            self.reply(delivery.rid, data)
+        else:
+            data["sub"] = delivery.sub
+            self._out.append(self.codec.send(Push("deliver", data)))
+
+    def cancelled(self, sub: int, reason: str) -> None:
+        """A ``cancelled`` push."""
+        self.push("cancelled", {"sub": sub, "reason": reason})
 
     def close(self) -> None:
+        """Shutdown: write what is gathered, then close."""
         self.flush()
         if self.transport is not None:
             self.transport.close()
@@ -194,10 +210,10 @@ class ClientConnection(asyncio.Protocol):
         if self._out and self.transport is not None and not self.closed:
             self.transport.write(b"".join(self._out))
         self._out.clear()
-        if self.paused and self.waiting <= self.server.config.max_pending_requests // 2:
-            self.paused = False
-            if self.transport is not None and not self.closed:
-                self.transport.resume_reading()
+        session = self.session
+        if session is not None and session.should_resume() and self.transport is not None \
+                and not self.closed:
+            self.transport.resume_reading()
 
     def _protocol_error(self, exc: ProtocolError) -> None:
         log.info("protocol error from %s: %s", self.peer, exc)
@@ -206,4 +222,8 @@ class ClientConnection(asyncio.Protocol):
             self.transport.write(encode_error(0, int(exc.code), str(exc)))
             self.transport.close()
         self.closed = True
-        self.server.forget(self)
+        if self.session is not None:
+            self.session.end()
+
+
+__all__ = ["ClientConnection", "delivery_map"]

@@ -1,243 +1,221 @@
-"""The native protocol's ops (docs/protocol.md), mapped onto broker commands.
+"""The native protocol's ops (docs/protocol.md): the one table, :data:`HANDLERS`.
 
-Each handler checks its arguments (a clear ``BadRequest`` naming the field)
-and calls the pure core. It returns the reply, or ``LATER`` when the core
-answers by an effect once something is durable.
+A handler translates one request's arguments (checked by ``native_args.py``:
+a clear ``BadRequest`` naming the field) into an operation of the session
+(``ops.Session``) or a core command, and returns the reply, or ``LATER`` when
+the core answers by an effect once something is durable. ``hello`` is answered
+by the connection (it opens the session); the stream and sink ops live in
+``stream_handlers.py`` and are listed here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
-from txbroker.core import LATER, Broker
+from txbroker.core import LATER
 from txbroker.core.xa import TMENDRSCAN, TMNOFLAGS, TMSTARTRSCAN, TMSUCCESS
 from txbroker.errors import XAER_INVAL, BadRequest, XAError
+from txbroker.server import stream_handlers as streams
+from txbroker.server.native_args import (
+    arg,
+    flags_arg,
+    headers_arg,
+    int_arg,
+    settings_arg,
+    tags_arg,
+    xid_arg,
+)
+from txbroker.server.ops import Session
 
-Handler = Callable[[Broker, int, int, dict[str, Any], int], Any]
-
-
-def _get(args: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...,
-         ) -> Any:
-    value = args.get(name, default)
-    if value is ...:
-        raise BadRequest(f"missing argument {name!r}")
-    if value is None and default is None:
-        return None
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise BadRequest(f"argument {name!r} must be of type {names}")
-    return value
-
-
-def _int(args: dict[str, Any], name: str, default: Any = ...) -> Any:
-    value = _get(args, name, int, default)
-    if isinstance(value, bool):
-        raise BadRequest(f"argument {name!r} must be an integer")
-    return value
+#: ``handler(session, rid, args, now)`` -> the reply, or LATER.
+Handler = Callable[[Session, int, dict[str, Any], int], Any]
 
 
-def _headers(args: dict[str, Any]) -> dict[str, str] | None:
-    headers = args.get("headers")
-    if headers is None:
-        return None
-    if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-    ):
-        raise BadRequest("argument 'headers' must be a map of strings to strings")
-    return headers
-
-
-def _tags(args: dict[str, Any]) -> list[int]:
-    tags: list[int] = _get(args, "tags", list)
-    if not tags:
-        raise BadRequest("argument 'tags' must list at least one delivery tag")
-    return tags
-
-
-_SEND_OPTIONAL = frozenset(["headers", "message_id", "persistent", "priority", "ttl_ms",
-                            "delay_ms", "tx"])
-
-
-def send(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    dest, body = a.get("dest"), a.get("body")
+def send(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Send one message."""
+    dest, body = args.get("dest"), args.get("body")
     if type(dest) is not str:
         raise BadRequest("argument 'dest' must be of type str")
     if type(body) is not bytes:
         raise BadRequest("argument 'body' must be of type bytes")
-    if len(a) == 2:  # the common case: no options
-        return b.send(session, rid, dest, body, now)
-    return b.send(
-        session, rid, dest, body, now,
-        headers=_headers(a),
-        message_id=_get(a, "message_id", str, None),
-        persistent=_get(a, "persistent", bool, True),
-        priority=_int(a, "priority", 4),
-        ttl_ms=_int(a, "ttl_ms", 0) or 0,
-        delay_ms=_int(a, "delay_ms", 0) or 0,
-        tx=_int(a, "tx", None),
+    if len(args) == 2:  # the common case: no options
+        return session.send(rid, dest, body, now)
+    return session.send(
+        rid, dest, body, now,
+        headers=headers_arg(args),
+        message_id=arg(args, "message_id", str, None),
+        persistent=arg(args, "persistent", bool, True),
+        priority=int_arg(args, "priority", 4),
+        ttl_ms=int_arg(args, "ttl_ms", 0) or 0,
+        delay_ms=int_arg(args, "delay_ms", 0) or 0,
+        tx=int_arg(args, "tx", None),
     )
 
 
-def subscribe(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.subscribe(session, _int(a, "sub"), _get(a, "queue", str), now,
-                       prefetch=_int(a, "prefetch", None), ack=_get(a, "ack", str, "client"))
+def subscribe(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Start a subscription (the client chooses ``sub``)."""
+    return session.subscribe(int_arg(args, "sub"), arg(args, "queue", str), now,
+                             prefetch=int_arg(args, "prefetch", None),
+                             ack=arg(args, "ack", str, "client"))
 
 
-def unsubscribe(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.unsubscribe(session, _int(a, "sub"), now)
+def unsubscribe(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """End a subscription."""
+    return session.unsubscribe(int_arg(args, "sub"), now)
 
 
-def receive(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+def receive(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Take one message (answered when one arrives or at the timeout)."""
     if rid == 0:
         raise BadRequest("receive needs a request id to answer")
-    timeout = _int(a, "timeout_ms", None)
+    timeout = int_arg(args, "timeout_ms", None)
     if timeout is not None and timeout < 0:
         raise BadRequest("argument 'timeout_ms' must be >= 0")
-    return b.receive(session, rid, _get(a, "queue", str), now, timeout)
+    return session.core.receive(session.id, rid, arg(args, "queue", str), now, timeout)
 
 
-def ack(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.ack(session, rid, _tags(a), now, tx=_int(a, "tx", None))
+def ack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Acknowledge delivery tags."""
+    return session.ack(rid, tags_arg(args), now, tx=int_arg(args, "tx", None))
 
 
-def nack(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.nack(session, _tags(a), now, requeue=_get(a, "requeue", bool, True),
-                  tx=_int(a, "tx", None))
+def nack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Reject delivery tags."""
+    return session.nack(tags_arg(args), now, requeue=arg(args, "requeue", bool, True),
+                        tx=int_arg(args, "tx", None))
 
 
-def tx_begin(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.tx_begin(session)
+def tx_begin(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Open a local transaction."""
+    return {"tx": session.tx_begin()}
 
 
-def tx_commit(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.tx_commit(session, rid, _int(a, "tx"), now)
+def tx_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Commit a local transaction."""
+    return session.tx_commit(rid, int_arg(args, "tx"), now)
 
 
-def tx_rollback(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.tx_rollback(session, _int(a, "tx"), now)
+def tx_rollback(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Roll back a local transaction."""
+    return session.tx_rollback(int_arg(args, "tx"), now)
 
 
-_SETTING_KEYS = frozenset(
-    ["max_messages", "max_bytes", "max_deliveries", "dead_letter_queue", "expiry_queue",
-     "default_ttl_ms", "redelivery_delay_ms", "ingress", "egress", "dup_window",
-     "reject_to_sender_on_discard"]
-)
+def queue_declare(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Create a queue or topic."""
+    return session.declare(rid, arg(args, "name", str), now,
+                           kind=arg(args, "kind", str, "queue"), settings=settings_arg(args))
 
 
-def _settings(a: dict[str, Any]) -> dict[str, Any]:
-    nested = a.get("settings")
-    if nested is not None and not isinstance(nested, dict):
-        raise BadRequest("argument 'settings' must be a map")
-    found = dict(nested or {})
-    found.update({k: v for k, v in a.items() if k in _SETTING_KEYS})
-    return found
+def queue_update(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Change a queue's settings."""
+    return session.core.queue_update(session.id, rid, arg(args, "name", str),
+                                     settings_arg(args), now)
 
 
-def queue_declare(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.queue_declare(session, rid, _get(a, "name", str), now,
-                           kind=_get(a, "kind", str, "queue"), settings=_settings(a))
+def queue_delete(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Delete a queue or topic."""
+    return session.delete(rid, arg(args, "name", str), now)
 
 
-def queue_update(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.queue_update(session, rid, _get(a, "name", str), _settings(a), now)
+def queue_purge(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Drop a queue's messages."""
+    return session.core.queue_purge(session.id, rid, arg(args, "name", str), now)
 
 
-def queue_delete(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.queue_delete(session, rid, _get(a, "name", str), now)
+def queue_list(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Every queue's info."""
+    return session.core.queue_list()
 
 
-def queue_purge(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.queue_purge(session, rid, _get(a, "name", str), now)
+def queue_info(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """One queue's info."""
+    return session.core.queue_info(arg(args, "name", str))
 
 
-def queue_list(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.queue_list()
+def topic_subscribe(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Create (or find) a topic's subscription queue."""
+    return session.topic_subscribe(rid, arg(args, "topic", str), arg(args, "name", str), now,
+                                   durable=arg(args, "durable", bool, True),
+                                   settings=settings_arg(args))
 
 
-def queue_info(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.queue_info(_get(a, "name", str))
+def xa_start(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Start (join, resume) an XA branch."""
+    return session.core.xa_start(session.id, xid_arg(args), flags_arg(args, TMNOFLAGS), now)
 
 
-def topic_subscribe(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.topic_subscribe(session, rid, _get(a, "topic", str), _get(a, "name", str), now,
-                             durable=_get(a, "durable", bool, True), settings=_settings(a))
+def xa_end(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """End (suspend, fail) the association with an XA branch."""
+    return session.core.xa_end(session.id, xid_arg(args), flags_arg(args, TMSUCCESS), now)
 
 
-def _xid(a: dict[str, Any]) -> str:
-    xid = a.get("xid")
-    if type(xid) is not str:
-        raise XAError(XAER_INVAL, "argument 'xid' must be the Xid's text form "
-                                  "(FORMATID-GTRIDHEX-BQUALHEX)")
-    return xid
+def xa_prepare(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Prepare an XA branch (answered once durable)."""
+    return session.core.xa_prepare(session.id, rid, xid_arg(args), now)
 
 
-def _flags(a: dict[str, Any], default: int) -> int:
-    flags = a.get("flags", default)
-    if type(flags) is not int:
-        raise XAError(XAER_INVAL, "argument 'flags' must be an integer")
-    return flags
-
-
-def xa_start(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_start(session, _xid(a), _flags(a, TMNOFLAGS), now)
-
-
-def xa_end(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_end(session, _xid(a), _flags(a, TMSUCCESS), now)
-
-
-def xa_prepare(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_prepare(session, rid, _xid(a), now)
-
-
-def xa_commit(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    one_phase = a.get("one_phase", False)
+def xa_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Commit an XA branch (two-phase, or one-phase)."""
+    one_phase = args.get("one_phase", False)
     if type(one_phase) is not bool:
         raise XAError(XAER_INVAL, "argument 'one_phase' must be a boolean")
-    return b.xa_commit(session, rid, _xid(a), one_phase, now)
+    return session.core.xa_commit(session.id, rid, xid_arg(args), one_phase, now)
 
 
-def xa_rollback(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_rollback(session, rid, _xid(a), now)
+def xa_rollback(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Roll back an XA branch."""
+    return session.core.xa_rollback(session.id, rid, xid_arg(args), now)
 
 
-def xa_recover(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_recover(session, _flags(a, TMSTARTRSCAN | TMENDRSCAN))
+def xa_recover(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """The prepared and heuristically completed branches."""
+    return session.core.xa_recover(session.id, flags_arg(args, TMSTARTRSCAN | TMENDRSCAN))
 
 
-def xa_forget(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_forget(session, rid, _xid(a), now)
+def xa_forget(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Forget a heuristically completed branch."""
+    return session.core.xa_forget(session.id, rid, xid_arg(args), now)
 
 
-def xa_heuristic(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    outcome = a.get("outcome")
+def xa_heuristic(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Complete a prepared branch by hand (the operator's decision)."""
+    outcome = args.get("outcome")
     if outcome not in ("commit", "rollback"):
         raise XAError(XAER_INVAL, "argument 'outcome' must be 'commit' or 'rollback'")
-    return b.xa_heuristic(session, rid, _xid(a), outcome == "commit", now)
+    return session.core.xa_heuristic(session.id, rid, xid_arg(args), outcome == "commit", now)
 
 
-def xa_set_timeout(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    seconds = a.get("seconds")
+def xa_set_timeout(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Set this session's XA transaction timeout."""
+    seconds = args.get("seconds")
     if type(seconds) is not int:
         raise XAError(XAER_INVAL, "argument 'seconds' must be an integer")
-    return b.xa_set_timeout(session, seconds)
+    return session.core.xa_set_timeout(session.id, seconds)
 
 
-def xa_get_timeout(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_get_timeout(session)
+def xa_get_timeout(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """This session's XA transaction timeout."""
+    return session.core.xa_get_timeout(session.id)
 
 
-def xa_list(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.xa_list(now)
+def xa_list(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Every XA branch the broker knows."""
+    return session.core.xa_list(now)
 
 
-def ping(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
+def ping(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Nothing: a round trip."""
     return {}
 
 
-#: op name -> handler. ``hello`` and ``stats`` are answered by the connection.
-HANDLERS: dict[str, Handler] = {
+def stats(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """The server's counters."""
+    return session.stats()
+
+
+#: op name -> handler: every op of the native protocol but ``hello``.
+HANDLERS: Final[dict[str, Handler]] = {
     "send": send,
     "subscribe": subscribe,
     "unsubscribe": unsubscribe,
@@ -255,6 +233,7 @@ HANDLERS: dict[str, Handler] = {
     "queue_info": queue_info,
     "topic_subscribe": topic_subscribe,
     "ping": ping,
+    "stats": stats,
     "xa_start": xa_start,
     "xa_end": xa_end,
     "xa_prepare": xa_prepare,
@@ -266,15 +245,18 @@ HANDLERS: dict[str, Handler] = {
     "xa_set_timeout": xa_set_timeout,
     "xa_get_timeout": xa_get_timeout,
     "xa_list": xa_list,
+    "send_batch": streams.send_batch,
+    "stream_open": streams.stream_open,
+    "stream_info": streams.stream_info,
+    "stream_read": streams.stream_read,
+    "stream_commit": streams.stream_commit,
+    "stream_close": streams.stream_close,
+    "sink_status": streams.sink_status,
+    "sink_commit": streams.sink_commit,
+    "sink_abort": streams.sink_abort,
 }
 
+#: Ops that need a store able to persist XA branches (``Session.require_xa``).
+XA_OPS: Final = frozenset(op for op in HANDLERS if op.startswith(("xa_", "sink_")))
 
-def _stream_handlers() -> None:
-    from txbroker.server.stream_handlers import STREAM_HANDLERS
-
-    HANDLERS.update(STREAM_HANDLERS)
-
-
-_stream_handlers()
-
-__all__ = ["HANDLERS", "LATER", "Handler"]
+__all__ = ["HANDLERS", "LATER", "XA_OPS", "Handler"]

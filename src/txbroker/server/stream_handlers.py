@@ -1,85 +1,70 @@
 """The native protocol's ops for offset reading, batched sends and the Spark sink
-(core/streams.py; docs/protocol.md lists their arguments and replies)."""
+(core/streams.py; docs/protocol.md lists their arguments and replies).
+
+Handlers like those of ``handlers.py`` (which holds the one table of ops).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from txbroker.core import Broker
-from txbroker.errors import BadRequest
-from txbroker.server.handlers import Handler, _get, _int
+from txbroker.server.native_args import arg, int_arg, list_arg
+from txbroker.server.ops import Session
 
 
-def _list_of(args: dict[str, Any], name: str, kind: type, length: int) -> Any:
-    values = args.get(name)
-    if values is None:
-        return None
-    if not isinstance(values, list) or len(values) != length:
-        raise BadRequest(f"argument {name!r} must be a list as long as 'bodies'")
-    for value in values:
-        if value is not None and not isinstance(value, kind):
-            raise BadRequest(f"argument {name!r} must hold {kind.__name__} values or nil")
-    if kind is dict:
-        for value in values:
-            if value is not None and not all(isinstance(k, str) and isinstance(v, str)
-                                             for k, v in value.items()):
-                raise BadRequest(f"argument {name!r} must hold maps of strings to strings")
-    return values
+def send_batch(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Send many bodies to one destination in one request."""
+    dest = arg(args, "dest", str)
+    bodies = arg(args, "bodies", list)
+    return session.core.send_batch(
+        session.id, rid, dest, bodies, now,
+        headers=list_arg(args, "headers", dict, len(bodies)),
+        message_ids=list_arg(args, "message_ids", str, len(bodies)),
+        persistent=arg(args, "persistent", bool, True))
 
 
-def send_batch(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    dest = _get(a, "dest", str)
-    bodies = _get(a, "bodies", list)
-    return b.send_batch(session, rid, dest, bodies, now,
-                        headers=_list_of(a, "headers", dict, len(bodies)),
-                        message_ids=_list_of(a, "message_ids", str, len(bodies)),
-                        persistent=_get(a, "persistent", bool, True))
+def stream_open(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Attach as a queue's exclusive stream reader."""
+    return session.core.stream_open(session.id, arg(args, "queue", str), arg(args, "name", str))
 
 
-def stream_open(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.stream_open(session, _get(a, "queue", str), _get(a, "name", str))
+def stream_info(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """A queue's stream offsets, without attaching."""
+    return session.core.stream_info(session.id, arg(args, "queue", str))
 
 
-def stream_info(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.stream_info(session, _get(a, "queue", str))
+def stream_read(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Messages of a seq range, not consumed (the edge encodes the page)."""
+    return session.core.stream_read(
+        session.id, arg(args, "queue", str), int_arg(args, "start"), int_arg(args, "end"),
+        name=arg(args, "name", str, None), max_count=int_arg(args, "max", None),
+        max_bytes=int_arg(args, "max_bytes", None))
 
 
-def stream_read(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.stream_read(session, _get(a, "queue", str), _int(a, "start"), _int(a, "end"),
-                         name=_get(a, "name", str, None), max_count=_int(a, "max", None),
-                         max_bytes=_int(a, "max_bytes", None))
+def stream_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Consume everything below a seq."""
+    return session.core.stream_commit(session.id, rid, arg(args, "queue", str),
+                                      arg(args, "name", str), int_arg(args, "end"))
 
 
-def stream_commit(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.stream_commit(session, rid, _get(a, "queue", str), _get(a, "name", str),
-                           _int(a, "end"))
+def stream_close(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Detach a stream reader."""
+    return session.core.stream_close(session.id, arg(args, "queue", str),
+                                     arg(args, "name", str))
 
 
-def stream_close(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.stream_close(session, _get(a, "queue", str), _get(a, "name", str))
+def sink_status(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """A sink's last committed batch id."""
+    return session.core.sink_status(session.id, arg(args, "sink", str))
 
 
-def sink_status(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.sink_status(session, _get(a, "sink", str))
+def sink_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Commit a sink batch's prepared branches in one record."""
+    return session.core.sink_commit(session.id, rid, arg(args, "sink", str),
+                                    int_arg(args, "batch"), arg(args, "xids", list), now)
 
 
-def sink_commit(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.sink_commit(session, rid, _get(a, "sink", str), _int(a, "batch"),
-                         _get(a, "xids", list), now)
-
-
-def sink_abort(b: Broker, session: int, rid: int, a: dict[str, Any], now: int) -> Any:
-    return b.sink_abort(session, rid, _get(a, "sink", str), _int(a, "batch"), now)
-
-
-STREAM_HANDLERS: dict[str, Handler] = {
-    "send_batch": send_batch,
-    "stream_open": stream_open,
-    "stream_info": stream_info,
-    "stream_read": stream_read,
-    "stream_commit": stream_commit,
-    "stream_close": stream_close,
-    "sink_status": sink_status,
-    "sink_commit": sink_commit,
-    "sink_abort": sink_abort,
-}
+def sink_abort(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Roll back a sink batch unless it is committed."""
+    return session.core.sink_abort(session.id, rid, arg(args, "sink", str),
+                                   int_arg(args, "batch"), now)
