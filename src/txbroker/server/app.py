@@ -368,6 +368,7 @@ class BrokerServer:
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
+        """The core's counters, the connections, recovery time and the store's counters."""
         result = self.broker.stats()
         result["connections"] = len(self.ops.sessions)
         result["recovery_seconds"] = round(self.recovery_seconds, 3)

@@ -51,9 +51,11 @@ class Authenticator:
 
     @property
     def open(self) -> bool:
+        """True when no users are configured: anyone may connect (loopback only)."""
         return not self.users
 
     def check(self, user: str | None, password: str | None) -> bool:
+        """True if ``user`` may connect with ``password`` (always, when open)."""
         if self.open:
             return True
         if user is None or password is None or user not in self.users:

@@ -70,6 +70,7 @@ class ServerConfig:
     users: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
+        """Raise ValueError on settings that cannot work."""
         if self.sync not in SyncMode.ALL:
             raise ValueError(f"sync must be one of {', '.join(SyncMode.ALL)}, not {self.sync!r}")
         if self.store not in ("journal", "dir"):

@@ -40,7 +40,7 @@ import enum
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from txbroker import __version__
+from txbroker._version import __version__
 from txbroker.core.queue_index import SUBSCRIPTION_SEPARATOR
 from txbroker.errors import BrokerError
 from txbroker.protocol.stomp import (
