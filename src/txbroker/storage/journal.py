@@ -14,7 +14,8 @@ the entry does not fit (*roll*; the new segment begins with the snapshot
 from ``snapshot_provider``) — computes the body refs from that place, queues
 the entry for the writer and caches the bodies. The writer writes each batch
 with one ``pwrite`` per segment and one sync, then dispatches the batch's
-completions in one call.
+completions in one call. Bodies are read back through the cache or with one
+``pread`` (:mod:`~txbroker.storage.journal_bodies`).
 
 A snapshot takes at most half of its segment: when it is bigger than half of
 ``segment_size`` (say a duplicate-id window of 60,000 ids in 128 KiB
@@ -23,14 +24,12 @@ else every append would roll, and write, a segment of its own. A head that
 lost its snapshot (a kill tore the roll's first write) gets a new segment with
 a snapshot at the first append or ``maintain``, before an older segment can go.
 
-Space: each segment keeps a count of live bodies and live body bytes.
-Recovery counts every body live; :meth:`release` marks one dead.
-:meth:`maintain` deletes dead segments from the oldest end (through the
-writer, after the sync of everything queued before), and offers the oldest
-sealed segment for *relocation* when that pays: copying its live messages
-(bodies, and per body the segment's average record overhead) writes less than
-:data:`RELOCATE_BELOW_LIVE_FRACTION` of what deleting it frees (its size less
-its snapshot).
+Space (:mod:`~txbroker.storage.journal_space`): each segment keeps a count of
+live bodies and live body bytes. Recovery counts every body live;
+:meth:`release` marks one dead. :meth:`maintain` deletes dead segments from
+the oldest end (through the writer, after the sync of everything queued
+before), and offers the oldest sealed segment for *relocation* when that pays
+(:meth:`~txbroker.storage.journal_space.SegmentSpace.offer_relocation`).
 
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread
@@ -41,17 +40,13 @@ from __future__ import annotations
 
 import enum
 import inspect
-import logging
 import os
-from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
-from itertools import accumulate, compress, repeat
-from operator import add, and_, ne, rshift
+from itertools import accumulate
 from pathlib import Path
 from types import TracebackType
 
-from txbroker.errors import CorruptStore, StorageFailed, StoreError
+from txbroker.errors import StorageFailed, StoreError
 from txbroker.storage.interface import (
     BodyRef,
     Dispatch,
@@ -63,6 +58,7 @@ from txbroker.storage.interface import (
     StoreStats,
     SyncMode,
 )
+from txbroker.storage.journal_bodies import REF_LENGTH_MASK, BodyReader
 from txbroker.storage.journal_format import (
     ENTRY_HEADER,
     ENTRY_OVERHEAD,
@@ -70,19 +66,17 @@ from txbroker.storage.journal_format import (
     MAX_ENTRY_SIZE,
     MAX_KIND,
     REF_LENGTH_BITS,
-    REF_OFFSET_BITS,
     REF_SEGMENT_SHIFT,
     SEGMENT_HEADER,
     segment_name,
-    unpack_ref,
 )
 from txbroker.storage.journal_recovery import (
     RecoveredSegment,
     Recovery,
     list_segments,
     lock_directory,
-    read_segment_entries,
 )
+from txbroker.storage.journal_space import SegmentInfo, SegmentSpace
 from txbroker.storage.journal_writer import (
     Delete,
     EntryItem,
@@ -91,9 +85,6 @@ from txbroker.storage.journal_writer import (
 )
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
-log = logging.getLogger("txbroker.journal")
-_REF_LENGTH_MASK = (1 << REF_LENGTH_BITS) - 1
-_REF_OFFSET_MASK = (1 << REF_OFFSET_BITS) - 1
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size
 
 MiB = 1024 * 1024
@@ -108,18 +99,6 @@ MAX_SEGMENT_SIZE = 4 * 1024 * MiB
 #: Default bound of the body cache: enough for the bodies in flight to
 #: consumers of a busy broker without holding the whole journal in memory.
 DEFAULT_BODY_CACHE_BYTES = 32 * MiB
-#: ``maintain`` offers the oldest sealed segment for relocation when copying its
-#: live messages (``SegmentInfo.copy_bytes``) writes less than this fraction of
-#: its size less its snapshot (Artemis compacts at 30 % live; 0.5 bounds disk
-#: use to about twice the live data).
-RELOCATE_BELOW_LIVE_FRACTION = 0.5
-#: If an offered segment is still there after this many ``maintain`` calls
-#: (the broker could not move everything yet), offer it again: about a minute
-#: at the server's default 1 s maintain interval.
-RELOCATION_RETRY_CALLS = 60
-#: Relocate only once the journal has this many segments (Artemis compacts from
-#: journal-compact-min-files = 10; with 64 MiB segments 4 is a similar amount).
-RELOCATE_MIN_SEGMENTS = 4
 #: A segment rolls at ``segment_size`` bytes, or at this multiple of its snapshot
 #: when that is bigger: a snapshot takes at most half of its segment, however
 #: big it grows (a snapshot over ``segment_size`` made every append roll).
@@ -133,27 +112,6 @@ class _State(enum.Enum):
     RECOVERING = "recovering"  #: recover() called; its iterator not exhausted
     OPEN = "open"  #: appends accepted
     CLOSED = "closed"
-
-
-@dataclass(slots=True)
-class SegmentInfo:
-    """Space accounting of one segment (on the broker's thread)."""
-
-    size: int  #: bytes assigned (written or queued)
-    live_bodies: int
-    live_bytes: int
-    bodies: int = 0  #: bodies ever stored in it
-    #: bytes of its body-carrying entries that are not bodies: entry headers and
-    #: message records, which a relocation copies too
-    overhead: int = 0
-    lead: int = 0  #: bytes of its snapshot (every segment has one)
-
-    def copy_bytes(self) -> float:
-        """About what relocating its live messages writes: their bodies and, per
-        body, the segment's average record overhead."""
-        if not self.bodies:
-            return self.live_bytes
-        return self.live_bytes + self.live_bodies * self.overhead / self.bodies
 
 
 class JournalStore:
@@ -198,16 +156,15 @@ class JournalStore:
         self._dispatch = dispatch
         self._snapshot_provider = snapshot_provider
         self._cache_limit = body_cache_bytes
-        self._cache: OrderedDict[BodyRef, bytes] = OrderedDict()
-        self._cache_bytes = 0
         self._queue = PendingQueue()
         self._state = _State.NEW
         self._replay_iterator: Generator[StoredEntry, None, None] | None = None
         self._lock_fd = -1
         self._created_dirs: list[Path] = []
         self._segments: dict[int, SegmentInfo] = {}
-        self._read_fds: dict[int, int] = {}
-        self._oldest = self._head = 1
+        self._bodies = BodyReader(self.journal_dir, self._segments, self._queue, body_cache_bytes)
+        self._space = SegmentSpace(self.journal_dir, self._segments, self._delete_segment)
+        self._head = 1
         self._offset = self._first_free = SEGMENT_HEADER.size
         #: the head rolls when an entry would end past this (see SNAPSHOT_SEGMENT_FACTOR)
         self._roll_at = segment_size
@@ -215,9 +172,6 @@ class JournalStore:
         self._snapshot_due = False
         self._head_info = SegmentInfo(SEGMENT_HEADER.size, 0, 0)
         self._appends = 0
-        self._relocating: int | None = None
-        self._relocation_offered_at = 0
-        self._maintain_calls = 0
 
     # -- opening -----------------------------------------------------------
 
@@ -251,13 +205,10 @@ class JournalStore:
 
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
         for segment in recovered:
-            self._segments[segment.segment_id] = SegmentInfo(
-                segment.size, segment.bodies, segment.body_bytes, segment.bodies,
-                segment.overhead, segment.lead,
-            )
+            self._segments[segment.segment_id] = SegmentInfo.recovered(segment)
         head_fd = None
         if recovered:
-            self._oldest, self._head = recovered[0].segment_id, recovered[-1].segment_id
+            self._space.oldest, self._head = recovered[0].segment_id, recovered[-1].segment_id
             self._offset = recovered[-1].size
             head_path = self.journal_dir / segment_name(self._head)
             head_fd = os.open(head_path, os.O_WRONLY | os.O_CLOEXEC)
@@ -276,6 +227,7 @@ class JournalStore:
             head_offset=self._offset,
         )
         self.writer.pending_dir_syncs = [path.parent for path in self._created_dirs]
+        self._bodies.writer = self.writer
         self.writer.start()
         self._state = _State.OPEN
 
@@ -315,11 +267,7 @@ class JournalStore:
             raise ValueError(f"entry too large or malformed (kind {kind}, {size} bytes)")
         offset = self._offset
         roll = (offset + size > self._roll_at and offset > self._first_free) or self._snapshot_due
-        snapshot = self._snapshot_provider() if roll and self._snapshot_provider else None
-        if snapshot is not None and (
-            ENTRY_OVERHEAD + len(snapshot[1]) > MAX_ENTRY_SIZE or snapshot[0] & ~MAX_KIND
-        ):
-            raise ValueError(f"snapshot entry too large or malformed (kind {snapshot[0]})")
+        snapshot = self._take_snapshot() if roll else None
         queue = self._queue
         queue.lock.acquire()
         try:
@@ -351,15 +299,8 @@ class JournalStore:
             info.bodies += count
             info.overhead += size - body_bytes
         self._appends += 1
-        limit = self._cache_limit
-        if limit:
-            cache = self._cache
-            for ref, body_data in zip(refs, bodies, strict=True):
-                if len(body_data) <= limit:  # a huge body would flush everything else
-                    cache[ref] = body_data
-                    self._cache_bytes += len(body_data)
-            if self._cache_bytes > limit:
-                self._evict()
+        if self._cache_limit:
+            self._bodies.remember(refs, bodies)
         return refs
 
     def _roll(self, snapshot: tuple[int, bytes] | None) -> None:
@@ -382,13 +323,18 @@ class JournalStore:
         self._roll_at = max(self.segment_size, SNAPSHOT_SEGMENT_FACTOR * self._first_free)
         self._snapshot_due = False
 
-    def _roll_now(self) -> None:
-        """Roll to a new segment that starts with a snapshot (no entry to append)."""
+    def _take_snapshot(self) -> tuple[int, bytes] | None:
+        """The snapshot a new segment starts with (None without a provider)."""
         snapshot = self._snapshot_provider() if self._snapshot_provider else None
         if snapshot is not None and (
             ENTRY_OVERHEAD + len(snapshot[1]) > MAX_ENTRY_SIZE or snapshot[0] & ~MAX_KIND
         ):
             raise ValueError(f"snapshot entry too large or malformed (kind {snapshot[0]})")
+        return snapshot
+
+    def _roll_now(self) -> None:
+        """Roll to a new segment that starts with a snapshot (no entry to append)."""
+        snapshot = self._take_snapshot()
         queue = self._queue
         with queue.lock:
             if queue.failure is not None:
@@ -408,171 +354,58 @@ class JournalStore:
 
     def body_size(self, ref: BodyRef) -> int:
         """The body length packed in ``ref`` (no I/O)."""
-        return ref & _REF_LENGTH_MASK
+        return ref & REF_LENGTH_MASK
 
     def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
-        """Many bodies, packed: each run of refs that lie back to back in one segment
-        (the sends of one record) is read with one ``pread`` and handed over as
-        read, without cutting it into objects; the cache is neither searched nor
-        filled (a stream reader's scan would only push the hot bodies out). The
-        caller bounds the total (a ``stream_read`` page)."""
-        # A ref is segment << 72 | offset << 32 | length, so ``ref >> 32`` is the
-        # body's position (segment and offset) and a run goes on where the next
-        # body's position is this one's position + length. The runs are found
-        # with C-level maps: no Python work per body.
-        count = len(refs)
-        lengths = list(map(and_, refs, repeat(_REF_LENGTH_MASK, count)))
-        starts = list(map(rshift, refs, repeat(REF_LENGTH_BITS, count)))
-        ends = list(map(add, starts, lengths))
-        breaks = list(compress(range(1, count), map(ne, ends, starts[1:])))
-        parts: list[bytes] = []
-        for low, high in zip([0, *breaks], [*breaks, count], strict=True):
-            if high <= low:
-                continue
-            position, size = starts[low], ends[high - 1] - starts[low]
-            segment = position >> REF_OFFSET_BITS
-            data = None
-            if segment in self._segments:
-                data = self._pread(segment, position & _REF_OFFSET_MASK, size)
-            if data is None:  # not on disk as expected: the careful way, body by body
-                parts.extend(self.read_body(ref) for ref in refs[low:high])
-            else:
-                parts.append(data)
-        return PackedBodies(b"".join(parts), lengths)
+        """Many bodies, packed: one ``pread`` per run of refs that lie back to back
+        in one segment (see :meth:`BodyReader.read_bodies`); no cache."""
+        return self._bodies.read_bodies(refs)
 
     def read_body(self, ref: BodyRef) -> bytes:
         """A stored body, from the cache or with one ``pread``.
 
         Raises ``KeyError`` if the ref's segment was deleted or never existed.
         """
-        cached = self._cache.get(ref)
-        if cached is not None:
-            self._cache.move_to_end(ref)
-            return cached
-        segment, offset, length = unpack_ref(ref)
-        if segment not in self._segments:
-            raise KeyError(f"body ref {ref:#x}: segment {segment} does not exist (any more)")
-        if not length:
-            return b""
-        body = self._pread(segment, offset, length)
-        if body is None:  # not written yet: the writer still holds it
-            body = self._unwritten_body(ref) or self._pread(segment, offset, length)
-        if body is None:
-            raise KeyError(f"body ref {ref:#x}: segment {segment} ends before offset {offset}")
-        self._cache_put(ref, body)
-        return body
+        return self._bodies.read_body(ref)
 
-    def _pread(self, segment: int, offset: int, length: int) -> bytes | None:
-        fd = self._read_fds.get(segment)
-        if fd is None:
-            try:
-                fd = os.open(self.journal_dir / segment_name(segment), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return None
-            self._read_fds[segment] = fd
-        body = os.pread(fd, length, offset)
-        return body if len(body) == length else None
-
-    def _unwritten_body(self, ref: BodyRef) -> bytes | None:
-        """The body of a queued or in-flight entry (the cache may have dropped it)."""
-        with self._queue.lock:
-            in_flight = self.writer.in_flight if self.writer is not None else []
-            for item in (*in_flight, *self._queue.items):
-                if type(item) is tuple and ref in item[6]:
-                    return bytes(item[5][item[6].index(ref)])
-        return None
-
-    def _cache_put(self, ref: BodyRef, body: bytes) -> None:
-        if len(body) <= self._cache_limit and ref not in self._cache:
-            self._cache[ref] = body
-            self._cache_bytes += len(body)
-            if self._cache_bytes > self._cache_limit:
-                self._evict()
-
-    def _evict(self) -> None:
-        """Drop least recently used bodies until the cache fits its bound."""
-        while self._cache_bytes > self._cache_limit:
-            _, evicted = self._cache.popitem(last=False)
-            self._cache_bytes -= len(evicted)
+    @property
+    def _cache_bytes(self) -> int:
+        """Body bytes in the cache now (tests check its bound)."""
+        return self._bodies.cache_bytes
 
     # -- space -------------------------------------------------------------
 
     def release(self, ref: BodyRef) -> None:
         """Mark a body dead (call once per ref and recovery)."""
-        segment, _offset, length = unpack_ref(ref)
-        info = self._segments.get(segment)
-        if info is None:
-            return
-        if info.live_bodies <= 0:
-            log.warning("release of ref %#x: segment %d has no live bodies left", ref, segment)
-            return
-        info.live_bodies -= 1
-        info.live_bytes -= length
-        cached = self._cache.pop(ref, None)
-        if cached is not None:
-            self._cache_bytes -= len(cached)
+        if self._space.release(ref):
+            self._bodies.forget(ref)
 
     def maintain(self) -> Relocation | None:
         """Delete dead segments from the oldest end; maybe offer the oldest for relocation."""
         if self._state is not _State.OPEN or self._queue.failure is not None:
             return None
         assert self.writer is not None
-        self._maintain_calls += 1
+        self._space.count_maintain_call()
         if self._snapshot_due:  # before an older segment, and the metadata in it, can go
             self._roll_now()
-        while self._oldest < self._head and self._segments[self._oldest].live_bodies == 0:
-            self._drop_oldest()
-        oldest = self._oldest
-        if oldest >= self._head or oldest >= self.writer.current_segment:
-            return None  # only the head is left, or the oldest is not fully written yet
-        info = self._segments[oldest]
-        if info.copy_bytes() >= RELOCATE_BELOW_LIVE_FRACTION * (info.size - info.lead):
-            return None  # copying would write as much as it frees (the copies need
-            # segments, and snapshots, of their own)
-        if len(self._segments) < RELOCATE_MIN_SEGMENTS:
-            return None  # a few segments of waste are cheaper than copying
-        watched, self._oldest_watch = self._oldest_watch, (oldest, info.live_bodies)
-        if watched[0] == oldest and watched[1] > info.live_bodies:
-            return None  # consumers are eating it: it will likely die on its own
-        recently = self._maintain_calls - self._relocation_offered_at < RELOCATION_RETRY_CALLS
-        if self._relocating == oldest and recently:
-            return None
-        self._relocating = oldest
-        self._relocation_offered_at = self._maintain_calls
-        try:
-            entries = read_segment_entries(self.journal_dir, oldest, info.size)
-        except (CorruptStore, OSError) as exc:
-            log.error("cannot read segment %d for relocation: %s", oldest, exc)
-            return None
-        return Relocation(oldest, entries)
+        self._space.delete_dead(self._head)
+        return self._space.offer_relocation(self._head, self.writer.current_segment)
 
-    _oldest_watch: tuple[int, int] = (-1, 0)
-
-    def _drop_oldest(self) -> None:
-        segment = self._oldest
-        del self._segments[segment]
-        fd = self._read_fds.pop(segment, None)
-        if fd is not None:
-            os.close(fd)
-        if self._relocating == segment:
-            self._relocating = None
+    def _delete_segment(self, segment: int) -> None:
+        """Close a dead segment's reader and have the writer unlink it (after the
+        sync of everything queued before)."""
+        self._bodies.close_segment(segment)
         self._queue.put(Delete(segment))
-        self._oldest += 1
 
     # -- status and shutdown -----------------------------------------------
 
     def stats(self) -> StoreStats:
         """Current counters."""
         writer = self.writer
-        segments = self._segments.values()
-        return StoreStats(
-            appends=self._appends,
-            syncs=writer.syncs if writer else 0,
-            bytes_written=writer.bytes_written if writer else 0,
-            segments=len(segments),
-            disk_bytes=sum(info.size for info in segments),
-            live_bodies=sum(info.live_bodies for info in segments),
-            live_body_bytes=sum(info.live_bytes for info in segments),
+        return self._space.stats(
+            self._appends,
+            writer.syncs if writer else 0,
+            writer.bytes_written if writer else 0,
         )
 
     def flush(self, timeout: float | None = None) -> None:
@@ -602,11 +435,7 @@ class JournalStore:
             replay.close()  # an abandoned recovery: close its files
         if self.writer is not None:
             self.writer.stop()
-        for fd in self._read_fds.values():
-            os.close(fd)
-        self._read_fds.clear()
-        self._cache.clear()
-        self._cache_bytes = 0
+        self._bodies.close()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
