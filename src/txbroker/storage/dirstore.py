@@ -23,8 +23,11 @@ keeps *state*, not a log, so it reads the broker's records
   store never asks for relocation.
 
 :meth:`append` (broker thread, no I/O) turns the entry into a
-:class:`~txbroker.storage.dirstore_writer.Txn`, updates the in-memory index
-and metadata model, and queues it. Body refs are the message ids. The writer
+:class:`~txbroker.storage.dirstore_writer.Txn` — its blocks planned by the
+in-memory index (:mod:`~txbroker.storage.dirstore_index`), which updates
+itself and the metadata model at once — and queues it. Body refs are the
+message ids; bodies are read back from the LRU body cache, the writer's
+queue, or the message file. The writer
 thread (:mod:`~txbroker.storage.dirstore_writer`) moves each batch through
 write → prepare → commit and completes it with one ``dispatch`` call.
 
@@ -50,38 +53,14 @@ from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Final
 
-from txbroker.core import records
-from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore, StorageFailed, StoreError
-from txbroker.storage.dirstore_format import (
-    BlockType,
-    block_size,
-    decode_block,
-    message_name,
-    parse_flags,
-)
-from txbroker.storage.dirstore_model import (
-    MetadataModel,
-    Operation,
-    decode_operation,
-    unpack_message_info,
-)
-from txbroker.storage.dirstore_recovery import (
-    PHANTOM_QUEUE,
-    RecoveredDirectory,
-    Recovery,
-    lock_directory,
-    replay_moves,
-)
-from txbroker.storage.dirstore_writer import (
-    BlockOp,
-    DirOps,
-    DirWriter,
-    Txn,
-    read_file,
-)
+from txbroker.storage.dirstore_format import BlockType, decode_block, message_name, parse_flags
+from txbroker.storage.dirstore_index import MessageIndex
+from txbroker.storage.dirstore_model import decode_operation
+from txbroker.storage.dirstore_recovery import RecoveredDirectory, Recovery, lock_directory
+from txbroker.storage.dirstore_writer import BlockOp, DirOps, DirWriter, Txn, read_file
 from txbroker.storage.interface import (
     BodyRef,
     Dispatch,
@@ -100,10 +79,6 @@ MiB: Final = 1024 * 1024
 #: Default bound of the body cache (as the journal's): bodies in flight to
 #: consumers are served from memory, the rest is read back from message files.
 DEFAULT_BODY_CACHE_BYTES: Final = 32 * MiB
-#: Message ids the metadata keeps in reserve: ``next_id`` is written ahead of the
-#: ids in use, so that ids are never reused after a crash even when the newest
-#: messages were consumed; one metadata write per 65,536 messages.
-ID_RESERVATION: Final = 1 << 16
 #: ``maintain`` writes the duplicate-id windows again when messages that carried
 #: a client message id were deleted, at most this often (seconds): the window of
 #: ids a crash can forget (their live messages' ids are in the message files).
@@ -115,25 +90,6 @@ class _State(enum.Enum):
     RECOVERING = "recovering"  #: recover() called; its iterator not exhausted
     OPEN = "open"  #: appends accepted
     CLOSED = "closed"
-
-
-class _Indexed:
-    """What the store keeps in memory per stored message."""
-
-    __slots__ = ("deleted", "file_bytes", "has_message_id", "origin", "queue", "released", "size")
-
-    def __init__(
-        self, queue: str, origin: str | None, size: int, file_bytes: int, has_message_id: bool
-    ) -> None:
-        self.queue = queue  #: where it is now
-        #: The queue it was sent to (whose duplicate-id window holds its client id),
-        #: or None once that queue was deleted while the message lived elsewhere.
-        self.origin = origin
-        self.size = size
-        self.file_bytes = file_bytes
-        self.has_message_id = has_message_id
-        self.deleted = False  #: a DELETE for it was appended
-        self.released = False  #: the broker released its body
 
 
 class DirStore:
@@ -176,14 +132,9 @@ class DirStore:
         self._state = _State.NEW
         self._replay_iterator: Generator[StoredEntry, None, None] | None = None
         self._lock_fd = -1
-        self._index: dict[int, _Indexed] = {}
-        self._model = MetadataModel()
+        self._index = MessageIndex()
         self._next_tid = 1
         self._appends = 0
-        self._live_bodies = self._live_bytes = 0
-        self._stored_files = self._stored_bytes = 0
-        self._dups_unsaved = False
-        self._metadata_saved_at = time.monotonic()
 
     # -- opening -----------------------------------------------------------------------
 
@@ -217,36 +168,7 @@ class DirStore:
 
     def _load(self, found: RecoveredDirectory) -> list[StoredEntry]:
         """Index what recovery found; the entries ``recover`` yields."""
-        model = self._model
-        entries: list[StoredEntry] = []
-        if found.metadata is not None:
-            model.apply_snapshot(records.unpack(found.metadata))
-            entries.append(StoredEntry(int(Kind.SNAPSHOT), found.metadata, ()))
-        moved: list[tuple[int, list[Any], str]] = []
-        for message in found.messages:
-            msg, moved_to = unpack_message_info(message.info)
-            queue, client_id = msg[records.MSG_QUEUE], msg[records.MSG_MESSAGE_ID]
-            self._index[message.message_id] = _Indexed(
-                moved_to or queue, queue, message.body_length, message.file_bytes,
-                client_id is not None,
-            )
-            if moved_to is not None:
-                moved.append((len(entries), msg, moved_to))
-            model.next_id = max(model.next_id, message.message_id + 1)
-            self._live_bodies += 1
-            self._live_bytes += message.body_length
-            self._stored_bytes += message.file_bytes
-            info = message.info if moved_to is None else records.pack(msg)
-            entries.append(StoredEntry(int(Kind.ADD), info, (message.message_id,)))
-        self._stored_files = len(found.messages)
-        entries = replay_moves(entries, moved, model.definitions)
-        for entry in entries:  # duplicate ids as the broker's replay remembers them
-            if entry.kind == Kind.ADD:
-                msg = records.unpack(entry.meta)
-                queue, client_id = msg[records.MSG_QUEUE], msg[records.MSG_MESSAGE_ID]
-                if client_id is not None and queue != PHANTOM_QUEUE:
-                    model.ensure_queue(queue)
-                    model.remember(queue, client_id)
+        entries = self._index.load(found)
         self._next_tid = found.max_tid + 1
         log.info("dir store %s: %d messages, %d transactions rolled back, %d rolled forward, "
                  "%d files quarantined", self.directory, len(found.messages), found.rolled_back,
@@ -270,10 +192,8 @@ class DirStore:
         if type(meta) is not bytes:
             meta = bytes(meta)
         operation = decode_operation(kind, meta, list(bodies))
-        new_ids = [msg[records.MSG_ID] for msg, _info, _body in operation.adds]
-        if len(set(new_ids)) != len(new_ids) or any(i in self._index for i in new_ids):
-            raise ValueError(f"message ids {new_ids} are already stored (or repeated)")
-        blocks = self._plan(operation)
+        new_ids = self._index.new_message_ids(operation)
+        blocks = self._index.plan(operation)
         self._queue_txn(blocks, on_durable)
         self._appends += 1
         refs: list[BodyRef] = new_ids
@@ -293,90 +213,6 @@ class DirStore:
                 queue.wakeup.notify()
         self._next_tid += 1
 
-    def _plan(self, operation: Operation) -> list[BlockOp]:
-        """The blocks of one operation; updates the index and the metadata model."""
-        model = self._model
-        blocks: list[BlockOp] = []
-        metadata = False
-        for msg, info, body in operation.adds:
-            message_id, queue = msg[records.MSG_ID], msg[records.MSG_QUEUE]
-            client_id = msg[records.MSG_MESSAGE_ID]
-            blocks.append(BlockOp(BlockType.NEW, message_id, info, body))
-            file_bytes = block_size(len(info), len(body))
-            self._index[message_id] = _Indexed(
-                queue, queue, len(body), file_bytes, client_id is not None
-            )
-            self._live_bodies += 1
-            self._live_bytes += len(body)
-            self._stored_files += 1
-            self._stored_bytes += file_bytes
-            if client_id is not None:  # replay creates the queue to remember the id
-                metadata |= model.ensure_queue(queue)
-                model.remember(queue, client_id)
-            if message_id >= model.next_id:
-                model.next_id = message_id + 1 + ID_RESERVATION
-                metadata = True
-        for message_id in operation.deletes:
-            self._delete(message_id, blocks)
-        if operation.move_target is not None:
-            metadata |= model.ensure_queue(operation.move_target)
-        for message_id, patch, target in operation.updates:
-            entry = self._index.get(message_id)
-            if entry is None or entry.deleted:
-                continue  # replay would ignore it too
-            if target is not None:
-                entry.queue = target
-            blocks.append(BlockOp(BlockType.UPDATE, message_id, records.pack(patch)))
-        if operation.put is not None:
-            model.put(operation.put)
-            metadata = True
-        gone: list[str] = []
-        if operation.delete_queue is not None:
-            metadata = True
-            if model.delete(operation.delete_queue):  # a queue (known or not): its messages go
-                gone.append(operation.delete_queue)
-        if operation.snapshot is not None:
-            metadata = True
-            gone += model.apply_snapshot(operation.snapshot)
-        if gone:
-            self._delete_queues(set(gone), blocks)
-        if metadata:
-            blocks.append(self._metadata_block())
-        if not blocks:
-            blocks.append(BlockOp(BlockType.DUMMY, 0))
-        return blocks
-
-    def _delete_queues(self, names: set[str], blocks: list[BlockOp]) -> None:
-        """Queues are gone: delete their messages; forget the origin of messages
-        moved out of them (their client ids went with the queue's window)."""
-        for message_id, entry in list(self._index.items()):
-            if entry.deleted:
-                continue
-            if entry.queue in names:
-                self._delete(message_id, blocks)
-            elif entry.origin in names:
-                entry.origin = None
-                patch = records.pack({records.MSG_QUEUE: None})
-                blocks.append(BlockOp(BlockType.UPDATE, message_id, patch))
-
-    def _delete(self, message_id: int, blocks: list[BlockOp]) -> None:
-        entry = self._index.get(message_id)
-        if entry is None or entry.deleted:
-            return  # unknown or already deleted: replay would ignore it too
-        entry.deleted = True
-        blocks.append(BlockOp(BlockType.DELETE, message_id))
-        self._stored_files -= 1
-        self._stored_bytes -= entry.file_bytes
-        if entry.has_message_id:
-            self._dups_unsaved = True
-        if entry.released:
-            del self._index[message_id]
-
-    def _metadata_block(self) -> BlockOp:
-        self._dups_unsaved = False
-        self._metadata_saved_at = time.monotonic()
-        return BlockOp(BlockType.METADATA, 0, self._model.pack())
-
     def _not_open(self) -> StoreError | StorageFailed:
         if self._queue.failure is not None:
             return StorageFailed(str(self._queue.failure))
@@ -388,7 +224,7 @@ class DirStore:
 
     def body_size(self, ref: BodyRef) -> int:
         """The body length of message ``ref`` (no I/O); KeyError if unknown."""
-        return self._index[ref].size
+        return self._index.body_size(ref)
 
     def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
         """``read_body`` of each ref, packed."""
@@ -451,17 +287,11 @@ class DirStore:
     def release(self, ref: BodyRef) -> None:
         """The broker is done with message ``ref``'s body (after its delete, or
         because replay found it dead)."""
-        entry = self._index.get(ref)
-        if entry is None or entry.released:
+        if not self._index.release(ref):
             return
-        entry.released = True
-        self._live_bodies -= 1
-        self._live_bytes -= entry.size
         cached = self._cache.pop(ref, None)
         if cached is not None:
             self._cache_bytes -= len(cached)
-        if entry.deleted:
-            del self._index[ref]
 
     def maintain(self) -> Relocation | None:
         """Save the duplicate-id windows if deletes changed them; never relocates.
@@ -470,10 +300,10 @@ class DirStore:
         """
         if self._state is not _State.OPEN or self._queue.failure is not None:
             return None
-        waited = time.monotonic() - self._metadata_saved_at
-        if self._dups_unsaved and waited >= METADATA_REFRESH_SECONDS:
+        waited = time.monotonic() - self._index.metadata_saved_at
+        if self._index.duplicate_ids_unsaved and waited >= METADATA_REFRESH_SECONDS:
             with contextlib.suppress(StorageFailed):  # failed meanwhile: nothing to save
-                self._queue_txn([self._metadata_block()], None)
+                self._queue_txn([self._index.metadata_block()], None)
         return None
 
     # -- status and shutdown -------------------------------------------------------------
@@ -481,14 +311,15 @@ class DirStore:
     def stats(self) -> StoreStats:
         """Current counters: ``syncs`` counts group commits (batches), ``segments``
         message files."""
+        index = self._index
         return StoreStats(
             appends=self._appends,
             syncs=self.writer.batches if self.writer else 0,
             bytes_written=self.ops.bytes_written,
-            segments=self._stored_files,
-            disk_bytes=self._stored_bytes,
-            live_bodies=self._live_bodies,
-            live_body_bytes=self._live_bytes,
+            segments=index.stored_files,
+            disk_bytes=index.stored_bytes,
+            live_bodies=index.live_bodies,
+            live_body_bytes=index.live_bytes,
         )
 
     def flush(self, timeout: float | None = None) -> None:
@@ -513,9 +344,10 @@ class DirStore:
             return
         if self.writer is not None:
             self.writer.check_not_writer_thread()
-        if self._state is _State.OPEN and self._queue.failure is None and self._dups_unsaved:
+        unsaved = self._index.duplicate_ids_unsaved
+        if self._state is _State.OPEN and self._queue.failure is None and unsaved:
             with contextlib.suppress(StorageFailed):
-                self._queue_txn([self._metadata_block()], None)
+                self._queue_txn([self._index.metadata_block()], None)
         self._state = _State.CLOSED
         replay, self._replay_iterator = self._replay_iterator, None
         if replay is not None and inspect.getgeneratorstate(replay) != inspect.GEN_RUNNING:
