@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import Any, cast
 
+from txbroker.core import LATER
 from txbroker.core.streams import ReadResult
 from txbroker.errors import BadRequest, BrokerError, ErrorCode, ProtocolError, TxBrokerError
 from txbroker.protocol.columns import encode_page
@@ -114,7 +115,8 @@ class ClientConnection(asyncio.Protocol):
             if op == "hello":
                 result: Any = self._hello(session, request.args)
             else:
-                session.require_authenticated("hello")
+                if not session.authenticated:
+                    session.require_authenticated("hello")
                 handler = HANDLERS.get(op)
                 if op in XA_OPS:
                     session.require_xa()
@@ -124,7 +126,8 @@ class ClientConnection(asyncio.Protocol):
         except TxBrokerError as exc:
             self.fail(rid, as_refusal(exc))
             return
-        if session.started(rid, result):
+        if result is LATER:  # answered later: counted for back-pressure
+            session.started(rid, result)
             return
         if isinstance(result, ReadResult):
             result = self._page(result)

@@ -336,9 +336,14 @@ class Session:
                 self._cumulative_sub.pop(tag, None)
 
     # ------------------------------------------------------------- operations
-    def send(self, rid: int, dest: str, body: bytes, now: int, **options: Any) -> Any:
-        """Send a message (options: ``Broker.send``'s)."""
-        return self.core.send(self.id, rid, dest, body, now, **options)
+    def send(self, rid: int, dest: str, body: bytes, now: int, *,
+             headers: dict[str, str] | None = None, message_id: str | None = None,
+             persistent: bool = True, priority: int = 4, ttl_ms: int = 0, delay_ms: int = 0,
+             tx: int | None = None) -> Any:
+        """Send a message to a queue or topic (or stage it in transaction ``tx``)."""
+        return self.core.send(self.id, rid, dest, body, now, headers=headers,
+                              message_id=message_id, persistent=persistent, priority=priority,
+                              ttl_ms=ttl_ms, delay_ms=delay_ms, tx=tx)
 
     def subscribe(self, sub: int, queue: str, now: int, *, prefetch: int | None = None,
                   ack: str = "client", cumulative: bool = False) -> Any:
@@ -378,7 +383,8 @@ class Session:
         """Acknowledge deliveries (or stage the acks in transaction ``tx``)."""
         _check_tags(tags)
         result = self.core.ack(self.id, rid, tags, now, tx=tx)
-        self._acked(tags)
+        if self._cumulative_sub:
+            self._acked(tags)
         return result
 
     def ack_groups(self, rid: int, groups: Sequence[Sequence[int]], now: int) -> GroupsAcked:
@@ -417,16 +423,16 @@ class Session:
         """Reject deliveries: redeliver them, or dead-letter them (``requeue=False``)."""
         _check_tags(tags)
         result = self.core.nack(self.id, tags, now, requeue=requeue, tx=tx)
-        self._acked(tags)
+        if self._cumulative_sub:
+            self._acked(tags)
         return result
 
     def _acked(self, tags: Sequence[int]) -> None:
         """Tags the core took: forget their place in a cumulative order."""
-        if self._cumulative_sub:
-            for tag in tags:
-                sub = self._cumulative_sub.pop(tag, None)
-                if sub is not None:
-                    self._cumulative[sub].pop(tag, None)
+        for tag in tags:
+            sub = self._cumulative_sub.pop(tag, None)
+            if sub is not None:
+                self._cumulative[sub].pop(tag, None)
 
     def tx_begin(self) -> int:
         """Open a local transaction; its id."""
