@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib  # noqa: F401 - the report draws with it; missing, collection fails
 import pytest
 
 import txbroker
@@ -26,6 +27,8 @@ from tests.support import ROOT, BrokerProcess
 from txbroker.core import records
 from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore
+from txbroker.spark.audit import run_audit
+from txbroker.spark.journal_source import FORMAT_NAME, register_journal_source
 from txbroker.storage.journal_format import (
     encode_entry,
     encode_segment_header,
@@ -41,12 +44,6 @@ from txbroker.storage.journal_reader import (
     journal_segments,
     read_records,
 )
-
-pytest.importorskip("pyspark")
-pytest.importorskip("matplotlib")
-
-from txbroker.spark.audit import run_audit
-from txbroker.spark.journal_source import FORMAT_NAME, register_journal_source
 
 
 @dataclass
@@ -303,7 +300,7 @@ def test_audit_tables_match_the_workload(spark: Any, journal: Journal, tmp_path:
     assert sum(r.acks for r in acks_only) == workload.acked
 
 
-def test_cli_audit_end_to_end(journal: Journal, tmp_path: Path) -> None:
+def test_cli_audit_end_to_end(journal: Journal, tmp_path: Path, java: None) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "COLUMNS": "200", "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(

@@ -13,17 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 import txbroker
 from tests.support import BrokerProcess
-
-pa = pytest.importorskip("pyarrow")
-pytest.importorskip("pyspark")
-
-from txbroker.spark._common import ReadOptions, SparkConnectorError, WriteOptions  # noqa: E402
-from txbroker.spark.schema import BatchBuilder, outgoing_chunks  # noqa: E402
-from txbroker.spark.source import share_rows, split_ranges  # noqa: E402
+from txbroker.spark._common import ReadOptions, SparkConnectorError, WriteOptions
+from txbroker.spark.schema import BatchBuilder, outgoing_chunks
+from txbroker.spark.source import share_rows, split_ranges
 
 pytestmark = pytest.mark.timeout(300)
 

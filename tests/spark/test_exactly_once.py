@@ -16,13 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark  # noqa: F401 - the driver processes run it; missing, collection fails
 import pytest
 
 import txbroker
 from tests.support import ROOT, BrokerProcess
 from txbroker.errors import TxBrokerError
-
-pytest.importorskip("pyspark")
 
 
 class Driver:
@@ -68,7 +67,7 @@ class Driver:
 
 
 @pytest.fixture
-def drivers() -> Iterator[list[Driver]]:
+def drivers(java: None) -> Iterator[list[Driver]]:
     started: list[Driver] = []
     yield started
     for driver in started:
