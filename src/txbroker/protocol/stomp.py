@@ -61,15 +61,31 @@ read in many chunks is neither re-parsed nor re-scanned.
 from __future__ import annotations
 
 import enum
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Final
 
-from txbroker.errors import FrameTooLarge, ProtocolError
 from txbroker.protocol.native import NEED_DATA, LocalProtocolError, NeedData
+from txbroker.protocol.stomp_encoding import (
+    BODY_COMMANDS,
+    PROTOCOL_HEADERS,
+    SUPPORTED_VERSIONS,
+    UNESCAPED_COMMANDS,
+    Frame,
+    StompFrameTooLarge,
+    StompProtocolError,
+    encode_error,
+    encode_frame,
+    encode_message,
+    encode_receipt,
+    escape,
+    message_head,
+    negotiate_heartbeat,
+    negotiate_version,
+    parse_heartbeat,
+    unescape,
+)
 
 __all__ = [
+    "BODY_COMMANDS",
     "CLIENT_COMMANDS",
     "DEFAULT_MAX_FRAME_SIZE",
     "DEFAULT_MAX_HEADERS",
@@ -89,6 +105,7 @@ __all__ = [
     "StompFrameTooLarge",
     "StompProtocolError",
     "encode_error",
+    "encode_frame",
     "encode_message",
     "encode_receipt",
     "escape",
@@ -109,8 +126,6 @@ DEFAULT_MAX_HEADERS: Final = 1000
 #: ``maxHeaderLength`` = 10 KiB). The whole head is bounded by
 #: ``max_headers * max_header_size`` and by the frame limit.
 DEFAULT_MAX_HEADER_SIZE: Final = 10 * 1024
-#: Versions this codec speaks, oldest first.
-SUPPORTED_VERSIONS: Final = ("1.0", "1.1", "1.2")
 #: Frames a client sends (STOMP 1.2 "Client Frames"), ``CONNECT`` and ``STOMP`` included.
 CLIENT_COMMANDS: Final = frozenset(
     ["CONNECT", "STOMP", "SEND", "SUBSCRIBE", "UNSUBSCRIBE", "ACK", "NACK", "BEGIN", "COMMIT",
@@ -118,17 +133,6 @@ CLIENT_COMMANDS: Final = frozenset(
 )
 #: Frames a server sends (STOMP 1.2 "Server Frames").
 SERVER_COMMANDS: Final = frozenset(["CONNECTED", "MESSAGE", "RECEIPT", "ERROR"])
-#: Frames that may carry a body; every other frame MUST NOT (STOMP 1.2 "Body").
-BODY_COMMANDS: Final = frozenset(["SEND", "MESSAGE", "ERROR"])
-#: Headers that are the protocol's, not the message's: a SEND's headers other
-#: than these travel with the message, and a MESSAGE frame never repeats them
-#: from the message (it writes its own ``destination``, ``message-id`` ...).
-PROTOCOL_HEADERS: Final = frozenset(
-    ["destination", "transaction", "receipt", "content-length", "persistent", "message-id",
-     "subscription", "ack", "redelivered"]
-)
-#: Frames whose headers are never escaped (STOMP 1.2 "Value Encoding").
-_UNESCAPED_COMMANDS: Final = frozenset(["CONNECT", "STOMP", "CONNECTED"])
 #: A server's codec stops after these: later frames are parsed with the agreed version.
 _OPENING_COMMANDS: Final = frozenset(["CONNECT", "STOMP"])
 
@@ -201,195 +205,6 @@ REQUIRED_HEADERS: Final[dict[tuple[str, str], tuple[str, ...]]] = {
     **{("MESSAGE", v): ("destination", "message-id") for v in SUPPORTED_VERSIONS},
     **{("RECEIPT", v): ("receipt-id",) for v in SUPPORTED_VERSIONS},
 }
-
-
-class StompProtocolError(ProtocolError):
-    """The peer broke STOMP. ``receipt_id``: the bad frame's ``receipt`` header, if known."""
-
-    def __init__(self, message: str, receipt_id: str | None = None) -> None:
-        super().__init__(message)
-        self.receipt_id = receipt_id
-
-
-class StompFrameTooLarge(StompProtocolError, FrameTooLarge):
-    """A frame, a header line or the number of headers is above its limit."""
-
-
-@dataclass(slots=True)
-class Frame:
-    """One STOMP frame: a command, headers (first occurrence wins) and a body."""
-
-    command: str
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-
-
-# ---------------------------------------------------------------- escaping
-_ESCAPE_12: Final = str.maketrans({"\\": "\\\\", "\r": "\\r", "\n": "\\n", ":": "\\c"})
-_ESCAPE_11: Final = str.maketrans({"\\": "\\\\", "\n": "\\n", ":": "\\c"})
-_UNESCAPES: Final[dict[str, dict[str, str]]] = {
-    "1.2": {"r": "\r", "n": "\n", "c": ":", "\\": "\\"},
-    "1.1": {"n": "\n", "c": ":", "\\": "\\"},
-}
-_ESCAPE_RE: Final = re.compile(r"\\(.?)", re.DOTALL)
-
-
-def escape(value: str, version: str) -> str:
-    """Escape a header name or value for ``version`` (1.0: unchanged)."""
-    if version == "1.2":
-        return value.translate(_ESCAPE_12)
-    if version == "1.1":
-        return value.translate(_ESCAPE_11)
-    return value
-
-
-def unescape(value: str, version: str) -> str:
-    """Undo :func:`escape`; an undefined escape raises :class:`StompProtocolError`."""
-    if "\\" not in value:
-        return value
-    table = _UNESCAPES.get(version)
-    if table is None:
-        return value  # STOMP 1.0 has no escaping
-
-    def replace(match: re.Match[str]) -> str:
-        found = table.get(match.group(1))
-        if found is None:
-            raise StompProtocolError(
-                f"undefined escape sequence {match.group(0)!r} in a header (STOMP {version} "
-                f"defines only {', '.join(chr(92) + k for k in table)})"
-            )
-        return found
-
-    return _ESCAPE_RE.sub(replace, value)
-
-
-# ---------------------------------------------------------------- negotiation
-def negotiate_version(accept_version: str | None) -> str | None:
-    """The highest version both sides speak (``None``: no common version).
-
-    A CONNECT without ``accept-version`` is a STOMP 1.0 client.
-    """
-    if accept_version is None:
-        return "1.0"
-    offered = {v.strip() for v in accept_version.split(",")}
-    for version in reversed(SUPPORTED_VERSIONS):
-        if version in offered:
-            return version
-    return None
-
-
-def parse_heartbeat(value: str | None) -> tuple[int, int]:
-    """``"cx,cy"`` → ``(cx, cy)`` in ms; absent means ``(0, 0)``.
-
-    Raises :class:`StompProtocolError` unless it is two non-negative integers.
-    """
-    if value is None:
-        return 0, 0
-    parts = value.split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-        raise StompProtocolError(
-            f"heart-beat must be two non-negative integers 'cx,cy', not {value!r}"
-        )
-    return int(parts[0]), int(parts[1])
-
-
-def negotiate_heartbeat(
-    client: tuple[int, int], server_send_min: int, server_receive_min: int
-) -> tuple[int, int]:
-    """Heart-beat intervals (ms) as ``(server sends every, server expects every)``.
-
-    ``client`` is the CONNECT's ``(cx, cy)``: cx = the client can send every cx
-    ms, cy = it wants to receive every cy ms (0 = cannot / does not want).
-    The server can send every ``server_send_min`` ms and wants to hear from
-    the client at least that often but not more often than every
-    ``server_receive_min`` ms. STOMP 1.2 "Heart-beating": each direction is
-    ``max`` of what one side can do and the other wants, 0 if either says 0.
-
-    Put the result in the CONNECTED ``heart-beat`` header as ``"out,in"``: the
-    client then computes the same two numbers.
-    """
-    cx, cy = client
-    out = max(server_send_min, cy) if cy and server_send_min else 0
-    inbound = max(cx, server_receive_min) if cx and server_receive_min else 0
-    return out, inbound
-
-
-# ---------------------------------------------------------------- encoding
-def encode_error(message: str, receipt_id: str | None = None, version: str = "1.2",
-                 detail: str = "") -> bytes:
-    """An ERROR frame: ``message`` header, ``receipt-id`` if known, text body.
-
-    Usable before any version was agreed (use ``"1.0"``: newlines are then
-    replaced, since 1.0 cannot escape them).
-    """
-    if version == "1.0":
-        message = message.replace("\n", " ").replace("\r", " ")
-    lines = ["ERROR", f"message:{escape(message, version)}"]
-    if receipt_id is not None:
-        lines.append(f"receipt-id:{escape(receipt_id, version)}")
-    body = (detail or message).encode("utf-8") + b"\n"
-    lines.append("content-type:text/plain;charset=utf-8")
-    lines.append(f"content-length:{len(body)}")
-    return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
-
-
-def encode_receipt(receipt_id: str, version: str) -> bytes:
-    """A RECEIPT frame for the frame that carried ``receipt:receipt_id``."""
-    return f"RECEIPT\nreceipt-id:{escape(receipt_id, version)}\n\n\x00".encode()
-
-
-def message_head(destination: str, subscription: str, version: str) -> str:
-    """The first lines of every MESSAGE frame of one subscription (command,
-    ``destination``, ``subscription``): made once per SUBSCRIBE, handed to
-    :func:`encode_message` for each message."""
-    return (f"MESSAGE\ndestination:{escape(destination, version)}\n"
-            f"subscription:{escape(subscription, version)}\n")
-
-
-def encode_message(head: str, message_id: str, body: bytes, version: str, *,
-                   ack: str | None = None, redelivered: bool = False,
-                   headers: Mapping[str, str] | None = None) -> bytes:
-    """A MESSAGE frame: ``head`` (:func:`message_head`), ``message-id``, ``ack``
-    (the id an ACK/NACK names, STOMP 1.2 client modes), ``redelivered:true`` on a
-    redelivery, the message's own ``headers`` and ``content-length``.
-
-    Of the message's headers, :data:`PROTOCOL_HEADERS` are left out (the frame
-    writes its own), and so, in STOMP 1.0, is any header that cannot travel
-    unescaped (a newline, or a ``:`` in the name).
-    """
-    parts = [head, "message-id:", message_id, "\n"]
-    if ack is not None:
-        parts += ("ack:", ack, "\n")
-    if redelivered:
-        parts.append("redelivered:true\n")
-    if headers:
-        for name, value in headers.items():
-            if name in PROTOCOL_HEADERS:
-                continue
-            if version == "1.0" and ("\n" in value or "\n" in name or ":" in name):
-                continue  # STOMP 1.0 cannot escape: such a header cannot travel
-            parts += (escape(name, version), ":", escape(value, version), "\n")
-    parts += ("content-length:", str(len(body)), "\n\n")
-    return "".join(parts).encode() + body + b"\x00"
-
-
-def _encode(frame: Frame, version: str) -> bytes:
-    command = frame.command
-    body = frame.body
-    esc = "1.0" if command in _UNESCAPED_COMMANDS else version
-    lines = [command]
-    headers = frame.headers
-    for name, value in headers.items():
-        if name == "content-length":
-            continue
-        if esc == "1.0" and ("\n" in name or "\n" in value or ":" in name or "\r" in value):
-            raise LocalProtocolError(
-                f"header {name!r} of a {command} frame cannot be sent unescaped (STOMP {esc})"
-            )
-        lines.append(f"{escape(name, esc)}:{escape(value, esc)}")
-    if body or command in BODY_COMMANDS:
-        lines.append(f"content-length:{len(body)}")
-    return ("\n".join(lines) + "\n\n").encode("utf-8") + body + b"\x00"
 
 
 # ---------------------------------------------------------------- the codec
@@ -636,7 +451,7 @@ class StompConnection:
         if "" in headers:
             raise StompProtocolError(f"{command} frame has a header with an empty name",
                                      headers.get("receipt"))
-        if "\\" in text and command not in _UNESCAPED_COMMANDS and self.version != "1.0":
+        if "\\" in text and command not in UNESCAPED_COMMANDS and self.version != "1.0":
             headers = self._unescape_headers(command, pairs)
         return command, headers, headers.get("receipt")
 
@@ -723,7 +538,7 @@ class StompConnection:
             if version not in SUPPORTED_VERSIONS:
                 raise LocalProtocolError(f"unsupported version {version!r}")
             self._set_version(version)
-        data = _encode(frame, self.version)
+        data = encode_frame(frame, self.version)
         if frame.command == "ERROR" and self.role is Role.SERVER:
             self._set_state(ConnectionState.CLOSED)
         return data
