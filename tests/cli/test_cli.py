@@ -248,7 +248,6 @@ def test_serve_start_failures_are_one_line(broker: BrokerProcess, tmp_path: Path
 
 
 def test_audit_of_a_missing_directory_is_one_line(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
     nothing = tmp_path / "a-directory-with-a-long-name-so-that-the-line-is-over-80" / "nothing"
     result = txb("audit", "--data", str(nothing), "--out", str(tmp_path / "out"),
                  check=False, columns=None)

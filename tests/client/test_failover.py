@@ -13,6 +13,17 @@ from txbroker.errors import ConnectionLost, IllegalState, TransactionRolledBack
 pytestmark = pytest.mark.timeout(30)
 
 
+async def logged(broker: FakeBroker, op: str, **args: object) -> None:
+    """Wait until the fake brokers have received request ``op`` (with ``args``): a kill
+    must come after it, not after a guessed sleep."""
+    for _ in range(500):
+        if any(seen == op and all(a.get(k) == v for k, v in args.items())
+               for seen, a in broker.log):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{op} {args} never reached the broker: {broker.log}")
+
+
 async def pair() -> tuple[FakeBroker, FakeServer, FakeServer]:
     broker = FakeBroker()
     return broker, await FakeServer(broker).start(), await FakeServer(broker).start()
@@ -37,7 +48,7 @@ def test_failover_moves_to_the_next_host_and_restores_state() -> None:
             # A send whose effect happens on A but whose reply is lost with A.
             a.hold_ops.add("send")
             pending = conn.send_nowait("work", b"retried", message_id="id-1")
-            await asyncio.sleep(0.05)
+            await logged(broker, "send", message_id="id-1")
             assert not pending.done()
             await a.kill()
 
@@ -78,12 +89,13 @@ def test_failover_moves_to_the_next_host_and_restores_state() -> None:
 
 def test_pending_requests_without_message_id_fail_and_receive_is_retried() -> None:
     async def main() -> None:
-        _, a, b = await pair()
+        broker, a, b = await pair()
         async with txbroker.aio.connect(f"txb://{a.address},{b.address}") as conn:
             a.hold_ops.add("send")
             lost = conn.send_nowait("q", b"no id")
             waiting = asyncio.ensure_future(conn.receive("other", timeout=5))
-            await asyncio.sleep(0.05)
+            await logged(broker, "send", dest="q")
+            await logged(broker, "receive", queue="other")
             await a.kill()
             with pytest.raises(ConnectionLost, match="not retried"):
                 await lost
@@ -96,13 +108,13 @@ def test_pending_requests_without_message_id_fail_and_receive_is_retried() -> No
 
 def test_no_host_answers_raises_connection_lost_everywhere() -> None:
     async def main() -> None:
-        _, a, b = await pair()
+        broker, a, b = await pair()
         async with txbroker.aio.connect(
             f"txb://{a.address},{b.address}", reconnect_timeout=0.3
         ) as conn:
             sub = await conn.subscribe("q")
             waiting = asyncio.ensure_future(conn.receive("q"))
-            await asyncio.sleep(0.02)
+            await logged(broker, "receive", queue="q")
             await b.kill()
             await a.kill()
             with pytest.raises(ConnectionLost):
@@ -117,10 +129,10 @@ def test_no_host_answers_raises_connection_lost_everywhere() -> None:
 
 def test_reconnect_false_fails_at_once() -> None:
     async def main() -> None:
-        _, a, b = await pair()
+        broker, a, b = await pair()
         conn = await txbroker.aio.connect(f"txb://{a.address},{b.address}", reconnect=False)
         waiting = asyncio.ensure_future(conn.receive("q"))
-        await asyncio.sleep(0.02)
+        await logged(broker, "receive", queue="q")
         await a.kill()
         with pytest.raises(ConnectionLost):
             await asyncio.wait_for(waiting, 2)
