@@ -167,8 +167,9 @@ def expected_before_hello(data: bytes, max_frame: int) -> tuple[list[tuple[Any, 
             return [*replies, (ERR, 0, PROTOCOL)], "closed", end
         _, rid, op, args = obj
         if op == "hello":
-            # docs: another version gets BAD_REQUEST; the broker takes true and 1.0 as 1
-            assume(args.get("version", 1) != 1)  # (see the report) — this one would log in
+            # docs: another version gets BAD_REQUEST (true and 1.0 are not the int 1)
+            version = args.get("version", 1)
+            assume(type(version) is not int or version != 1)  # this one would log in
             replies.append(refusal(rid, BAD_REQUEST))
         else:
             replies.append(refusal(rid, NOT_AUTHENTICATED))
@@ -178,7 +179,7 @@ def expected_before_hello(data: bytes, max_frame: int) -> tuple[list[tuple[Any, 
 
 rids = st.integers(0, 2**64 - 1)
 not_hello = st.sampled_from([op for op in ALL_OPS if op != "hello"] + ["nonsense", ""])
-bad_versions = values.filter(lambda v: v != 1)  # True and 1.0 pass as 1 (see the report)
+bad_versions = values.filter(lambda v: type(v) is not int or v != 1)  # True, 1.0: refused
 arg_maps = st.dictionaries(st.text(max_size=10), values, max_size=4)
 requests = st.tuples(st.just(0), rids, not_hello, arg_maps).map(list)
 
@@ -489,6 +490,17 @@ def test_random_requests(live: Live, batch: list[tuple[str, dict[str, Any]]],
                 assert body["code"] in REFUSALS, (op, reply)
                 assert op != "ping", reply
         assert_precious_intact(raw)
+    finally:
+        raw.close()
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1", 2, None])
+def test_hello_of_any_other_version_is_refused(live: Live, version: Any) -> None:
+    raw = RawClient(live.port)
+    try:
+        reply = raw.call(7, "hello", version=version)
+        assert (reply[0], reply[3]["code"]) == (ERR, BAD_REQUEST), reply
+        assert raw.call(8, "hello", version=1)[0] == OK  # the connection is still usable
     finally:
         raw.close()
 

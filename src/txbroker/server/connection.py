@@ -136,7 +136,8 @@ class ClientConnection(asyncio.Protocol):
     def _hello(self, session: Session, args: dict[str, Any]) -> dict[str, Any]:
         if session.authenticated:
             raise BadRequest("hello was already sent on this connection")
-        if args.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+        version = args.get("version", PROTOCOL_VERSION)
+        if type(version) is not int or version != PROTOCOL_VERSION:  # (True == 1 == 1.0)
             raise BadRequest(f"unsupported protocol version {args.get('version')!r}; "
                              f"this broker speaks {PROTOCOL_VERSION}")
         session.authenticate(args.get("user"), args.get("password"))
