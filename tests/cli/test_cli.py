@@ -260,6 +260,7 @@ def test_timeouts_and_unexpected_errors_are_one_line(
 ) -> None:
     """No broker times out on demand: a stand-in connection raises what the client raises."""
     from txbroker import cli
+    from txbroker.cli import common
 
     class Conn:
         def __init__(self, error: Exception) -> None:
@@ -280,7 +281,7 @@ def test_timeouts_and_unexpected_errors_are_one_line(
         (RuntimeError("boom"),
          "error: internal error: RuntimeError: boom (TXBROKER_DEBUG=1 shows the traceback)"),
     ]:
-        monkeypatch.setattr(cli, "_connect", lambda url, error=error: Conn(error))
+        monkeypatch.setattr(common, "connect", lambda url, error=error: Conn(error))
         with pytest.raises(SystemExit) as exited:
             cli.main(["stat"])
         assert exited.value.code == 1

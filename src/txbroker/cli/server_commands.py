@@ -1,0 +1,100 @@
+"""``txbroker serve``: run a broker in this process.
+
+Theory of operation
+-------------------
+:func:`serve` merges the config file (``--config``) with the options given
+(an option given wins), starts :func:`txbroker.server.app.run` and prints one
+``txbroker ready on …`` line once the broker listens (and, with ``--repair``,
+what recovery dropped). A config file's problems and a port that cannot be
+opened end the command with one error line, exit code 1; once the broker has
+started, errors are the server's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from txbroker.cli.common import describe, fail
+
+
+class LogLevel(StrEnum):
+    """``serve --log-level`` values."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+def serve(
+    data: Annotated[Path | None, typer.Option(help="data directory")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML config file")] = None,
+    host: Annotated[str | None, typer.Option(help="address to listen on")] = None,
+    port: Annotated[int | None, typer.Option(help="native port (0 = off)")] = None,
+    stomp_port: Annotated[int | None, typer.Option(
+        help="STOMP port (0 = off; default 61613)")] = None,
+    http_port: Annotated[int | None, typer.Option(help=(
+        "HTTP console port: not built yet, nothing listens there (a non-zero port, "
+        "here or in the config file, only prints a warning; default 0 = off)"))] = None,
+    sync: Annotated[str | None, typer.Option(help="none | fdatasync | fsync")] = None,
+    store: Annotated[str | None, typer.Option(help="journal | dir")] = None,
+    dir_flags: Annotated[str | None, typer.Option(
+        help="dir store sync flags: FSYNC or FDATASYNC, plus DSYNC (default: none)")] = None,
+    segment_size: Annotated[int | None, typer.Option(help="journal segment bytes")] = None,
+    repair: Annotated[bool, typer.Option(
+        "--repair", help="skip corrupt journal regions (reports what is dropped)")] = False,
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
+) -> None:
+    """Run a broker until SIGTERM / Ctrl-C."""
+    from txbroker.server.app import run
+
+    logging.basicConfig(level=log_level.value,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = _load_config(config, data=data, host=host, port=port, stomp_port=stomp_port,
+                       http_port=http_port, sync=sync, store=store, dir_flags=dir_flags,
+                       segment_size=segment_size, repair=repair or None)
+    if cfg.http_port:
+        sys.stderr.write("warning: the HTTP console is not built yet: nothing listens on "
+                         f"port {cfg.http_port}\n")
+        sys.stderr.flush()
+    started = False
+
+    def ready(server: Any) -> None:
+        nonlocal started
+        started = True
+        stomp = f", STOMP {server.stomp_port}" if server.stomp_port else ""
+        print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
+              f"sync {cfg.sync}); "
+              f"recovered {server.recovered_messages} messages in "
+              f"{server.recovery_seconds:.2f} s", flush=True)
+        if cfg.repair and getattr(server.store, "repair_report", None):
+            for line in server.store.repair_report:
+                print(f"repair: {line}", flush=True)
+
+    try:
+        run(cfg, ready)
+    except OSError as exc:  # a port in use, an address that is not ours …
+        if started or exc.filename is not None or isinstance(exc, TimeoutError):
+            raise
+        raise fail(f"cannot start the broker: {describe(exc)}") from exc
+
+
+def _load_config(path: Path | None, **overrides: Any) -> Any:
+    """The server config; a config file's problems are reported with its name."""
+    from txbroker.server.config import load_config
+
+    try:
+        return load_config(path, **overrides)
+    except tomllib.TOMLDecodeError as exc:
+        raise fail(f"{path}: {exc}") from exc
+    except (TypeError, AttributeError) as exc:  # e.g. port = "abc": config.py checks no types
+        if path is None:
+            raise
+        raise fail(f"{path}: a value has the wrong type ({exc})") from exc
