@@ -192,9 +192,9 @@ class Broker:
              tx: int | None = None) -> Any:
         """Send a message to a queue or topic. Replies ``{"duplicate": bool}``."""
         session = self.index.session(session_id)
-        return self.sending.send(session_id, rid, dest, body, now, self._work(session, tx),
-                                 headers=headers, message_id=message_id, persistent=persistent,
-                                 priority=priority, ttl_ms=ttl_ms, delay_ms=delay_ms)
+        work = session.transaction(tx) if tx is not None else session.xa_work  # (_work, inline)
+        return self.sending.send(session_id, rid, dest, body, now, work, headers, message_id,
+                                 persistent, priority, ttl_ms, delay_ms)
 
     def send_batch(self, session_id: int, rid: int, dest: Any, bodies: list[bytes], now: int,
                    *, headers: list[dict[str, str] | None] | None = None,

@@ -125,22 +125,35 @@ class QueueIndex:
                     now: int) -> Any:
         """Plain (non-transactional) sends: non-persistent ones are visible at once, stored
         ones join the record group and ``result`` is the reply once they are durable."""
+        if len(made) == 1 and made[0].persistent:  # the common case: one stored send
+            outbox = self.outbox
+            if outbox.failed is None:
+                message = made[0]
+                self.messages[message.id] = message
+                group = outbox.group
+                group.adds.append(message)
+                if rid:
+                    group.replies.append(PendingReply(session_id, rid, result))
+                return LATER
         stored = [m for m in made if m.persistent]
-        for message in made:
-            if not message.persistent:
-                self.apply_add(message, now)
-        if not stored:
-            return result
-        if self.outbox.failed is not None:
+        if len(stored) != len(made):
+            for message in made:
+                if not message.persistent:
+                    self.apply_add(message, now)
+            if not stored:
+                return result
+        outbox = self.outbox
+        if outbox.failed is not None:
             for message in stored:
                 self.drop_pending(message)
-            self.outbox.check_writable()
+            outbox.check_writable()
         messages = self.messages
         for message in stored:
             messages[message.id] = message
-        self.outbox.group.adds.extend(stored)
+        group = outbox.group
+        group.adds.extend(stored)
         if rid:
-            self.outbox.reply_later(session_id, rid, result)
+            group.replies.append(PendingReply(session_id, rid, result))
         return LATER
 
     def close_group(self) -> None:

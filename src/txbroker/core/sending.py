@@ -57,7 +57,7 @@ def check_room(queue: Queue, count: int, size: int, *, quota: bool) -> None:
 
 def build_messages(
     index: QueueIndex, targets: list[Queue], bodies: list[bytes], sizes: list[int], now: int,
-    *, message_ids: list[str | None] | None = None,
+    message_ids: list[str | None] | None = None,
     headers: list[dict[str, str] | None] | None = None, priority: int = DEFAULT_PRIORITY,
     ttl_ms: int = 0, delay_ms: int = 0, persistent: bool = True,
 ) -> tuple[list[Message], int]:
@@ -67,9 +67,24 @@ def build_messages(
     seen are skipped and counted. See the module docstring (duplicate window,
     pending counts).
     """
-    made: list[Message] = []
-    duplicates = 0
     next_id = index.next_id
+    deliver_at = now + delay_ms if delay_ms else 0
+    if len(bodies) == 1 and len(targets) == 1 and message_ids is None:
+        # the common case (one plain send to one queue), without the loops' overhead
+        queue = targets[0]
+        size = sizes[0]
+        ttl = ttl_ms or queue.settings.default_ttl_ms
+        durable = persistent and queue.durable
+        message = Message(next_id, queue.name, size, None,
+                          (headers[0] or None) if headers is not None else None, priority, now,
+                          now + ttl if ttl else 0, deliver_at, 0, durable, bodies[0])
+        index.next_id = next_id + 1
+        queue.pending += 1
+        queue.pending_bytes += size
+        return [message], 0
+    made: list[Message] = []
+    append = made.append
+    duplicates = kept_bytes = 0
     for position, body in enumerate(bodies):
         message_id = message_ids[position] if message_ids is not None else None
         if message_id is not None:
@@ -80,17 +95,18 @@ def build_messages(
                 queue.remember(message_id, pending=persistent and queue.durable)
         header = (headers[position] or None) if headers is not None else None
         size = sizes[position]
+        kept_bytes += size
         for queue in targets:
             ttl = ttl_ms or queue.settings.default_ttl_ms
-            made.append(Message(next_id, queue.name, size, message_id, header, priority, now,
-                                now + ttl if ttl else 0, now + delay_ms if delay_ms else 0, 0,
-                                persistent and queue.durable, body))
+            append(Message(next_id, queue.name, size, message_id, header, priority, now,
+                           now + ttl if ttl else 0, deliver_at, 0, persistent and queue.durable,
+                           body))
             next_id += 1
     index.next_id = next_id
+    kept = len(bodies) - duplicates  # each target got one message per kept body
     for queue in targets:
-        mine = [m for m in made if m.queue == queue.name] if len(targets) > 1 else made
-        queue.pending += len(mine)
-        queue.pending_bytes += sum(m.size for m in mine)
+        queue.pending += kept
+        queue.pending_bytes += kept_bytes
     return made, duplicates
 
 
@@ -112,12 +128,15 @@ class Sending:
 
     def send(
         self, session_id: int, rid: int, dest: str, body: bytes, now: int,
-        work: LocalTransaction | None, *, headers: dict[str, str] | None = None,
+        work: LocalTransaction | None, headers: dict[str, str] | None = None,
         message_id: str | None = None, persistent: bool = True,
         priority: int = DEFAULT_PRIORITY, ttl_ms: int = 0, delay_ms: int = 0,
     ) -> Any:
-        """Send one message (staged in ``work`` if given). Replies ``{"duplicate": bool}``."""
-        if dest not in self.index.queues and dest not in self.index.topics:
+        """Send one message (staged in ``work`` if given). Replies ``{"duplicate": bool}``.
+        (Hot: the options are positional, the common queue lookup inline.)"""
+        index = self.index
+        queue = index.queues.get(dest)
+        if queue is None and dest not in index.topics:
             check_name(dest, "destination")  # known names were checked when created
         size = len(body)
         if size > self.limits.max_message_size:
@@ -132,21 +151,21 @@ class Sending:
         if work is not None:
             work.fire(TxEvent.WORK)
             self.check_work_room(work, 1)
-        targets = self.index.targets(dest, now)
-        for queue in targets:
-            check_room(queue, 1, size, quota=work is None or not work.is_xa)
+        targets = [queue] if queue is not None else index.targets(dest, now)
+        quota = work is None or not work.is_xa
+        for target in targets:
+            check_room(target, 1, size, quota=quota)
         made, duplicates = build_messages(
-            self.index, targets, [body], [size], now,
-            message_ids=None if message_id is None else [message_id],
-            headers=None if headers is None else [headers],
-            priority=priority, ttl_ms=ttl_ms, delay_ms=delay_ms, persistent=persistent)
+            index, targets, [body], [size], now,
+            None if message_id is None else [message_id], None if headers is None else [headers],
+            priority, ttl_ms, delay_ms, persistent)
         if duplicates:
             return DUPLICATE
-        self.index.counters["sent"] += 1
+        index.counters["sent"] += 1
         if work is not None:
             work.sends.extend(made)
             return NOT_DUPLICATE
-        return self.index.store_sends(session_id, rid, made, NOT_DUPLICATE, now)
+        return index.store_sends(session_id, rid, made, NOT_DUPLICATE, now)
 
     def send_batch(
         self, session_id: int, rid: int, dest: Any, bodies: list[bytes], now: int,
