@@ -24,7 +24,7 @@ pending: a rollback takes them out again).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from txbroker.core import records
@@ -33,7 +33,7 @@ from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.queues import Queue, QueueSettings
-from txbroker.core.records import Kind, StoredEntry
+from txbroker.core.records import MSG_FIELDS, Kind, StoredEntry
 from txbroker.core.sessions import Topic
 from txbroker.core.sinks import Sinks
 from txbroker.core.xa import Branch, BranchState, Request
@@ -126,14 +126,15 @@ class Replay:
                 from exc
 
     def _replay(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
-        if kind == Kind.ADD or kind == Kind.RELOCATE:
-            # RELOCATE: the full, current message: the segment with its ADD may be gone
-            self._add(meta, refs[0] if refs else None)
-        elif kind == Kind.TX:
+        if kind == Kind.TX:
             adds, acks = meta[0], meta[1]  # (a local transaction adds committed_ms)
-            for msg, ref in zip(adds, refs, strict=True):
-                self._add(msg, ref)
+            if len(adds) != len(refs):
+                raise ValueError(f"{len(adds)} messages but {len(refs)} bodies")
+            self._add_many(adds, refs)
             self._gone(acks)
+        elif kind == Kind.ADD or kind == Kind.RELOCATE:
+            # RELOCATE: the full, current message: the segment with its ADD may be gone
+            self._add_many([meta], refs[:1] if refs else (None,))
         elif kind == Kind.ACK:
             self._gone(meta)
         elif kind == Kind.DROP:
@@ -145,8 +146,9 @@ class Replay:
             if message is not None:
                 message.delivery_count, message.deliver_at_ms = meta[1], meta[2]
         elif kind == Kind.RELOCATE_MANY:
-            for msg, ref in zip(meta, refs, strict=True):
-                self._add(msg, ref)
+            if len(meta) != len(refs):
+                raise ValueError(f"{len(meta)} messages but {len(refs)} bodies")
+            self._add_many(meta, refs)
         elif kind == Kind.QUEUE_PUT:
             self._definition(meta)
         elif kind == Kind.QUEUE_DELETE:
@@ -162,21 +164,33 @@ class Replay:
         else:
             raise ValueError(f"unknown record kind {kind}")
 
-    def _add(self, msg: list[Any], ref: int | None) -> None:
-        """Index a replayed message (hot during recovery: kept lean)."""
+    def _add_many(self, msgs: list[list[Any]], refs: Sequence[int | None]) -> None:
+        """Index replayed messages, ``msg`` tuples with their body refs (the hottest loop
+        of a restart: one pass per message, everything it touches in locals)."""
         index = self.index
-        body_size_of = self.body_size_of
-        size = body_size_of(ref) if ref is not None and body_size_of is not None else 0
-        message = Message.from_record(msg, size, ref)
-        message_id = message.id
-        old = index.messages.get(message_id)
-        if old is not None and old.ref is not None:  # a relocated copy replaces it
-            self.outbox.emit(Release(old.ref))
-        index.messages[message_id] = message
-        if message_id >= index.next_id:
-            index.next_id = message_id + 1
-        if message.message_id is not None:
-            self._queue(message.queue).remember(message.message_id)
+        messages, emit, body_size_of = index.messages, self.outbox.emit, self.body_size_of
+        next_id = index.next_id
+        for msg, ref in zip(msgs, refs, strict=True):
+            size = body_size_of(ref) if ref is not None and body_size_of is not None else 0
+            if len(msg) > MSG_FIELDS:
+                (message_id, queue, client_id, headers, priority, timestamp, expires,
+                 deliver_at, count, seq) = msg
+            else:  # written before seqs
+                (message_id, queue, client_id, headers, priority, timestamp, expires,
+                 deliver_at, count) = msg
+                seq = 0
+            message = Message(message_id, queue, size, client_id, headers, priority, timestamp,
+                              expires, deliver_at, count, True, None, ref)
+            message.seq = seq
+            old = messages.get(message_id)
+            if old is not None and old.ref is not None:  # a relocated copy replaces it
+                emit(Release(old.ref))
+            messages[message_id] = message
+            if message_id >= next_id:
+                next_id = message_id + 1
+            if client_id is not None:
+                self._queue(queue).remember(client_id)
+        index.next_id = next_id
 
     def _gone(self, ids: Iterable[int]) -> None:
         messages = self.index.messages
