@@ -224,12 +224,7 @@ class QueueIndex:
         if queue is None:
             self.forget(message)
             return
-        queue.pending -= 1
-        queue.pending_bytes -= message.size
-        if message.seq:
-            queue.settle(message.seq)
-        if message.message_id is not None:
-            queue.id_settled(message.message_id, durable=True)
+        self._unpend(queue, message, durable=True)
         if message.persistent:
             message.body = None  # read back from the store on delivery
         self.messages[message.id] = message
@@ -288,13 +283,19 @@ class QueueIndex:
         """A send that never became visible is dropped (rolled back, failed, discarded)."""
         queue = self.queues.get(message.queue)
         if queue is not None:
-            queue.pending -= 1
-            queue.pending_bytes -= message.size
-            if message.seq:
-                queue.settle(message.seq)
-            if message.message_id is not None:
-                queue.id_settled(message.message_id, durable=False)
+            self._unpend(queue, message, durable=False)
         self.forget(message)
+
+    @staticmethod
+    def _unpend(queue: Queue, message: Message, *, durable: bool) -> None:
+        """A pending send leaves ``pending``: added (``durable``) or dropped; its seq
+        settles and its message id stays in the duplicate window only if added."""
+        queue.pending -= 1
+        queue.pending_bytes -= message.size
+        if message.seq:
+            queue.settle(message.seq)
+        if message.message_id is not None:
+            queue.id_settled(message.message_id, durable=durable)
 
     def forget(self, message: Message) -> None:
         """The message is gone for good: drop it from the index, free its body."""
