@@ -517,3 +517,14 @@ def test_unacked_messages_come_back_in_their_original_order(h: Harness) -> None:
     h.call("close_session", a, h.now)
     b = h.session(2)
     assert [h.receive(b, 20 + i, "q").body for i in range(4)] == [b"m0", b"m1", b"m2", b"m3"]
+
+
+def test_send_to_a_topic_without_subscriptions_is_answered_at_once(h: Harness) -> None:
+    s = h.session()
+    h.call("queue_declare", s, 1, "news", h.now, kind="topic")
+    assert h.call("send", s, 2, "news", b"nobody listens", h.now) == {"duplicate": False}
+    assert h.call("send", s, 3, "news", b"nor here", h.now, persistent=False) == \
+        {"duplicate": False}
+    assert h.call("send_batch", s, 4, "news", [b"a", b"b"], h.now) == \
+        {"count": 2, "duplicates": 0}
+    assert not h.broker.outbox.group  # nothing left waiting for a record never written

@@ -140,8 +140,8 @@ class QueueIndex:
             for message in made:
                 if not message.persistent:
                     self.apply_add(message, now)
-            if not stored:
-                return result
+        if not stored:  # (also: a topic without subscriptions made nothing)
+            return result
         outbox = self.outbox
         if outbox.failed is not None:
             for message in stored:
