@@ -21,7 +21,7 @@ run: venv
 lint: venv
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/mypy src
-	$(VENV)/bin/lint-imports --config pyproject.toml
+	$(VENV)/bin/lint-imports pyproject.toml
 
 test: venv lint postgres java
 	$(PY) -m pytest -q

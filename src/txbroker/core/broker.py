@@ -148,10 +148,6 @@ class Broker:
         """Every effect produced since the last call, in order (closes the record group)."""
         return self.outbox.take()
 
-    def flush(self) -> None:
-        """Close the open record group: its sends and acks go out as one record."""
-        self.index.close_group()
-
     def set_now(self, now: int) -> None:
         """The edge tells the core the time before running durable callbacks."""
         self.outbox.set_now(now)

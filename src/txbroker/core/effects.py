@@ -10,7 +10,7 @@ the store reports the record durable (or failed).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from txbroker.core.messages import Message
@@ -87,15 +87,3 @@ class Continue:
 
 
 Effect = Persist | Reply | Fail | Deliver | Cancelled | Release | Continue
-
-
-@dataclass(slots=True)
-class EffectList:
-    """The effects gathered while the core handles commands."""
-
-    items: list[Effect] = field(default_factory=list)
-
-    def take(self) -> list[Effect]:
-        """Every effect gathered so far, in order; the list starts empty again."""
-        items, self.items = self.items, []
-        return items

@@ -39,21 +39,12 @@ OnDurable = Callable[[BaseException | None], None]
 
 
 @dataclass(slots=True)
-class PendingReply:
-    """A reply that goes out when the record group holding its work is durable."""
-
-    session: int
-    rid: int
-    result: Any
-
-
-@dataclass(slots=True)
 class RecordGroup:
     """The open record group: plain sends and acks waiting to be written as one record."""
 
     adds: list[Message] = field(default_factory=list)
     acks: list[Message] = field(default_factory=list)
-    replies: list[PendingReply] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)  #: sent when the group is durable
 
     def __bool__(self) -> bool:
         return bool(self.adds or self.acks)
@@ -94,7 +85,7 @@ class Outbox:
 
     def reply_later(self, session: int, rid: int, result: Any) -> None:
         """Answer ``rid`` when the open record group is durable."""
-        self.group.replies.append(PendingReply(session, rid, result))
+        self.group.replies.append(Reply(session, rid, result))
 
     def reply_when_durable(self, session: int, rid: int, result: Any) -> OnDurable:
         """An ``on_durable`` that answers ``rid`` with ``result`` (or the store's error)."""
@@ -128,4 +119,4 @@ class Outbox:
         self.now = max(self.now, now)
 
 
-__all__ = ["OnDurable", "Outbox", "PendingReply", "RecordGroup"]
+__all__ = ["OnDurable", "Outbox", "RecordGroup"]

@@ -37,7 +37,7 @@ from typing import Any
 from txbroker.core.effects import Deliver, Fail, Persist, Release, Reply
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, State
-from txbroker.core.outbox import Outbox, PendingReply, RecordGroup
+from txbroker.core.outbox import Outbox, RecordGroup
 from txbroker.core.queues import Consumer, Queue
 from txbroker.core.records import Kind, pack
 from txbroker.core.sessions import Session, Topic
@@ -133,7 +133,7 @@ class QueueIndex:
                 group = outbox.group
                 group.adds.append(message)
                 if rid:
-                    group.replies.append(PendingReply(session_id, rid, result))
+                    group.replies.append(Reply(session_id, rid, result))
                 return LATER
         stored = [m for m in made if m.persistent]
         if len(stored) != len(made):
@@ -153,7 +153,7 @@ class QueueIndex:
         group = outbox.group
         group.adds.extend(stored)
         if rid:
-            group.replies.append(PendingReply(session_id, rid, result))
+            group.replies.append(Reply(session_id, rid, result))
         return LATER
 
     def close_group(self) -> None:
@@ -179,9 +179,7 @@ class QueueIndex:
             self.apply_adds(adds, self.outbox.now)
             for message in acks:
                 self.forget(message)
-            emit = self.outbox.items.append
-            for reply in replies:
-                emit(Reply(reply.session, reply.rid, reply.result))
+            self.outbox.items.extend(replies)  # the waiting Reply effects, in order
 
         self.assign_seqs(adds)
         if len(adds) == 1 and not acks:
@@ -191,7 +189,7 @@ class QueueIndex:
         bodies = [m.body for m in adds if m.body is not None]
         self.outbox.emit(Persist(int(kind), pack(meta), bodies, on_durable, on_refs))
 
-    def _fail_group(self, adds: list[Message], replies: list[PendingReply],
+    def _fail_group(self, adds: list[Message], replies: list[Reply],
                     error: BaseException) -> None:
         for message in adds:
             self.drop_pending(message)

@@ -46,7 +46,6 @@ from txbroker.errors import (
     XA_RBBASE,
     XA_RBEND,
     XA_RBROLLBACK,
-    XA_RBTIMEOUT,
     XA_RDONLY,
     XAER_NOTA,
     XAER_PROTO,
@@ -233,9 +232,6 @@ def timeout_at(branch: Branch, idle_timeout_ms: int, reattach_ms: int) -> int:
             times.append(branch.idle_since_ms + reattach_ms)
     return min(times) if times else 0
 
-
-#: The code a timed-out branch answers with afterwards (rule 19).
-TIMEOUT_CODE = XA_RBTIMEOUT
 
 
 def next_state(state: BranchState, request: Request, xid: Xid | str = "") -> tuple[
