@@ -17,7 +17,9 @@
     │   │   └── TransactionRolledBack  the transaction could not commit and was rolled back
     │   ├── IllegalState          e.g. acking a message that is no longer in flight
     │   ├── XAError               an XA request failed; ``errcode`` is the XA code (XAER_*, XA_RB*)
-    │   └── StorageFailed         the store failed (fsync error); the broker stopped writing
+    │   ├── StorageFailed         the store failed (fsync error); the broker stopped writing
+    │   ├── ShuttingDown          the broker is stopping
+    │   └── Standby               the broker is an HA standby: try the next address
     ├── StoreError                local store problems (not sent on the wire as such)
     │   ├── CorruptStore          checksum / format failure in the middle of the log
     │   └── StoreLocked           another process holds the data directory
@@ -55,6 +57,7 @@ class ErrorCode(IntEnum):
     TOO_MANY_UNACKED = 23
     STORAGE_FAILED = 30
     SHUTTING_DOWN = 31
+    STANDBY = 32  #: this broker is a standby (or backup) of an HA pair: it serves no clients
     XA = 40  #: an XA error; the wire code is ``XA_WIRE_BASE + errcode`` (see XAError)
 
 
@@ -190,6 +193,14 @@ class ShuttingDown(BrokerError):
     retriable = True
 
 
+class Standby(BrokerError):
+    """The broker is the standby of an HA pair (docs/ha.md): it serves no clients
+    until it takes over; a client moves on to the next address of its list."""
+
+    code = ErrorCode.STANDBY
+    retriable = True
+
+
 # --------------------------------------------------------------------- XA codes
 # The X/Open XA return codes (xa.h; javax.transaction.xa.XAException uses the same numbers).
 XA_RBBASE = 100
@@ -298,6 +309,7 @@ _BY_CODE: dict[int, type[BrokerError]] = {
         TooManyUnacked,
         StorageFailed,
         ShuttingDown,
+        Standby,
         RemoteProtocolError,
     )
 }

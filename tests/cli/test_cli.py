@@ -243,8 +243,14 @@ def test_serve_start_failures_are_one_line(broker: BrokerProcess, tmp_path: Path
     locked = txb("serve", "--data", str(broker.data), "--port", str(free_port()),
                  "--stomp-port", "0", "--log-level", "ERROR", check=False, columns=None)
     lock = broker.data / "journal" / "lock"
-    assert_fails(locked, 1, f"error: data directory {broker.data} is in use: {lock} is locked "
-                            f"by another store (pid {broker.proc.pid}); stop that broker first")
+    assert "Traceback" not in locked.stdout + locked.stderr, locked.stderr
+    assert locked.returncode == 1 and locked.stderr.count("\n") == 1, locked.stderr
+    assert locked.stderr.startswith(
+        f"error: data directory {broker.data} is in use: {lock} is locked by pid "
+        f"{broker.proc.pid} on {socket.gethostname()} (store) since "), locked.stderr
+    assert locked.stderr.endswith("a data directory cannot be shared, stop that broker first "
+                                  "(two brokers share one only as an HA pair: --ha "
+                                  "shared-store)\n"), locked.stderr
 
 
 def test_audit_of_a_missing_directory_is_one_line(tmp_path: Path) -> None:

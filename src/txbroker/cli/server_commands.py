@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import tomllib
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -50,6 +51,16 @@ def serve(
     segment_size: Annotated[int | None, typer.Option(help="journal segment bytes")] = None,
     repair: Annotated[bool, typer.Option(
         "--repair", help="skip corrupt journal regions (reports what is dropped)")] = False,
+    ha: Annotated[str | None, typer.Option(
+        help="HA mode: shared-store (two brokers, one data directory; docs/ha.md)")] = None,
+    ha_port: Annotated[int | None, typer.Option(help="this broker's HA link port")] = None,
+    ha_peer: Annotated[str | None, typer.Option(
+        help="the other broker's HA address HOST:PORT")] = None,
+    heartbeat_interval: Annotated[float | None, typer.Option(
+        help="seconds between the active's heartbeats (default 3)")] = None,
+    activation_interval: Annotated[float | None, typer.Option(
+        help="heartbeat silence (s) before the standby acts (default 10, >= 2x heartbeat)")
+    ] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Run a broker until SIGTERM / Ctrl-C."""
@@ -57,9 +68,12 @@ def serve(
 
     logging.basicConfig(level=log_level.value,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = _load_config(config, data=data, host=host, port=port, stomp_port=stomp_port,
-                       http_port=http_port, sync=sync, store=store, dir_flags=dir_flags,
-                       segment_size=segment_size, repair=repair or None)
+    overrides: dict[str, Any] = dict(
+        data=data, host=host, port=port, stomp_port=stomp_port, http_port=http_port,
+        sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
+        repair=repair or None, ha=ha, ha_port=ha_port, ha_peer=ha_peer,
+        heartbeat_interval=heartbeat_interval, activation_interval=activation_interval)
+    cfg = _load_config(config, **overrides)
     if cfg.http_port:
         sys.stderr.write("warning: the HTTP console is not built yet: nothing listens on "
                          f"port {cfg.http_port}\n")
@@ -73,17 +87,41 @@ def serve(
         print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
               f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "
-              f"{server.recovery_seconds:.2f} s", flush=True)
+              f"{server.recovery_seconds:.2f} s"
+              + (" [HA active]" if server.ha_status is not None else ""), flush=True)
         if cfg.repair and getattr(server.store, "repair_report", None):
             for line in server.store.repair_report:
                 print(f"repair: {line}", flush=True)
 
     try:
-        run(cfg, ready)
+        if cfg.ha:
+            _run_ha(cfg, lambda: _load_config(config, **overrides), ready)
+        else:
+            run(cfg, ready)
     except OSError as exc:  # a port in use, an address that is not ours …
         if started or exc.filename is not None or isinstance(exc, TimeoutError):
             raise
         raise fail(f"cannot start the broker: {describe(exc)}") from exc
+
+
+def _run_ha(cfg: Any, reload: Callable[[], Any], ready: Callable[[Any], None]) -> None:
+    """Run one broker of an HA pair: a line when it is standby, the usual ready line
+    once it is active (after a takeover too)."""
+    from txbroker.server.app import run
+    from txbroker.server.ha import HaRole, PeerRefused, SharedStoreNode
+
+    def on_role(role: str, server: Any) -> None:
+        if role == HaRole.STANDBY:
+            print(f"txbroker standby on HA {node.node} (peer {cfg.ha_peer}); lock held by "
+                  f"{node.status()['lock_holder'] or 'unknown'}", flush=True)
+        elif role == HaRole.ACTIVE and server is not None:
+            ready(server)
+
+    node = SharedStoreNode(cfg, reload, on_role)
+    try:
+        run(cfg, main=node.run)
+    except PeerRefused as exc:
+        raise fail(f"the HA peer refused this broker: {exc}") from exc
 
 
 def _load_config(path: Path | None, **overrides: Any) -> Any:

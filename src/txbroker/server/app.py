@@ -31,7 +31,8 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 from txbroker.core import Broker
@@ -44,6 +45,7 @@ from txbroker.server.connection import ClientConnection
 from txbroker.server.ops import Operations, is_loopback
 from txbroker.server.stomp import StompServerConnection, StompSettings
 from txbroker.storage.interface import PackedBodies, Relocation, Store
+from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.server")
 
@@ -60,17 +62,19 @@ RELOCATE_PAUSE = 0.005
 #: Pending connections the kernel queues on each listener.
 LISTEN_BACKLOG = 1024
 
-__all__ = ["BrokerServer", "is_loopback", "open_store", "run", "serve"]
+__all__ = ["BrokerServer", "is_loopback", "open_store", "run", "serve", "store_lock_path"]
 
 
 def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], None],
-               snapshot: Callable[[], tuple[int, bytes]]) -> Store:
-    """Build the configured store (journal by default)."""
+               snapshot: Callable[[], tuple[int, bytes]], lock: StoreLock | None = None
+               ) -> Store:
+    """Build the configured store (journal by default); ``lock``: the store's lock,
+    already held (the HA part takes it first), else the store takes it."""
     if config.store == "dir":
         from txbroker.storage.dirstore import DirStore
 
         return DirStore(config.data, flags=config.dir_flags, dispatch=dispatch,
-                        snapshot_provider=snapshot)
+                        snapshot_provider=snapshot, lock=lock)
     from txbroker.storage.journal import JournalStore
 
     return JournalStore(
@@ -80,14 +84,27 @@ def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], No
         dispatch=dispatch,
         snapshot_provider=snapshot,
         repair=config.repair,
+        lock=lock,
     )
+
+
+def store_lock_path(config: ServerConfig) -> Path:
+    """The lock file of the configured store: its single-writer lock, and the
+    shared-store HA lock."""
+    if config.store == "dir":
+        from txbroker.storage.dirstore import DirStore
+
+        return DirStore.lock_path(config.data)
+    from txbroker.storage.journal import JournalStore
+
+    return JournalStore.lock_path(config.data)
 
 
 class BrokerServer:
     """A running broker: see the module docstring."""
 
-    def __init__(self, config: ServerConfig, stomp_settings: StompSettings | None = None
-                 ) -> None:
+    def __init__(self, config: ServerConfig, stomp_settings: StompSettings | None = None,
+                 *, lock: StoreLock | None = None) -> None:
         config.validate()
         if stomp_settings is not None:
             stomp_settings.validate()
@@ -113,6 +130,10 @@ class BrokerServer:
             Continue: self._continue,
         }
         self.recovered_messages = 0
+        #: the store's lock when the HA part took it before the store opened
+        self._lock = lock
+        #: the HA part's status (``stats()["ha"]``), when the broker is one of a pair
+        self.ha_status: Callable[[], dict[str, Any]] | None = None
 
     @property
     def auth(self) -> Authenticator:
@@ -128,6 +149,11 @@ class BrokerServer:
     # ------------------------------------------------------------------ start / stop
     async def start(self) -> None:
         """Recover the store, then listen."""
+        await self.recover()
+        await self.open_listeners()
+
+    async def recover(self) -> None:
+        """Open the store and rebuild the broker from it (no listener yet)."""
         self.loop = asyncio.get_running_loop()
         self.ops.check_listen(self.config.host)  # before a long recovery
         if self.auth.open:
@@ -139,7 +165,7 @@ class BrokerServer:
         def dispatch(completions: Callable[[], None]) -> None:
             loop.call_soon_threadsafe(self._completed, completions)
 
-        store = open_store(self.config, dispatch, self.broker.snapshot)
+        store = open_store(self.config, dispatch, self.broker.snapshot, self._lock)
         self.broker.body_size_of = store.body_size
         for entry in store.recover():
             self.broker.replay(entry)
@@ -150,6 +176,9 @@ class BrokerServer:
         self.recovery_seconds = time.monotonic() - started
         log.info("recovered %d messages in %d queues in %.2f s", self.recovered_messages,
                  len(self.broker.queues), self.recovery_seconds)
+
+    async def open_listeners(self) -> None:
+        """Open the client listeners the config asks for; start the timers."""
         if self.config.port:  # a port of 0 disables the listener (DESIGN.md)
             await self.listen_native(self.config.host, self.config.port)
         if self.config.stomp_port:  # 0 disables it (DESIGN.md)
@@ -372,6 +401,8 @@ class BrokerServer:
         result = self.broker.stats()
         result["connections"] = len(self.ops.sessions)
         result["recovery_seconds"] = round(self.recovery_seconds, 3)
+        if self.ha_status is not None:
+            result["ha"] = self.ha_status()
         if self.store is not None:
             s = self.store.stats()
             result["store"] = {
@@ -396,8 +427,10 @@ async def serve(config: ServerConfig, ready: Callable[[BrokerServer], None] | No
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
-def run(config: ServerConfig, ready: Callable[[BrokerServer], None] | None = None) -> None:
-    """Blocking entry point of ``txbroker serve`` (uses uvloop when available)."""
+def run(config: ServerConfig, ready: Callable[[BrokerServer], None] | None = None, *,
+        main: Callable[[], Coroutine[Any, Any, None]] | None = None) -> None:
+    """Blocking entry point of ``txbroker serve`` (uses uvloop when available): runs
+    :func:`serve`, or ``main()`` instead (an HA node's ``run``)."""
     # The journal writer hands the GIL back after each fsync; the default 5 ms
     # switch interval makes it wait behind the loop thread (measured in issue 5).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL)
@@ -412,4 +445,4 @@ def run(config: ServerConfig, ready: Callable[[BrokerServer], None] | None = Non
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(serve(config, ready))
+        runner.run(main() if main is not None else serve(config, ready))

@@ -12,6 +12,12 @@ Config file (all keys optional)::
     max_frame_size = 8388608
     max_connections = 1024
 
+    ha = "shared-store"         # "" (off) | shared-store  (docs/ha.md)
+    ha_port = 5446              # the HA link: heartbeats between the pair
+    ha_peer = "10.0.0.2:5446"   # the other broker's HA port
+    heartbeat_interval = 3.0    # seconds between the active's heartbeats
+    activation_interval = 10.0  # heartbeat silence before the standby acts (>= 2x)
+
     [limits]                    # core limits (core/limits.py)
     max_message_size = 4194304
     max_unacked_per_consumer = 10000
@@ -44,6 +50,12 @@ DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_PENDING_REQUESTS = 10_000
 #: How often the store is asked to drop dead segments / compact (seconds).
 DEFAULT_MAINTAIN_INTERVAL = 1.0
+#: Shared-store HA (seed 004): the active's heartbeat period, and the heartbeat
+#: silence after which the standby acts (at least twice the heartbeat), seconds.
+DEFAULT_HEARTBEAT_INTERVAL = 3.0
+DEFAULT_ACTIVATION_INTERVAL = 10.0
+#: The HA modes ``--ha`` accepts ("" = a single broker).
+HA_MODES = ("", "shared-store")
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,13 @@ class ServerConfig:
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
     maintain_interval: float = DEFAULT_MAINTAIN_INTERVAL
     repair: bool = False
+    #: HA mode: "" (none) or "shared-store" (docs/ha.md)
+    ha: str = ""
+    ha_port: int = 0
+    #: the other broker's HA address, "HOST:PORT"
+    ha_peer: str = ""
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
+    activation_interval: float = DEFAULT_ACTIVATION_INTERVAL
     limits: Limits = field(default_factory=Limits)
     users: dict[str, str] = field(default_factory=dict)
 
@@ -85,6 +104,37 @@ class ServerConfig:
                 raise ValueError(f"{name} must be 0..65535")
         if self.max_frame_size < 1024:
             raise ValueError("max_frame_size must be at least 1024")
+        self._validate_ha()
+
+    def _validate_ha(self) -> None:
+        if self.ha not in HA_MODES:
+            hint = " (replicated HA is not built yet)" if self.ha == "replicated" else ""
+            raise ValueError(f"unknown ha mode {self.ha!r}{hint}; available: shared-store")
+        if not self.ha:
+            return
+        if not 1 <= self.ha_port <= 65535:
+            raise ValueError("--ha shared-store needs --ha-port (1..65535): the HA link's port")
+        peer_address(self.ha_peer)
+        if not self.heartbeat_interval > 0:
+            raise ValueError("heartbeat_interval must be positive")
+        if self.activation_interval < 2 * self.heartbeat_interval:
+            raise ValueError(
+                f"activation_interval ({self.activation_interval:g} s) must be at least twice "
+                f"heartbeat_interval ({self.heartbeat_interval:g} s): one late heartbeat must "
+                "not make the standby act")
+        if self.ha_port in (self.port, self.stomp_port, self.http_port):
+            raise ValueError(f"ha_port {self.ha_port} is also a client port")
+
+
+def peer_address(text: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` → (host, port); ValueError naming the problem."""
+    host, sep, port = text.rpartition(":")
+    if not text:
+        raise ValueError("--ha shared-store needs --ha-peer HOST:PORT (the other broker's "
+                         "HA port)")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"ha_peer must be HOST:PORT, not {text!r}")
+    return host.strip("[]"), int(port)
 
 
 def load_config(path: Path | None, **overrides: Any) -> ServerConfig:

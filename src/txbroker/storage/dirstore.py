@@ -47,7 +47,6 @@ import contextlib
 import enum
 import inspect
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Generator, Iterator, Sequence
@@ -56,7 +55,13 @@ from types import TracebackType
 from typing import Final
 
 from txbroker.errors import CorruptStore, StorageFailed, StoreError
-from txbroker.storage.dirstore_format import BlockType, decode_block, message_name, parse_flags
+from txbroker.storage.dirstore_format import (
+    LOCK_FILE,
+    BlockType,
+    decode_block,
+    message_name,
+    parse_flags,
+)
 from txbroker.storage.dirstore_index import MessageIndex
 from txbroker.storage.dirstore_model import decode_operation
 from txbroker.storage.dirstore_recovery import RecoveredDirectory, Recovery, lock_directory
@@ -71,6 +76,7 @@ from txbroker.storage.interface import (
     StoredEntry,
     StoreStats,
 )
+from txbroker.storage.store_lock import StoreLock
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 log = logging.getLogger("txbroker.dirstore")
@@ -111,6 +117,7 @@ class DirStore:
         dispatch: Dispatch | None = None,
         snapshot_provider: SnapshotProvider | None = None,
         body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES,
+        lock: StoreLock | None = None,
     ) -> None:
         if body_cache_bytes < 0:
             raise ValueError("body_cache_bytes must be >= 0")
@@ -131,12 +138,19 @@ class DirStore:
         self._queue = PendingQueue()
         self._state = _State.NEW
         self._replay_iterator: Generator[StoredEntry, None, None] | None = None
-        self._lock_fd = -1
+        #: the directory's lock (``store_lock.py``): given when the HA part took it
+        #: first, else taken by :meth:`recover`; released by :meth:`close`
+        self._lock = lock
         self._index = MessageIndex()
         self._next_tid = 1
         self._appends = 0
 
     # -- opening -----------------------------------------------------------------------
+
+    @staticmethod
+    def lock_path(directory: str | Path) -> Path:
+        """The lock file of the directory store in ``directory`` (the HA lock too)."""
+        return Path(directory) / LOCK_FILE
 
     def recover(self) -> Iterator[StoredEntry]:
         """Lock the directory, resolve leftovers, and yield the stored state.
@@ -148,7 +162,7 @@ class DirStore:
         """
         if self._state is not _State.NEW:
             raise StoreError("recover() may be called only once, on a new DirStore")
-        self._lock_fd, created = lock_directory(self.ops)
+        self._lock, created = lock_directory(self.ops, self._lock)
         self._state = _State.RECOVERING
         self._replay_iterator = self._replay(created)
         return self._replay_iterator
@@ -357,9 +371,8 @@ class DirStore:
         self.ops.close()
         self._cache.clear()
         self._cache_bytes = 0
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> DirStore:
         return self

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-:func:`lock_directory` creates the directories and ``flock``-s ``DIR/lock``
-(a second store on the same directory gets :class:`StoreLocked` naming it and
+:func:`lock_directory` creates the directories and locks ``DIR/lock`` (``store_lock.py``)
+(a second store on the same directory gets :class:`~txbroker.errors.StoreLocked` naming it and
 the holder's pid: the seed's "the data directory cannot be shared").
 
 :class:`Recovery` then brings the directory to a state with no transaction in
@@ -38,7 +38,6 @@ listed in the store's ``report`` and moved into ``DIR/quarantine/``.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from typing import Any, Final
 
 from txbroker.core import records
 from txbroker.core.records import Kind
-from txbroker.errors import StoreLocked
+from txbroker.errors import StoreError
 from txbroker.storage.dirstore_format import (
     FLAG_LOCAL,
     LOCK_FILE,
@@ -62,6 +61,7 @@ from txbroker.storage.dirstore_format import (
 from txbroker.storage.dirstore_model import unpack_message_info
 from txbroker.storage.dirstore_writer import DirOps, PreparedBlock, read_file
 from txbroker.storage.interface import StoredEntry
+from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.dirstore")
 
@@ -69,12 +69,14 @@ log = logging.getLogger("txbroker.dirstore")
 JOURNAL_SUBDIR = "journal"
 
 
-def lock_directory(ops: DirOps) -> tuple[int, list[Path]]:
-    """Create the store's directories if needed and ``flock`` ``DIR/lock``.
+def lock_directory(ops: DirOps, lock: StoreLock | None = None) -> tuple[StoreLock, list[Path]]:
+    """Create the store's directories if needed and lock ``DIR/lock``
+    (``store_lock.py``), unless the caller holds that lock already (``lock``: the
+    HA part takes it before it opens the store).
 
-    Returns the lock file's fd (closing it unlocks) and the directories it
-    created (their parents get an fsync with DSYNC). Raises
-    :class:`StoreLocked`, naming the directory and the holder's pid.
+    Returns the lock (releasing it unlocks) and the directories it created
+    (their parents get an fsync with DSYNC). Raises :class:`~txbroker.errors.StoreLocked`,
+    naming the directory and the holder's pid.
     """
     created = []
     for path in (ops.directory, ops.active, ops.prepared, ops.committed):
@@ -82,19 +84,11 @@ def lock_directory(ops: DirOps) -> tuple[int, list[Path]]:
             path.mkdir(parents=True, exist_ok=True)
             created.append(path)
     lock_path = ops.directory / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StoreLocked(
-            f"data directory {ops.directory} is in use: {lock_path} is locked by another "
-            f"store (pid {holder}); a data directory cannot be shared, stop that broker first"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd, created
+    if lock is None:
+        lock = StoreLock.acquire(lock_path, directory=ops.directory)
+    elif lock.path != lock_path or not lock.held:
+        raise StoreError(f"the lock given is not a held lock of {lock_path}")
+    return lock, created
 
 
 @dataclass(frozen=True, slots=True)

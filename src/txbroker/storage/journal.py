@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 ``DIR/journal/`` holds numbered segment files (byte format:
 :mod:`txbroker.storage.journal_format`) and a ``lock`` file. :meth:`recover`
-locks the directory (``flock``), replays every segment
+locks the directory (``store_lock.py``), replays every segment
 (:mod:`~txbroker.storage.journal_recovery`) and starts the writer thread
 (:mod:`~txbroker.storage.journal_writer`).
 
@@ -71,6 +71,7 @@ from txbroker.storage.journal_format import (
     segment_name,
 )
 from txbroker.storage.journal_recovery import (
+    LOCK_FILE,
     RecoveredSegment,
     Recovery,
     list_segments,
@@ -83,6 +84,7 @@ from txbroker.storage.journal_writer import (
     GroupCommitWriter,
     Roll,
 )
+from txbroker.storage.store_lock import StoreLock
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size
@@ -133,6 +135,7 @@ class JournalStore:
         snapshot_provider: SnapshotProvider | None = None,
         body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES,
         repair: bool = False,
+        lock: StoreLock | None = None,
     ) -> None:
         if sync not in SyncMode.ALL:
             raise ValueError(f"unknown sync mode {sync!r}; expected one of {SyncMode.ALL}")
@@ -159,7 +162,9 @@ class JournalStore:
         self._queue = PendingQueue()
         self._state = _State.NEW
         self._replay_iterator: Generator[StoredEntry, None, None] | None = None
-        self._lock_fd = -1
+        #: the directory's lock (``store_lock.py``): given when the HA part took it
+        #: first, else taken by :meth:`recover`; released by :meth:`close`
+        self._lock = lock
         self._created_dirs: list[Path] = []
         self._segments: dict[int, SegmentInfo] = {}
         self._bodies = BodyReader(self.journal_dir, self._segments, self._queue, body_cache_bytes)
@@ -175,6 +180,11 @@ class JournalStore:
 
     # -- opening -----------------------------------------------------------
 
+    @staticmethod
+    def lock_path(directory: str | Path) -> Path:
+        """The lock file of the journal store in ``directory`` (the HA lock too)."""
+        return Path(directory) / JOURNAL_SUBDIR / LOCK_FILE
+
     def recover(self) -> Iterator[StoredEntry]:
         """Lock the directory and yield every entry in log order.
 
@@ -184,7 +194,8 @@ class JournalStore:
         """
         if self._state is not _State.NEW:
             raise StoreError("recover() may be called only once, on a new JournalStore")
-        self._lock_fd, self._created_dirs = lock_directory(self.directory, self.journal_dir)
+        self._lock, self._created_dirs = lock_directory(self.directory, self.journal_dir,
+                                                        self._lock)
         self._state = _State.RECOVERING
         recovery = Recovery(self.journal_dir, repair=self.repair)
         self.repair_report = recovery.report
@@ -436,9 +447,8 @@ class JournalStore:
         if self.writer is not None:
             self.writer.stop()
         self._bodies.close()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> JournalStore:
         return self

@@ -27,7 +27,6 @@ corruption; repair fills the gap with empty segments.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import mmap
 import os
@@ -35,7 +34,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
-from txbroker.errors import CorruptStore, StoreLocked
+from txbroker.errors import CorruptStore, StoreError
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.journal_format import (
     ENTRY_HEADER,
@@ -52,13 +51,14 @@ from txbroker.storage.journal_format import (
     scan_entries,
     segment_name,
 )
+from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.journal")
 
 #: Entries handed over per chunk during replay: big enough to amortise the
 #: generator hops, small enough to keep a few MiB of metadata in memory.
 REPLAY_CHUNK = 4096
-#: The lock file in the journal directory (``flock``-ed while a store is open).
+#: The lock file in the journal directory (locked while a store is open: ``store_lock.py``).
 LOCK_FILE = "lock"
 
 
@@ -77,12 +77,15 @@ class RecoveredSegment:
     lead: int = 0
 
 
-def lock_directory(directory: Path, journal_dir: Path) -> tuple[int, list[Path]]:
-    """Create the journal directory if needed and ``flock`` its lock file.
+def lock_directory(directory: Path, journal_dir: Path, lock: StoreLock | None = None
+                   ) -> tuple[StoreLock, list[Path]]:
+    """Create the journal directory if needed and lock its lock file
+    (``store_lock.py``), unless the caller holds that lock already (``lock``: the
+    HA part takes it before it opens the store).
 
-    Returns the lock file's fd (closing it unlocks) and the directories it had
-    to create (their parents need an fsync). Raises :class:`StoreLocked`,
-    naming the directory and the holder's pid, if another store holds it.
+    Returns the lock (releasing it unlocks) and the directories it had to create
+    (their parents need an fsync). Raises :class:`~txbroker.errors.StoreLocked`, naming the
+    directory and the holder's pid, if another store holds it.
     """
     created = []
     for path in (directory, journal_dir):
@@ -90,19 +93,11 @@ def lock_directory(directory: Path, journal_dir: Path) -> tuple[int, list[Path]]
             path.mkdir(parents=True, exist_ok=True)
             created.append(path)
     lock_path = journal_dir / LOCK_FILE
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StoreLocked(
-            f"data directory {directory} is in use: {lock_path} is locked by another "
-            f"store (pid {holder}); stop that broker first"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd, created
+    if lock is None:
+        lock = StoreLock.acquire(lock_path, directory=directory)
+    elif lock.path != lock_path or not lock.held:
+        raise StoreError(f"the lock given is not a held lock of {lock_path}")
+    return lock, created
 
 
 def list_segments(journal_dir: Path) -> list[int]:
