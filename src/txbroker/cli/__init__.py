@@ -1,5 +1,5 @@
 """The ``txbroker`` command: serve, send, recv, queues, stat, bench, passwd, audit,
-``xa list|commit|rollback|forget``.
+``xa list|commit|rollback|forget``, ``ha status``.
 
 Every client command takes ``--url`` (default ``$TXBROKER_URL`` or
 ``txb://127.0.0.1:5445``).
@@ -24,7 +24,8 @@ command line and translates every exception into the error line and exit
 code above. The commands live by group: ``serve`` in
 :mod:`~txbroker.cli.server_commands`; ``send``, ``recv``, ``queues``,
 ``stat``, ``bench`` in :mod:`~txbroker.cli.client_commands`; ``passwd``,
-``audit`` and the ``xa`` group in :mod:`~txbroker.cli.admin_commands`. What
+``audit`` and the ``xa`` group in :mod:`~txbroker.cli.admin_commands`; the ``ha``
+group in :mod:`~txbroker.cli.ha_commands`. What
 they share (exit codes, consoles, ``--url``, the connection, the error line,
 the progress bar) is :mod:`~txbroker.cli.common`. ``python -m txbroker.cli``
 runs :mod:`txbroker.cli.__main__`.
@@ -39,7 +40,7 @@ from typing import NoReturn
 
 import typer
 
-from txbroker.cli import admin_commands, client_commands, server_commands
+from txbroker.cli import admin_commands, client_commands, ha_commands, server_commands
 from txbroker.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, describe, say_error
 from txbroker.errors import TxBrokerError
 
@@ -66,6 +67,7 @@ _COMMANDS = (
 for _command in _COMMANDS:
     app.command()(_command)
 app.add_typer(admin_commands.xa_app, name="xa")
+app.add_typer(ha_commands.ha_app, name="ha")
 
 #: click's exception base (typer vendors click; older typer versions depend on it): found
 #: through a public typer exception instead of importing a private module.

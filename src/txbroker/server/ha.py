@@ -261,8 +261,13 @@ class SharedStoreNode:
             decoder = link.HaDecoder()
             writer.write(link.encode("standby", node=self.node,
                                      lock=lock_holder(self.lock_path)))
-            async with asyncio.timeout(timeout):
-                welcome = await self._next_message(reader, decoder)
+            try:
+                async with asyncio.timeout(timeout):
+                    welcome = await self._next_message(reader, decoder)
+            except TimeoutError:
+                raise TimeoutError(f"connected, but no answer to the HA handshake within "
+                                   f"{timeout:g} s (a stopped active, or not a txbroker HA "
+                                   "port)") from None
             if welcome["type"] == "refused":
                 raise PeerRefused(str(welcome.get("reason", "")), bool(welcome.get("retry")))
             if welcome["type"] != "welcome":

@@ -1,0 +1,107 @@
+"""``txbroker ha status``: the role of each broker of an HA pair.
+
+Theory of operation
+-------------------
+A standby serves no clients, so this command does not use the client (which
+would move past a standby): it asks every address of the ``--url`` failover
+list itself, over one short native-protocol connection each — ``hello`` with
+``probe: true`` (which a standby accepts, docs/ha.md), then ``stats`` — and
+prints the ``ha`` part of each answer: role, peer, last heartbeat, lock
+holder. An address that does not answer is printed as such; the command
+fails (exit 1) only when no address answered.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Annotated, Any
+
+import typer
+
+from txbroker.cli.common import DEFAULT_URL, UrlOption, describe, fail
+from txbroker.client.url import HostPort, parse_url
+from txbroker.errors import TxBrokerError, error_for_code
+from txbroker.protocol.native import PROTOCOL_VERSION, Err, NativeConnection, Ok, Request, Role
+
+__all__ = ["ha_app", "probe"]
+
+#: Seconds to connect to one address and to wait for each answer.
+PROBE_TIMEOUT = 5.0
+
+ha_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                     help="HA pairs: the role of each broker (docs/ha.md).")
+
+
+def probe(host: HostPort, user: str | None, password: str | None,
+          timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
+    """``stats()`` of one broker, active or standby (a standby answers its ``ha`` part only)."""
+    codec = NativeConnection(Role.CLIENT)
+    with socket.create_connection((host.host, host.port), timeout=timeout) as sock:
+        sock.settimeout(timeout)
+
+        def call(rid: int, op: str, args: dict[str, Any]) -> Any:
+            sock.sendall(codec.send(Request(rid, op, args)))
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionResetError(f"{host} closed the connection")
+                codec.receive_data(data)
+                for event in codec.drain():
+                    if isinstance(event, Ok) and event.rid == rid:
+                        return event.result
+                    if isinstance(event, Err) and event.rid in (rid, 0):
+                        raise error_for_code(event.code, event.message)
+
+        hello: dict[str, Any] = {"version": PROTOCOL_VERSION, "probe": True}
+        if user is not None:
+            hello["user"] = user
+        if password is not None:
+            hello["password"] = password
+        call(1, "hello", hello)
+        result = call(2, "stats", {})
+    return result if isinstance(result, dict) else {}
+
+
+def _age(seconds: Any) -> str:
+    return "-" if seconds is None else f"{seconds:.1f} s ago"
+
+
+@ha_app.command()
+def status(
+    url: UrlOption = DEFAULT_URL,
+    json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+) -> None:
+    """Role, peer, last heartbeat and lock holder of every broker of the URL's list."""
+    parsed = parse_url(url)
+    report: dict[str, Any] = {}
+    for host in parsed.hosts:
+        try:
+            stats = probe(host, parsed.user, parsed.password)
+        except (OSError, TxBrokerError) as exc:
+            report[str(host)] = {"error": describe(exc)}
+            continue
+        report[str(host)] = stats.get("ha") or {"role": "single",
+                                                 "note": "not a member of an HA pair"}
+    if json_out:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        for address, ha in report.items():
+            print(_line(address, ha))
+    if all("error" in ha for ha in report.values()):
+        raise fail("no broker of the list answered")
+
+
+def _line(address: str, ha: dict[str, Any]) -> str:
+    if "error" in ha:
+        return f"{address}  unreachable: {ha['error']}"
+    if ha.get("role") == "single":
+        return f"{address}  single broker (not a member of an HA pair)"
+    since = time.strftime("%H:%M:%S", time.localtime(ha.get("since", 0)))
+    other = (f"standby {ha.get('standby') or 'none'}" if ha.get("role") == "active"
+             else f"following {ha.get('following') or 'nobody'}")
+    return (f"{address}  {ha.get('role')} since {since}  HA {ha.get('node')}  "
+            f"peer {ha.get('peer')}  {other}  last heartbeat "
+            f"{_age(ha.get('last_heartbeat_age'))}\n    lock {ha.get('lock_file')}: "
+            f"{ha.get('lock_holder') or 'not held'}")
