@@ -1,0 +1,501 @@
+"""Shared-store failover with real processes (docs/ha.md): kill -9 under load with
+role reversal, a SIGSTOPped active, a blocked HA link, configuration carried over,
+and the refusals (a second standby, a peer that is not a txbroker).
+
+Every wait is on something observable — a line a broker prints, a role it
+reports, a reply — and bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import txbroker
+from tests.ledger import Ledger, check, join_or_explain, verdict
+from tests.support import ROOT, free_port
+from txbroker.cli.ha_commands import probe
+from txbroker.client.url import HostPort
+from txbroker.errors import IllegalState, Standby, TransactionRolledBack, TxBrokerError
+
+#: Fast settings for tests (the defaults are 3 s and 10 s).
+HEARTBEAT = 0.5
+ACTIVATION = 2.0
+
+
+class HaNode:
+    """One ``txbroker serve --ha shared-store`` process; its stdout lines are kept."""
+
+    def __init__(self, name: str, data: Path, ha_port: int, peer: str, *extra: str) -> None:
+        self.name = name
+        self.data = data
+        self.port = free_port()
+        self.ha_port = ha_port
+        self.peer = peer
+        self.extra = list(extra)
+        self.log_path = data.parent / f"{name}.log"
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> HaNode:
+        self.lines = []
+        cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
+               "--port", str(self.port), "--stomp-port", "0", "--log-level", "INFO",
+               "--ha", "shared-store", "--ha-port", str(self.ha_port), "--ha-peer", self.peer,
+               "--heartbeat-interval", str(HEARTBEAT),
+               "--activation-interval", str(ACTIVATION), *self.extra]
+        log = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                                     cwd=ROOT)
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+        return self
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with self._changed:
+                self.lines.append(line.strip())
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_line(self, prefix: str, timeout: float = 60.0) -> str:
+        """The first line starting with ``prefix`` (waits for it)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if line.startswith(prefix):
+                        return line
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise AssertionError(f"{self.name} exited ({self.proc.returncode}) before "
+                                         f"{prefix!r}: {self.log_path.read_text()[-3000:]}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"{self.name}: no {prefix!r} line in {timeout} s; "
+                                         f"lines {self.lines}")
+                self._changed.wait(remaining)
+
+    def status(self) -> dict[str, Any]:
+        return dict(probe(HostPort("127.0.0.1", self.port), None, None)["ha"])
+
+    def log_has(self, text: str) -> bool:
+        return text in self.log_path.read_text()
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def pair(tmp_path: Path, *extra: str, peer_of_b: str | None = None
+         ) -> Iterator[tuple[HaNode, HaNode]]:
+    """A active (started first), B standby of it; both stopped at the end."""
+    data = tmp_path / "shared"
+    ha_a, ha_b = free_port(), free_port()
+    a = HaNode("a", data, ha_a, f"127.0.0.1:{ha_b}", *extra)
+    b = HaNode("b", data, ha_b, peer_of_b or f"127.0.0.1:{ha_a}", *extra)
+    try:
+        a.start().wait_line("txbroker ready")
+        b.start().wait_line("txbroker standby")
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def url_of(*nodes: HaNode) -> str:
+    return "txb://" + ",".join(n.address for n in nodes)
+
+
+# ----------------------------------------------------------------- kill -9 under load
+def _guard(fn: Callable[[], None]) -> Callable[[], None]:
+    def run() -> None:
+        with contextlib.suppress(TxBrokerError, OSError, TimeoutError):
+            fn()
+
+    return run
+
+
+def _connect(url: str) -> Any:
+    return txbroker.connect(url, timeout=15, failover_timeout=60)
+
+
+def _producer(url: str, name: str, ledger: Ledger, stop: threading.Event, tx_size: int) -> None:
+    n = 0
+    with _connect(url) as conn:
+        while not stop.is_set():
+            ids = [f"{name}-{n + i}" for i in range(max(tx_size, 1))]
+            n += len(ids)
+            ledger.add("attempted", *ids)
+            try:
+                if tx_size:
+                    with conn.transaction() as tx:
+                        for mid in ids:
+                            tx.send("plain", mid.encode(), message_id=mid)
+                else:
+                    conn.send("plain", ids[0].encode(), message_id=ids[0])
+            except (TransactionRolledBack, txbroker.ConnectionLost):
+                continue  # lost in a failover: not acknowledged, maybe stored
+            ledger.add("acknowledged", *ids)
+
+
+def _consumer(url: str, ledger: Ledger, stop: threading.Event,
+              flags: dict[str, list[bool]]) -> None:
+    with _connect(url) as conn:
+        while not stop.is_set():
+            try:
+                msg = conn.receive("plain", timeout=0.2)
+            except txbroker.ConnectionLost:
+                continue
+            if msg is None:
+                continue
+            mid = msg.body.decode()
+            ledger.delivered(mid)
+            with ledger.lock:
+                flags.setdefault(mid, []).append(bool(msg.redelivered))
+            try:
+                msg.ack(wait=True)
+            except (IllegalState, txbroker.ConnectionLost):
+                continue  # delivered before a failover: it comes back, flagged
+            ledger.add("ack_confirmed", mid)
+
+
+def _mover(url: str, ledger: Ledger, stop: threading.Event) -> None:
+    with _connect(url) as conn:
+        while not stop.is_set():
+            try:
+                with conn.transaction() as tx:
+                    msg = tx.receive("txin", timeout=0.2)
+                    if msg is None:
+                        continue
+                    mid = msg.body.decode()
+                    tx.send("txout", msg.body, message_id=mid)
+            except (TransactionRolledBack, txbroker.ConnectionLost):
+                continue
+            ledger.add("moved", mid)
+
+
+def _feeder(url: str, name: str, ledger: Ledger, stop: threading.Event) -> None:
+    n = 0
+    with _connect(url) as conn:
+        while not stop.is_set():
+            mid = f"{name}-{n}"
+            n += 1
+            ledger.add("attempted", mid)
+            try:
+                conn.send("txin", mid.encode(), message_id=mid)
+            except txbroker.ConnectionLost:
+                continue
+            ledger.add("acknowledged", mid)
+
+
+def _drain(url: str, queue: str) -> list[str]:
+    found: list[str] = []
+    with _connect(url) as conn:
+        while (msg := conn.receive(queue, timeout=0.5)) is not None:
+            found.append(msg.body.decode())
+            msg.ack()
+        conn.ping()
+    return found
+
+
+def test_kill9_alternations_under_load(tmp_path: Path) -> None:
+    """Ten kills of whichever broker is active; each time the other takes over and the
+    killed one comes back as the standby; clients move by themselves."""
+    ledger = Ledger()
+    flags: dict[str, list[bool]] = {}
+    takeovers: list[float] = []
+    with pair(tmp_path) as (a, b):
+        url = url_of(a, b)
+        stop = threading.Event()
+        workers: list[Callable[[], None]] = [
+            partial(_producer, url, "p0", ledger, stop, 0),
+            partial(_producer, url, "p1", ledger, stop, 0),
+            partial(_producer, url, "t0", ledger, stop, 5),
+            partial(_feeder, url, "f0", ledger, stop),
+            partial(_consumer, url, ledger, stop, flags),
+            partial(_mover, url, ledger, stop),
+        ]
+        threads = [threading.Thread(target=_guard(w), daemon=True) for w in workers]
+        for t in threads:
+            t.start()
+        active, standby = a, b
+        for _ in range(10):
+            before = len(ledger.acknowledged)
+            wait_until(lambda: len(ledger.acknowledged) >= before + 200, 60,  # noqa: B023
+                       "sends acknowledged by the current active")
+            killed_at = time.monotonic()
+            active.kill()
+            ready = standby.wait_line("txbroker ready", timeout=60)
+            takeover = time.monotonic() - killed_at
+            recovery = float(ready.split(" messages in ")[1].split(" s")[0])
+            takeovers.append(takeover)
+            # detection by the broken connection: recovery plus a little, and always
+            # within the seed's bound of activation interval + recovery
+            assert takeover < ACTIVATION + recovery + 5, (takeover, recovery)
+            assert standby.status()["role"] == "active"
+            active.start().wait_line("txbroker standby")
+            wait_until(lambda: active.status()["following"]  # noqa: B023
+                       == f"127.0.0.1:{standby.ha_port}", 30,  # noqa: B023
+                       "the restarted broker to follow the new active")
+            active, standby = standby, active
+        stop.set()
+        for t in threads:
+            join_or_explain(t, timeout=120)
+        plain, txin, txout = (_drain(url, q) for q in ("plain", "txin", "txout"))
+    # Known gap (docs/ha.md, "Redelivered flag"): a delivery is not recorded in the
+    # store, so a message delivered but not acked when the active died comes back
+    # from the new active with redelivered=False. Counted, not asserted.
+    again = [seen for seen in flags.values() if len(seen) > 1]
+    report = verdict(ledger, plain, txin, txout, kills=10,
+                     takeover_max=round(max(takeovers), 2), redeliveries=len(again),
+                     redeliveries_unflagged=sum(1 for seen in again if not all(seen[1:])))
+    print("HA kill -9 report:", report)
+    check(report)
+
+
+# ----------------------------------------------------------------- no split brain
+def test_a_stopped_active_keeps_the_store(tmp_path: Path) -> None:
+    with pair(tmp_path) as (a, b):
+        with txbroker.connect(url_of(a, b), timeout=10) as conn:
+            conn.send("q", b"before", message_id="m1")
+        holder = a.status()["lock_holder"]
+        a.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: b.log_has("no heartbeat from the active"), 30,
+                       "the standby to notice the silence")
+            # three activation intervals of alternating: never active, lock unchanged
+            deadline = time.monotonic() + 3 * ACTIVATION
+            while time.monotonic() < deadline:
+                status = b.status()
+                assert status["role"] == "standby" and status["lock_holder"] == holder
+                time.sleep(0.1)
+            # a new client waits for the stopped active, then is refused by the standby
+            with pytest.raises(txbroker.ConnectionLost,
+                               match="is the standby of a shared-store pair"):
+                txbroker.connect(url_of(a, b), timeout=1, reconnect=False)
+        finally:
+            a.signal(signal.SIGCONT)
+        with txbroker.connect(url_of(a, b), timeout=10) as conn:
+            conn.send("q", b"after", message_id="m2")
+            assert conn.queue_info("q")["depth"] == 2
+        wait_until(lambda: b.status()["following"] == f"127.0.0.1:{a.ha_port}"
+                   and b.status()["last_heartbeat_age"] < ACTIVATION, 30,
+                   "the standby to follow the active again")
+        assert a.status()["role"] == "active" and b.status()["role"] == "standby"
+        assert "txbroker ready" not in " ".join(b.lines)
+
+
+class Proxy:
+    """A TCP proxy on the HA link that can stop forwarding (heartbeat loss without a
+    dead process)."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = free_port()
+        self.blocked = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._writers: list[asyncio.StreamWriter] = []
+        threading.Thread(target=self._run, daemon=True).start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(asyncio.start_server(self._on_client, "127.0.0.1",
+                                                          self.port))
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _on_client(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        if self.blocked.is_set():  # accept and say nothing, like a black hole
+            self._writers.append(writer)
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers += [writer, up_writer]
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                             return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            while self.blocked.is_set():  # swallow: the bytes never arrive
+                await asyncio.sleep(0.05)
+                data = b""
+            if data:
+                writer.write(data)
+        writer.close()
+
+    def stop(self) -> None:
+        def close() -> None:
+            for writer in self._writers:
+                writer.close()
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(close)
+
+
+def test_heartbeat_loss_without_a_dead_process(tmp_path: Path) -> None:
+    """The standby reaches the active through a proxy that then drops everything: it
+    waits the activation interval, fails to get the lock, alternates, and never
+    becomes a second active; when the link heals it is the standby again."""
+    data = tmp_path / "shared"
+    ha_a, ha_b = free_port(), free_port()
+    proxy = Proxy(ha_a)
+    a = HaNode("a", data, ha_a, f"127.0.0.1:{ha_b}")
+    b = HaNode("b", data, ha_b, f"127.0.0.1:{proxy.port}")
+    try:
+        a.start().wait_line("txbroker ready")
+        b.start().wait_line("txbroker standby")
+        wait_until(lambda: b.status()["following"] is not None, 30, "the standby to follow")
+        proxy.blocked.set()
+        blocked_at = time.monotonic()
+        wait_until(lambda: b.log_has("no heartbeat from the active"), 30,
+                   "the standby to notice the silence")
+        assert time.monotonic() - blocked_at >= ACTIVATION - HEARTBEAT
+        with txbroker.connect(url_of(a, b), timeout=10) as conn:
+            deadline = time.monotonic() + 3 * ACTIVATION
+            sent = 0
+            while time.monotonic() < deadline:  # the active serves all along
+                conn.send("q", b"x")
+                sent += 1
+                assert b.status()["role"] == "standby"
+                time.sleep(0.05)
+            assert conn.queue_info("q")["depth"] == sent
+        assert b.log_has("no answer to the HA handshake")  # it kept alternating
+        proxy.blocked.clear()
+        wait_until(lambda: b.status()["last_heartbeat_age"] is not None
+                   and b.status()["last_heartbeat_age"] < ACTIVATION
+                   and b.status()["following"] is not None, 30,
+                   "the standby to follow again")
+        assert "txbroker ready" not in " ".join(b.lines)
+    finally:
+        a.stop()
+        b.stop()
+        proxy.stop()
+
+
+# ----------------------------------------------------------------- what carries over
+def test_admin_changes_and_the_config_file_carry_over(tmp_path: Path) -> None:
+    config = tmp_path / "pair.toml"
+    config.write_text("[limits]\nmax_message_size = 100000\n")
+    with pair(tmp_path, "--config", str(config)) as (a, b):
+        with txbroker.connect(url_of(a, b), timeout=10) as conn:
+            assert conn.server_info["max_message_size"] == 100000
+            conn.declare_queue("orders")
+            conn.update_queue("orders", max_deliveries=2)
+            conn.send("orders", b"one", message_id="o1")
+        # an operator edits the shared config file: the standby reads it when it takes over
+        config.write_text("[limits]\nmax_message_size = 200000\n")
+        a.kill()
+        b.wait_line("txbroker ready")
+        with txbroker.connect(url_of(a, b), timeout=10) as conn:
+            assert conn.server_info["max_message_size"] == 200000
+            info = conn.queue_info("orders")
+            assert (info["settings"]["max_deliveries"], info["depth"]) == (2, 1)
+
+
+# ----------------------------------------------------------------- refusals
+def test_standby_refuses_clients_and_a_third_broker(tmp_path: Path) -> None:
+    with pair(tmp_path) as (a, b):
+        with pytest.raises(txbroker.ConnectionLost, match="is the standby of a shared-store"):
+            txbroker.connect(url_of(b), timeout=5)
+        with txbroker.connect(url_of(b, a), timeout=5) as conn:  # moves past the standby
+            assert conn.host == a.address
+        third = HaNode("c", a.data, free_port(), f"127.0.0.1:{a.ha_port}").start()
+        assert third.proc is not None and third.proc.wait(timeout=30) == 1
+        log = third.log_path.read_text()
+        assert "error: the HA peer refused this broker: the active 127.0.0.1:" in log
+        assert "already has a standby" in log
+        assert a.status()["role"] == "active" and b.status()["role"] == "standby"
+        assert b.status()["following"] == f"127.0.0.1:{a.ha_port}"
+
+
+def test_a_peer_that_is_not_a_txbroker(tmp_path: Path) -> None:
+    """B's peer answers HTTP: B says so in its log, stays standby (A holds the lock), and
+    A is unharmed; A's own HA port refuses bytes that are not the link."""
+    server = _http_like_server()
+    try:
+        with pair(tmp_path, peer_of_b=f"127.0.0.1:{server.getsockname()[1]}") as (a, b):
+            wait_until(lambda: b.log_has("is not a txbroker HA port"), 30,
+                       "the standby to name the problem")
+            assert b.status()["role"] == "standby"
+            import socket
+
+            with socket.create_connection(("127.0.0.1", a.ha_port), timeout=5) as sock:
+                sock.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                assert sock.recv(100) == b""  # closed without an answer
+            wait_until(lambda: a.log_has("on the HA port: the peer is not a txbroker"), 30,
+                       "the active to log the stray client")
+            with txbroker.connect(url_of(a, b), timeout=5) as conn:
+                conn.send("q", b"still fine")
+    finally:
+        server.close()
+
+
+def _http_like_server() -> Any:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = sock.accept()
+            except OSError:
+                return
+            with contextlib.suppress(OSError):
+                client.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            client.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return sock
+
+
+def test_standby_error_is_a_distinct_error() -> None:
+    assert issubclass(Standby, TxBrokerError) and Standby.retriable
