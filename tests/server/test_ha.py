@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -499,3 +500,37 @@ def _http_like_server() -> Any:
 
 def test_standby_error_is_a_distinct_error() -> None:
     assert issubclass(Standby, TxBrokerError) and Standby.retriable
+
+
+def test_ha_status_command(tmp_path: Path) -> None:
+    with pair(tmp_path) as (a, b):
+        dead = free_port()
+        url = f"txb://{a.address},{b.address},127.0.0.1:{dead}"
+        result = subprocess.run([sys.executable, "-m", "txbroker.cli", "ha", "status", "--url",
+                                 url, "--json"], capture_output=True, text=True, timeout=60,
+                                cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report[a.address]["role"] == "active"
+        assert report[a.address]["standby"] == f"127.0.0.1:{b.ha_port}"
+        assert report[b.address]["role"] == "standby"
+        assert report[b.address]["following"] == f"127.0.0.1:{a.ha_port}"
+        assert report[a.address]["lock_holder"] == report[b.address]["lock_holder"]
+        assert a.proc is not None
+        assert report[a.address]["lock_holder"].startswith(f"pid {a.proc.pid} on ")
+        assert "Connection refused" in report[f"127.0.0.1:{dead}"]["error"]
+        text = subprocess.run([sys.executable, "-m", "txbroker.cli", "ha", "status", "--url",
+                               f"txb://{b.address}"], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert text.returncode == 0 and text.stdout.startswith(f"{b.address}  standby since ")
+        stat = subprocess.run([sys.executable, "-m", "txbroker.cli", "stat", "--url",
+                               f"txb://{b.address},{a.address}"], capture_output=True,
+                              text=True, timeout=60, cwd=ROOT)
+        assert json.loads(stat.stdout)["ha"]["role"] == "active"  # moved past the standby
+        a.stop()
+        b.wait_line("txbroker ready")  # a clean stop hands over too
+        none = subprocess.run([sys.executable, "-m", "txbroker.cli", "ha", "status", "--url",
+                               f"txb://127.0.0.1:{dead}"], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert none.returncode == 1
+        assert none.stderr == "error: no broker of the list answered\n"
