@@ -257,6 +257,12 @@ class FakeConnection:
             self.write(self.codec.send(Ok(request.rid, result)))
 
     def op_hello(self, rid: int, args: dict[str, Any]) -> Any:
+        refusal = self.server.refuse_hello
+        if refusal is not None:  # a standby (or a stopping broker): refuse, then close
+            self.server.refusals += 1
+            self.write(self.codec.send(Err(rid, refusal, REFUSALS[refusal])))
+            self.writer.close()
+            return _NO_REPLY
         users = self.broker.users
         if users is not None and users.get(args.get("user", "")) != args.get("password"):
             raise Refused(ErrorCode.AUTHENTICATION_FAILED, "wrong user or password")
@@ -440,11 +446,27 @@ class FakeConnection:
         return {"connections": len(self.broker.connections), "queues": len(self.broker.queues)}
 
 
+#: What a refusing server says (as the real broker's words would read).
+REFUSALS: dict[ErrorCode, str] = {
+    ErrorCode.STANDBY: "this broker is the standby of an HA pair: try the active one",
+    ErrorCode.SHUTTING_DOWN: "the broker is shutting down",
+    ErrorCode.TOO_MANY_CONNECTIONS: "too many connections (max_connections)",
+}
+
+
 class FakeServer:
-    """A listener on 127.0.0.1 (port 0) serving a FakeBroker."""
+    """A listener on 127.0.0.1 (port 0) serving a FakeBroker.
+
+    ``refuse_hello`` (an ErrorCode) makes it refuse every ``hello`` with that error
+    and close, as a standby does; ``refuse_at_open`` makes it send that error with
+    request id 0 as soon as a client connects, then close (as ``max_connections``
+    does). ``refusals`` counts them."""
 
     def __init__(self, broker: FakeBroker | None = None) -> None:
         self.broker = broker or FakeBroker()
+        self.refuse_hello: ErrorCode | None = None
+        self.refuse_at_open: ErrorCode | None = None
+        self.refusals = 0
         self.hold_ops: set[str] = set()  # ops whose effect happens but whose reply never comes
         self.hellos: list[dict[str, Any]] = []
         self.connections: set[FakeConnection] = set()
@@ -462,6 +484,12 @@ class FakeServer:
         return self
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        refusal = self.refuse_at_open
+        if refusal is not None:
+            self.refusals += 1
+            writer.write(encode_error(0, int(refusal), REFUSALS[refusal]))
+            writer.close()
+            return
         conn = FakeConnection(self, writer)
         self.connections.add(conn)
         self.broker.connections.add(conn)

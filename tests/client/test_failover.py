@@ -110,7 +110,7 @@ def test_no_host_answers_raises_connection_lost_everywhere() -> None:
     async def main() -> None:
         broker, a, b = await pair()
         async with txbroker.aio.connect(
-            f"txb://{a.address},{b.address}", reconnect_timeout=0.3
+            f"txb://{a.address},{b.address}", failover_timeout=0.3
         ) as conn:
             sub = await conn.subscribe("q")
             waiting = asyncio.ensure_future(conn.receive("q"))
@@ -189,5 +189,136 @@ def test_close_during_failover() -> None:
         await conn.close()
         with pytest.raises(ConnectionLost):
             await asyncio.wait_for(waiting, 2)
+
+    run(main())
+
+
+# ----------------------------------------------------------- transactions (seed 004)
+# "A (non-XA) transaction is considered active when at least one message has been sent
+# or received by the session ... After a failover, attempting to commit the active
+# transaction results in a TransactionRolledBackException."
+
+
+def test_transaction_that_did_nothing_goes_on_after_a_failover() -> None:
+    async def main() -> None:
+        broker, a, b = await pair()
+        async with txbroker.aio.connect(f"txb://{a.address},{b.address}") as conn:
+            async with conn.transaction() as tx:  # tx_begin sent on A
+                await logged(broker, "tx_begin")
+                await a.kill()
+                await conn.ping()  # through the failover (a send racing it would count)
+                await tx.send("out", b"after")  # begun again on B
+                assert conn.host == b.address
+            assert [m.body for _, _, m in broker.queues["out"].ready] == [b"after"]
+            idle = conn.transaction()
+            await idle.begin()
+            b.drop_connections()
+            await conn.ping()
+            await idle.commit()  # nothing to commit: no error
+            assert idle.state.value == "committed"
+
+    run(main())
+
+
+def test_transaction_that_received_is_rolled_back_and_its_message_redelivered() -> None:
+    async def main() -> None:
+        broker, a, b = await pair()
+        async with txbroker.aio.connect(f"txb://{a.address},{b.address}") as conn:
+            await conn.send("in", b"m")
+            tx = conn.transaction()
+            message = await tx.receive("in", timeout=1)
+            assert message is not None
+            await logged(broker, "ack", tx=tx.tx_id)
+            await a.kill()
+            with pytest.raises(TransactionRolledBack):
+                await tx.commit()
+            with pytest.raises(TransactionRolledBack):  # and again: it stays rolled back
+                await tx.commit()
+            with pytest.raises(TransactionRolledBack):
+                await tx.send("out", b"x")
+            await tx.rollback()  # nothing to do
+            again = await conn.receive("in", timeout=1)
+            assert again is not None and (again.body, again.redelivered) == (b"m", True)
+            await again.ack(wait=True)
+
+    run(main())
+
+
+def test_transaction_that_sent_raises_at_its_next_operation() -> None:
+    async def main() -> None:
+        broker, a, b = await pair()
+        async with txbroker.aio.connect(f"txb://{a.address},{b.address}") as conn:
+            with pytest.raises(TransactionRolledBack):
+                async with conn.transaction() as tx:
+                    await tx.send("out", b"lost")
+                    await a.kill()
+                    await conn.ping()
+                    await conn.send("in", b"waiting")
+                    await tx.receive("in", timeout=1)  # refused: nothing taken
+            assert "out" not in broker.queues or broker.queues["out"].ready == []
+            await conn.ping()
+            assert broker.in_flight("in") == 0  # the message was not taken
+            message = await conn.receive("in", timeout=1)
+            assert message is not None and not message.redelivered
+
+    run(main())
+
+
+def test_receive_of_an_idle_transaction_waiting_through_a_failover() -> None:
+    async def main() -> None:
+        broker, a, b = await pair()
+        async with txbroker.aio.connect(f"txb://{a.address},{b.address}") as conn:
+            tx = conn.transaction()
+            await tx.begin()
+            waiting = asyncio.ensure_future(tx.receive("in", timeout=5))
+            await logged(broker, "receive", queue="in")
+            await a.kill()
+            await conn.send("in", b"m", message_id="m")
+            message = await asyncio.wait_for(waiting, 5)
+            assert message is not None and message.body == b"m"
+            await tx.send("out", b"moved")
+            await tx.commit()  # begun again on B with the message in it
+            assert [m.body for _, _, m in broker.queues["out"].ready] == [b"moved"]
+            assert broker.queues["in"].ready == [] and broker.in_flight("in") == 0
+
+    run(main())
+
+
+def test_receive_of_a_worked_transaction_through_a_failover_gives_the_message_back() -> None:
+    async def main() -> None:
+        broker, a, b = await pair()
+        async with txbroker.aio.connect(f"txb://{a.address},{b.address}") as conn:
+            tx = conn.transaction()
+            await tx.send("out", b"x")
+            waiting = asyncio.ensure_future(tx.receive("in", timeout=5))
+            await logged(broker, "receive", queue="in")
+            await a.kill()
+            await conn.send("in", b"m", message_id="m")
+            with pytest.raises(TransactionRolledBack):
+                await asyncio.wait_for(waiting, 5)
+            await conn.ping()  # the give-back (no reply wanted) is processed before it
+            assert broker.in_flight("in") == 0
+            again = await conn.receive("in", timeout=1)
+            assert again is not None and again.body == b"m"
+
+    run(main())
+
+
+def test_sync_subscription_drops_messages_of_the_old_session() -> None:
+    async def main() -> None:
+        _, a, b = await pair()
+        async with txbroker.aio.connect(f"txb://{a.address},{b.address}") as conn:
+            sub = await conn.subscribe("q", prefetch=10)
+            for i in range(3):
+                await conn.send("q", b"%d" % i)
+            batch = await sub.get_batch(10, timeout=1)  # what the sync face holds locally
+            while len(batch) < 3:
+                batch += await sub.get_batch(10, timeout=1)
+            await a.kill()
+            await conn.ping()
+            assert all(m._given_back() for m in batch)
+            again = [await sub.get(timeout=1) for _ in range(3)]
+            assert [(m.body, m.redelivered) for m in again if m] == [
+                (b"0", True), (b"1", True), (b"2", True)]
 
     run(main())

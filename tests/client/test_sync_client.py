@@ -219,7 +219,7 @@ def test_sync_failover_and_callback_thread(servers: ServerThread) -> None:
 
 def test_sync_no_host_left(servers: ServerThread) -> None:
     server = servers.server()
-    conn = connect(f"txb://{server.address}", reconnect_timeout=0.2)
+    conn = connect(f"txb://{server.address}", failover_timeout=0.2)
     sub = conn.subscribe("x")
     servers.call(server.kill())
     with pytest.raises(ConnectionLost):

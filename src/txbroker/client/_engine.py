@@ -13,8 +13,12 @@ complete frame of each read and resolves futures (``OK``/``ERR``) or hands
 Each session has an *epoch* number; messages and transactions remember the
 epoch they belong to. When the current session breaks, the :class:`Engine`
 (if ``reconnect``) has its failover part (``_failover.py``) walk the failover
-list starting with the next host, with a short back-off after each full
-round, until ``reconnect_timeout``:
+list starting with the next host, with a back-off after each full round,
+until ``failover_timeout``. A host that refuses ``hello`` because it is a
+standby (``Standby``) or stopping (``ShuttingDown``) is left at once for the
+next one, here and in :meth:`Engine.start`; an error the broker sends with
+request id 0 during the handshake (a refusal before ``hello``) fails the
+handshake, not a later call. On the new session:
 
 * pending sends that carry a ``message_id`` (the broker drops duplicates),
   ``receive`` and the read-only ops are re-sent on the new session; other
@@ -22,8 +26,9 @@ round, until ``reconnect_timeout``:
 * open subscriptions are subscribed again (client-ack messages still
   buffered from the old session are dropped: the broker redelivers them);
 * acking a message of an older epoch raises IllegalState, and a
-  transaction begun in an older epoch is rolled back (its commit raises
-  TransactionRolledBack);
+  transaction that sent or received a message in an older epoch is rolled
+  back (its commit raises TransactionRolledBack; one that did nothing yet is
+  begun again, ``async_transaction.py``); XA branches: ``_xa_state.py``;
 * ``on_failover(old_host, new_host)`` is called.
 
 If no host answers in time, every waiter gets ConnectionLost.
@@ -43,8 +48,9 @@ import asyncio
 import logging
 from typing import Any, Final
 
-from txbroker.client._failover import Failover
+from txbroker.client._failover import Failover, describe_refusal
 from txbroker.client._session import Pending, Session, SubscriptionSink
+from txbroker.client._xa_state import XaBranchState
 from txbroker.client.operations import NO_LIMITS, BrokerLimits, settle_args
 from txbroker.client.options import ConnectOptions
 from txbroker.client.transport import READ_CHUNK
@@ -76,6 +82,8 @@ log = logging.getLogger("txbroker.client")
 RESENDABLE_OPS: Final = frozenset({"receive", "ping", "queue_info", "queue_list", "stats"})
 #: Ops whose frame too large for the broker means a body too large (MessageTooLarge).
 SIZED_OPS: Final = frozenset({"send", "send_batch"})
+#: Ops whose work goes into the associated XA branch when they name no local transaction.
+XA_WORK_OPS: Final = frozenset({"send", "send_batch", "ack"})
 
 
 class Engine:
@@ -99,6 +107,8 @@ class Engine:
         self._epochs = 0
         self._outstanding: set[asyncio.Future[Any]] = set()
         self._failover = Failover(self)
+        #: the XA branches this connection works on (``_xa_state.py``)
+        self.xa = XaBranchState()
         #: the limits of the broker's ``hello`` (max_message_size), checked before sending
         self.limits: BrokerLimits = NO_LIMITS
 
@@ -185,6 +195,8 @@ class Engine:
         session = self.session
         if session is None or self._deferred is not None or self._closed:
             session = await self.wait_ready()
+        if self.xa.broken is not None:
+            self._check_xa_work(op, args)
         if resend is None:
             resend = op in RESENDABLE_OPS
         pending = self._submit_on(session, op, args, resend)
@@ -217,6 +229,8 @@ class Engine:
     ) -> asyncio.Future[Any]:
         """Send a request without waiting: return the future of its result (or of None)."""
         self._raise_if_unusable()
+        if self.xa.broken is not None:
+            self._check_xa_work(op, args)
         session = self.session
         if session is not None:
             return self._submit_on(session, op, args, resend, discard_result).future
@@ -229,6 +243,8 @@ class Engine:
 
     def pipeline(self, session: Session, op: str, args: dict[str, Any]) -> asyncio.Future[Any]:
         """Send on ``session`` without waiting; a broker error is raised by the next call."""
+        if self.xa.broken is not None:
+            self._check_xa_work(op, args)
         future = self._submit_on(session, op, args).future
         self._outstanding.add(future)
         future.add_done_callback(self._pipelined_done)
@@ -236,6 +252,8 @@ class Engine:
 
     def pipeline_ack(self, session: Session, tag: int) -> None:
         """Queue a pipelined ack; acks of one loop iteration go out as ONE request."""
+        if self.xa.broken is not None:
+            self._check_xa_work("ack", {})
         batch = self._ack_batch
         if batch is None or batch[0] is not session:
             if batch is not None:
@@ -253,11 +271,12 @@ class Engine:
             self.pipeline(session, "ack", settle_args(tags))
 
     _ack_batch: tuple[Session, list[int]] | None = None
-    #: the XA branch associated with this connection (its Xid text), resumed with
-    #: ``start(TMRESUME)`` after a failover (the broker keeps a broken session's branch
-    #: for ``xa_reattach_ms``); if that fails the next XA call raises ``xa_broken``
-    xa_branch: str | None = None
-    xa_broken: BaseException | None = None
+
+    def _check_xa_work(self, op: str, args: dict[str, Any]) -> None:
+        """Refuse work that would go into the associated XA branch when a failover lost
+        it: it would be done at once instead (``_xa_state.py``)."""
+        if op in XA_WORK_OPS and "tx" not in args:
+            self.xa.check_work()
 
     def _pipelined_done(self, future: asyncio.Future[Any]) -> None:
         self._outstanding.discard(future)
@@ -325,8 +344,13 @@ class Engine:
         elif kind is Err:
             err: Err = event  # type: ignore[assignment]
             error = error_for_code(err.code, err.message)
-            if err.rid == 0:  # an error not tied to a request: raised by the next call
-                if self._deferred is None:
+            if err.rid == 0:  # an error not tied to a request
+                if session is not self.session:  # a refusal during the handshake
+                    for waiting in session.pending.values():
+                        if not waiting.future.done():
+                            waiting.future.set_exception(error)
+                    session.pending.clear()
+                elif self._deferred is None:  # raised by the next call
                     self._deferred = error
                 return
             pending = session.pending.pop(err.rid, None)
@@ -358,6 +382,13 @@ class Engine:
         """Give back a message nobody will process (a receive that timed out on our side)."""
         if isinstance(result, dict) and type(result.get("tag")) is int and not session.closed:
             session.write(session.codec.send(Request(0, "nack", settle_args([result["tag"]]))))
+
+    def give_back(self, epoch: int, tag: int) -> None:
+        """Give back a delivery nobody will process (no reply wanted); nothing to do if
+        its session is gone (the broker took it back)."""
+        session = self.session
+        if session is not None and session.epoch == epoch:
+            self._return_message(session, {"tag": tag})
 
     # --------------------------------------------------------------- sessions
 
@@ -396,8 +427,8 @@ class Engine:
                 self.activate(await self.open_session(index, self.options.timeout))
             except AuthenticationFailed:
                 raise
-            except (OSError, TimeoutError, TxBrokerError) as exc:
-                errors.append(f"{host}: {str(exc) or type(exc).__name__}")
+            except (OSError, TimeoutError, TxBrokerError) as exc:  # Standby: the next one
+                errors.append(f"{host}: {describe_refusal(exc)}")
                 continue
             return
         raise ConnectionLost("no broker of the list answered: " + "; ".join(errors))

@@ -6,11 +6,18 @@ When the current session breaks, the engine (``_engine.py``) hands the
 pending requests that are safe to send again to :meth:`Failover.carry` and
 calls :meth:`Failover.start`. The failover task then tries the hosts of the
 URL's list starting with the one after the lost host, with a back-off after
-each full round, until ``reconnect_timeout``. On a new session it restores,
-in this order: the open subscriptions, the associated XA branch
-(``start(TMRESUME)``), then the carried requests (with new request ids). Only
-then is the session made current, so no new request overtakes them. If no
-host answers in time, the engine fails every waiter.
+each full round (:data:`INITIAL_BACKOFF` doubling up to :data:`MAX_BACKOFF`),
+until ``failover_timeout``. A host that is down, refuses ``hello`` as a
+standby (``Standby``: it has not taken over, or it never will) or is stopping
+(``ShuttingDown``) is left at once for the next one; during a shared-store
+takeover the client thus keeps going round the list until the standby
+has become active. On a new session it restores, in this order: the open
+subscriptions, the associated XA branch (``start(TMRESUME)``; if that fails,
+the branch is lost: ``_xa_state.py``), then the carried requests (with new
+request ids). Only then is the session made current, so no new request
+overtakes them; then ``on_failover(old, new)`` is called. If no host answers
+in time, the engine fails every waiter with ConnectionLost naming what each
+host said.
 
 This part owns its state (the carried requests and the task); what it needs
 of the engine is the small :class:`FailoverHost` interface.
@@ -24,19 +31,21 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from txbroker.client._session import Pending, Session, SubscriptionSink
+from txbroker.client._xa_state import XaBranchState
 from txbroker.client.options import ConnectOptions
 from txbroker.client.url import ClientURL
 from txbroker.core.xa import TMRESUME
 from txbroker.errors import (
-    XA_RBCOMMFAIL,
     XAER_PROTO,
     BrokerError,
     ConnectionLost,
+    ShuttingDown,
+    Standby,
     TxBrokerError,
     XAError,
 )
 
-__all__ = ["Failover", "FailoverHost"]
+__all__ = ["Failover", "FailoverHost", "describe_refusal"]
 
 log = logging.getLogger("txbroker.client")
 
@@ -45,8 +54,19 @@ XA_RESUME_ATTEMPTS: Final = 20
 XA_RESUME_PAUSE: Final = 0.05
 #: First pause after a full round of the failover list found no live host.
 INITIAL_BACKOFF: Final = 0.05
-#: Longest pause between two rounds of the failover list.
+#: Longest pause between two rounds of the failover list (a standby takes over within
+#: its activation interval, 10 s by default: a second's delay is a tenth of it).
 MAX_BACKOFF: Final = 1.0
+
+
+def describe_refusal(error: BaseException) -> str:
+    """What a host said when the client tried it, for the error that names every host."""
+    text = str(error) or type(error).__name__
+    if isinstance(error, Standby):
+        return f"refused: it is a standby, not the active broker ({text})"
+    if isinstance(error, ShuttingDown):
+        return f"refused: it is shutting down ({text})"
+    return text
 
 
 class FailoverHost(Protocol):
@@ -55,9 +75,8 @@ class FailoverHost(Protocol):
     url: ClientURL
     options: ConnectOptions
     subs: dict[int, SubscriptionSink]
-    #: the XA branch to resume (its Xid text), and the error of a failed resume
-    xa_branch: str | None
-    xa_broken: BaseException | None
+    #: the XA branches of the connection (the associated one is resumed)
+    xa: XaBranchState
 
     @property
     def closed(self) -> bool:
@@ -117,12 +136,12 @@ class Failover:
     async def _run(self, old: Session) -> None:
         host = self._host
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + host.options.reconnect_timeout
+        deadline = loop.time() + host.options.failover_timeout
         hosts = host.url.hosts
         index = (old.index + 1) % len(hosts)
         backoff = INITIAL_BACKOFF
         attempts = 0
-        last_error: BaseException | None = None
+        last_errors: dict[int, BaseException] = {}  # host index -> what it said last
         while not host.closed:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -136,8 +155,8 @@ class Failover:
                     session = await host.open_session(index, None)
                     await self._restore(session)
                 host.activate(session)
-            except (OSError, TimeoutError, TxBrokerError) as exc:
-                last_error = exc
+            except (OSError, TimeoutError, TxBrokerError) as exc:  # Standby: the next one
+                last_errors[index] = exc
                 if session is not None:
                     session.close()
             except BaseException:  # cancelled by close()
@@ -152,27 +171,28 @@ class Failover:
             if attempts % len(hosts) == 0:
                 await asyncio.sleep(max(0.0, min(backoff, deadline - loop.time())))
                 backoff = min(backoff * 2, MAX_BACKOFF)
+        said = "; ".join(f"{hosts[i]}: {describe_refusal(error)}"
+                         for i, error in sorted(last_errors.items()))
         host.fail(
             ConnectionLost(
-                f"no broker of {host.url} answered within {host.options.reconnect_timeout} s"
-                + (f" (last error: {last_error})" if last_error else "")
+                f"no broker of {host.url} answered within {host.options.failover_timeout} s"
+                + (f" (last errors: {said})" if said else "")
             )
         )
 
     async def _resume_branch(self, session: Session, xid: str) -> None:
         """Reattach the XA branch this connection worked on. The broker may not have
-        noticed yet that the old session broke (XAER_PROTO: still associated): retry."""
+        noticed yet that the old session broke (XAER_PROTO: still associated): retry.
+        Another broker (or this one restarted) does not know it (XAER_NOTA): lost."""
         host = self._host
         for attempt in range(XA_RESUME_ATTEMPTS):
             try:
                 await host.call_on(session, "xa_start", {"xid": xid, "flags": TMRESUME})
+                host.xa.resumed(session.epoch)
                 return
             except XAError as exc:
                 if exc.errcode != XAER_PROTO or attempt == XA_RESUME_ATTEMPTS - 1:
-                    host.xa_broken = XAError(
-                        XA_RBCOMMFAIL, f"branch {xid} was lost in the failover: {exc.message}"
-                    )
-                    host.xa_branch = None
+                    host.xa.resume_failed(f"{session.host} could not resume it: {exc.message}")
                     return
             await asyncio.sleep(XA_RESUME_PAUSE)
 
@@ -188,8 +208,9 @@ class Failover:
             except BrokerError as exc:
                 host.subs.pop(sub.sub_id, None)
                 sub.on_end(exc)
-        if host.xa_branch is not None:
-            await self._resume_branch(session, host.xa_branch)
+        xa = host.xa
+        if xa.associated is not None and xa.broken is None:
+            await self._resume_branch(session, xa.associated)
         if session.closed:
             raise ConnectionLost(f"{session.host} closed the connection")
         carried, self._carried = self._carried, []

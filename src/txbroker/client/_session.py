@@ -37,6 +37,10 @@ class SubscriptionSink(Protocol):
         """The connection moved to a new session."""
         ...
 
+    def on_recover(self) -> None:
+        """``recover()`` gave back every unacked delivery of the session."""
+        ...
+
 
 class Pending:
     """A request waiting for its reply."""
@@ -72,6 +76,8 @@ class Session:
         self.codec = NativeConnection(Role.CLIENT)
         self.pending: dict[int, Pending] = {}
         self.abandoned: set[int] = set()  # rids of receives nobody waits for any more
+        #: deliveries with a lower tag were given back by ``recover`` (the broker's fence)
+        self.recovered_below = 0
         self.info: dict[str, Any] = {}
         self.reader: asyncio.Task[None] | None = None
         self.closed = False

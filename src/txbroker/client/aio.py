@@ -165,6 +165,31 @@ class AsyncConnection(TpcMixin, AsyncStreamMixin):
         """A new local transaction (``async with conn.transaction() as tx``)."""
         return AsyncTransaction(self)
 
+    async def recover(self) -> int:
+        """Give back every message delivered to this connection and not acknowledged
+        (JMS ``Session.recover()``): the broker redelivers them (``redelivered`` set,
+        ``delivery_count`` one up), to this connection's subscriptions too.
+
+        Acks made before are sent first. Messages given back are dropped from the
+        subscriptions' buffers; acking one already handed out raises IllegalState.
+        Messages consumed by a transaction are not given back. Returns how many
+        messages the broker gave back.
+        """
+        engine = self._engine
+        engine._flush_acks()
+        result, epoch = await engine.call("recover", {}, timeout=engine.options.timeout,
+                                          resend=False)
+        try:
+            count, fence = int(result["recovered"]), int(result["next_tag"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed recover reply from the broker: {exc!r}") from exc
+        session = engine.session
+        if session is not None and session.epoch == epoch:
+            session.recovered_below = max(session.recovered_below, fence)
+            for sub in engine.subs.values():
+                sub.on_recover()
+        return count
+
     # ------------------------------------------------------------ queue admin
 
     async def _admin(self, op: str, args: dict[str, Any]) -> Any:
@@ -258,9 +283,10 @@ async def open_connection(
 def connect(url: str | ClientURL, **options: Any) -> AwaitableContext[AsyncConnection]:
     """Connect to a broker: ``conn = await connect(url)`` or ``async with connect(url) as conn``.
 
-    ``url`` is ``txb://[user:password@]host[:port][,host[:port]...]``; options are those of
+    ``url`` is ``txb://[user:password@]host[:port][,host[:port]...]`` (the host list is
+    the failover list); options are those of
     :class:`~txbroker.client.options.ConnectOptions` (``timeout``, ``reconnect``,
-    ``reconnect_timeout``, ``on_failover``, ``client_id``). The URL and the options are
+    ``failover_timeout``, ``on_failover``, ``client_id``). The URL and the options are
     checked at once (ValueError / TypeError).
     """
     parsed = url if isinstance(url, ClientURL) else parse_url(url)

@@ -2,7 +2,10 @@
 
 A message remembers the session epoch it was delivered on (see
 ``_engine.py``): acking it after a failover raises IllegalState, because the
-broker has meanwhile put it back for redelivery.
+broker has meanwhile put it back for redelivery. The same holds for a message
+that ``recover()`` gave back (its tag is below the session's
+``recovered_below``). Subscriptions drop such messages from their buffers:
+the broker delivers them again.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Final, Generic, Literal, TypeVar
 
 from txbroker.client._engine import Engine, Session
 from txbroker.client.operations import settle_args
-from txbroker.errors import IllegalState, TxBrokerError
+from txbroker.errors import IllegalState, TxBrokerError, XAError
 
 __all__ = [
     "AckMode",
@@ -122,6 +125,15 @@ class AsyncMessage(MessageBase):
         self._settled = auto
         self._tx: object | None = None  # the AsyncTransaction that consumed it
 
+    def _given_back(self) -> bool:
+        """True when the broker has taken this client-ack delivery back: its session is
+        gone (a failover) or ``recover()`` returned it."""
+        if self._auto:
+            return False
+        session = self._engine.session
+        return session is None or session.epoch != self._epoch \
+            or self.tag < session.recovered_below
+
     async def _settle(self) -> Session:
         if self._settled:
             raise IllegalState(f"message {self.tag} was already acknowledged or rejected")
@@ -131,17 +143,26 @@ class AsyncMessage(MessageBase):
             raise IllegalState(
                 "the message was delivered before a failover; the broker redelivers it"
             )
+        if self.tag < session.recovered_below:
+            self._settled = True
+            raise IllegalState("the message was given back by recover(); the broker "
+                               "redelivers it")
         self._settled = True
         return session
 
     async def _settle_with(self, op: str, args: dict[str, Any], wait: bool) -> None:
         session = await self._settle()
-        if wait:
-            await self._engine.call(op, args, timeout=self._engine.options.timeout, resend=False)
-        elif op == "ack":
-            self._engine.pipeline_ack(session, self.tag)
-        else:
-            self._engine.pipeline(session, op, args)
+        try:
+            if wait:
+                await self._engine.call(op, args, timeout=self._engine.options.timeout,
+                                        resend=False)
+            elif op == "ack":
+                self._engine.pipeline_ack(session, self.tag)
+            else:
+                self._engine.pipeline(session, op, args)
+        except XAError:  # refused before it was sent (a lost XA branch): it may be retried
+            self._settled = False
+            raise
 
     async def ack(self, *, wait: bool = False) -> None:
         """Acknowledge. Pipelined: a broker error is raised by the next call, unless ``wait``
@@ -221,6 +242,11 @@ class AsyncSubscription:
         if self.ack_mode == "client":
             self._buffer = deque(m for m in self._buffer if m._epoch == new_epoch)
 
+    def on_recover(self) -> None:
+        """Drop client-ack messages ``recover()`` gave back: the broker redelivers them."""
+        if self.ack_mode == "client":
+            self._buffer = deque(m for m in self._buffer if not m._given_back())
+
     def _resume(self) -> None:
         if self._paused and (self._ended or len(self._buffer) < self._pause_at):
             self._paused = False
@@ -228,11 +254,21 @@ class AsyncSubscription:
 
     # -- application side --------------------------------------------------
 
+    def _drop_given_back(self) -> bool:
+        """Drop buffered messages the broker took back meanwhile (a failover under way:
+        their session is gone); True if the buffer is empty now. They come first: the
+        buffer is in delivery order."""
+        buffer = self._buffer
+        if self.ack_mode == "client":
+            while buffer and buffer[0]._given_back():
+                buffer.popleft()
+        return not buffer
+
     async def _wait(self, timeout: float | None) -> bool:
         """Wait until a message is buffered; False on timeout or end."""
         try:
             async with asyncio.timeout(timeout):
-                while not self._buffer:
+                while not self._buffer or self._drop_given_back():
                     if self._ended:
                         if self._error is not None:
                             raise self._error

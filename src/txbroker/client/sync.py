@@ -97,12 +97,15 @@ class Subscription:
 
     def get(self, timeout: float | None = None) -> Message | None:
         """The next message; None on timeout or once the subscription ended."""
-        if not self._local:
+        local = self._local
+        while local and local[0]._inner._given_back():
+            local.popleft()  # a failover or recover() gave it back: the broker redelivers it
+        if not local:
             batch = self._portal.call(self._inner.get_batch(SYNC_BATCH, timeout))
-            self._local.extend(Message(m, self._portal) for m in batch)
-            if not self._local:
+            local.extend(Message(m, self._portal) for m in batch)
+            if not local:
                 return None
-        return self._local.popleft()
+        return local.popleft()
 
     def __iter__(self) -> Iterator[Message]:
         return self
@@ -289,6 +292,12 @@ class Connection(StreamMixin):
     def transaction(self) -> Transaction:
         """A new local transaction (``with conn.transaction() as tx``)."""
         return Transaction(self._inner.transaction(), self._portal)
+
+    def recover(self) -> int:
+        """Give back every unacknowledged message of this connection (JMS
+        ``Session.recover()``); the broker redelivers them. Returns how many.
+        See :meth:`AsyncConnection.recover <txbroker.client.aio.AsyncConnection.recover>`."""
+        return self._call(self._inner.recover())
 
     def declare_queue(self, name: str, **settings: Any) -> dict[str, Any]:
         """Create a queue (or check its settings); returns the queue info."""

@@ -63,29 +63,55 @@ def _text(xid: Any) -> str:
 
 
 class AsyncXAResource:
-    """The XAResource of one connection (``conn.xa_resource()``)."""
+    """The XAResource of one connection (``conn.xa_resource()``).
+
+    Across a failover (``_xa_state.py``): a branch that was not prepared is rolled
+    back by it, and its ``end``, ``prepare`` and ``commit`` raise XAError with
+    ``XA_RBCOMMFAIL``; a prepared branch is in the store and is completed through
+    the new broker."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def _check_broken(self) -> None:
-        broken = self._engine.xa_broken
-        if broken is not None:  # the branch could not be resumed after a failover
-            self._engine.xa_broken = None
-            raise broken
-
     async def _call(self, op: str, args: dict[str, Any]) -> Any:
-        self._check_broken()
-        self._engine._flush_acks()  # pipelined acks belong to the branch: send them first
-        result, _ = await self._engine.call(op, args, timeout=self._engine.options.timeout,
-                                            resend=False)
+        engine = self._engine
+        state = engine.xa
+        xid: str | None = args.get("xid")
+        if xid is not None and state.check_lost(op, xid):
+            return {}  # a rollback of a branch the failover rolled back
+        engine._flush_acks()  # pipelined acks belong to the branch: send them first
+        try:
+            result, epoch = await engine.call(op, args, timeout=engine.options.timeout,
+                                              resend=False)
+        except XAError as exc:
+            if xid is None:
+                raise
+            if state.translate(op, xid, exc, engine.epoch):
+                return {}
+            if exc.rolled_back:
+                state.completed(xid)
+            raise
+        if xid is not None:
+            if op == "xa_start":
+                state.started(xid, epoch)
+            elif op == "xa_prepare":
+                state.prepared(xid)
         return result
 
     async def _send(self, op: str, args: dict[str, Any], wait: bool) -> None:
         engine = self._engine
+        state = engine.xa
+        xid: str = args["xid"]
         if op == "xa_start":
-            self._check_broken()
-            engine.xa_branch = args["xid"]  # (before it is sent: a failover resumes it)
+            if state.broken is not None and state.associated != xid:
+                raise XAError(XAER_PROTO, f"the connection is still associated with branch "
+                                          f"{state.associated} (lost in a failover): end or "
+                                          f"roll it back first")
+            if args["flags"] & (TMJOIN | TMRESUME):
+                state.check_lost(op, xid)  # joining a lost branch: its rollback error
+            state.starting(xid, engine.epoch)  # (before it is sent: a failover resumes it)
+        else:
+            state.check_lost(op, xid)  # end of a lost branch: its rollback error
         session = engine.session
         try:
             if wait or session is None:
@@ -95,11 +121,11 @@ class AsyncXAResource:
                 engine.pipeline(session, op, args)  # an error is raised by the next call
         except BaseException:
             if op == "xa_start":
-                engine.xa_branch = None
+                state.start_failed(xid)
             raise
         finally:
             if op == "xa_end":
-                engine.xa_branch = None
+                state.ended(xid)
 
     async def start(self, xid: Xid, flags: int = TMNOFLAGS, *, wait: bool = True) -> None:
         """Associate the connection with branch ``xid`` (TMNOFLAGS, TMJOIN, TMRESUME).
@@ -117,17 +143,20 @@ class AsyncXAResource:
 
     async def commit(self, xid: Xid, one_phase: bool = False) -> None:
         """Commit a prepared branch, or an ended one with ``one_phase=True``."""
-        self._completed(_text(xid))
-        await self._call("xa_commit", {"xid": _text(xid), "one_phase": bool(one_phase)})
+        await self._complete("xa_commit", {"xid": _text(xid), "one_phase": bool(one_phase)})
 
     async def rollback(self, xid: Xid) -> None:
-        """Roll the branch back; its consumed messages are redelivered."""
-        self._completed(_text(xid))
-        await self._call("xa_rollback", {"xid": _text(xid)})
+        """Roll the branch back; its consumed messages are redelivered. A branch a
+        failover rolled back is rolled back already: nothing is sent."""
+        await self._complete("xa_rollback", {"xid": _text(xid)})
 
-    def _completed(self, text: str) -> None:
-        if self._engine.xa_branch == text:  # no longer to be resumed after a failover
-            self._engine.xa_branch = None
+    async def _complete(self, op: str, args: dict[str, Any]) -> None:
+        state = self._engine.xa
+        state.ended(args["xid"])  # no longer to be resumed after a failover
+        try:
+            await self._call(op, args)
+        finally:
+            state.completed(args["xid"])
 
     async def recover(self, flags: int = TMSTARTRSCAN | TMENDRSCAN) -> list[Xid]:
         """Prepared and heuristically completed branches."""

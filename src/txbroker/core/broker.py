@@ -236,6 +236,11 @@ class Broker:
         work = session.transaction(tx) if tx is not None else None
         return self.delivery.nack(session, tags, now, requeue=requeue, work=work)
 
+    def recover(self, session_id: int, now: int) -> dict[str, int]:
+        """Give back every unacked delivery of the session (JMS ``Session.recover()``);
+        replies ``{"recovered": n, "next_tag": t}`` (``core/delivery.py``)."""
+        return self.delivery.recover(self.index.session(session_id), now)
+
     # ------------------------------------------------------------------ local transactions
     def tx_begin(self, session_id: int) -> Any:
         """Open a local transaction; replies ``{"tx": id}``."""

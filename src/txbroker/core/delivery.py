@@ -9,7 +9,9 @@ one request (or times out); every delivery gets a tag, unique in its session,
 that ack and nack name. :meth:`Delivery.take_deliveries` is the one place
 that decides "ack of an unknown delivery" for every protocol: each tag must
 be an unacked delivery of this session, else the whole request is refused
-with IllegalState and nothing is taken.
+with IllegalState and nothing is taken. :meth:`Delivery.recover` (JMS
+``Session.recover()``) is a nack with requeue of every unacked delivery of
+the session.
 """
 
 from __future__ import annotations
@@ -196,6 +198,19 @@ class Delivery:
         for name in {consumer.queue for _, consumer in taken}:
             self.index.dispatch_name(name, now)
         return {}
+
+    def recover(self, session: Session, now: int) -> dict[str, int]:
+        """Give back every unacked delivery of the session, as a nack with requeue does
+        (redelivered, ``delivery_count`` one up when delivered again, dead-lettered at
+        ``max_deliveries``). Messages consumed by a transaction or an XA branch are not
+        unacked deliveries any more and stay where they are. Replies
+        ``{"recovered": n, "next_tag": t}``: deliveries made from now on (the
+        redeliveries too) have tags from ``t`` on; lower ones were given back."""
+        next_tag = session.next_tag
+        tags = [tag for tag, consumer in session.deliveries.items() if tag in consumer.unacked]
+        # newest first: each goes to the front, so the oldest ends up first again
+        self.nack(session, reversed(tags), now, requeue=True, work=None)
+        return {"recovered": len(tags), "next_tag": next_tag}
 
     def _persist_delivery_count(self, message: Message) -> None:
         if message.persistent and message.state is State.READY:

@@ -86,6 +86,11 @@ def nack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
                         tx=int_arg(args, "tx", None))
 
 
+def recover(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Give back every unacked delivery of the connection (JMS ``Session.recover()``)."""
+    return session.recover(now)
+
+
 def tx_begin(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Open a local transaction."""
     return {"tx": session.tx_begin()}
@@ -222,6 +227,7 @@ HANDLERS: Final[dict[str, Handler]] = {
     "receive": receive,
     "ack": ack,
     "nack": nack,
+    "recover": recover,
     "tx_begin": tx_begin,
     "tx_commit": tx_commit,
     "tx_rollback": tx_rollback,

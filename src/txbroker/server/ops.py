@@ -427,6 +427,16 @@ class Session:
             self._acked(tags)
         return result
 
+    def recover(self, now: int) -> dict[str, int]:
+        """Give back every unacked delivery of this session (JMS ``Session.recover()``):
+        the core nacks them with requeue. Replies ``{"recovered": n, "next_tag": t}``;
+        a delivery tag below ``t`` was given back."""
+        result = self.core.recover(self.id, now)
+        for order in self._cumulative.values():  # every unacked tag was given back
+            order.clear()
+        self._cumulative_sub.clear()
+        return result
+
     def _acked(self, tags: Sequence[int]) -> None:
         """Tags the core took: forget their place in a cumulative order."""
         for tag in tags:

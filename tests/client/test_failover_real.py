@@ -1,0 +1,243 @@
+"""Failover against real broker processes: the broker is killed with SIGKILL and started
+again on the same data directory — on the same port (a single-host URL that comes back)
+or on another one (a two-host URL whose second host is the restarted broker, as a
+shared-store standby taking over). Seed 004: transactions that sent or received a
+message are rolled back, one that did nothing goes on; XA branches that were not
+prepared are rolled back, prepared ones are completed through the new broker.
+
+Every step waits for what it asserts: sends, commits and prepares return once
+durable; the failover is awaited through ``on_failover``; each wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.support import BrokerProcess, free_port
+
+import txbroker
+import txbroker.aio
+from txbroker.client.xa import TMSUCCESS, XA_OK
+from txbroker.errors import XA_RBCOMMFAIL, IllegalState, TransactionRolledBack, XAError
+from txbroker.xid import Xid
+
+pytestmark = pytest.mark.timeout(180)
+
+#: Seconds a test waits for the client to reach the restarted broker (a broker process
+#: starts in about a second; a loaded CI machine may take much longer).
+FAILOVER_WAIT = 90.0
+
+
+class Moves:
+    """An ``on_failover`` callback that records its calls and can be waited for."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self._changed = threading.Condition()
+
+    def __call__(self, old: str, new: str) -> None:
+        with self._changed:
+            self.calls.append((old, new))
+            self._changed.notify_all()
+
+    def wait(self, count: int, timeout: float = FAILOVER_WAIT) -> list[tuple[str, str]]:
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self.calls) >= count, timeout):
+                raise AssertionError(f"no failover within {timeout} s: {self.calls}")
+            return list(self.calls)
+
+
+def address(proc: BrokerProcess) -> str:
+    return f"127.0.0.1:{proc.port}"
+
+
+def drain(conn: txbroker.Connection, queue: str) -> list[bytes]:
+    """Take every message of ``queue`` (acked, durably)."""
+    bodies = []
+    while (message := conn.receive(queue, timeout=0.5)) is not None:
+        bodies.append(message.body)
+        message.ack(wait=True)
+    return bodies
+
+
+@pytest.fixture
+def brokers(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    """Broker processes of the test (killed at the end)."""
+    started: list[BrokerProcess] = []
+    yield started
+    for proc in started:
+        proc.kill()
+
+
+def test_local_transactions_across_a_restart_of_the_only_broker(
+        tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+    proc = BrokerProcess(tmp_path / "data").start()
+    brokers.append(proc)
+    moves = Moves()
+    with txbroker.connect(proc.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+        for i in range(3):
+            conn.send("in", b"m%d" % i)  # durable once send returns
+        done = conn.transaction()
+        consumed = done.receive("in", timeout=5)
+        assert consumed is not None and consumed.body == b"m0"
+        done.send("out", b"committed")
+        done.commit()  # durable: never undone, never redelivered
+        idle = conn.transaction()
+        idle.begin()  # begun, nothing sent or received
+        received = conn.transaction()
+        taken = received.receive("in", timeout=5)
+        assert taken is not None and taken.body == b"m1"
+        sent = conn.transaction()
+        sent.send("out", b"staged")
+
+        proc.kill()
+        proc.start()
+        assert moves.wait(1) == [(address(proc), address(proc))]
+
+        idle.send("out", b"from the idle transaction")
+        idle.commit()  # it goes on: begun again on the new session
+        with pytest.raises(TransactionRolledBack):
+            received.commit()
+        with pytest.raises(TransactionRolledBack):
+            sent.commit()
+        assert drain(conn, "in") == [b"m1", b"m2"]  # m1 comes again, m0 never
+        assert drain(conn, "out") == [b"committed", b"from the idle transaction"]
+
+
+def test_two_host_url_moves_to_the_restarted_broker(
+        tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+    """Async: ``on_failover`` gets the two addresses; subscriptions and an idle
+    transaction carry on, a transaction that received is rolled back."""
+    data = tmp_path / "data"
+    first = BrokerProcess(data).start()
+    brokers.append(first)
+    second = BrokerProcess(data, port=free_port())  # the same store, started later
+    brokers.append(second)
+    moves = Moves()
+
+    async def main() -> None:
+        url = f"txb://{address(first)},{address(second)}"
+        async with txbroker.aio.connect(url, failover_timeout=FAILOVER_WAIT,
+                                        on_failover=moves) as conn:
+            sub = await conn.subscribe("work", prefetch=10)
+            await conn.send("work", b"w1")
+            before = await sub.get(timeout=5)
+            assert before is not None and before.body == b"w1"
+            await conn.send("in", b"t1")
+            tx = conn.transaction()
+            assert await tx.receive("in", timeout=5) is not None
+            idle = conn.transaction()
+            await idle.begin()
+
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, first.kill)
+            await loop.run_in_executor(None, second.start)
+            calls = await loop.run_in_executor(None, moves.wait, 1)
+            assert calls == [(address(first), address(second))]
+            assert conn.host == address(second)
+
+            with pytest.raises(IllegalState):
+                await before.ack()  # delivered by the broker that died
+            again = await sub.get(timeout=10)  # the subscription was restored
+            assert again is not None and again.body == b"w1"
+            await again.ack(wait=True)
+            with pytest.raises(TransactionRolledBack):
+                await tx.commit()
+            await idle.send("out", b"idle")
+            await idle.commit()
+            message = await conn.receive("in", timeout=5)
+            assert message is not None and message.body == b"t1"
+            await message.ack(wait=True)
+            message = await conn.receive("out", timeout=5)
+            assert message is not None and message.body == b"idle"
+            await message.ack(wait=True)
+
+    asyncio.run(asyncio.wait_for(main(), 150))
+
+
+def test_xa_branches_across_a_failover(tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+    data = tmp_path / "data"
+    first = BrokerProcess(data).start()
+    brokers.append(first)
+    second = BrokerProcess(data, port=free_port())
+    brokers.append(second)
+    moves = Moves()
+    prepared, idle, active = (Xid(0, "failover", name) for name in ("prepared", "idle",
+                                                                      "active"))
+    url = f"txb://{address(first)},{address(second)}"
+    with txbroker.connect(url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+        conn.send("in", b"order")
+        conn.send("in", b"late")
+        xa = conn.xa_resource()
+        xa.start(idle)
+        conn.send("out", b"from idle")
+        xa.end(idle, TMSUCCESS)  # ended, not prepared: in memory only
+        xa.start(prepared)
+        message = conn.receive("in", timeout=5)
+        assert message is not None
+        message.ack()  # staged in the branch
+        conn.send("out", b"from prepared")
+        xa.end(prepared, TMSUCCESS)
+        assert xa.prepare(prepared) == XA_OK  # durable once this returns
+        xa.start(active)
+        conn.send("out", b"from active")  # associated when the broker dies
+
+        first.kill()
+        second.start()
+        assert moves.wait(1) == [(address(first), address(second))]
+
+        # the associated branch is gone: work outside it would not be in it
+        with pytest.raises(XAError) as refused:
+            conn.send("out", b"outside")
+        assert refused.value.errcode == XA_RBCOMMFAIL
+        late = conn.receive("in", timeout=5)  # ("order" is held by the prepared branch)
+        assert late is not None and late.body == b"late"
+        with pytest.raises(XAError):
+            late.ack()  # it would not be in the branch either
+        with pytest.raises(XAError) as ended:
+            xa.end(active, TMSUCCESS)
+        assert ended.value.rolled_back and ended.value.errcode == XA_RBCOMMFAIL
+        with pytest.raises(XAError) as lost:
+            xa.prepare(active)
+        assert lost.value.rolled_back
+        xa.rollback(active)  # rolled back already: nothing to do
+        late.ack(wait=True)  # no association any more: acked at once
+        with pytest.raises(XAError) as unprepared:
+            xa.prepare(idle)  # the new broker never heard of it
+        assert unprepared.value.rolled_back
+        xa.rollback(idle)
+
+        assert xa.recover() == [prepared]  # in the store: completed through the new broker
+        xa.commit(prepared)
+        assert xa.recover() == []
+        conn.send("out", b"after")  # no association any more: done at once
+        assert drain(conn, "out") == [b"from prepared", b"after"]
+        assert drain(conn, "in") == []  # consumed by the committed branch
+
+
+def test_a_message_delivered_before_a_kill_comes_back_flagged_redelivered(
+        tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+    """Seed 004: messages delivered and not acknowledged before the failure come
+    again with ``redelivered`` set (the broker's delivered mark, core/queue_index.py)."""
+    proc = BrokerProcess(tmp_path / "data").start()
+    brokers.append(proc)
+    moves = Moves()
+    with txbroker.connect(proc.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+        conn.send("q", b"in a transaction")
+        conn.send("q", b"plain")
+        tx = conn.transaction()
+        assert tx.receive("q", timeout=5) is not None
+        plain = conn.receive("q", timeout=5)
+        assert plain is not None and not plain.redelivered
+        proc.kill()
+        proc.start()
+        moves.wait(1)
+        with pytest.raises(TransactionRolledBack):
+            tx.commit()
+        again = [conn.receive("q", timeout=5) for _ in range(2)]
+        assert [(m.body, m.redelivered) for m in again if m] == [
+            (b"in a transaction", True), (b"plain", True)]
