@@ -54,7 +54,7 @@ ALL_OPS = [
     "xa_start", "xa_end", "xa_prepare", "xa_commit", "xa_rollback", "xa_recover",
     "xa_forget", "xa_heuristic", "xa_set_timeout", "xa_get_timeout", "xa_list",
     "send_batch", "stream_open", "stream_info", "stream_read", "stream_commit",
-    "stream_close", "sink_status", "sink_commit", "sink_abort",
+    "stream_close", "sink_status", "sink_commit", "sink_abort", "recover",
 ]
 
 PRECIOUS = "precious"  #: stored before the fuzzing; no request may name it
@@ -309,7 +309,8 @@ REQUESTS: dict[str, tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]
     "sink_abort": ({"sink": ("str", "fz-sink"), "batch": ("int", 0)}, {}),
 }
 #: Ops with no argument that could be wrong (they are in test_random_requests).
-NO_ARGUMENTS = {"ping", "tx_begin", "queue_list", "stats", "xa_get_timeout", "xa_list"}
+NO_ARGUMENTS = {"ping", "tx_begin", "queue_list", "stats", "xa_get_timeout", "xa_list",
+                "recover"}
 #: docs/protocol.md "Queue settings" (counts and limits are >= 0).
 SETTINGS = {
     "max_messages": "setting_int", "max_bytes": "setting_int", "max_deliveries": "setting_int",

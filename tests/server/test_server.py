@@ -202,7 +202,7 @@ def test_failover_list_moves_to_next_broker(tmp_path: Path) -> None:
     try:
         url = f"txb://127.0.0.1:{first.port},127.0.0.1:{second.port}"
         with txbroker.connect(url, on_failover=lambda a, b: moved.append((a, b)),
-                              reconnect_timeout=20) as conn:
+                              failover_timeout=20) as conn:
             conn.send("q", b"to-first")
             first.kill(signal.SIGKILL)
             deadline = time.monotonic() + 20

@@ -238,7 +238,7 @@ class CuttableProxy:
 def test_client_resumes_its_branch_after_a_network_break(broker: BrokerProcess) -> None:
     proxy = CuttableProxy(broker.port)
     try:
-        with txbroker.connect(f"txb://127.0.0.1:{proxy.port}", reconnect_timeout=10) as conn:
+        with txbroker.connect(f"txb://127.0.0.1:{proxy.port}", failover_timeout=10) as conn:
             conn.send("in", b"consumed")
             conn.tpc_begin(conn.xid(0, "resume", "b"))
             msg = conn.receive("in", timeout=5)
@@ -264,7 +264,7 @@ def test_client_resumes_its_branch_after_a_network_break(broker: BrokerProcess) 
 
 def test_branch_lost_in_a_broker_restart_is_reported_as_rolled_back(
         broker: BrokerProcess) -> None:
-    with txbroker.connect(broker.url, reconnect_timeout=30) as conn:
+    with txbroker.connect(broker.url, failover_timeout=30) as conn:
         conn.tpc_begin(conn.xid(0, "lost", "b"))
         conn.send("out", b"never")
         broker.kill()

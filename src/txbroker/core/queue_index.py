@@ -27,6 +27,22 @@ rebuilds (``core/replay.py``):
 
 Plain sends and acks wait in the outbox's record group; :meth:`close_group`
 writes them as one record (``core/outbox.py``).
+
+Delivered mark
+--------------
+A delivery is not a record, yet after a crash (or a shared-store failover) a
+message that was delivered and not acked must come back flagged
+``redelivered`` (seed 004). So each durable queue keeps a **delivered mark**,
+``delivered_seq``: every message whose seq is at most the mark may have been
+delivered. A delivery above the durable mark is held until a ``QUEUE_PUT``
+carrying a new mark (the seq plus ``queues.MARK_AHEAD``) is durable, and the next
+mark is written early, half-way through the reserve, so that a steady stream
+of deliveries never waits. Replay keeps the largest mark and counts one
+delivery for every surviving message at or below it (``core/replay.py``):
+such a message comes back with ``redelivered`` set — at most ``MARK_AHEAD``
+messages per queue that were never delivered are flagged too, which JMS allows
+("likely, but not guaranteed, delivered before"). Auto-ack and non-persistent
+deliveries take no mark (they cannot come back).
 """
 
 from __future__ import annotations
@@ -38,7 +54,7 @@ from txbroker.core.effects import Deliver, Fail, Persist, Release, Reply
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox, RecordGroup
-from txbroker.core.queues import Consumer, Queue
+from txbroker.core.queues import MARK_AHEAD, Consumer, Queue
 from txbroker.core.records import Kind, pack
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
@@ -108,7 +124,7 @@ class QueueIndex:
         if not self.limits.auto_create:
             raise NotFound(f"no queue {name!r} (auto_create is off)")
         check_name(name)
-        queue = Queue(name)
+        queue = Queue(name, new=True)
         self.queues[name] = queue
         self.outbox.persist(Kind.QUEUE_PUT, queue.definition(), self.outbox.ignore_durable)
         return queue
@@ -338,14 +354,57 @@ class QueueIndex:
             queue.remove_consumer(consumer)
             session.receivers.discard(consumer)
         sub = 0 if consumer.one_shot else consumer.id
-        self.outbox.emit(Deliver(session.id, sub, consumer.rid, tag, message,
-                                 message.delivery_count > 1))
+        deliver = Deliver(session.id, sub, consumer.rid, tag, message,
+                          message.delivery_count > 1)
+        seq = message.seq
+        if not seq or consumer.ack_auto or not queue.durable or (
+                seq <= queue.delivered_seq - MARK_AHEAD // 2 and not queue.held_deliveries):
+            self.outbox.emit(deliver)  # the usual case: well below the durable mark
+        elif seq <= queue.delivered_seq and not queue.held_deliveries:
+            self.outbox.emit(deliver)
+            self._mark(queue, seq)  # half-way through the reserve: the next one, early
+        else:
+            self._mark(queue, seq)
+            queue.held_deliveries.append(deliver)
         if consumer.ack_auto:
             queue.in_flight -= 1
             self.consume([message], None)
             return
         consumer.unacked[tag] = message
         session.deliveries[tag] = consumer
+
+    def _mark(self, queue: Queue, seq: int) -> None:
+        """Make sure a delivered mark of at least ``seq`` is on its way (see
+        "Delivered mark" in the module docstring)."""
+        if queue.reserving >= seq or queue.name in self.deleting:
+            return
+        mark = seq + MARK_AHEAD
+        queue.reserving = mark
+
+        def durable(error: BaseException | None) -> None:
+            if error is not None:
+                self.outbox.storage_failed(error)
+            queue.delivered_seq = max(queue.delivered_seq, mark)
+            if queue.reserving <= mark:
+                queue.reserving = 0
+            self._release_held(queue, error is not None)
+
+        self.outbox.persist(Kind.QUEUE_PUT, queue.definition(), durable)
+
+    def _release_held(self, queue: Queue, failed: bool) -> None:
+        """Hand out the held deliveries the durable mark now covers, in order; those
+        whose consumer or session went away meanwhile are not sent (the message went
+        back to its queue with them)."""
+        held = queue.held_deliveries
+        while held and (failed or held[0].message.seq <= queue.delivered_seq):
+            deliver = held.popleft()
+            session = self.sessions.get(deliver.session)
+            if session is None:
+                continue
+            consumer = session.deliveries.get(deliver.tag)
+            if consumer is None or consumer.unacked.get(deliver.tag) is not deliver.message:
+                continue
+            self.outbox.emit(deliver)
 
     def requeue(self, message: Message, now: int, *, delay_ms: int = 0) -> None:
         """A delivered or held message comes back to its queue (front of its priority)."""

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from txbroker.core.effects import Deliver
 from txbroker.core.messages import Message, State
 from txbroker.errors import BadRequest
 
@@ -116,11 +117,19 @@ class Consumer:
         return len(self.unacked) < self.prefetch
 
 
+#: A delivered mark reserves this many seqs past the message that needed it
+#: (``core/queue_index.py``, "Delivered mark"): one small record per this many
+#: deliveries of a queue, and at most this many messages flagged redelivered
+#: without need after a crash.
+MARK_AHEAD = 1024
+
+
 class Queue:
     """A queue (or a topic's subscription queue). See the module docstring."""
 
     def __init__(
-        self, name: str, settings: QueueSettings | None = None, topic: str | None = None
+        self, name: str, settings: QueueSettings | None = None, topic: str | None = None,
+        *, new: bool = False,
     ) -> None:
         self.name = name
         self.settings = settings or QueueSettings()
@@ -152,6 +161,16 @@ class Queue:
         self.seq_messages: list[Message] = []
         self.seq_head = 0  #: entries below are released
         self.stream_owner: tuple[str, int] | None = None  #: (reader name, session)
+        # -- the delivered mark (core/queue_index.py, "Delivered mark") -----------
+        #: every seq up to this may have been delivered (durable: in a QUEUE_PUT). A
+        #: queue made by a command (``new``, not by replay) starts at MARK_AHEAD: its
+        #: definition record precedes all its messages' records in the log, so that
+        #: mark is durable before any message of the queue can be delivered.
+        self.delivered_seq = MARK_AHEAD if new else 0
+        #: the highest mark written and not yet durable (0: none)
+        self.reserving = 0
+        #: deliveries waiting for a mark to be durable, in order
+        self.held_deliveries: deque[Deliver] = deque()
 
     # -- content ---------------------------------------------------------
     def put(self, message: Message, now_ms: int, *, front: bool = False) -> None:
@@ -448,6 +467,7 @@ class Queue:
             "topic": self.topic,
             "settings": self.settings.to_dict(),
             "next_seq": self.next_seq,
+            "delivered_seq": max(self.delivered_seq, self.reserving),
         }
 
     def info(self) -> dict[str, Any]:

@@ -229,6 +229,7 @@ class Replay:
         queue = self._queue(name)
         queue.settings = settings
         queue.next_seq = max(queue.next_seq, int(definition.get("next_seq", 1)))
+        queue.delivered_seq = max(queue.delivered_seq, int(definition.get("delivered_seq", 0)))
         topic_name = definition.get("topic")
         if topic_name:
             queue.topic = topic_name
@@ -392,6 +393,8 @@ class Replay:
             queue.messages += 1  # count_in + put, inlined: this loop runs per message
             if message.seq >= queue.next_seq:
                 queue.next_seq = message.seq + 1
+            if message.seq <= queue.delivered_seq and not message.delivery_count:
+                message.delivery_count = 1  # may have been delivered before the crash
             queue.bytes += message.size
             if message.expires_ms:
                 queue.expiring += 1
