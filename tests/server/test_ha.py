@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 import txbroker
+from tests import native_workload as load
 from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.support import ROOT, free_port
 from txbroker.cli.ha_commands import probe
@@ -160,83 +161,8 @@ def _connect(url: str) -> Any:
     return txbroker.connect(url, timeout=15, failover_timeout=60)
 
 
-def _producer(url: str, name: str, ledger: Ledger, stop: threading.Event, tx_size: int) -> None:
-    n = 0
-    with _connect(url) as conn:
-        while not stop.is_set():
-            ids = [f"{name}-{n + i}" for i in range(max(tx_size, 1))]
-            n += len(ids)
-            ledger.add("attempted", *ids)
-            try:
-                if tx_size:
-                    with conn.transaction() as tx:
-                        for mid in ids:
-                            tx.send("plain", mid.encode(), message_id=mid)
-                else:
-                    conn.send("plain", ids[0].encode(), message_id=ids[0])
-            except (TransactionRolledBack, txbroker.ConnectionLost):
-                continue  # lost in a failover: not acknowledged, maybe stored
-            ledger.add("acknowledged", *ids)
-
-
-def _consumer(url: str, ledger: Ledger, stop: threading.Event,
-              flags: dict[str, list[bool]]) -> None:
-    with _connect(url) as conn:
-        while not stop.is_set():
-            try:
-                msg = conn.receive("plain", timeout=0.2)
-            except txbroker.ConnectionLost:
-                continue
-            if msg is None:
-                continue
-            mid = msg.body.decode()
-            ledger.delivered(mid)
-            with ledger.lock:
-                flags.setdefault(mid, []).append(bool(msg.redelivered))
-            try:
-                msg.ack(wait=True)
-            except (IllegalState, txbroker.ConnectionLost):
-                continue  # delivered before a failover: it comes back, flagged
-            ledger.add("ack_confirmed", mid)
-
-
-def _mover(url: str, ledger: Ledger, stop: threading.Event) -> None:
-    with _connect(url) as conn:
-        while not stop.is_set():
-            try:
-                with conn.transaction() as tx:
-                    msg = tx.receive("txin", timeout=0.2)
-                    if msg is None:
-                        continue
-                    mid = msg.body.decode()
-                    tx.send("txout", msg.body, message_id=mid)
-            except (TransactionRolledBack, txbroker.ConnectionLost):
-                continue
-            ledger.add("moved", mid)
-
-
-def _feeder(url: str, name: str, ledger: Ledger, stop: threading.Event) -> None:
-    n = 0
-    with _connect(url) as conn:
-        while not stop.is_set():
-            mid = f"{name}-{n}"
-            n += 1
-            ledger.add("attempted", mid)
-            try:
-                conn.send("txin", mid.encode(), message_id=mid)
-            except txbroker.ConnectionLost:
-                continue
-            ledger.add("acknowledged", mid)
-
-
-def _drain(url: str, queue: str) -> list[str]:
-    found: list[str] = []
-    with _connect(url) as conn:
-        while (msg := conn.receive(queue, timeout=0.5)) is not None:
-            found.append(msg.body.decode())
-            msg.ack()
-        conn.ping()
-    return found
+#: what a failover may make a worker's step fail with (the step is retried)
+RETRY = (TransactionRolledBack, IllegalState, txbroker.ConnectionLost)
 
 
 def test_kill9_alternations_under_load(tmp_path: Path) -> None:
@@ -249,12 +175,12 @@ def test_kill9_alternations_under_load(tmp_path: Path) -> None:
         url = url_of(a, b)
         stop = threading.Event()
         workers: list[Callable[[], None]] = [
-            partial(_producer, url, "p0", ledger, stop, 0),
-            partial(_producer, url, "p1", ledger, stop, 0),
-            partial(_producer, url, "t0", ledger, stop, 5),
-            partial(_feeder, url, "f0", ledger, stop),
-            partial(_consumer, url, ledger, stop, flags),
-            partial(_mover, url, ledger, stop),
+            partial(load.producer, _connect, url, "p0", ledger, stop, 0, RETRY),
+            partial(load.producer, _connect, url, "p1", ledger, stop, 0, RETRY),
+            partial(load.producer, _connect, url, "t0", ledger, stop, 5, RETRY),
+            partial(load.feeder, _connect, url, "f0", ledger, stop, RETRY),
+            partial(load.consumer, _connect, url, ledger, stop, RETRY, flags),
+            partial(load.mover, _connect, url, ledger, stop, RETRY),
         ]
         threads = [threading.Thread(target=_guard(w), daemon=True) for w in workers]
         for t in threads:
@@ -282,7 +208,7 @@ def test_kill9_alternations_under_load(tmp_path: Path) -> None:
         stop.set()
         for t in threads:
             join_or_explain(t, timeout=120)
-        plain, txin, txout = (_drain(url, q) for q in ("plain", "txin", "txout"))
+        plain, txin, txout = (load.drain(_connect, url, q) for q in ("plain", "txin", "txout"))
     # a message delivered again (after a failover, or an ack refused by one) is
     # flagged redelivered every later time: the delivered mark (docs/ha.md)
     again = [seen for seen in flags.values() if len(seen) > 1]

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import txbroker
+from tests import native_workload as load
 from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.support import BrokerProcess
 from txbroker.errors import TxBrokerError
@@ -36,69 +37,8 @@ def _guard(fn: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-def _producer(url: str, name: str, ledger: Ledger, stop: threading.Event, tx_size: int) -> None:
-    n = 0
-    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
-        while not stop.is_set():
-            if tx_size:
-                ids = [f"{name}-{n + i}" for i in range(tx_size)]
-                n += tx_size
-                ledger.add("attempted", *ids)
-                with conn.transaction() as tx:
-                    for mid in ids:
-                        tx.send("plain", mid.encode(), message_id=mid)
-                ledger.add("acknowledged", *ids)
-            else:
-                mid = f"{name}-{n}"
-                n += 1
-                ledger.add("attempted", mid)
-                conn.send("plain", mid.encode(), message_id=mid)
-                ledger.add("acknowledged", mid)
-
-
-def _feeder(url: str, name: str, ledger: Ledger, stop: threading.Event) -> None:
-    n = 0
-    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
-        while not stop.is_set():
-            mid = f"{name}-{n}"
-            n += 1
-            ledger.add("attempted", mid)
-            conn.send("txin", mid.encode(), message_id=mid)
-            ledger.add("acknowledged", mid)
-
-
-def _consumer(url: str, ledger: Ledger, stop: threading.Event) -> None:
-    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
-        while not stop.is_set():
-            msg = conn.receive("plain", timeout=0.2)
-            if msg is None:
-                continue
-            mid = msg.body.decode()
-            ledger.delivered(mid)
-            msg.ack(wait=True)
-            ledger.add("ack_confirmed", mid)
-
-
-def _mover(url: str, ledger: Ledger, stop: threading.Event) -> None:
-    with txbroker.connect(url, reconnect=False, timeout=10) as conn:
-        while not stop.is_set():
-            with conn.transaction() as tx:
-                msg = tx.receive("txin", timeout=0.2)
-                if msg is None:
-                    continue
-                mid = msg.body.decode()
-                tx.send("txout", msg.body, message_id=mid)
-            ledger.add("moved", mid)
-
-
-def _drain(url: str, queue: str) -> list[str]:
-    found: list[str] = []
-    with txbroker.connect(url, reconnect=False, timeout=30) as conn:
-        while (msg := conn.receive(queue, timeout=0.5)) is not None:
-            found.append(msg.body.decode())
-            msg.ack()
-        conn.ping()
-    return found
+def _connect(url: str) -> Any:
+    return txbroker.connect(url, reconnect=False, timeout=10)
 
 
 def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal") -> dict[str, Any]:
@@ -115,13 +55,13 @@ def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal") -
             stop = threading.Event()
             url = proc.url
             workers: list[Callable[[], None]] = [
-                partial(_producer, url, f"c{cycle}p0", ledger, stop, 0),
-                partial(_producer, url, f"c{cycle}p1", ledger, stop, 0),
-                partial(_producer, url, f"c{cycle}t0", ledger, stop, 5),
-                partial(_feeder, url, f"c{cycle}f0", ledger, stop),
-                partial(_consumer, url, ledger, stop),
-                partial(_consumer, url, ledger, stop),
-                partial(_mover, url, ledger, stop),
+                partial(load.producer, _connect, url, f"c{cycle}p0", ledger, stop, 0),
+                partial(load.producer, _connect, url, f"c{cycle}p1", ledger, stop, 0),
+                partial(load.producer, _connect, url, f"c{cycle}t0", ledger, stop, 5),
+                partial(load.feeder, _connect, url, f"c{cycle}f0", ledger, stop),
+                partial(load.consumer, _connect, url, ledger, stop),
+                partial(load.consumer, _connect, url, ledger, stop),
+                partial(load.mover, _connect, url, ledger, stop),
             ]
             threads = [threading.Thread(target=_guard(w), daemon=True) for w in workers]
             for t in threads:
@@ -132,9 +72,8 @@ def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal") -
             for t in threads:
                 join_or_explain(t, timeout=60)
             proc.start()
-        plain = _drain(proc.url, "plain")
-        txin = _drain(proc.url, "txin")
-        txout = _drain(proc.url, "txout")
+        plain, txin, txout = (load.drain(_connect, proc.url, q) for q in ("plain", "txin",
+                                                                          "txout"))
     finally:
         proc.kill()
 
