@@ -460,3 +460,52 @@ def test_ha_status_command(tmp_path: Path) -> None:
                               timeout=60, cwd=ROOT)
         assert none.returncode == 1
         assert none.stderr == "error: no broker of the list answered\n"
+
+
+def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path) -> None:
+    """Seed 004 through a real pair: an open local transaction rolls back and what it
+    received comes back flagged; a prepared XA branch is completed through the new
+    active; a durable topic subscription keeps its messages and goes on."""
+    from txbroker.core.xa import TMSUCCESS
+    from txbroker.xid import Xid
+
+    moves: list[tuple[str, str]] = []
+    with pair(tmp_path) as (a, b):
+        url = url_of(a, b)
+        with txbroker.connect(url, timeout=10, failover_timeout=60,
+                              on_failover=lambda old, new: moves.append((old, new))) as conn:
+            conn.declare_topic("prices")
+            conn.subscribe_topic("prices", "risk")
+            conn.send("prices", b"p1")
+            conn.send("orders", b"o1")
+            conn.send("orders", b"o2")
+            xid = Xid(1, "ha", "b1")
+            xa = conn.xa_resource()
+            xa.start(xid)
+            taken = conn.receive("orders", timeout=5)
+            assert taken is not None and taken.body == b"o1"
+            taken.ack()
+            conn.send("shipped", b"o1")
+            xa.end(xid, TMSUCCESS)
+            xa.prepare(xid)
+            tx = conn.transaction()
+            got = tx.receive("orders", timeout=5)
+            assert got is not None and got.body == b"o2"
+            tx.send("shipped", b"o2")
+            a.kill()
+            b.wait_line("txbroker ready")
+            with pytest.raises(TransactionRolledBack):
+                tx.commit()
+            assert xa.recover() == [xid]  # the prepared branch is in the shared store
+            assert moves == [(a.address, b.address)]  # recover() ran on the new active
+            xa.commit(xid)
+            again = conn.receive("orders", timeout=5)
+            assert again is not None and (again.body, again.redelivered) == (b"o2", True)
+            again.ack(wait=True)
+            conn.send("prices", b"p2")
+            prices = [conn.receive("prices::risk", timeout=5) for _ in range(2)]
+            assert [m.body for m in prices if m is not None] == [b"p1", b"p2"]
+            shipped = conn.receive("shipped", timeout=5)
+            assert shipped is not None and shipped.body == b"o1"
+            assert conn.receive("shipped", timeout=0.2) is None  # o2's send rolled back
+            assert conn.queue_info("orders")["depth"] == 0
