@@ -201,6 +201,26 @@ def test_client_individual_ack_and_redelivery(connect: Connect, queue: str) -> N
     again.no_message()
 
 
+def test_an_ack_id_of_another_connection_names_nothing(connect: Connect, queue: str) -> None:
+    """Tags restart at 1 on every connection: a client that failed over and acks with an
+    id of its old connection must get an error, not ack the new connection's message."""
+    producer = connect()
+    for i in range(2):
+        send_persistent(producer, queue, f"m{i}".encode())
+    old = connect()
+    old.call("SUBSCRIBE", {"destination": queue, "id": "s", "ack": "client-individual"})
+    stale = old.messages(2)[1].headers["ack"]  # m1's id on the old connection
+    old.close()  # both come back
+    new = connect()
+    new.call("SUBSCRIBE", {"destination": queue, "id": "s", "ack": "client-individual"})
+    fresh = new.messages(2)
+    assert stale.rsplit("-", 1)[1] == fresh[1].headers["ack"].rsplit("-", 1)[1]  # same tag
+    assert stale != fresh[1].headers["ack"]
+    new.send("ACK", {"id": stale, "receipt": "stale"})
+    assert_error(new, f"delivery tag {stale} is not an unacked delivery", "stale")
+    assert sorted(drain(connect, queue, 2)) == [b"m0", b"m1"]  # nothing was acked
+
+
 def test_client_ack_is_cumulative(connect: Connect, queue: str) -> None:
     producer = connect()
     for i in range(4):

@@ -20,13 +20,16 @@ starts with the error code. What is STOMP's own is kept here:
   record is durable. DISCONNECT's receipt waits until nothing is pending.
 * Consecutive ACK frames of one read (outside transactions) are acknowledged
   with ONE operation (``Session.ack_groups``), hence one ``ACK`` record.
-* Ack ids: in STOMP 1.2 a MESSAGE's ``ack`` header is its delivery tag, so an
-  ACK's ``id`` is read as the tag; STOMP 1.0/1.1 acknowledge by
-  ``message-id``, so for them this connection keeps ``message-id -> tag`` (the
-  only thing it keeps about deliveries). Whether a tag is an unacked delivery
-  is the core's decision; an id that stands for no tag is refused by the same
-  rule (``ops.unknown_delivery``). ``ack:client`` is cumulative: the operation
-  layer expands a tag to the subscription's earlier ones (``Session.covered``).
+* Ack ids: in STOMP 1.2 a MESSAGE's ``ack`` header is its delivery tag behind
+  a random prefix of this connection (``3f9a0c1e-17``), so an ACK's ``id`` is
+  read as the tag, and an id of another connection — a client that failed
+  over, whose new connection's tags start at 1 again — names no delivery of
+  this one; STOMP 1.0/1.1 acknowledge by ``message-id``, so for them this
+  connection keeps ``message-id -> tag`` (the only thing it keeps about
+  deliveries). Whether a tag is an unacked delivery is the core's decision; an
+  id that stands for no tag is refused by the same rule
+  (``ops.unknown_delivery``). ``ack:client`` is cumulative: the operation layer
+  expands a tag to the subscription's earlier ones (``Session.covered``).
 * Transactions are core transactions: BEGIN = ``tx_begin``, COMMIT =
   ``tx_commit`` (one atomic ``TX`` record), ABORT = ``tx_rollback``.
 * ``ack:auto`` subscriptions are client-ack subscriptions in the core; the
@@ -37,6 +40,7 @@ starts with the error code. What is STOMP's own is kept here:
 from __future__ import annotations
 
 import enum
+import secrets
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -134,6 +138,10 @@ class StompFrames:
         self._next_sub = 1
         #: STOMP 1.0/1.1: a MESSAGE's message-id -> (delivery tag, subscription number)
         self._ack_ids: dict[str, tuple[int, int]] = {}
+        #: STOMP 1.2 ack ids are "<this prefix><tag>": tags restart at 1 on every
+        #: connection (and broker), so a stale id from an earlier connection — a client
+        #: that failed over — must not name a delivery of this one
+        self._ack_prefix = secrets.token_hex(4) + "-"
         self._transactions: dict[str, int] = {}  #: STOMP name -> core tx id
         #: request id -> receipts due when the core answers it
         self._receipts: dict[int, Sequence[str]] = {}
@@ -297,7 +305,9 @@ class StompFrames:
         version = self.codec.version
         if version == "1.2":
             ack_id = headers["id"]
-            tag = int(ack_id) if ack_id.isdigit() and ack_id.isascii() else None
+            number = ack_id.removeprefix(self._ack_prefix)
+            tag = int(number) if number != ack_id and number.isdigit() and number.isascii() \
+                else None
         else:
             ack_id = headers["message-id"]
             entry = self._ack_ids.pop(ack_id, None)
@@ -398,7 +408,7 @@ class StompFrames:
         if sub.mode is AckMode.AUTO:
             self.auto_tags.append(tag)
         elif version == "1.2":
-            ack = str(tag)
+            ack = f"{self._ack_prefix}{tag}"
         else:
             self._ack_ids[message_id] = (tag, sub.number)
         self.out.append(encode_message(sub.head, message_id, delivery.body, version, ack=ack,
