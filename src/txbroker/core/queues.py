@@ -121,7 +121,7 @@ class Consumer:
 #: (``core/queue_index.py``, "Delivered mark"): one small record per this many
 #: deliveries of a queue, and at most this many messages flagged redelivered
 #: without need after a crash.
-MARK_AHEAD = 1024
+MARK_AHEAD = 256
 
 
 class Queue:
