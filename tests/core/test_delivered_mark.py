@@ -1,6 +1,6 @@
 """The delivered mark (core/queue_index.py, "Delivered mark"): a message delivered and
-not acked when the broker died comes back flagged redelivered (seed 004), and a
-delivery never gets ahead of the durable mark."""
+not acked when the broker died comes back flagged redelivered (seed 004), a delivery
+never gets ahead of the durable mark, and a steady stream does not wait for marks."""
 
 from __future__ import annotations
 
@@ -29,13 +29,24 @@ def fill(h: Harness, sid: int, queue: str, count: int) -> None:
     h.sync()
 
 
+def test_nothing_delivered_nothing_flagged() -> None:
+    h = Harness()
+    s = h.session()
+    fill(h, s, "q", 5)
+    assert marks(h, "q") == [0]  # the definition written when the queue was made
+    h = h.crash()
+    s = h.session()
+    got = [h.receive(s, 10 + i, "q") for i in range(5)]
+    assert [(d.redelivered, d.delivery_count) for d in got] == [(False, 1)] * 5
+
+
 def test_delivered_then_crash_comes_back_flagged() -> None:
     h = Harness()
     s = h.session()
     fill(h, s, "q", 3)
     first = h.receive(s, 1, "q")
     assert (first.body, first.redelivered, first.delivery_count) == (b"m0", False, 1)
-    assert marks(h, "q") == [MARK_AHEAD]  # written with the queue's first definition
+    assert marks(h, "q") == [0, 1 + MARK_AHEAD]  # one-shot receive: no free credit
     h = h.crash()
     s = h.session()
     got = [h.receive(s, 10 + i, "q") for i in range(3)]
@@ -43,57 +54,51 @@ def test_delivered_then_crash_comes_back_flagged() -> None:
         (b"m0", True, 2), (b"m1", True, 2), (b"m2", True, 2)]  # all three at or below
 
 
-def test_beyond_the_mark_a_delivery_waits_for_the_next_mark() -> None:
-    h = Harness()
+def test_the_first_delivery_waits_for_its_mark_later_ones_do_not() -> None:
+    h = Harness(auto_sync=False)
     s = h.session()
     fill(h, s, "q", MARK_AHEAD + 2)
-    for i in range(MARK_AHEAD // 2):  # well below the mark: no record
-        d = h.receive(s, 1 + i, "q")
+    assert h.receive(s, 1, "q") is LATER  # held: no durable mark yet
+    assert (s, 1) not in h.replies
+    h.sync()
+    assert h.replies[(s, 1)].body == b"m0"
+    assert marks(h, "q")[-1] == 1 + MARK_AHEAD
+    h.call("ack", s, 0, [h.replies[(s, 1)].tag], h.now)
+    for i in range(2, MARK_AHEAD // 2 + 2):  # seqs 2..mark-half: no record yet
+        d = h.receive(s, i, "q")
+        assert d is not LATER, i
         h.call("ack", s, 0, [d.tag], h.now)
     h.sync()
-    assert marks(h, "q") == [MARK_AHEAD]
-    h.auto_sync = False
-    d = h.receive(s, 5000, "q")  # half-way: the next mark goes out early, no waiting
-    assert d.body == b"m%d" % (MARK_AHEAD // 2)
+    assert marks(h, "q")[-1] == 1 + MARK_AHEAD
+    seq = MARK_AHEAD // 2 + 2  # the first seq past the early point
+    d = h.receive(s, 9000, "q")  # half-way: the next mark goes out early, no waiting
+    assert d.body == b"m%d" % (seq - 1)
     h.sync()
-    assert marks(h, "q") == [MARK_AHEAD, MARK_AHEAD // 2 + 1 + MARK_AHEAD]
-    h.auto_sync = True
+    assert marks(h, "q")[-1] == seq + MARK_AHEAD
 
 
-def test_held_delivery_is_sent_only_when_the_mark_is_durable() -> None:
-    h = Harness()
+def test_a_burst_reaches_past_the_free_credit() -> None:
+    """A subscription's prefetch window fills in one dispatch: the first mark covers it."""
+    h = Harness(auto_sync=False)
     s = h.session()
-    fill(h, s, "q", 3)
-    h = h.crash()  # replay: the log's mark (MARK_AHEAD) covers seqs 1..3
-    h.auto_sync = False
-    s = h.session()
-    fill_more = [h.send(s, 100 + i, "q", b"x") for i in range(2)]
-    assert fill_more == [LATER, LATER]
+    fill(h, s, "q", 600)
+    h.call("subscribe", s, 1, "q", h.now, prefetch=500)
     h.sync()
-    q = h.broker.queues["q"]
-    q.delivered_seq = 3  # as if the last mark covered exactly the old messages
-    for i in range(3):
-        d = h.receive(s, 200 + i, "q")
-        h.call("ack", s, 0, [d.tag], h.now)
-    assert h.receive(s, 300, "q") is LATER  # seq 4 > mark 3: held
-    assert q.reserving == 1 + MARK_AHEAD  # written early, at seq 1 (half-way past 3)
-    assert (s, 300) not in h.replies
-    h.sync()  # the mark is durable: the delivery goes out
-    assert h.replies[(s, 300)].body == b"x"
-    assert q.delivered_seq == 1 + MARK_AHEAD and q.reserving == 0
+    assert len(h.deliveries) == 500  # all of the window, after one sync
+    assert marks(h, "q")[-1] >= 500
 
 
 def test_held_delivery_of_a_closed_session_is_dropped_and_the_message_returns() -> None:
     h = Harness()
     s = h.session()
     fill(h, s, "q", 1)
-    h.broker.queues["q"].delivered_seq = 0
     h.auto_sync = False
     count = len(h.deliveries)
     assert h.receive(s, 1, "q") is LATER
     h.call("close_session", s, h.now)
     h.sync()
     assert len(h.deliveries) == count  # never sent to the closed session
+    assert (s, 1) not in h.replies
     h.auto_sync = True
     s2 = h.session(2)
     d = h.receive(s2, 2, "q")
@@ -106,6 +111,5 @@ def test_auto_ack_and_non_persistent_take_no_mark() -> None:
     h.send(s, 1, "q", b"p", persistent=False)
     h.sync()
     q = h.broker.queues["q"]
-    q.delivered_seq = 0
     d = h.receive(s, 2, "q")
-    assert d.body == b"p" and q.reserving == 0
+    assert d.body == b"p" and q.reserving == 0 and q.delivered_seq == 0

@@ -34,7 +34,7 @@ def test_send_is_answered_only_when_durable() -> None:
     h.sync()
     assert h.replies[(s, 1)] == {"duplicate": False}
     assert h.broker.queues["q"].messages == 1
-    got = h.receive(s, 2, "q")
+    got = h.receive_marked(s, 2, "q")  # the queue's first delivery waits for its mark
     assert got.body == b"hello" and got.redelivered is False and got.delivery_count == 1
 
 
@@ -303,7 +303,7 @@ def test_transaction_is_all_or_nothing_across_a_crash() -> None:
     s = h.session()
     h.send(s, 1, "in", b"req")
     h.sync()
-    d = h.receive(s, 2, "in")
+    d = h.receive_marked(s, 2, "in")
     tx = h.call("tx_begin", s)["tx"]
     h.call("ack", s, 0, [d.tag], h.now, tx=tx)
     for i in range(3):
@@ -499,7 +499,7 @@ def test_message_acked_in_a_committing_transaction_is_not_relocated(h: Harness) 
     s = h.session()
     h.send(s, 1, "q", b"x")
     h.sync()
-    d = h.receive(s, 2, "q")
+    d = h.receive_marked(s, 2, "q")
     tx = h.call("tx_begin", s)["tx"]
     h.call("ack", s, 0, [d.tag], h.now, tx=tx)
     h.call("tx_commit", s, 3, tx, h.now)  # the TX record is on its way to disk

@@ -103,7 +103,7 @@ class XA:
 
     def take(self, queue: str) -> Any:
         """Receive one message and ack it (inside the associated branch, if any)."""
-        d = self.h.receive(self.sid, self._rid(), queue)
+        d = self.h.receive_marked(self.sid, self._rid(), queue)
         assert d is not None and d is not LATER, f"nothing in {queue}"
         self.h.call("ack", self.sid, 0, [d.tag], self.h.now)
         return d

@@ -48,7 +48,7 @@ class Admin:
                     f"queue {name!r} already exists with other settings (use queue_update)"
                 )
             return queue.info()
-        queue = Queue(name, wanted, new=True)
+        queue = Queue(name, wanted)
         index.queues[name] = queue
         self.outbox.persist(Kind.QUEUE_PUT, queue.definition(),
                             self.outbox.reply_when_durable(session_id, rid, queue.info()))
@@ -80,8 +80,7 @@ class Admin:
         queue = index.queues.get(queue_name)
         if queue is not None:
             return queue.info()
-        queue = Queue(queue_name, QueueSettings().updated(settings or {}), topic=topic_name,
-                      new=True)
+        queue = Queue(queue_name, QueueSettings().updated(settings or {}), topic=topic_name)
         index.queues[queue_name] = queue
         topic.subscriptions.add(queue_name)
         if not durable:

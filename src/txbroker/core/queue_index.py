@@ -35,11 +35,17 @@ message that was delivered and not acked must come back flagged
 ``redelivered`` (seed 004). So each durable queue keeps a **delivered mark**,
 ``delivered_seq``: every message whose seq is at most the mark may have been
 delivered. A delivery above the durable mark is held until a ``QUEUE_PUT``
-carrying a new mark (the seq plus ``queues.MARK_AHEAD``) is durable, and the next
-mark is written early, half-way through the reserve, so that a steady stream
-of deliveries never waits. Replay keeps the largest mark and counts one
+carrying a new mark is durable; a mark reaches the queue's ``mark_reach``
+(``queues.MARK_AHEAD`` at first) seqs past the delivery plus the consumers'
+free credit (a prefetch window filling up in one dispatch does not wait
+twice), and the next mark is written early, when less than half the reach is
+left, so a steady stream of deliveries does not wait (a queue's first
+delivery, and its first after a restart, wait for one sync). When an early
+mark was not durable in time — deliveries faster than the store's syncs — the
+reach doubles, up to :data:`MAX_MARK_REACH`. Replay keeps the largest mark and counts one
 delivery for every surviving message at or below it (``core/replay.py``):
-such a message comes back with ``redelivered`` set — at most ``MARK_AHEAD``
+such a message comes back with ``redelivered`` set — at most the reach plus
+the consumers' free credit (at most ``MAX_MARK_REACH + MAX_MARK_CREDIT``)
 messages per queue that were never delivered are flagged too, which JMS allows
 ("likely, but not guaranteed, delivered before"). Auto-ack and non-persistent
 deliveries take no mark (they cannot come back).
@@ -63,6 +69,11 @@ from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 LATER: Any = object()
 #: The separator in a topic subscription queue's name: ``topic::subscription``.
 SUBSCRIPTION_SEPARATOR = "::"
+#: The most free consumer credit a delivered mark reaches past, and the longest
+#: reach a queue's marks grow to (together they bound the messages flagged
+#: redelivered without need after a crash).
+MAX_MARK_CREDIT = 1000
+MAX_MARK_REACH = 16 * MARK_AHEAD
 
 
 def check_name(name: object, what: str = "queue") -> str:
@@ -86,7 +97,8 @@ class QueueIndex:
         self.messages: dict[int, Message] = {}  #: stored or pending messages by id
         self.sessions: dict[int, Session] = {}
         self.next_id = 1
-        self.counters = {"sent": 0, "delivered": 0, "acked": 0, "expired": 0, "dead_lettered": 0}
+        self.counters = {"sent": 0, "delivered": 0, "acked": 0, "expired": 0, "dead_lettered": 0,
+                         "delivered_marks": 0, "deliveries_held": 0}
         #: names of queues whose deletion is still dropping messages (``core/drop_jobs.py``)
         self.deleting: dict[str, int] = {}
         #: messages held by open transactions and XA branches (installed by the broker)
@@ -124,7 +136,7 @@ class QueueIndex:
         if not self.limits.auto_create:
             raise NotFound(f"no queue {name!r} (auto_create is off)")
         check_name(name)
-        queue = Queue(name, new=True)
+        queue = Queue(name)
         self.queues[name] = queue
         self.outbox.persist(Kind.QUEUE_PUT, queue.definition(), self.outbox.ignore_durable)
         return queue
@@ -358,14 +370,18 @@ class QueueIndex:
                           message.delivery_count > 1)
         seq = message.seq
         if not seq or consumer.ack_auto or not queue.durable or (
-                seq <= queue.delivered_seq - MARK_AHEAD // 2 and not queue.held_deliveries):
+                seq <= queue.delivered_seq - queue.mark_reach // 2
+                and not queue.held_deliveries):
             self.outbox.emit(deliver)  # the usual case: well below the durable mark
         elif seq <= queue.delivered_seq and not queue.held_deliveries:
             self.outbox.emit(deliver)
             self._mark(queue, seq)  # half-way through the reserve: the next one, early
         else:
+            if queue.reserving >= seq and queue.mark_reach < MAX_MARK_REACH:
+                queue.mark_reach *= 2  # the early mark was not durable in time: reach further
             self._mark(queue, seq)
-            queue.held_deliveries.append(deliver)
+            queue.held_deliveries.append(deliver)  # handed out when the mark is durable
+            self.counters["deliveries_held"] += 1
         if consumer.ack_auto:
             queue.in_flight -= 1
             self.consume([message], None)
@@ -376,10 +392,16 @@ class QueueIndex:
     def _mark(self, queue: Queue, seq: int) -> None:
         """Make sure a delivered mark of at least ``seq`` is on its way (see
         "Delivered mark" in the module docstring)."""
-        if queue.reserving >= seq or queue.name in self.deleting:
-            return
-        mark = seq + MARK_AHEAD
+        reach = queue.mark_reach
+        if max(queue.delivered_seq, queue.reserving) >= seq + reach // 2 \
+                or queue.name in self.deleting:
+            return  # a mark on its way (or durable) reaches far enough
+        # reach past what the consumers' free credit lets one dispatch hand out, so
+        # that a burst (a prefetch window filling up) does not wait for the next mark
+        credit = sum(max(0, c.prefetch - len(c.unacked)) for c in queue.consumers)
+        mark = seq + reach + min(credit, MAX_MARK_CREDIT)
         queue.reserving = mark
+        self.counters["delivered_marks"] += 1
 
         def durable(error: BaseException | None) -> None:
             if error is not None:

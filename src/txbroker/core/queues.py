@@ -117,10 +117,9 @@ class Consumer:
         return len(self.unacked) < self.prefetch
 
 
-#: A delivered mark reserves this many seqs past the message that needed it
-#: (``core/queue_index.py``, "Delivered mark"): one small record per this many
-#: deliveries of a queue, and at most this many messages flagged redelivered
-#: without need after a crash.
+#: A delivered mark reaches this many seqs (plus the consumers' free credit) past
+#: the delivery that needed it (``core/queue_index.py``, "Delivered mark"): about
+#: one small record per half this many deliveries of a queue.
 MARK_AHEAD = 256
 
 
@@ -128,8 +127,7 @@ class Queue:
     """A queue (or a topic's subscription queue). See the module docstring."""
 
     def __init__(
-        self, name: str, settings: QueueSettings | None = None, topic: str | None = None,
-        *, new: bool = False,
+        self, name: str, settings: QueueSettings | None = None, topic: str | None = None
     ) -> None:
         self.name = name
         self.settings = settings or QueueSettings()
@@ -162,13 +160,12 @@ class Queue:
         self.seq_head = 0  #: entries below are released
         self.stream_owner: tuple[str, int] | None = None  #: (reader name, session)
         # -- the delivered mark (core/queue_index.py, "Delivered mark") -----------
-        #: every seq up to this may have been delivered (durable: in a QUEUE_PUT). A
-        #: queue made by a command (``new``, not by replay) starts at MARK_AHEAD: its
-        #: definition record precedes all its messages' records in the log, so that
-        #: mark is durable before any message of the queue can be delivered.
-        self.delivered_seq = MARK_AHEAD if new else 0
+        #: every seq up to this may have been delivered (durable: in a QUEUE_PUT)
+        self.delivered_seq = 0
         #: the highest mark written and not yet durable (0: none)
         self.reserving = 0
+        #: how far past a delivery a new mark reaches (doubles when deliveries outrun it)
+        self.mark_reach = MARK_AHEAD
         #: deliveries waiting for a mark to be durable, in order
         self.held_deliveries: deque[Deliver] = deque()
 
