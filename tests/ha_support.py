@@ -37,7 +37,10 @@ The API, kept small on purpose (``tests/stomp/test_ha_stomp.py`` and
 ``kill9(which)`` / ``restart(which, timeout)``
     ``which``: a :class:`HaNode` or its name (``"a"``, ``"b"``).
 ``node.role``, ``node.pid``, ``node.port``, ``node.stomp_port``, ``node.ha_port``,
-``node.wait_line(prefix)``, ``pair.url``, ``pair.stomp_hosts``, ``pair.describe()``.
+``node.wait_line(prefix)``, ``node.status()``, ``node.log_has(text)``,
+``node.send_signal(sig)``, ``node.stop()``, ``node.peer_address`` (set before a
+start to point ``--ha-peer`` elsewhere), ``pair.url``, ``pair.stomp_hosts``,
+``pair.describe()``.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ class HaNode:
         self.out_path = root / f"{name}-0.out"
         self.log_path = root / f"{name}.log"
         self._cursor = 0  # wait_line's position in the current output
+        #: the ``--ha-peer`` to give instead of the peer node's HA port (a proxy, or
+        #: something that is not a txbroker)
+        self.peer_address: str | None = None
 
     @property
     def pid(self) -> int:
@@ -146,6 +152,25 @@ class HaNode:
                                      f"{timeout} s:\n{self.describe()}")
             time.sleep(POLL)
 
+    def status(self) -> dict[str, Any]:
+        """The node's ``ha`` status, asked on its native port (``txbroker ha status``)."""
+        from txbroker.cli.ha_commands import probe
+        from txbroker.client.url import HostPort
+
+        return dict(probe(HostPort(HOST, self.port), None, None)["ha"])
+
+    def log_has(self, text: str) -> bool:
+        """``text`` is in the node's log (every start of it)."""
+        return self.log_path.exists() and text in self.log_path.read_text()
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the current process (SIGSTOP, SIGCONT …) without waiting."""
+        os.kill(self.pid, sig)
+
+    def stop(self) -> None:
+        """SIGTERM (a clean shutdown, which hands over), then wait."""
+        self._signal(signal.SIGTERM, STOP_TIMEOUT)
+
     def describe(self, tail: int = 3000) -> str:
         """The current output and the end of the log, for failure messages."""
         log = self.log_path.read_text() if self.log_path.exists() else ""
@@ -157,8 +182,9 @@ class HaNode:
         code = self.proc.poll() if self.proc is not None else None
         return "not started" if code is None and self.proc is None else f"exit code {code}"
 
-    # -- process control (HaPair calls these) ----------------------------
-    def _spawn(self, peer: HaNode, args: list[str]) -> None:
+    # -- process control -------------------------------------------------
+    def spawn(self, peer: HaNode, args: list[str]) -> None:
+        """Start the process (``HaPair`` calls this; a test may, for a third broker)."""
         assert not self.alive(), f"node {self.name} is running"
         self.starts += 1
         self.out_path = self.root / f"{self.name}-{self.starts}.out"
@@ -166,7 +192,7 @@ class HaNode:
         cmd = [sys.executable, "-m", "txbroker.cli", "serve",
                "--host", HOST, "--port", str(self.port), "--stomp-port", str(self.stomp_port),
                "--ha", "shared-store", "--ha-port", str(self.ha_port),
-               "--ha-peer", f"{HOST}:{peer.ha_port}", *args]
+               "--ha-peer", self.peer_address or f"{HOST}:{peer.ha_port}", *args]
         out: IO[bytes] = open(self.out_path, "wb")  # noqa: SIM115 - the child keeps it
         log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115
         log.write(f"==== start {self.starts}: {' '.join(cmd[2:])}\n".encode())
@@ -180,6 +206,9 @@ class HaNode:
     def _signal(self, sig: int, timeout: float) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        if sig == signal.SIGTERM:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process must run to stop
         os.kill(self.proc.pid, sig)
         try:
             self.proc.wait(timeout=timeout)
@@ -234,9 +263,9 @@ class HaPair:
     def start(self, timeout: float = START_TIMEOUT) -> Self:
         """Start A and wait for its ready line, then B and wait for its standby line."""
         try:
-            self.a._spawn(self.b, self.args)
+            self.a.spawn(self.b, self.args)
             self.a.wait_line(READY_PREFIX, timeout=timeout)
-            self.b._spawn(self.a, self.args)
+            self.b.spawn(self.a, self.args)
             self.b.wait_line(STANDBY_PREFIX, timeout=timeout)
         except BaseException:
             self.stop()
@@ -260,7 +289,7 @@ class HaPair:
         """Start a stopped node again (same ports, same data) and wait for its first
         role line; returns it (``node.role`` says which role it took)."""
         node = self.node(which)
-        node._spawn(self.peer(node), self.args)
+        node.spawn(self.peer(node), self.args)
         node.wait_line(READY_PREFIX, STANDBY_PREFIX, timeout=timeout)
         return node
 

@@ -25,98 +25,14 @@ import pytest
 
 import txbroker
 from tests import native_workload as load
+from tests.ha_support import READY_PREFIX, HaNode, HaPair, free_ports
 from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.support import ROOT, free_port
-from txbroker.cli.ha_commands import probe
-from txbroker.client.url import HostPort
 from txbroker.errors import IllegalState, Standby, TransactionRolledBack, TxBrokerError
 
 #: Fast settings for tests (the defaults are 3 s and 10 s).
 HEARTBEAT = 0.5
 ACTIVATION = 2.0
-
-
-class HaNode:
-    """One ``txbroker serve --ha shared-store`` process; its stdout lines are kept."""
-
-    def __init__(self, name: str, data: Path, ha_port: int, peer: str, *extra: str) -> None:
-        self.name = name
-        self.data = data
-        self.port = free_port()
-        self.ha_port = ha_port
-        self.peer = peer
-        self.extra = list(extra)
-        self.log_path = data.parent / f"{name}.log"
-        self.proc: subprocess.Popen[str] | None = None
-        self.lines: list[str] = []
-        self._changed = threading.Condition()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> HaNode:
-        self.lines = []
-        cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
-               "--port", str(self.port), "--stomp-port", "0", "--log-level", "INFO",
-               "--ha", "shared-store", "--ha-port", str(self.ha_port), "--ha-peer", self.peer,
-               "--heartbeat-interval", str(HEARTBEAT),
-               "--activation-interval", str(ACTIVATION), *self.extra]
-        log = open(self.log_path, "a")  # noqa: SIM115 - kept open for the child
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                                     cwd=ROOT)
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        return self
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            with self._changed:
-                self.lines.append(line.strip())
-                self._changed.notify_all()
-        with self._changed:
-            self._changed.notify_all()
-
-    def wait_line(self, prefix: str, timeout: float = 60.0) -> str:
-        """The first line starting with ``prefix`` (waits for it)."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                for line in self.lines:
-                    if line.startswith(prefix):
-                        return line
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise AssertionError(f"{self.name} exited ({self.proc.returncode}) before "
-                                         f"{prefix!r}: {self.log_path.read_text()[-3000:]}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"{self.name}: no {prefix!r} line in {timeout} s; "
-                                         f"lines {self.lines}")
-                self._changed.wait(remaining)
-
-    def status(self) -> dict[str, Any]:
-        return dict(probe(HostPort("127.0.0.1", self.port), None, None)["ha"])
-
-    def log_has(self, text: str) -> bool:
-        return text in self.log_path.read_text()
-
-    def signal(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -128,20 +44,13 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 
 @contextlib.contextmanager
-def pair(tmp_path: Path, *extra: str, peer_of_b: str | None = None
-         ) -> Iterator[tuple[HaNode, HaNode]]:
+def pair(tmp_path: Path, *extra: str, peer_of_b: str | None = None) -> Iterator[HaPair]:
     """A active (started first), B standby of it; both stopped at the end."""
-    data = tmp_path / "shared"
-    ha_a, ha_b = free_port(), free_port()
-    a = HaNode("a", data, ha_a, f"127.0.0.1:{ha_b}", *extra)
-    b = HaNode("b", data, ha_b, peer_of_b or f"127.0.0.1:{ha_a}", *extra)
-    try:
-        a.start().wait_line("txbroker ready")
-        b.start().wait_line("txbroker standby")
-        yield a, b
-    finally:
-        a.stop()
-        b.stop()
+    ha = HaPair(tmp_path / "pair", *extra, heartbeat_interval=HEARTBEAT,
+                activation_interval=ACTIVATION)
+    ha.b.peer_address = peer_of_b
+    with ha:
+        yield ha
 
 
 def url_of(*nodes: HaNode) -> str:
@@ -171,7 +80,8 @@ def test_kill9_alternations_under_load(tmp_path: Path) -> None:
     ledger = Ledger()
     flags: dict[str, list[bool]] = {}
     takeovers: list[float] = []
-    with pair(tmp_path) as (a, b):
+    with pair(tmp_path) as ha:
+        a, b = ha.nodes
         url = url_of(a, b)
         stop = threading.Event()
         workers: list[Callable[[], None]] = [
@@ -191,8 +101,8 @@ def test_kill9_alternations_under_load(tmp_path: Path) -> None:
             wait_until(lambda: len(ledger.acknowledged) >= before + 200, 60,  # noqa: B023
                        "sends acknowledged by the current active")
             killed_at = time.monotonic()
-            active.kill()
-            ready = standby.wait_line("txbroker ready", timeout=60)
+            ha.kill9(active)
+            ready = standby.wait_line(READY_PREFIX, timeout=60)
             takeover = time.monotonic() - killed_at
             recovery = float(ready.split(" messages in ")[1].split(" s")[0])
             takeovers.append(takeover)
@@ -200,7 +110,7 @@ def test_kill9_alternations_under_load(tmp_path: Path) -> None:
             # within the seed's bound of activation interval + recovery
             assert takeover < ACTIVATION + recovery + 5, (takeover, recovery)
             assert standby.status()["role"] == "active"
-            active.start().wait_line("txbroker standby")
+            assert ha.restart(active).role == "standby"
             wait_until(lambda: active.status()["following"]  # noqa: B023
                        == f"127.0.0.1:{standby.ha_port}", 30,  # noqa: B023
                        "the restarted broker to follow the new active")
@@ -222,11 +132,12 @@ def test_kill9_alternations_under_load(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------- no split brain
 def test_a_stopped_active_keeps_the_store(tmp_path: Path) -> None:
-    with pair(tmp_path) as (a, b):
+    with pair(tmp_path) as ha:
+        a, b = ha.nodes
         with txbroker.connect(url_of(a, b), timeout=10) as conn:
             conn.send("q", b"before", message_id="m1")
         holder = a.status()["lock_holder"]
-        a.signal(signal.SIGSTOP)
+        a.send_signal(signal.SIGSTOP)
         try:
             wait_until(lambda: b.log_has("no heartbeat from the active"), 30,
                        "the standby to notice the silence")
@@ -241,7 +152,7 @@ def test_a_stopped_active_keeps_the_store(tmp_path: Path) -> None:
                                match="is the standby of a shared-store pair"):
                 txbroker.connect(url_of(a, b), timeout=1, reconnect=False)
         finally:
-            a.signal(signal.SIGCONT)
+            a.send_signal(signal.SIGCONT)
         with txbroker.connect(url_of(a, b), timeout=10) as conn:
             conn.send("q", b"after", message_id="m2")
             assert conn.queue_info("q")["depth"] == 2
@@ -249,7 +160,7 @@ def test_a_stopped_active_keeps_the_store(tmp_path: Path) -> None:
                    and b.status()["last_heartbeat_age"] < ACTIVATION, 30,
                    "the standby to follow the active again")
         assert a.status()["role"] == "active" and b.status()["role"] == "standby"
-        assert "txbroker ready" not in " ".join(b.lines)
+        assert not any(line.startswith(READY_PREFIX) for line in b.lines())
 
 
 class Proxy:
@@ -309,14 +220,13 @@ def test_heartbeat_loss_without_a_dead_process(tmp_path: Path) -> None:
     """The standby reaches the active through a proxy that then drops everything: it
     waits the activation interval, fails to get the lock, alternates, and never
     becomes a second active; when the link heals it is the standby again."""
-    data = tmp_path / "shared"
-    ha_a, ha_b = free_port(), free_port()
-    proxy = Proxy(ha_a)
-    a = HaNode("a", data, ha_a, f"127.0.0.1:{ha_b}")
-    b = HaNode("b", data, ha_b, f"127.0.0.1:{proxy.port}")
+    ha = HaPair(tmp_path / "pair", heartbeat_interval=HEARTBEAT,
+                activation_interval=ACTIVATION)
+    a, b = ha.nodes
+    proxy = Proxy(a.ha_port)
+    b.peer_address = f"127.0.0.1:{proxy.port}"
     try:
-        a.start().wait_line("txbroker ready")
-        b.start().wait_line("txbroker standby")
+        ha.start()
         wait_until(lambda: b.status()["following"] is not None, 30, "the standby to follow")
         proxy.blocked.set()
         blocked_at = time.monotonic()
@@ -338,10 +248,9 @@ def test_heartbeat_loss_without_a_dead_process(tmp_path: Path) -> None:
                    and b.status()["last_heartbeat_age"] < ACTIVATION
                    and b.status()["following"] is not None, 30,
                    "the standby to follow again")
-        assert "txbroker ready" not in " ".join(b.lines)
+        assert not any(line.startswith(READY_PREFIX) for line in b.lines())
     finally:
-        a.stop()
-        b.stop()
+        ha.stop()
         proxy.stop()
 
 
@@ -349,7 +258,8 @@ def test_heartbeat_loss_without_a_dead_process(tmp_path: Path) -> None:
 def test_admin_changes_and_the_config_file_carry_over(tmp_path: Path) -> None:
     config = tmp_path / "pair.toml"
     config.write_text("[limits]\nmax_message_size = 100000\n")
-    with pair(tmp_path, "--config", str(config)) as (a, b):
+    with pair(tmp_path, "--config", str(config)) as ha:
+        a, b = ha.nodes
         with txbroker.connect(url_of(a, b), timeout=10) as conn:
             assert conn.server_info["max_message_size"] == 100000
             conn.declare_queue("orders")
@@ -357,8 +267,8 @@ def test_admin_changes_and_the_config_file_carry_over(tmp_path: Path) -> None:
             conn.send("orders", b"one", message_id="o1")
         # an operator edits the shared config file: the standby reads it when it takes over
         config.write_text("[limits]\nmax_message_size = 200000\n")
-        a.kill()
-        b.wait_line("txbroker ready")
+        ha.kill9(a)
+        b.wait_line(READY_PREFIX)
         with txbroker.connect(url_of(a, b), timeout=10) as conn:
             assert conn.server_info["max_message_size"] == 200000
             info = conn.queue_info("orders")
@@ -367,12 +277,14 @@ def test_admin_changes_and_the_config_file_carry_over(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------- refusals
 def test_standby_refuses_clients_and_a_third_broker(tmp_path: Path) -> None:
-    with pair(tmp_path) as (a, b):
+    with pair(tmp_path) as ha:
+        a, b = ha.nodes
         with pytest.raises(txbroker.ConnectionLost, match="is the standby of a shared-store"):
             txbroker.connect(url_of(b), timeout=5)
         with txbroker.connect(url_of(b, a), timeout=5) as conn:  # moves past the standby
             assert conn.host == a.address
-        third = HaNode("c", a.data, free_port(), f"127.0.0.1:{a.ha_port}").start()
+        third = HaNode("c", ha.root, free_ports(3))
+        third.spawn(a, ha.args)
         assert third.proc is not None and third.proc.wait(timeout=30) == 1
         log = third.log_path.read_text()
         assert "error: the HA peer refused this broker: the active 127.0.0.1:" in log
@@ -386,7 +298,8 @@ def test_a_peer_that_is_not_a_txbroker(tmp_path: Path) -> None:
     A is unharmed; A's own HA port refuses bytes that are not the link."""
     server = _http_like_server()
     try:
-        with pair(tmp_path, peer_of_b=f"127.0.0.1:{server.getsockname()[1]}") as (a, b):
+        with pair(tmp_path, peer_of_b=f"127.0.0.1:{server.getsockname()[1]}") as ha:
+            a, b = ha.nodes
             wait_until(lambda: b.log_has("is not a txbroker HA port"), 30,
                        "the standby to name the problem")
             assert b.status()["role"] == "standby"
@@ -429,7 +342,8 @@ def test_standby_error_is_a_distinct_error() -> None:
 
 
 def test_ha_status_command(tmp_path: Path) -> None:
-    with pair(tmp_path) as (a, b):
+    with pair(tmp_path) as ha:
+        a, b = ha.nodes
         dead = free_port()
         url = f"txb://{a.address},{b.address},127.0.0.1:{dead}"
         result = subprocess.run([sys.executable, "-m", "txbroker.cli", "ha", "status", "--url",
@@ -454,7 +368,7 @@ def test_ha_status_command(tmp_path: Path) -> None:
                               text=True, timeout=60, cwd=ROOT)
         assert json.loads(stat.stdout)["ha"]["role"] == "active"  # moved past the standby
         a.stop()
-        b.wait_line("txbroker ready")  # a clean stop hands over too
+        b.wait_line(READY_PREFIX)  # a clean stop hands over too
         none = subprocess.run([sys.executable, "-m", "txbroker.cli", "ha", "status", "--url",
                                f"txb://127.0.0.1:{dead}"], capture_output=True, text=True,
                               timeout=60, cwd=ROOT)
@@ -470,7 +384,8 @@ def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path) -> None:
     from txbroker.xid import Xid
 
     moves: list[tuple[str, str]] = []
-    with pair(tmp_path) as (a, b):
+    with pair(tmp_path) as ha:
+        a, b = ha.nodes
         url = url_of(a, b)
         with txbroker.connect(url, timeout=10, failover_timeout=60,
                               on_failover=lambda old, new: moves.append((old, new))) as conn:
@@ -492,8 +407,8 @@ def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path) -> None:
             got = tx.receive("orders", timeout=5)
             assert got is not None and got.body == b"o2"
             tx.send("shipped", b"o2")
-            a.kill()
-            b.wait_line("txbroker ready")
+            ha.kill9(a)
+            b.wait_line(READY_PREFIX)
             with pytest.raises(TransactionRolledBack):
                 tx.commit()
             assert xa.recover() == [xid]  # the prepared branch is in the shared store

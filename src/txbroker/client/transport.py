@@ -60,6 +60,8 @@ class _TCPStream:
         return await self._reader.read(max_bytes)
 
     def write(self, data: bytes) -> None:
+        if self._writer.is_closing():  # the peer went away: the reader reports the loss
+            return  # (uvloop raises RuntimeError on a write to a closed transport)
         self._writer.write(data)
 
     async def drain(self) -> None:
