@@ -424,3 +424,18 @@ def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path) -> None:
             assert shipped is not None and shipped.body == b"o1"
             assert conn.receive("shipped", timeout=0.2) is None  # o2's send rolled back
             assert conn.queue_info("orders")["depth"] == 0
+
+
+def test_a_pair_on_the_directory_store(tmp_path: Path) -> None:
+    """The dir store's lock (DIR/lock) is the HA lock just as the journal's is."""
+    with pair(tmp_path, "--store", "dir", "--dir-flags", "FDATASYNC,DSYNC") as ha:
+        a, b = ha.nodes
+        assert a.status()["lock_file"] == str(ha.data / "lock")
+        with txbroker.connect(ha.url, timeout=10, failover_timeout=60) as conn:
+            conn.send("q", b"kept", message_id="k1")
+            ha.kill9(a)
+            b.wait_line(READY_PREFIX)
+            got = conn.receive("q", timeout=10)
+            assert got is not None and got.body == b"kept"
+            got.ack(wait=True)
+        assert ha.restart(a).role == "standby"
