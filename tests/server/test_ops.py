@@ -194,9 +194,10 @@ def test_ack_of_an_acked_delivery_is_refused_alike(tmp_path: Path) -> None:
         frames = stomp.send("SUBSCRIBE", destination="/queue/ops-s", id="s",
                             ack="client-individual")
         (message,) = [f for f in frames if f.command == "MESSAGE"]
-        assert message.headers["ack"] == "1"
-        assert stomp.send("ACK", id="1", receipt="first")[0].headers["receipt-id"] == "first"
-        (error,) = stomp.send("ACK", id="1", receipt="again")
+        ack_id = message.headers["ack"]  # the connection's prefix, then the tag
+        assert ack_id.endswith("-1")
+        assert stomp.send("ACK", id=ack_id, receipt="first")[0].headers["receipt-id"] == "first"
+        (error,) = stomp.send("ACK", id=ack_id, receipt="again")
         assert_refused(error, ErrorCode.ILLEGAL_STATE, expected, "again")
 
     with_server(tmp_path, test)
