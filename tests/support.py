@@ -42,6 +42,22 @@ def durability_barrier(conn: Any, queue: str = BARRIER_QUEUE) -> None:
     conn.send(queue, b"durability barrier", persistent=True)
 
 
+#: ``txbroker serve`` arguments per store, for tests that run on either (issue 17):
+#: the journal (the default), and the dir store with the flags that promise the
+#: journal's durability (docs/dirstore.md).
+STORE_ARGS: dict[str, tuple[str, ...]] = {
+    "journal": (),
+    "dir": ("--store", "dir", "--dir-flags", "FDATASYNC,DSYNC"),
+}
+#: The stores, as pytest parameters (ids ``journal`` and ``dir``).
+STORES = list(STORE_ARGS)
+
+
+def store_args(store: str) -> list[str]:
+    """The ``txbroker serve`` arguments that run a broker on ``store``."""
+    return list(STORE_ARGS[store])
+
+
 class BrokerProcess:
     """``txbroker serve`` in a child process; stopped by pid."""
 

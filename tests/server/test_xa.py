@@ -7,20 +7,38 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import txbroker
-from tests.support import BrokerProcess
+from tests.support import STORES, BrokerProcess, store_args
 from txbroker.client.xa import TMNOFLAGS, TMSUCCESS, XA_OK
 from txbroker.errors import XA_RBROLLBACK, XAER_DUPID, XAER_NOTA, XAER_PROTO, XAError
 from txbroker.xid import Xid
 
 
-def test_tpc_branch_survives_kill9_and_is_committed_by_recovery(tmp_path: Path) -> None:
-    proc = BrokerProcess(tmp_path / "data").start()
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> str:
+    """Every case runs on the journal and on the dir store (FDATASYNC,DSYNC; issue 17)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
+    """A real broker process on ``store``, killed at the end."""
+    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def test_tpc_branch_survives_kill9_and_is_committed_by_recovery(tmp_path: Path,
+                                                                store: str) -> None:
+    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
     try:
         with txbroker.connect(proc.url) as conn:
             conn.send("in", b"order-1")
@@ -114,12 +132,15 @@ def test_one_phase_tpc_commit_and_async_client(broker: BrokerProcess) -> None:
     asyncio.run(main())
 
 
-def test_prepared_branches_survive_segment_deletion_and_kill9(tmp_path: Path) -> None:
+def test_prepared_branches_survive_segment_deletion_and_kill9(tmp_path: Path,
+                                                              store: str) -> None:
     """Small segments and fast maintenance: old segments are deleted and live bodies
-    relocated while branches stay prepared; after kill -9 they are all there."""
+    relocated while branches stay prepared; after kill -9 they are all there. (On the
+    dir store, which has no segments: prepared branches survive churn, maintenance and
+    kill -9.)"""
     config = tmp_path / "broker.toml"
     config.write_text("[server]\nsegment_size = 65536\nmaintain_interval = 0.1\n")
-    proc = BrokerProcess(tmp_path / "data", "--config", str(config)).start()
+    proc = BrokerProcess(tmp_path / "data", "--config", str(config), *store_args(store)).start()
     xids = []
     try:
         with txbroker.connect(proc.url) as conn:
