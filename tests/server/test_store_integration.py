@@ -111,16 +111,38 @@ def test_corrupt_journal_refuses_to_start_then_repair(tmp_path: Path) -> None:
         repaired.kill()
 
 
-def test_dir_store_broker_serves_and_refuses_xa_clearly(tmp_path: Path) -> None:
-    from txbroker.errors import XAError
-
-    with BrokerProcess(tmp_path / "data", "--store", "dir", "--dir-flags", "FDATASYNC") as proc:
+def test_dir_store_broker_keeps_xa_branches_as_the_seed_says(tmp_path: Path) -> None:
+    """Through a real ``--store dir`` broker: a prepared branch is its command blocks
+    in ``prepared/`` named ``<GTRID>-<n>``; it survives a kill -9 as PREPARED; its
+    commit moves the message to ``committed/<id>`` and removes the consumed one."""
+    data = tmp_path / "data"
+    args = ("--store", "dir", "--dir-flags", "FDATASYNC,DSYNC")
+    proc = BrokerProcess(data, *args).start()
+    try:
         with txbroker.connect(proc.url) as conn:
-            conn.send("q", b"on disk as files")
-            with pytest.raises(XAError, match="does not support XA"):
-                conn.tpc_begin(conn.xid(1, b"gtrid", b"bqual"))
-            msg = conn.receive("q", timeout=5)
-            assert msg is not None and msg.body == b"on disk as files"
-            msg.ack(wait=True)
-        committed = list((tmp_path / "data" / "committed").iterdir())
-        assert committed == []
+            conn.send("orders", b"order-1")
+            xid = conn.xid(7, b"\x0a\x0b", b"broker")
+            conn.tpc_begin(xid)
+            msg = conn.receive("orders", timeout=5)
+            assert msg is not None and msg.body == b"order-1"
+            msg.ack()
+            conn.send("shipments", b"ship order-1")
+            conn.tpc_prepare()
+        names = sorted(p.name for p in (data / "prepared").iterdir())
+        assert names == ["0A0B-000", "0A0B-001", "0A0B-002"]  # the Xid, the send, the ack
+        assert sorted(p.name for p in (data / "active").iterdir()) == []
+        proc.kill()
+        proc = BrokerProcess(data, *args, port=proc.port).start()
+        with txbroker.connect(proc.url) as conn:
+            assert [str(x) for x in conn.tpc_recover()] == [str(xid)]
+            assert conn.queue_info("shipments")["depth"] == 0
+            conn.tpc_commit(xid)
+            assert conn.tpc_recover() == []
+            assert sorted(p.name for p in (data / "prepared").iterdir()) == []
+            shipped = conn.receive("shipments", timeout=5)
+            assert shipped is not None and shipped.body == b"ship order-1"
+            assert conn.receive("orders", timeout=0.2) is None
+            shipped.ack(wait=True)
+        assert sorted(p.name for p in (data / "committed").iterdir()) == []
+    finally:
+        proc.kill()

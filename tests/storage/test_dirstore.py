@@ -368,7 +368,7 @@ def test_enqueue_and_dequeue_follow_the_seed(tmp_path: Path) -> None:
     append_all(store, loop, [queue_put("q0"), add_entry(1, b"first")])  # metadata written
     log = record_steps(store)
     append_all(store, loop, [add_entry(2, b"second")])
-    tid = f"{store._next_tid - 1:016x}"
+    tid = f"{store._index.next_tid - 1:016x}"
     # enqueue: new block in active/, prepare: into prepared/, commit: into committed/ as the id
     assert log == [
         ("create", f"active/{tid}-000"),
@@ -379,7 +379,7 @@ def test_enqueue_and_dequeue_follow_the_seed(tmp_path: Path) -> None:
     ]
     log.clear()
     append_all(store, loop, [kind_entry(Kind.ACK, [1])])
-    tid = f"{store._next_tid - 1:016x}"
+    tid = f"{store._index.next_tid - 1:016x}"
     # dequeue: delete block in active/, prepared/; commit removes the message file, then the block
     assert log == [
         ("create", f"active/{tid}-000"),
@@ -391,7 +391,7 @@ def test_enqueue_and_dequeue_follow_the_seed(tmp_path: Path) -> None:
     ]
     log.clear()
     append_all(store, loop, [tx_entry([], [])])  # read-only: the dummy block
-    tid = f"{store._next_tid - 1:016x}"
+    tid = f"{store._index.next_tid - 1:016x}"
     assert [step for step, _ in log] == ["create", "rename", "dsync", "dsync", "dsync", "unlink"]
     assert log[-1] == ("unlink", f"prepared/{tid}-000")
     store.close()
@@ -402,7 +402,7 @@ def test_a_transaction_is_one_file_per_block(tmp_path: Path) -> None:
     append_all(store, loop, [queue_put("q0"), add_entry(1, b"a"), add_entry(2, b"b")])
     log = record_steps(store)
     append_all(store, loop, [tx_entry([(3, b"c"), (4, b"d")], [1, 2])])
-    tid = f"{store._next_tid - 1:016x}"
+    tid = f"{store._index.next_tid - 1:016x}"
     created = [what for step, what in log if step == "create"]
     assert created == [f"active/{tid}-{n:03d}" for n in range(4)]  # 2 NEW + 2 DELETE
     assert files(tmp_path, COMMITTED) == ["00000000000000000003", "00000000000000000004"]

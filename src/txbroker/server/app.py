@@ -283,11 +283,6 @@ class BrokerServer:
         if self.store is not None:
             self.store.release(effect.ref)
 
-    @property
-    def supports_xa(self) -> bool:
-        """The dir store does not persist XA branches yet (issue 3 / 4 notes)."""
-        return self.config.store != "dir"
-
     def _persist(self, effect: Persist) -> None:
         store = self.store
         try:

@@ -29,7 +29,7 @@ from txbroker.protocol.native import (
     Role,
     encode_error,
 )
-from txbroker.server.handlers import HANDLERS, XA_OPS
+from txbroker.server.handlers import HANDLERS
 from txbroker.server.ops import Delivery, Operations, Session, as_refusal
 
 log = logging.getLogger("txbroker.server")
@@ -118,8 +118,6 @@ class ClientConnection(asyncio.Protocol):
                 if not session.authenticated:
                     session.require_authenticated("hello")
                 handler = HANDLERS.get(op)
-                if op in XA_OPS:
-                    session.require_xa()
                 if handler is None:
                     raise BrokerError(f"unknown op {op!r}", ErrorCode.UNKNOWN_OP)
                 result = handler(session, rid, request.args, now)

@@ -262,7 +262,4 @@ HANDLERS: Final[dict[str, Handler]] = {
     "sink_abort": streams.sink_abort,
 }
 
-#: Ops that need a store able to persist XA branches (``Session.require_xa``).
-XA_OPS: Final = frozenset(op for op in HANDLERS if op.startswith(("xa_", "sink_")))
-
-__all__ = ["HANDLERS", "LATER", "XA_OPS", "Handler"]
+__all__ = ["HANDLERS", "LATER", "Handler"]

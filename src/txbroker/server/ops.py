@@ -48,7 +48,6 @@ from txbroker.core import LATER, Broker
 from txbroker.core.effects import Cancelled, Deliver, Fail, Reply
 from txbroker.core.messages import Message
 from txbroker.errors import (
-    XAER_RMERR,
     AuthenticationFailed,
     BadRequest,
     BrokerError,
@@ -56,7 +55,6 @@ from txbroker.errors import (
     NotAuthenticated,
     TooManyConnections,
     TxBrokerError,
-    XAError,
 )
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
@@ -273,12 +271,6 @@ class Session:
         authenticates, in the client's terms)."""
         if not self.authenticated:
             raise NotAuthenticated(f"the first request must be {opening}")
-
-    def require_xa(self) -> None:
-        """Raise XAError (XAER_RMERR) when the store cannot persist XA branches."""
-        if not self.ops.server.supports_xa:
-            raise XAError(XAER_RMERR, "this broker's store (--store dir) does not support XA "
-                                      "yet: use the journal store")
 
     def end(self) -> None:
         """The connection is gone: the core rolls back its transactions and

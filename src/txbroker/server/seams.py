@@ -41,10 +41,6 @@ class ServerPort(Protocol):
     def broker(self) -> Broker:
         """The pure core, owned by the server's event loop."""
 
-    @property
-    def supports_xa(self) -> bool:
-        """False when the store cannot persist XA branches (the dir store)."""
-
     def now(self) -> int:
         """Wall-clock milliseconds: the only clock the core sees."""
 

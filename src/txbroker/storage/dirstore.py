@@ -62,10 +62,10 @@ from txbroker.storage.dirstore_format import (
     message_name,
     parse_flags,
 )
-from txbroker.storage.dirstore_index import MessageIndex
+from txbroker.storage.dirstore_index import MessageIndex, TxnPlan
 from txbroker.storage.dirstore_model import decode_operation
 from txbroker.storage.dirstore_recovery import RecoveredDirectory, Recovery, lock_directory
-from txbroker.storage.dirstore_writer import BlockOp, DirOps, DirWriter, Txn, read_file
+from txbroker.storage.dirstore_writer import DirOps, DirWriter, Txn, read_file
 from txbroker.storage.interface import (
     BodyRef,
     Dispatch,
@@ -135,14 +135,13 @@ class DirStore:
         self._cache_limit = body_cache_bytes
         self._cache: OrderedDict[BodyRef, bytes] = OrderedDict()
         self._cache_bytes = 0
-        self._queue = PendingQueue()
+        self._pending = PendingQueue()
         self._state = _State.NEW
         self._replay_iterator: Generator[StoredEntry, None, None] | None = None
         #: the directory's lock (``store_lock.py``): given when the HA part took it
         #: first, else taken by :meth:`recover`; released by :meth:`close`
         self._lock = lock
         self._index = MessageIndex()
-        self._next_tid = 1
         self._appends = 0
 
     # -- opening -----------------------------------------------------------------------
@@ -176,17 +175,16 @@ class DirStore:
             self.close()
             raise
         yield from entries
-        self.writer = DirWriter(self.ops, self._queue, self._dispatch)
+        self.writer = DirWriter(self.ops, self._pending, self._dispatch)
         self.writer.start()
         self._state = _State.OPEN
 
     def _load(self, found: RecoveredDirectory) -> list[StoredEntry]:
         """Index what recovery found; the entries ``recover`` yields."""
         entries = self._index.load(found)
-        self._next_tid = found.max_tid + 1
-        log.info("dir store %s: %d messages, %d transactions rolled back, %d rolled forward, "
-                 "%d files quarantined", self.directory, len(found.messages), found.rolled_back,
-                 found.rolled_forward, len(self.report))
+        log.info("dir store %s: %d messages, %d XA branches, %d transactions rolled back, "
+                 "%d rolled forward, %d files quarantined", self.directory, len(found.messages),
+                 len(found.branches), found.rolled_back, found.rolled_forward, len(self.report))
         return entries
 
     # -- appending ---------------------------------------------------------------------
@@ -201,14 +199,13 @@ class DirStore:
         """Turn an entry into a store transaction and queue it; return its body refs
         (the message ids) at once (no I/O). ``ValueError`` for an entry this store
         cannot take (see the module docstring)."""
-        if self._state is not _State.OPEN or self._queue.failure is not None:
+        if self._state is not _State.OPEN or self._pending.failure is not None:
             raise self._not_open()
         if type(meta) is not bytes:
             meta = bytes(meta)
         operation = decode_operation(kind, meta, list(bodies))
         new_ids = self._index.new_message_ids(operation)
-        blocks = self._index.plan(operation)
-        self._queue_txn(blocks, on_durable)
+        self._queue(self._index.plan(operation), on_durable)
         self._appends += 1
         refs: list[BodyRef] = new_ids
         if self._cache_limit:
@@ -217,19 +214,26 @@ class DirStore:
                     self._cache_put(ref, body)
         return refs
 
-    def _queue_txn(self, blocks: list[BlockOp], on_durable: DurableCallback | None) -> None:
-        queue = self._queue
+    def _queue(self, plans: list[TxnPlan], on_durable: DurableCallback | None) -> None:
+        """Queue store transactions for the writer; the last one completes the entry."""
+        queue = self._pending
         with queue.lock:
             if queue.failure is not None:
                 raise StorageFailed(str(queue.failure))
-            queue.items.append(Txn(self._next_tid, blocks, on_durable))
+            for number, plan in enumerate(plans, start=1):
+                queue.items.append(Txn(plan.tid, plan.blocks,
+                                       on_durable if number == len(plans) else None,
+                                       plan.flags, plan.prefix, plan.first))
             if queue.writer_idle:
                 queue.wakeup.notify()
-        self._next_tid += 1
+
+    def _queue_metadata(self) -> None:
+        """Queue the store's own METADATA transaction (no entry waits for it)."""
+        self._queue([TxnPlan(self._index.take_tid(), [self._index.metadata_block()])], None)
 
     def _not_open(self) -> StoreError | StorageFailed:
-        if self._queue.failure is not None:
-            return StorageFailed(str(self._queue.failure))
+        if self._pending.failure is not None:
+            return StorageFailed(str(self._pending.failure))
         if self._state is _State.CLOSED:
             return StoreError(f"dir store {self.directory} is closed")
         return StoreError("recover() must run (and its iterator be exhausted) before append")
@@ -255,7 +259,7 @@ class DirStore:
             self._cache.move_to_end(ref)
             return cached
         body = self._read_file_body(ref)
-        if body is None:  # not committed yet: the writer still holds it
+        if body is None:  # not committed yet: the writer still holds it, or a branch
             body = self._unwritten_body(ref)
             if body is None:
                 body = self._read_file_body(ref)
@@ -266,11 +270,20 @@ class DirStore:
         return body
 
     def _read_file_body(self, ref: BodyRef) -> bytes | None:
+        """The body in ``committed/<ref>``, or in the NEW block of the prepared XA branch
+        that sends it; None if neither file is there (yet)."""
         path = self.ops.committed / message_name(ref)
         try:
             data = read_file(path)
         except FileNotFoundError:
-            return None
+            entry = self._index.messages.get(ref)
+            if entry is None or entry.location is None:
+                return None
+            path = self.ops.prepared / entry.location
+            try:
+                data = read_file(path)
+            except FileNotFoundError:
+                return None
         block = decode_block(data)
         if isinstance(block, str):
             raise CorruptStore(str(path), 0, block)
@@ -278,9 +291,9 @@ class DirStore:
 
     def _unwritten_body(self, ref: BodyRef) -> bytes | None:
         """The body of a queued or in-flight NEW block (the cache may have dropped it)."""
-        with self._queue.lock:
+        with self._pending.lock:
             in_flight = self.writer.in_flight if self.writer is not None else []
-            for item in (*in_flight, *self._queue.items):
+            for item in (*in_flight, *self._pending.items):
                 if isinstance(item, Txn):
                     for block in item.blocks:
                         if block.type is BlockType.NEW and block.message_id == ref:
@@ -312,12 +325,12 @@ class DirStore:
 
         (Space needs no upkeep here: committing a delete removes the file.)
         """
-        if self._state is not _State.OPEN or self._queue.failure is not None:
+        if self._state is not _State.OPEN or self._pending.failure is not None:
             return None
         waited = time.monotonic() - self._index.metadata_saved_at
         if self._index.duplicate_ids_unsaved and waited >= METADATA_REFRESH_SECONDS:
             with contextlib.suppress(StorageFailed):  # failed meanwhile: nothing to save
-                self._queue_txn([self._index.metadata_block()], None)
+                self._queue_metadata()
         return None
 
     # -- status and shutdown -------------------------------------------------------------
@@ -345,11 +358,11 @@ class DirStore:
         if self._state is not _State.OPEN:
             return
         barrier = Barrier()
-        self._queue.put(barrier)
+        self._pending.put(barrier)
         if not barrier.done.wait(timeout):
             raise TimeoutError(f"dir store flush took longer than {timeout} s")
-        if self._queue.failure is not None:
-            raise StorageFailed(str(self._queue.failure))
+        if self._pending.failure is not None:
+            raise StorageFailed(str(self._pending.failure))
 
     def close(self) -> None:
         """Commit what is queued (and the duplicate-id windows), stop the writer,
@@ -359,9 +372,9 @@ class DirStore:
         if self.writer is not None:
             self.writer.check_not_writer_thread()
         unsaved = self._index.duplicate_ids_unsaved
-        if self._state is _State.OPEN and self._queue.failure is None and unsaved:
+        if self._state is _State.OPEN and self._pending.failure is None and unsaved:
             with contextlib.suppress(StorageFailed):
-                self._queue_txn([self._index.metadata_block()], None)
+                self._queue_metadata()
         self._state = _State.CLOSED
         replay, self._replay_iterator = self._replay_iterator, None
         if replay is not None and inspect.getgeneratorstate(replay) != inspect.GEN_RUNNING:

@@ -8,7 +8,9 @@ The directory store keeps **one file per command block**, after Enduro/X's
     DIR/lock                       flock()ed while a store has DIR open (holder's pid inside)
     DIR/metadata                   the committed METADATA block (queue definitions, ...)
     DIR/active/<tid>-<seq>         blocks being written: transaction not yet prepared
-    DIR/prepared/<tid>-<seq>       blocks of prepared transactions
+    DIR/active/<GTRID>-<seq>       blocks of an XA branch being prepared
+    DIR/prepared/<tid>-<seq>       blocks of prepared (local) transactions
+    DIR/prepared/<GTRID>-<seq>     blocks of prepared XA branches (until commit or rollback)
     DIR/committed/<message id>     one NEW block per stored message, named by message id
     DIR/quarantine/<dir>.<name>    foreign, torn or damaged files moved aside at start
 
@@ -17,6 +19,15 @@ the block's sequence number in its transaction in (at least) 3 decimal digits
 (``000000000000002a-000``); a message file name is the message id in 20
 decimal digits (``00000000000000000042``), so names sort in id order.
 
+An XA branch's blocks are named after the seed's "global transaction id":
+``<GTRID>`` is the Xid's gtrid in *uppercase* hex (as in the Xid's text form,
+``<formatId>-<GTRID>-<BQUAL>``; 2 to 128 digits) and ``<seq>`` numbers the
+blocks of every branch with that gtrid on this broker (two branches of one
+global transaction, different bquals, take consecutive ranges). The format
+id and the bqual are kept in the branch's first block (a DUMMY whose info
+is the whole Xid, see below); each block's header carries the store
+transaction id of the branch's prepare, which groups a branch's blocks.
+
 All integers are little-endian and unsigned; ``CRC32C`` is the Castagnoli CRC
 (``google_crc32c``), as in the journal. Every file the store writes —
 command block, message file, metadata — is one *block*::
@@ -24,9 +35,12 @@ command block, message file, metadata — is one *block*::
     offset    size  field
     0         8     magic            b"TXBDBLK\\n"
     8         1     format version   1
-    9         1     block type       1 NEW, 2 UPDATE, 3 DELETE, 4 DUMMY, 5 METADATA
+    9         1     block type       1 NEW, 2 UPDATE, 3 DELETE, 4 DUMMY, 5 METADATA,
+                                     6 RESOLVE
     10        2     flags            bit 0 LOCAL: a local transaction (commit decided
-                                     once every block is prepared); other bits 0
+                                     once every block is prepared); bit 1 XA: a block
+                                     of an XA branch (stays prepared until resolved);
+                                     other bits 0
     12        4     sequence number  the block's place in its transaction (0, 1, ...)
     16        4     block count      blocks in the transaction
     20        8     transaction id   the ``<tid>`` of the file name
@@ -54,7 +68,24 @@ The info of each block type:
 * ``DELETE`` — nil: the message id in the header names the message to remove;
 * ``DUMMY`` — nil: marks a read-only transaction (nothing to change);
 * ``METADATA`` — the ``SNAPSHOT`` map of ``records.py`` (``next_id``,
-  ``queues``, ``dups``); committing it renames it to ``DIR/metadata``.
+  ``queues``, ``dups``, ``sinks``); committing it renames it to ``DIR/metadata``.
+
+XA branch blocks (flag XA; ``docs/dirstore.md`` has the lifecycle):
+
+* the branch's first block is a ``DUMMY`` whose info is ``[xid, [discard
+  id…], created_ms, prepared_ms, state]`` (``xid`` the Xid text form; ``state``
+  ``"prepared"``, or ``"heuristic-commit"`` / ``"heuristic-rollback"`` once
+  an operator completed the branch, when it is the branch's only block); a
+  read-only branch is this block alone, the seed's dummy;
+* ``NEW`` — a message the branch sends: info the ``msg`` tuple (its seq is
+  0 until commit), body the message body;
+* ``DELETE`` — a message the branch consumed: info its delivery count.
+
+``RESOLVE`` (in a local transaction) completes a prepared branch: info
+``[outcome, xid, GTRID, first seq, block count, branch tid, [[id, seq]…],
+[discard id…]]`` with ``outcome`` one of ``"commit"``, ``"rollback"``,
+``"heuristic-commit"``, ``"heuristic-rollback"``, ``"forget"``; committing
+it applies the outcome to the branch's blocks (see ``dirstore_writer.py``).
 
 Sync flags (the seed's ``NDRX_XA_FLAGS``): ``FSYNC`` or ``FDATASYNC`` make the
 store sync each block file's contents before it is renamed; ``DSYNC`` makes it
@@ -87,6 +118,8 @@ BLOCK_OVERHEAD: Final = BLOCK_HEADER.size + _CRC.size
 
 #: Flag bit: the block belongs to a local (one-phase) transaction.
 FLAG_LOCAL: Final = 1
+#: Flag bit: the block belongs to an XA branch (named by its gtrid).
+FLAG_XA: Final = 2
 #: Field limits: u32 sequence, count and info length; u64 ids and body length.
 MAX_SEQUENCE: Final = 2**32 - 1
 MAX_INFO: Final = 2**32 - 1
@@ -111,6 +144,7 @@ SEQ_DIGITS: Final = 3
 MESSAGE_ID_DIGITS: Final = 20
 
 _BLOCK_NAME: Final = re.compile(rf"([0-9a-f]{{{TID_DIGITS}}})-([0-9]{{{SEQ_DIGITS},10}})")
+_BRANCH_BLOCK_NAME: Final = re.compile(rf"((?:[0-9A-F]{{2}}){{1,64}})-([0-9]{{{SEQ_DIGITS},10}})")
 _MESSAGE_NAME: Final = re.compile(rf"[0-9]{{{MESSAGE_ID_DIGITS}}}")
 
 
@@ -122,6 +156,7 @@ class BlockType(IntEnum):
     DELETE = 3  #: remove a stored message (after dequeue)
     DUMMY = 4  #: a read-only transaction: nothing to change
     METADATA = 5  #: replace DIR/metadata
+    RESOLVE = 6  #: complete a prepared XA branch (commit, rollback, heuristic, forget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +184,20 @@ def parse_block_name(name: str) -> tuple[int, int] | None:
     if match is None:
         return None
     return int(match[1], 16), int(match[2])
+
+
+def branch_block_name(gtrid_hex: str, sequence: int) -> str:
+    """The file name of an XA branch's block: ``<GTRID>-<seq>`` (uppercase hex)."""
+    return f"{gtrid_hex}-{sequence:0{SEQ_DIGITS}d}"
+
+
+def parse_branch_block_name(name: str) -> tuple[str, int] | None:
+    """``(GTRID hex, seq)`` of an XA branch block's file name, or None if it is not
+    one. (A name of 16 decimal digits parses as both kinds: the block's flags tell.)"""
+    match = _BRANCH_BLOCK_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return match[1], int(match[2])
 
 
 def message_name(message_id: int) -> str:

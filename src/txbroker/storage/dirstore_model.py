@@ -25,6 +25,8 @@ from typing import Any, Final
 
 from txbroker.core import records
 from txbroker.core.records import Kind
+from txbroker.errors import XAError
+from txbroker.xid import Xid
 
 #: Ids remembered per queue for duplicate detection when a definition does not
 #: say: must equal ``txbroker.core.queues.DEFAULT_DUP_WINDOW`` (a test checks;
@@ -66,6 +68,41 @@ def apply_patch(info: bytes, patch: dict[int, Any]) -> bytes:
     return pack_message_info(msg, moved_to)
 
 
+#: How a RESOLVE block completes a prepared XA branch.
+COMMIT: Final = "commit"
+ROLLBACK: Final = "rollback"
+HEURISTIC_COMMIT: Final = "heuristic-commit"
+HEURISTIC_ROLLBACK: Final = "heuristic-rollback"
+FORGET: Final = "forget"
+#: The state a branch's first block records while it waits for its outcome.
+PREPARED_STATE: Final = "prepared"
+COMMITTING_OUTCOMES: Final = frozenset({COMMIT, HEURISTIC_COMMIT})
+HEURISTIC_OUTCOMES: Final = frozenset({HEURISTIC_COMMIT, HEURISTIC_ROLLBACK})
+
+
+@dataclass(slots=True)
+class BranchPrepare:
+    """An ``XA_PREPARE``: the whole content of a branch being prepared."""
+
+    xid: str  #: the Xid's text form
+    sends: list[tuple[list[Any], bytes, bytes]]  #: msg, info, body
+    consumed: list[tuple[int, int]]  #: message id, delivery count
+    discards: list[int]
+    created_ms: int
+    prepared_ms: int
+
+
+@dataclass(slots=True)
+class BranchResolve:
+    """The outcome of a prepared branch (``XA_COMMIT``, ``XA_ROLLBACK``,
+    ``XA_HEURISTIC``, ``XA_FORGET``, or one branch of a ``SINK_COMMIT``)."""
+
+    xid: str
+    outcome: str  #: COMMIT, ROLLBACK, HEURISTIC_COMMIT, HEURISTIC_ROLLBACK or FORGET
+    seqs: list[list[int]] = field(default_factory=list)  #: [[id, seq]…] of committed sends
+    discards: list[int] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class Operation:
     """What one entry asks of the store (see the module docstring)."""
@@ -77,6 +114,70 @@ class Operation:
     put: dict[str, Any] | None = None  #: a queue or topic definition
     delete_queue: str | None = None
     snapshot: dict[str, Any] | None = None
+    prepare: BranchPrepare | None = None  #: an XA branch to prepare
+    resolves: list[BranchResolve] = field(default_factory=list)  #: XA branches to complete
+    sink: tuple[str, int] | None = None  #: a SINK_COMMIT's sink and last batch id
+
+
+def _xid(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("an XA record names its branch by the Xid's text form")
+    Xid.parse(value)  # XAError when malformed (decode_operation makes it a ValueError)
+    return value
+
+
+def _pairs(value: Any) -> list[list[int]]:
+    if not isinstance(value, list) or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+            for pair in value):
+        raise ValueError("expected a list of [int, int] pairs")
+    return value
+
+
+def _decode_xa(kind: int, value: Any, bodies: list[bytes], op: Operation) -> None:
+    """The XA kinds (records.py 11–16) of :func:`decode_operation`."""
+    if kind == Kind.XA_PREPARE:
+        xid, msgs, consumed, discards, created = value[:5]
+        prepared = value[5] if len(value) > 5 else created
+        if not isinstance(msgs, list) or len(msgs) != len(bodies):
+            raise ValueError("an XA_PREPARE has one body per message sent")
+        if type(created) is not int or type(prepared) is not int:
+            raise ValueError("an XA_PREPARE's times are ints")
+        op.prepare = BranchPrepare(
+            _xid(xid), [(_msg(msg), records.pack(msg), body)
+                        for msg, body in zip(msgs, bodies, strict=True)],
+            [(pair[0], pair[1]) for pair in _pairs(consumed)], _ids(discards), created, prepared)
+        return
+    if bodies:
+        raise ValueError(f"record kind {kind} carries no bodies")
+    if kind == Kind.XA_COMMIT:
+        op.resolves.append(BranchResolve(_xid(value[0]), COMMIT,
+                                         _pairs(value[2]) if len(value) > 2 else [],
+                                         _ids(value[1])))
+    elif kind == Kind.XA_ROLLBACK:
+        op.resolves.append(BranchResolve(_xid(value if isinstance(value, str) else value[0]),
+                                         ROLLBACK))
+    elif kind == Kind.XA_HEURISTIC:
+        outcome = value[1]
+        if outcome not in ("commit", "rollback"):
+            raise ValueError("an XA_HEURISTIC's outcome is commit or rollback")
+        commit = outcome == "commit"
+        op.resolves.append(BranchResolve(
+            _xid(value[0]), HEURISTIC_COMMIT if commit else HEURISTIC_ROLLBACK,
+            _pairs(value[3]) if commit and len(value) > 3 else [],
+            _ids(value[2]) if commit else []))
+    elif kind == Kind.XA_FORGET:
+        op.resolves.append(BranchResolve(_xid(value), FORGET))
+    elif kind == Kind.SINK_COMMIT:
+        sink, last, entries, rollbacks = value[:4]
+        if not isinstance(sink, str) or type(last) is not int:
+            raise ValueError("a SINK_COMMIT names its sink and last batch id")
+        for entry in entries:
+            op.resolves.append(BranchResolve(_xid(entry[0]), COMMIT, _pairs(entry[1]),
+                                             _ids(entry[2]) if len(entry) > 2 else []))
+        for xid in rollbacks:
+            op.resolves.append(BranchResolve(_xid(xid), ROLLBACK))
+        op.sink = (sink, last)
 
 
 def _ids(value: Any) -> list[int]:
@@ -122,6 +223,9 @@ def decode_operation(kind: int, meta: bytes, bodies: list[bytes]) -> Operation:
                        for msg, body in zip(msgs, bodies, strict=True)]
             op.deletes = _ids(acks)
             return op
+        if Kind.XA_PREPARE <= kind <= Kind.SINK_COMMIT:
+            _decode_xa(kind, value, bodies, op)
+            return op
         if bodies:
             raise ValueError(f"record kind {kind} carries no bodies")
         if kind == Kind.ACK:
@@ -163,7 +267,7 @@ def decode_operation(kind: int, meta: bytes, bodies: list[bytes]) -> Operation:
             raise ValueError("the dir store never asks for relocation (RELOCATE)")
         else:
             raise ValueError(f"the dir store does not know record kind {kind}")
-    except (TypeError, IndexError, KeyError) as exc:
+    except (TypeError, IndexError, KeyError, XAError) as exc:
         raise ValueError(f"malformed meta of record kind {kind}: {exc}") from exc
     return op
 
@@ -176,14 +280,23 @@ class MetadataModel:
         self.next_id = 1
         self.definitions: dict[str, dict[str, Any]] = {}
         self.dups: dict[str, dict[str, None]] = {}
+        #: The Spark sinks' last committed batch ids (SINK_COMMIT).
+        self.sinks: dict[str, int] = {}
 
     def pack(self) -> bytes:
         """The SNAPSHOT meta of this state (the METADATA block's info)."""
-        return records.pack({
+        meta: dict[str, Any] = {
             "next_id": self.next_id,
             "queues": self.definitions,
             "dups": {name: list(ids) for name, ids in self.dups.items() if ids},
-        })
+        }
+        if self.sinks:
+            meta["sinks"] = self.sinks
+        return records.pack(meta)
+
+    def set_sink(self, sink: str, last: int) -> None:
+        """A sink committed batch ``last`` (batch ids only grow, as in replay)."""
+        self.sinks[sink] = max(self.sinks.get(sink, -1), last)
 
     def apply_snapshot(self, meta: dict[str, Any]) -> list[str]:
         """Replace the state by a snapshot; return the queues it deleted."""
@@ -193,6 +306,8 @@ class MetadataModel:
         deleted = [name for name in gone if self.delete(name)]  # (all of them were known)
         for definition in definitions.values():
             self.put(definition)
+        for sink, last in (meta.get("sinks") or {}).items():
+            self.set_sink(sink, int(last))
         for name, ids in (meta.get("dups") or {}).items():
             if self.definitions.get(name, {}).get("kind") == "queue":
                 for message_id in ids:

@@ -13,13 +13,22 @@ flight, following the seed's rules:
   transaction is **rolled back** (its blocks in ``active/`` *and*
   ``prepared/`` are deleted). A block name gives its transaction id even when
   the file is torn, so one torn block is enough to roll its transaction back;
-* ``prepared/`` — transactions with every block prepared (none left in
-  ``active/``). They are local transactions, whose commit was decided when the
-  prepare step ended, so they are **rolled forward** in transaction order with
-  the writer's own (idempotent) commit step — which is how a crash in the
-  middle of a commit still ends all-or-nothing (see ``docs/dirstore.md``).
-  Blocks without the LOCAL flag (in-doubt XA branches, once XA exists) are
-  left in place and reported;
+* ``prepared/`` — local transactions with every block prepared (none left in
+  ``active/``): their commit was decided when the prepare step ended, so they
+  are **rolled forward** in transaction order with the writer's own
+  (idempotent) commit step — which is how a crash in the middle of a commit
+  still ends all-or-nothing (see ``docs/dirstore.md``). A RESOLVE among them
+  finishes an XA branch's commit or rollback the same way;
+* then the **XA branches** left in ``prepared/`` (blocks flagged XA, named
+  ``<GTRID>-<n>``): a branch whose prepare never finished (a block still in
+  ``active/``) is rolled back with the seed's dummy-first reading — its
+  blocks are deleted without reading message content; a whole branch (every
+  block of its prepare, its first block a DUMMY holding a parsable Xid whose
+  gtrid is the name's) is **prepared** (or heuristically completed) and is
+  handed back to the broker as an ``XA_PREPARE`` (+ ``XA_HEURISTIC``) entry;
+  an incomplete branch, XA blocks without their first block ("a file for an
+  unknown Xid"), a branch under another gtrid's name or a second copy of a
+  branch are quarantined and reported;
 * ``committed/`` — the queue content: every message file is read, checked
   (length, CRC, header, name) and indexed; the messages are handed back in
   commit order (transaction id, then sequence number), which is the order
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -49,19 +59,23 @@ from txbroker.core.records import Kind
 from txbroker.errors import StoreError
 from txbroker.storage.dirstore_format import (
     FLAG_LOCAL,
+    FLAG_XA,
     LOCK_FILE,
     QUARANTINE,
     REWRITE_SUFFIX,
     Block,
     BlockType,
+    block_size,
     decode_block,
     parse_block_name,
+    parse_branch_block_name,
     parse_message_name,
 )
-from txbroker.storage.dirstore_model import unpack_message_info
+from txbroker.storage.dirstore_model import HEURISTIC_OUTCOMES, PREPARED_STATE, unpack_message_info
 from txbroker.storage.dirstore_writer import DirOps, PreparedBlock, read_file
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.store_lock import StoreLock
+from txbroker.xid import Xid
 
 log = logging.getLogger("txbroker.dirstore")
 
@@ -103,12 +117,31 @@ class RecoveredMessage:
     file_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveredBranch:
+    """A prepared (or heuristically completed) XA branch found in ``prepared/``."""
+
+    xid: str
+    gtrid: str  #: uppercase hex: its blocks' name prefix
+    first: int  #: the number in its first block's name
+    tid: int  #: its blocks' transaction id
+    state: str  #: ``"prepared"``, ``"heuristic-commit"`` or ``"heuristic-rollback"``
+    discards: list[int]
+    created_ms: int
+    prepared_ms: int
+    sends: list[RecoveredMessage]  #: the messages it sends, in its order
+    locations: list[str]  #: the file name of each send's NEW block
+    consumed: list[tuple[int, int]]  #: message id, delivery count
+
+
 @dataclass(slots=True)
 class RecoveredDirectory:
     """What recovery found once the leftovers were resolved."""
 
     metadata: bytes | None = None  #: SNAPSHOT meta from DIR/metadata
     messages: list[RecoveredMessage] = field(default_factory=list)  #: commit order
+    branches: list[RecoveredBranch] = field(default_factory=list)  #: by transaction id
+    next_branch_block: int = 0  #: past the number in every XA block's name
     max_tid: int = 0
     rolled_back: int = 0  #: transactions
     rolled_forward: int = 0
@@ -167,38 +200,29 @@ class Recovery:
 
     def _resolve_transactions(self) -> None:
         ops = self.ops
-        active: dict[int, list[Path]] = {}
+        active: dict[int, list[Path]] = {}  # transactions that never finished preparing
         for name in sorted(os.listdir(ops.active)):
             path = ops.active / name
-            parsed = parse_block_name(name)
-            if parsed is None:
+            local = parse_block_name(name)
+            if local is None and parse_branch_block_name(name) is None:
                 self.quarantine(path, "foreign file (not a command block name)")
                 continue
-            tid = parsed[0]
-            active.setdefault(tid, [])
             block = self._read_block(path)
             if isinstance(block, str):
-                self.quarantine(path, f"half-written block of transaction {tid:x}, rolled "
-                                      f"back: {block}")
+                # A local name gives the transaction; an XA branch a torn block belonged
+                # to is incomplete in prepared/, which rolls it back below.
+                if local is not None:
+                    active.setdefault(local[0], [])
+                self.quarantine(path, f"half-written block, rolled back: {block}")
             else:
-                active[tid].append(path)
+                tid = block.tid if block.flags & FLAG_XA or local is None else local[0]
+                active.setdefault(tid, []).append(path)
         prepared: dict[int, list[tuple[int, str, Block]]] = {}
-        for name in sorted(os.listdir(ops.prepared)):
-            path = ops.prepared / name
-            parsed = parse_block_name(name)
-            if parsed is None:
-                self.quarantine(path, "foreign file (not a command block name)")
-                continue
-            tid, sequence = parsed
-            prepared.setdefault(tid, [])
-            block = self._read_block(path)
-            if isinstance(block, str):
-                self.quarantine(path, f"damaged prepared block of transaction {tid:x}: {block}")
-            elif (block.tid, block.sequence) != parsed:
-                self.quarantine(path, f"block header says transaction {block.tid:x} block "
-                                      f"{block.sequence}, unlike its name")
-            else:
-                prepared[tid].append((sequence, name, block))
+        branches: set[int] = set()
+        for name, block in self._prepared_blocks():
+            prepared.setdefault(block.tid, []).append((block.sequence, name, block))
+            if block.flags & FLAG_XA:
+                branches.add(block.tid)
         forward: list[list[PreparedBlock]] = []
         for tid in sorted(active.keys() | prepared.keys()):
             self.result.max_tid = max(self.result.max_tid, tid)
@@ -206,15 +230,13 @@ class Recovery:
             if tid in active:
                 for path in active[tid]:
                     ops.remove(path)
-                for _sequence, name, _block in blocks:
-                    ops.remove(ops.prepared / name)
+                for _sequence, name, block in blocks:
+                    if tid in branches or block.flags & FLAG_LOCAL:
+                        ops.remove(ops.prepared / name)
                 self.result.rolled_back += 1
                 log.info("rolled back transaction %x: it never finished preparing", tid)
-            elif blocks and not all(block.flags & FLAG_LOCAL for _s, _n, block in blocks):
-                line = (f"{ops.prepared}: transaction {tid:x} is in doubt (not a local "
-                        f"transaction); left in prepared/")
-                log.warning("%s", line)
-                self.report.append(line)
+            elif tid in branches:
+                continue  # a prepared XA branch: read once the roll-forward is done
             elif blocks:
                 forward.append([(name, block.type, block.message_id, block.info)
                                 for _sequence, name, block in blocks])
@@ -224,6 +246,64 @@ class Recovery:
             ops.commit(forward)
         if active or prepared:
             ops.sync_directories(ops.active, ops.prepared)
+        self._read_branches()
+
+    def _prepared_blocks(self) -> Iterator[tuple[str, Block]]:
+        """The valid blocks in ``prepared/`` (the others are quarantined)."""
+        prepared = self.ops.prepared
+        for name in sorted(os.listdir(prepared)):
+            path = prepared / name
+            local = parse_block_name(name)
+            branch = parse_branch_block_name(name)
+            if local is None and branch is None:
+                stem = name.removesuffix(REWRITE_SUFFIX)
+                rewrite = stem != name and parse_branch_block_name(stem) is not None
+                self.quarantine(path, "half-written copy of a rewrite a crash interrupted"
+                                if rewrite else "foreign file (not a command block name)")
+                continue
+            block = self._read_block(path)
+            if isinstance(block, str):
+                self.quarantine(path, f"damaged prepared block: {block}")
+            elif block.flags & FLAG_XA:
+                if branch is None:
+                    self.quarantine(path, "an XA branch's block under a local block name")
+                elif block.type not in (BlockType.DUMMY, BlockType.NEW, BlockType.DELETE):
+                    self.quarantine(path, f"a {block.type.name} block in an XA branch")
+                else:
+                    yield name, block
+            elif local is None or (block.tid, block.sequence) != local:
+                detail = (f"transaction {block.tid:x} block {block.sequence}" if local is not None
+                          else "a local transaction's block")
+                self.quarantine(path, f"block header says {detail}, unlike its name")
+            else:
+                yield name, block
+
+    def _read_branches(self) -> None:
+        """The XA branches left in ``prepared/`` once the local transactions are done:
+        each must be whole (every block of its prepare), start with its Xid, and be
+        named after that Xid's gtrid; anything else is quarantined."""
+        groups: dict[int, list[tuple[int, str, Block]]] = {}
+        for name, block in self._prepared_blocks():
+            if block.flags & FLAG_XA:
+                groups.setdefault(block.tid, []).append((block.sequence, name, block))
+            else:  # every local transaction was rolled back or forward just now
+                self.quarantine(self.ops.prepared / name, "a local transaction's block left "
+                                                          "behind after recovery")
+        seen: set[str] = set()
+        for tid in sorted(groups):
+            blocks = sorted(groups[tid])
+            problem, branch = _branch_of(tid, blocks)
+            if branch is not None and branch.xid in seen:
+                problem, branch = f"a second copy of XA branch {branch.xid}", None
+            if branch is None:
+                for _sequence, name, _block in blocks:
+                    self.quarantine(self.ops.prepared / name, problem)
+                continue
+            seen.add(branch.xid)
+            self.result.branches.append(branch)
+            self.result.max_tid = max(self.result.max_tid, tid)
+            self.result.next_branch_block = max(self.result.next_branch_block,
+                                                branch.first + len(blocks))
 
     # -- metadata and committed/ -----------------------------------------------------
 
@@ -271,6 +351,54 @@ class Recovery:
         messages.sort(key=lambda m: (m.tid, m.sequence, m.message_id))
 
 
+def _branch_of(tid: int, blocks: list[tuple[int, str, Block]]
+               ) -> tuple[str, RecoveredBranch | None]:
+    """The branch a group of XA blocks (one transaction id, by sequence) makes, or
+    why it makes none."""
+    sequence, name, first_block = blocks[0]
+    count = first_block.count
+    parsed = parse_branch_block_name(name)
+    if sequence != 0 or first_block.type is not BlockType.DUMMY or parsed is None:
+        return (f"XA blocks of transaction {tid:x} without their first block (the Xid): "
+                f"a file for an unknown Xid"), None
+    try:
+        xid, discards, created, prepared, state = records.unpack(first_block.info)
+        gtrid = Xid.parse(xid).gtrid.hex().upper()
+    except Exception as exc:
+        return f"XA branch of transaction {tid:x} with an unreadable Xid: {exc}", None
+    gtrid_name, first = parsed
+    if gtrid != gtrid_name:
+        return f"XA branch {xid} under another gtrid's name ({gtrid_name})", None
+    if state not in (PREPARED_STATE, *HEURISTIC_OUTCOMES) or (state != PREPARED_STATE
+                                                              and count != 1):
+        return f"XA branch {xid} in an unknown state {state!r}", None
+    numbers = [parse_branch_block_name(n) for _s, n, _b in blocks]
+    if ([s for s, _n, _b in blocks] != list(range(count))
+            or any(b.count != count for _s, _n, b in blocks)
+            or numbers != [(gtrid, first + s) for s, _n, _b in blocks]):
+        return (f"XA branch {xid} has {len(blocks)} of its {count} blocks (a prepare cut "
+                f"short by a crash, or a lost file)"), None
+    sends: list[RecoveredMessage] = []
+    locations: list[str] = []
+    consumed: list[tuple[int, int]] = []
+    for _sequence, block_name_, block in blocks[1:]:
+        if block.type is BlockType.NEW:
+            problem = _message_problem(block, block.message_id, in_branch=True)
+            if problem:
+                return f"XA branch {xid}: {problem}", None
+            sends.append(RecoveredMessage(block.message_id, tid, block.sequence, block.info,
+                                          len(block.body), block_size(len(block.info),
+                                                                      len(block.body))))
+            locations.append(block_name_)
+        elif block.type is BlockType.DELETE:
+            count_ = records.unpack(block.info) if block.info else 0
+            consumed.append((block.message_id, int(count_)))
+        else:
+            return f"XA branch {xid}: a second {block.type.name} block", None
+    return "", RecoveredBranch(xid, gtrid, first, tid, state, list(discards), int(created),
+                               int(prepared), sends, locations, consumed)
+
+
 def _valid_snapshot(info: bytes) -> bool:
     try:
         meta = records.unpack(info)
@@ -280,10 +408,13 @@ def _valid_snapshot(info: bytes) -> bool:
         and isinstance(meta.get("next_id"), int)
 
 
-def _message_problem(block: Block, message_id: int) -> str | None:
-    """Why a committed file is not a loadable message, or None."""
+def _message_problem(block: Block, message_id: int, *, in_branch: bool = False) -> str | None:
+    """Why a committed file (or a NEW block of an XA branch) is not a loadable
+    message, or None."""
     if block.type is not BlockType.NEW:
         return f"a {block.type.name} block where only message files belong"
+    if block.flags & FLAG_XA and not in_branch:
+        return "a block of a prepared XA branch, in committed/ (the wrong directory)"
     if block.message_id != message_id:
         return f"its header names message {block.message_id}, unlike its file name"
     try:

@@ -51,18 +51,23 @@ from txbroker.storage.dirstore_format import (
     ACTIVE,
     COMMITTED,
     FDATASYNC,
+    FLAG_LOCAL,
+    FLAG_XA,
     FSYNC,
     METADATA_FILE,
     PREPARED,
     REWRITE_SUFFIX,
+    TID_DIGITS,
+    Block,
     BlockType,
     SyncFlags,
     block_name,
+    branch_block_name,
     decode_block,
     encode_block,
     message_name,
 )
-from txbroker.storage.dirstore_model import apply_patch
+from txbroker.storage.dirstore_model import COMMITTING_OUTCOMES, HEURISTIC_OUTCOMES, apply_patch
 from txbroker.storage.interface import DurableCallback
 from txbroker.storage.writer_thread import (
     Barrier,
@@ -96,11 +101,23 @@ class BlockOp:
 @dataclass(slots=True)
 class Txn:
     """Work item: one store transaction (one appended entry, or the store's own
-    metadata refresh when ``on_durable`` is None)."""
+    metadata refresh when ``on_durable`` is None). A local transaction (the
+    default) is written, prepared and committed in one batch; an XA branch
+    (``flags`` FLAG_XA) is written and prepared, and stays in ``prepared/``
+    until a later RESOLVE block completes it."""
 
     tid: int
     blocks: list[BlockOp]
     on_durable: DurableCallback | None
+    flags: int = FLAG_LOCAL
+    prefix: str | None = None  #: an XA branch's gtrid hex: its blocks' names
+    first: int = 0  #: the number in the name of an XA branch's first block
+
+    def name(self, sequence: int) -> str:
+        """The file name of block ``sequence``."""
+        if self.prefix is None:
+            return block_name(self.tid, sequence)
+        return branch_block_name(self.prefix, self.first + sequence)
 
 
 
@@ -233,9 +250,9 @@ class DirOps:
                     parts = encode_block(
                         block.type, sequence=sequence, count=count, tid=txn.tid,
                         message_id=block.message_id, info=block.info, body=block.body,
+                        flags=txn.flags,
                     )
-                    unsynced.append(self.write_file(self.active / block_name(txn.tid, sequence),
-                                                    parts))
+                    unsynced.append(self.write_file(self.active / txn.name(sequence), parts))
                     self.bytes_written += sum(len(part) for part in parts)
                     if len(unsynced) >= FILES_PER_SYNC_ROUND:
                         self._sync_files(unsynced)
@@ -268,7 +285,7 @@ class DirOps:
         """Step 2: rename every block into ``prepared/``; DSYNC both directories."""
         for txn in txns:
             for sequence in range(len(txn.blocks)):
-                name = block_name(txn.tid, sequence)
+                name = txn.name(sequence)
                 self.rename(self.active / name, self.prepared / name)
         self.sync_directories(self.active, self.prepared)
 
@@ -278,10 +295,11 @@ class DirOps:
         Idempotent, so that recovery can run it again on what a crash left in
         ``prepared/``: a NEW block already renamed is gone from ``prepared/``,
         a DELETE of a missing file and an UPDATE of a missing message do
-        nothing, and an UPDATE applied twice gives the same header.
+        nothing, and an UPDATE applied twice gives the same header; a RESOLVE
+        is idempotent in the same ways (:meth:`resolve`).
         """
         leftovers: list[Path] = []
-        metadata = False
+        metadata = rewrote_prepared = False
         for blocks in transactions:
             for name, block_type, message_id, info in blocks:
                 source = self.prepared / name
@@ -295,10 +313,83 @@ class DirOps:
                         self.remove(self.committed / message_name(message_id))
                     elif block_type is BlockType.UPDATE:
                         self.apply_update(message_id, info)
+                    elif block_type is BlockType.RESOLVE:
+                        rewrote_prepared |= self.resolve(int(name[:TID_DIGITS], 16), info,
+                                                         leftovers)
                     leftovers.append(source)
-        self.sync_directories(self.committed, *((self.directory,) if metadata else ()))
+        extra = (self.directory,) if metadata else ()
+        self.sync_directories(self.committed, *extra,
+                              *((self.prepared,) if rewrote_prepared else ()))
         for path in leftovers:
             self.remove(path)
+
+    def resolve(self, tid: int, info: bytes, leftovers: list[Path]) -> bool:
+        """Carry out the RESOLVE block of transaction ``tid`` (``dirstore_format.py``)
+        on the branch's blocks in ``prepared/``; add the blocks to drop to
+        ``leftovers``. True if it rewrote the branch's first block (a heuristic
+        outcome, kept until forget).
+
+        For a commit, as the seed says: each NEW block the branch sends (and did
+        not discard) is renamed into ``committed/`` under its message id — and
+        then rewritten with the header fields the commit decided (its queue seq)
+        under transaction ``tid`` (its place in commit order) — and each DELETE
+        block removes the consumed message's file. Idempotent: a block already
+        gone from ``prepared/`` was done before a crash, and a message file still
+        flagged XA is rewritten again; a block whose header names another
+        transaction is not this branch's and is left alone.
+        """
+        outcome, xid, gtrid, first, count, branch_tid, seqs, discards = records.unpack(info)
+        committing = outcome in COMMITTING_OUTCOMES
+        discarded = set(discards)
+        moved: dict[int, Block] = {}
+        rewrote = False
+        for number in range(first, first + count):
+            path = self.prepared / branch_block_name(gtrid, number)
+            try:
+                data = read_file(path)
+            except FileNotFoundError:
+                continue  # done before a crash
+            block = decode_block(data)
+            if isinstance(block, str) or block.tid != branch_tid:
+                log.error("%s: not a block of XA branch %s (%s); left for recovery to "
+                          "quarantine", path, xid,
+                          block if isinstance(block, str) else f"transaction {block.tid:x}")
+                continue
+            if block.type is BlockType.NEW and committing and block.message_id not in discarded:
+                self.rename(path, self.committed / message_name(block.message_id))
+                moved[block.message_id] = block
+                continue
+            if block.type is BlockType.DELETE and committing:
+                self.remove(self.committed / message_name(block.message_id))
+            elif block.type is BlockType.DUMMY and outcome in HEURISTIC_OUTCOMES:
+                if block.count != 1:  # the branch's first block stays, as its outcome
+                    state = records.unpack(block.info)
+                    state[4] = outcome
+                    self.rewrite(path, encode_block(
+                        BlockType.DUMMY, sequence=0, count=1, tid=branch_tid, message_id=0,
+                        info=records.pack(state), flags=block.flags))
+                    rewrote = True
+                continue
+            leftovers.append(path)
+        for message_id, seq in seqs if committing else ():
+            self._commit_message(message_id, seq, tid, moved.get(message_id))
+        return rewrote
+
+    def _commit_message(self, message_id: int, seq: int, tid: int, block: Block | None) -> None:
+        """Give a committed branch's message file its commit header (unless it has it)."""
+        if block is None:  # a roll-forward: the rename happened before the crash
+            try:
+                found = decode_block(read_file(self.committed / message_name(message_id)))
+            except FileNotFoundError:
+                return  # consumed since (a later transaction deleted it)
+            if isinstance(found, str) or not found.flags & FLAG_XA:
+                return  # rewritten already (or damaged: recovery quarantines it)
+            block = found
+        parts = encode_block(
+            BlockType.NEW, sequence=block.sequence, count=block.count, tid=tid,
+            message_id=message_id, info=apply_patch(block.info, {records.MSG_SEQ: seq}),
+            body=block.body, flags=FLAG_LOCAL)
+        self.rewrite(self.committed / message_name(message_id), parts)
 
     def apply_update(self, message_id: int, info: bytes) -> None:
         """Rewrite a message file with new header fields (copy, then rename over it)."""
@@ -312,13 +403,15 @@ class DirOps:
             log.error("cannot update %s: %s; left for recovery to quarantine", path,
                       block if isinstance(block, str) else "not a message block")
             return
-        parts = encode_block(
+        self.rewrite(path, encode_block(
             BlockType.NEW, sequence=block.sequence, count=block.count, tid=block.tid,
             message_id=message_id, info=apply_patch(block.info, records.unpack(info)),
-            body=block.body, flags=block.flags,
-        )
+            body=block.body, flags=block.flags))
+
+    def rewrite(self, path: Path, parts: Sequence[bytes]) -> None:
+        """Replace ``path`` by a file with ``parts``: a synced copy renamed over it."""
         temporary = path.with_name(path.name + REWRITE_SUFFIX)
-        self.remove(temporary)  # a leftover of an update a crash interrupted
+        self.remove(temporary)  # a leftover of a rewrite a crash interrupted
         self.create(temporary, parts)
         self.rename(temporary, path)
 
@@ -326,7 +419,7 @@ class DirOps:
 def prepared_blocks(txn: Txn) -> list[PreparedBlock]:
     """The blocks of a transaction as :meth:`DirOps.commit` takes them."""
     return [
-        (block_name(txn.tid, sequence), block.type, block.message_id, block.info)
+        (txn.name(sequence), block.type, block.message_id, block.info)
         for sequence, block in enumerate(txn.blocks)
     ]
 
@@ -358,7 +451,8 @@ class DirWriter(WriterThread):
             try:
                 self.ops.write_active(txns)
                 self.ops.prepare(txns)
-                self.ops.commit([prepared_blocks(txn) for txn in txns])
+                self.ops.commit([prepared_blocks(txn) for txn in txns
+                                 if txn.flags & FLAG_LOCAL])
             except OSError as exc:
                 failure = StorageFailed(
                     f"dir store write failed in {self.ops.directory}: {exc}"
