@@ -6,7 +6,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import BrokerProcess
+from tests.support import STORES, BrokerProcess, store_args
 from tests.tm.pg import PostgresServer, pg_bindir
 
 
@@ -23,12 +23,19 @@ def postgres() -> Iterator[PostgresServer]:
         server.stop()
 
 
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest) -> str:
+    """The broker's store: the journal, and the dir store with FDATASYNC,DSYNC (issue 17)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker process; a broken XA session's branch is rolled back after 0.3 s."""
+def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
+    """A broker process on ``store``; a broken XA session's branch is rolled back after
+    0.3 s."""
     config = tmp_path / "broker.toml"
     config.write_text("[limits]\nxa_reattach_ms = 300\n")
-    proc = BrokerProcess(tmp_path / "data", "--config", str(config)).start()
+    proc = BrokerProcess(tmp_path / "data", "--config", str(config), *store_args(store)).start()
     try:
         yield proc
     finally:

@@ -2,7 +2,8 @@
 (immediate stop), at each step of a
 dequeue + insert global transaction, restart, recover. Afterwards the message is
 consumed exactly when the row exists, no branch is left in doubt, and there is no
-heuristic outcome."""
+heuristic outcome. The broker runs on the journal and on the dir store
+(``--store dir --dir-flags FDATASYNC,DSYNC``), every case on each."""
 
 from __future__ import annotations
 
@@ -14,16 +15,19 @@ import psycopg
 import pytest
 
 import txbroker
-from tests.support import ROOT, BrokerProcess
+from tests.support import ROOT, STORES, BrokerProcess
 from tests.tm.pg import PostgresServer
 from txbroker.tm import STEPS, BrokerResource, DecisionLog, PostgresResource, recover
 
-CASES = [(mode, step) for mode in ("coordinator", "broker", "postgres") for step in STEPS]
+#: The whole matrix on each store (``store`` picks the broker fixture's store, issue 17).
+CASES = [(store, mode, step) for store in STORES
+         for mode in ("coordinator", "broker", "postgres") for step in STEPS]
 
 
-@pytest.mark.parametrize(("mode", "step"), CASES, ids=[f"{m}-{s}" for m, s in CASES])
+@pytest.mark.parametrize(("store", "mode", "step"), CASES,
+                         ids=[f"{store}-{m}-{s}" for store, m, s in CASES])
 def test_kill_at_each_step(broker: BrokerProcess, postgres: PostgresServer, orders: str,
-                           tmp_path: Path, mode: str, step: str) -> None:
+                           tmp_path: Path, store: str, mode: str, step: str) -> None:
     with txbroker.connect(broker.url) as conn:
         conn.send("orders", b"order-1", message_id="order-1")
     log_path = tmp_path / "tm.log"
