@@ -332,10 +332,10 @@ class DirXaMachine(XaMachine):
     store_kind = "dir"
 
 
-#: Examples per store. The dir store syncs files and directories at every step
-#: (FDATASYNC,DSYNC): EXAMPLES_DIR keeps its run short; the rules and the model are
-#: the same, so the many examples on the log cover the state space and the dir
-#: examples check that the store rebuilds what the log does.
+#: Examples per store. On the dir store every step syncs files and directories
+#: (FDATASYNC,DSYNC): 60 examples took 14 s there against 1.5-2.5 s on the log, so it
+#: gets 20 (about 4 s). The rules and the model are the same: the log's examples cover
+#: the state space, the dir store's check that it rebuilds the same branches.
 EXAMPLES = {"log": 60, "dir": 20}
 MACHINES = {"log": XaMachine, "dir": DirXaMachine}
 
