@@ -31,7 +31,7 @@ import abc
 import random
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pytest
@@ -289,6 +289,9 @@ class BrokerState:
     topics: dict[str, list[str]]
     messages: list[tuple[Any, ...]]  #: in replay (commit) order, body last
     next_id: int
+    #: XA branches by Xid text: state, sends (id, queue, body), held message ids, discards
+    branches: dict[str, Any] = field(default_factory=dict)
+    sinks: dict[str, int] = field(default_factory=dict)  #: the sinks' last batch ids
 
 
 def broker_state(
@@ -317,6 +320,12 @@ def broker_state(
                    m.expires_ms, m.deliver_at_ms, m.delivery_count, m.size,
                    read_body(m.ref)) for m in broker.messages.values()],
         next_id=broker.next_id,
+        branches={str(xid): (b.state.value,
+                             [(m.id, m.queue, m.message_id, read_body(m.ref))
+                              for m in b.work.sends],
+                             sorted(b.work.acks), sorted(b.discards))
+                  for xid, b in broker.branches.items()},
+        sinks=dict(broker.sinks_part.sinks),
     )
 
 
@@ -340,6 +349,8 @@ def assert_same_state(store: Store, recovered: list[StoredEntry], entries: list[
     assert got.queues == want.queues
     assert got.topics == want.topics
     assert got.messages == want.messages
+    assert got.branches == want.branches
+    assert got.sinks == want.sinks
     assert got.next_id >= want.next_id
     return got
 

@@ -220,8 +220,8 @@ def matching_prefix(state: BrokerState, entries: list[Entry]) -> int:
     """The length of the prefix of ``entries`` whose state ``state`` is (-1: none)."""
     for length in range(len(entries), -1, -1):
         want = expected_state(entries[:length], dups=False)
-        if (state.queues, state.topics, state.messages) == (want.queues, want.topics,
-                                                            want.messages):
+        if (state.queues, state.topics, state.messages, state.branches, state.sinks) == (
+                want.queues, want.topics, want.messages, want.branches, want.sinks):
             return length
     return -1
 

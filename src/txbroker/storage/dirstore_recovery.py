@@ -257,9 +257,14 @@ class Recovery:
             branch = parse_branch_block_name(name)
             if local is None and branch is None:
                 stem = name.removesuffix(REWRITE_SUFFIX)
-                rewrite = stem != name and parse_branch_block_name(stem) is not None
-                self.quarantine(path, "half-written copy of a rewrite a crash interrupted"
-                                if rewrite else "foreign file (not a command block name)")
+                if stem != name and parse_branch_block_name(stem) is not None:
+                    # The copy of a heuristic outcome's rewrite a crash interrupted: the
+                    # block itself is whole (the copy is renamed over it, atomically),
+                    # and the RESOLVE, still prepared, writes the copy again.
+                    log.info("%s: removed the copy of an interrupted rewrite", path)
+                    self.ops.remove(path)
+                else:
+                    self.quarantine(path, "foreign file (not a command block name)")
                 continue
             block = self._read_block(path)
             if isinstance(block, str):
