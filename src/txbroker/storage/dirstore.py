@@ -20,7 +20,12 @@ keeps *state*, not a log, so it reads the broker's records
   its messages in the same transaction;
 * an entry that changes nothing (a TX with no messages) is a DUMMY block, the
   seed's marker of a read-only transaction. ``RELOCATE`` is refused: this
-  store never asks for relocation.
+  store never asks for relocation;
+* ``XA_PREPARE`` — an XA branch: its blocks (named ``<GTRID>-<n>``) are
+  written and prepared like a transaction's, and stay in ``prepared/``;
+  ``XA_COMMIT`` / ``XA_ROLLBACK`` / ``XA_HEURISTIC`` / ``XA_FORGET`` and
+  ``SINK_COMMIT`` are RESOLVE blocks that complete it as the seed says
+  (``docs/dirstore.md``, "XA branches").
 
 :meth:`append` (broker thread, no I/O) turns the entry into a
 :class:`~txbroker.storage.dirstore_writer.Txn` — its blocks planned by the
@@ -33,8 +38,9 @@ write → prepare → commit and completes it with one ``dispatch`` call.
 
 :meth:`recover` locks the directory and resolves what a crash left behind
 (:mod:`~txbroker.storage.dirstore_recovery`), then yields one ``SNAPSHOT``
-entry (the metadata) and one ``ADD`` entry per stored message, in commit
-order: a compacted log whose replay rebuilds the same broker state.
+entry (the metadata), one ``ADD`` entry per stored message, in commit
+order, and one ``XA_PREPARE`` (+ ``XA_HEURISTIC``) per branch left in
+``prepared/``: a compacted log whose replay rebuilds the same broker state.
 
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread

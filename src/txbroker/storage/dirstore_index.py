@@ -14,7 +14,8 @@ per message in commit order, a moved message as ``ADD`` + ``MOVE``.
 
 :meth:`MessageIndex.plan` turns one decoded
 :class:`~txbroker.storage.dirstore_model.Operation` into the blocks of one
-store transaction and updates the index and the metadata model at once (the
+store transaction (:class:`TxnPlan`; an XA prepare may need a metadata
+transaction first) and updates the index and the metadata model at once (the
 writer commits later; the broker sees nothing before the commit):
 
 * each message added — a NEW block;
@@ -23,7 +24,15 @@ writer commits later; the broker sees nothing before the commit):
 * any change to the metadata — one METADATA block with the whole model,
   also whenever a new message id passes ``next_id`` (kept
   :data:`ID_RESERVATION` ahead);
-* nothing at all — one DUMMY block (the seed's read-only transaction).
+* nothing at all — one DUMMY block (the seed's read-only transaction);
+* an XA prepare — an XA branch of its own (:class:`IndexedBranch`): a DUMMY
+  with the Xid, a NEW per send (indexed at once, with the ``location`` of its
+  block in ``prepared/``), a DELETE per consumed message, named
+  ``<GTRID>-<n>`` from a store-wide counter;
+* an XA outcome (commit, rollback, heuristic, forget, or each branch of a
+  sink commit) — a RESOLVE block naming the branch's blocks; the index
+  follows the outcome at once (sends committed or deleted, consumed messages
+  deleted, the branch gone or kept as heuristic).
 
 A message leaves the index when it is both deleted (a DELETE was planned) and
 released (the broker is done with its body), whichever comes last. A deleted
@@ -362,7 +371,8 @@ class MessageIndex:
         seqs: list[list[int]] = []
         if outcome in COMMITTING_OUTCOMES:  # every send the commit keeps, seq or not
             seq_of = {pair[0]: pair[1] for pair in resolve.seqs}
-            kept = [i for i in branch.sends if i not in set(resolve.discards)]
+            dropped = set(resolve.discards)
+            kept = [i for i in branch.sends if i not in dropped]
             seqs = [[message_id, seq_of.get(message_id, 0)] for message_id in kept]
         blocks.append(BlockOp(BlockType.RESOLVE, 0, records.pack([
             outcome, branch.xid, branch.gtrid, branch.first, branch.count, branch.tid,

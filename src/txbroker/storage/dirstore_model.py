@@ -16,6 +16,11 @@ message id — kept exactly as ``core/replay.py`` would rebuild it by
 replaying the same records (snapshot replacement, implicit queues, the
 insertion-ordered, bounded duplicate-id window). The store writes it as the
 METADATA block ``DIR/metadata`` and hands it back as one ``SNAPSHOT`` entry.
+
+XA records become a :class:`BranchPrepare` (``XA_PREPARE``) or
+:class:`BranchResolve` outcomes (``XA_COMMIT``, ``XA_ROLLBACK``,
+``XA_HEURISTIC``, ``XA_FORGET``, and each branch of a ``SINK_COMMIT``, whose
+last batch id goes into the metadata's ``sinks``).
 """
 
 from __future__ import annotations
