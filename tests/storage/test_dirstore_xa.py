@@ -314,6 +314,8 @@ def test_bad_xa_files_are_reported_and_quarantined(tmp_path: Path) -> None:
     # a prepared branch's message block in committed/ (the wrong directory)
     (tmp_path / COMMITTED / message_name(92)).write_bytes(
         _block(BlockType.NEW, 904, 1, 2, 92, msg_record(92, "out"), b"z"))
+    # a committed message file copied into prepared/ (the wrong directory)
+    (prepared / message_name(2)).write_bytes((tmp_path / COMMITTED / message_name(2)).read_bytes())
     before = prepared_names(tmp_path)
     store, _, recovered = open_store(tmp_path)
     report = "\n".join(store.report)
@@ -322,10 +324,13 @@ def test_bad_xa_files_are_reported_and_quarantined(tmp_path: Path) -> None:
     assert "AB-300" in report and "damaged prepared block" in report
     assert "under another gtrid's name" in report and "CD-400" in report
     assert "the wrong directory" in report and message_name(92) in report
-    assert len(store.report) == 7
+    assert f"prepared/{message_name(2)}: a message file (named by a message id) in the wrong " \
+        "directory" in report
+    assert len(store.report) == 8
     quarantined = files(tmp_path, "quarantine")
     assert quarantined == sorted(
-        [f"prepared.{n}" for n in ("AB-300", "CD-400", "EE-100", "EE-101", "FF-200", "FF-201")]
+        [f"prepared.{n}" for n in ("AB-300", "CD-400", "EE-100", "EE-101", "FF-200", "FF-201",
+                                   message_name(2))]
         + [f"committed.{message_name(92)}"])
     # the real branches are untouched and come back prepared; nothing bad was loaded
     assert matching_prefix(state_of(store, recovered), XA_SETUP) == len(XA_SETUP)

@@ -257,6 +257,8 @@ class MessageIndex:
         (a branch prepared twice; an outcome for a branch that is not prepared)."""
         if operation.prepare is not None:
             return self._plan_prepare(operation.prepare)
+        for resolve in operation.resolves:  # all checked before anything changes
+            self._check_resolve(resolve)
         model = self.model
         blocks: list[BlockOp] = []
         metadata = False
@@ -356,18 +358,22 @@ class MessageIndex:
             plans.insert(0, TxnPlan(self.take_tid(), [self.metadata_block()]))
         return plans
 
+    def _check_resolve(self, resolve: BranchResolve) -> IndexedBranch:
+        """The branch an outcome completes; ``ValueError`` if it cannot take it."""
+        branch = self.branches.get(resolve.xid)
+        if branch is None:
+            raise ValueError(f"XA branch {resolve.xid} is not prepared in this store")
+        if (resolve.outcome == FORGET) != (branch.state != PREPARED_STATE):
+            raise ValueError(f"XA branch {resolve.xid} is {branch.state}: it cannot take "
+                             f"{resolve.outcome}")
+        return branch
+
     def _resolve(self, resolve: BranchResolve, blocks: list[BlockOp]) -> bool:
         """A RESOLVE block completing a branch; the index follows the outcome (the
         files follow when the writer commits the block). True if the metadata
         changed (client ids of committed sends)."""
-        branch = self.branches.get(resolve.xid)
-        if branch is None:
-            raise ValueError(f"XA branch {resolve.xid} is not prepared in this store")
+        branch = self._check_resolve(resolve)
         outcome = resolve.outcome
-        heuristic = branch.state != PREPARED_STATE
-        if (outcome == FORGET) != heuristic:
-            raise ValueError(f"XA branch {resolve.xid} is {branch.state}: it cannot take "
-                             f"{outcome}")
         seqs: list[list[int]] = []
         if outcome in COMMITTING_OUTCOMES:  # every send the commit keeps, seq or not
             seq_of = {pair[0]: pair[1] for pair in resolve.seqs}

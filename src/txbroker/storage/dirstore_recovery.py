@@ -205,7 +205,7 @@ class Recovery:
             path = ops.active / name
             local = parse_block_name(name)
             if local is None and parse_branch_block_name(name) is None:
-                self.quarantine(path, "foreign file (not a command block name)")
+                self.quarantine(path, _foreign(name))
                 continue
             block = self._read_block(path)
             if isinstance(block, str):
@@ -264,7 +264,7 @@ class Recovery:
                     log.info("%s: removed the copy of an interrupted rewrite", path)
                     self.ops.remove(path)
                 else:
-                    self.quarantine(path, "foreign file (not a command block name)")
+                    self.quarantine(path, _foreign(name))
                 continue
             block = self._read_block(path)
             if isinstance(block, str):
@@ -402,6 +402,13 @@ def _branch_of(tid: int, blocks: list[tuple[int, str, Block]]
             return f"XA branch {xid}: a second {block.type.name} block", None
     return "", RecoveredBranch(xid, gtrid, first, tid, state, list(discards), int(created),
                                int(prepared), sends, locations, consumed)
+
+
+def _foreign(name: str) -> str:
+    """Why a file in ``active/`` or ``prepared/`` that has no block name is refused."""
+    if parse_message_name(name) is not None:
+        return "a message file (named by a message id) in the wrong directory"
+    return "foreign file (not a command block name)"
 
 
 def _valid_snapshot(info: bytes) -> bool:
