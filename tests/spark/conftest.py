@@ -23,7 +23,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 import txbroker.spark
-from tests.support import BrokerProcess
+from tests.support import BrokerProcess, store_args
 
 
 def spark_env() -> None:
@@ -84,9 +84,16 @@ def spark(java: None) -> Iterator[Any]:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A journal-store broker process for one test."""
-    proc = BrokerProcess(tmp_path / "data").start()
+def store() -> str:
+    """The broker's store: the journal, unless a test parametrizes ``store`` (issue 17:
+    ``@pytest.mark.parametrize("store", STORES)`` runs it on the dir store too)."""
+    return "journal"
+
+
+@pytest.fixture
+def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
+    """A broker process on ``store`` for one test."""
+    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
     try:
         yield proc
     finally:
