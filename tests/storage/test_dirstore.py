@@ -691,11 +691,13 @@ class PowerCut:
         return undone
 
 
-def power_cut_case(directory: Path, flags: str, call: int) -> tuple[int, int, int]:
-    """Power fails at step ``call`` of writing VICTIMS (one at a time): the
-    acknowledged count, the prefix recovery finds (-1: none), the changes lost."""
+def power_cut_case(directory: Path, flags: str, call: int, setup: list[Entry] = SETUP,
+                   victims: list[Entry] = VICTIMS) -> tuple[int, int, int]:
+    """Power fails at step ``call`` of writing ``victims`` (one at a time, after
+    ``setup``): the acknowledged count, the prefix recovery finds (-1: none), the
+    changes lost."""
     store, loop, _ = open_store(directory, flags=flags)
-    append_all(store, loop, SETUP)
+    append_all(store, loop, setup)
     cut = PowerCut(store)
     counter = [0]
     for step in ("write_file", "rename", "unlink"):
@@ -709,14 +711,14 @@ def power_cut_case(directory: Path, flags: str, call: int) -> tuple[int, int, in
 
         setattr(store.ops, step, maybe_fail)
     acknowledged = 0
-    for entry in VICTIMS:  # one at a time: each acknowledged before the next
+    for entry in victims:  # one at a time: each acknowledged before the next
         if append_and_wait(store, loop, [entry])[0] is not None:
             break
         acknowledged += 1
     store.close()
     undone = cut.cut()
     store, _, recovered = open_store(directory, flags=flags)
-    length = matching_prefix(state_of(store, recovered), SETUP + VICTIMS)
+    length = matching_prefix(state_of(store, recovered), setup + victims)
     store.close()
     return acknowledged, length, undone
 

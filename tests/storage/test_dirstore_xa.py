@@ -35,7 +35,6 @@ from txbroker.storage.dirstore_format import (
 from .contract import Entry, add_entry, append_all, msg_record, queue_put
 from .test_dirstore import (
     STEPS,
-    PowerCut,
     append_and_wait,
     count_steps,
     files,
@@ -43,6 +42,7 @@ from .test_dirstore import (
     kind_entry,
     matching_prefix,
     open_store,
+    power_cut_case,
     state_of,
 )
 
@@ -250,33 +250,10 @@ def test_power_cut_with_dsync_keeps_every_acknowledged_xa_step(tmp_path: Path) -
     call = 0
     while True:
         call += 1
-        directory = tmp_path / f"d{call}"
-        store, loop, _ = open_store(directory, flags="FDATASYNC,DSYNC")
-        append_all(store, loop, XA_SETUP)
-        cut = PowerCut(store)
-        counter = [0]
-        for step in ("write_file", "rename", "unlink"):
-            real = getattr(store.ops, step)
-
-            def maybe_fail(*args: Any, _real: Any = real, _counter: list[int] = counter,
-                           _call: int = call) -> Any:
-                _counter[0] += 1
-                if _counter[0] == _call:
-                    raise OSError(5, "power cut")
-                return _real(*args)
-
-            setattr(store.ops, step, maybe_fail)
-        acknowledged = 0
-        for entry in XA_VICTIMS:  # one at a time: each acknowledged before the next
-            if append_and_wait(store, loop, [entry])[0] is not None:
-                break
-            acknowledged += 1
-        store.close()
-        lost_changes += cut.cut()
-        store, _, recovered = open_store(directory, flags="FDATASYNC,DSYNC")
-        length = matching_prefix(state_of(store, recovered), XA_SETUP + XA_VICTIMS)
+        acknowledged, length, undone = power_cut_case(
+            tmp_path / f"d{call}", "FDATASYNC,DSYNC", call, XA_SETUP, XA_VICTIMS)
         assert length >= len(XA_SETUP) + acknowledged, (call, acknowledged, length)
-        store.close()
+        lost_changes += undone
         if acknowledged == len(XA_VICTIMS):
             break
     assert call > 20 and lost_changes > 0
