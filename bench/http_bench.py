@@ -11,7 +11,10 @@ each (declared and sent pipelined through the async client). Then, over one
 keep-alive HTTP connection, each request is made once to warm up and
 ``--runs`` times measured (wall time from sending the request to the last byte
 of the response, on the client); the median is reported with every run, the
-response size and the machine's load average before and after.
+response size and the machine's load average before and after. For
+``/metrics`` and ``/api/queues`` the bench also reports the longest native
+``ping`` round trip while the request runs ``--runs`` times, against the same
+with no HTTP request: how long one request holds the broker's loop.
 """
 
 from __future__ import annotations
@@ -82,6 +85,38 @@ def timed(client: httpx.Client, path: str, runs: int) -> dict[str, Any]:
             "runs_seconds": [round(s, 4) for s in seconds], "response_bytes": len(warm.content)}
 
 
+def stall_during(client: httpx.Client, path: str, url: str, runs: int) -> dict[str, Any]:
+    """The longest native ``ping`` round trip while ``path`` is fetched ``runs``
+    times, and without any HTTP request (how long a request holds the loop)."""
+    import threading
+
+    import txbroker
+
+    def longest(stop: threading.Event, found: list[float]) -> None:
+        with txbroker.connect(url) as conn:
+            while not stop.is_set():
+                started = time.perf_counter()
+                conn.ping()
+                found.append(time.perf_counter() - started)
+
+    result: dict[str, Any] = {}
+    for label, requests in (("idle", 0), ("during", runs)):
+        stop, found = threading.Event(), []
+        pinger = threading.Thread(target=longest, args=(stop, found))
+        pinger.start()
+        time.sleep(0.5)
+        if requests:
+            for _ in range(requests):
+                client.get(path).raise_for_status()
+        else:
+            time.sleep(1.0)
+        stop.set()
+        pinger.join()
+        result[f"max_ping_seconds_{label}"] = round(max(found), 4)
+        result[f"pings_{label}"] = len(found)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queues", type=int, default=10_000)
@@ -114,6 +149,9 @@ def main() -> None:
             report["metrics"] = timed(client, "/metrics", args.runs)
             report["api_queues"] = timed(client, "/api/queues", args.runs)
             report["api_overview"] = timed(client, "/api/overview", args.runs)
+            url = f"txb://127.0.0.1:{port}"
+            report["metrics"]["loop"] = stall_during(client, "/metrics", url, args.runs)
+            report["api_queues"]["loop"] = stall_during(client, "/api/queues", url, args.runs)
         report["machine"]["load_after"] = loadavg()
     finally:
         proc.terminate()
@@ -124,8 +162,11 @@ def main() -> None:
     path.write_text(json.dumps(report, indent=1) + "\n")
     for key in ("metrics", "api_queues", "api_overview"):
         figure = report[key]
+        loop = figure.get("loop", {})
+        held = (f"; longest native ping {loop['max_ping_seconds_during'] * 1000:.0f} ms "
+                f"during, {loop['max_ping_seconds_idle'] * 1000:.0f} ms idle") if loop else ""
         print(f"{key}: median {figure['median_seconds'] * 1000:.1f} ms "
-              f"({figure['response_bytes']:,} bytes)")
+              f"({figure['response_bytes']:,} bytes){held}")
     print(f"load {report['machine']['load_before']} -> {report['machine']['load_after']}; "
           f"results: {path}")
 
