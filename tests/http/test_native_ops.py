@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 import txbroker
 from tests.http.conftest import HttpBroker, start
-from tests.support import BrokerProcess, RawClient
+from tests.support import STORES, BrokerProcess, RawClient, store_args
 
 OK, ERR = 1, 2
 
@@ -48,8 +49,9 @@ def test_native_browse_move_and_connections(broker: HttpBroker) -> None:
     assert (depths["n.src"], depths["n.dst"]) == (1, 1)
 
 
-def test_a_move_survives_a_kill(tmp_path: Path) -> None:
-    running = start(tmp_path / "data")
+@pytest.mark.parametrize("store", STORES)
+def test_a_move_survives_a_kill(tmp_path: Path, store: str) -> None:
+    running = start(tmp_path / "data", *store_args(store))
     try:
         with txbroker.connect(running.url) as conn:
             conn.declare_queue("k.src")
@@ -61,7 +63,8 @@ def test_a_move_survives_a_kill(tmp_path: Path) -> None:
         running.process.kill()  # SIGKILL
     finally:
         running.http.close()
-    again = BrokerProcess(tmp_path / "data", "--http-port", str(running.http_port)).start()
+    again = BrokerProcess(tmp_path / "data", "--http-port", str(running.http_port),
+                          *store_args(store)).start()
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{running.http_port}") as http:
             browsed = {name: [m["body"] for m in
