@@ -301,3 +301,14 @@ def test_closed_connection_sees_its_connection_lost(broker: HttpBroker) -> None:
             for _ in range(100):
                 conn.ping()
                 time.sleep(0.05)
+
+
+def test_every_refusal_code_has_an_http_status() -> None:
+    """Every ErrorCode but INTERNAL (500) and XA (by XA code) has its status, and the
+    table names no code that does not exist (FORBIDDEN comes with the ACL change)."""
+    from txbroker.errors import ErrorCode
+    from txbroker.server.http.calls import STATUS_OF_CODE
+
+    names = {code.name for code in ErrorCode}
+    assert names - set(STATUS_OF_CODE) == {"INTERNAL", "XA"}
+    assert set(STATUS_OF_CODE) - names <= {"FORBIDDEN"}

@@ -29,7 +29,6 @@ from txbroker.errors import (
     XAER_RMFAIL,
     AuthenticationFailed,
     BrokerError,
-    ErrorCode,
     ShuttingDown,
     TxBrokerError,
     XAError,
@@ -42,27 +41,29 @@ if TYPE_CHECKING:
 #: The realm of the ``WWW-Authenticate`` challenge.
 REALM: Final = "txbroker"
 
-#: HTTP status of each refusal code (anything else: 500).
-STATUS_OF_CODE: Final[dict[ErrorCode, int]] = {
-    ErrorCode.BAD_REQUEST: 400,
-    ErrorCode.PROTOCOL: 400,
-    ErrorCode.FRAME_TOO_LARGE: 413,
-    ErrorCode.MESSAGE_TOO_LARGE: 413,
-    ErrorCode.AUTHENTICATION_FAILED: 401,
-    ErrorCode.NOT_AUTHENTICATED: 401,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNKNOWN_OP: 404,
-    ErrorCode.ALREADY_EXISTS: 409,
-    ErrorCode.ILLEGAL_STATE: 409,
-    ErrorCode.DISABLED: 409,
-    ErrorCode.QUOTA_EXCEEDED: 409,
-    ErrorCode.TRANSACTION: 409,
-    ErrorCode.TRANSACTION_ROLLED_BACK: 409,
-    ErrorCode.TOO_MANY_UNACKED: 409,
-    ErrorCode.TOO_MANY_CONNECTIONS: 503,
-    ErrorCode.STORAGE_FAILED: 503,
-    ErrorCode.SHUTTING_DOWN: 503,
-    ErrorCode.STANDBY: 503,
+#: HTTP status of each refusal code, by ErrorCode name (anything else: 500). By name,
+#: so that FORBIDDEN (the ACL change) is 403 as soon as the code exists.
+STATUS_OF_CODE: Final[dict[str, int]] = {
+    "FORBIDDEN": 403,
+    "BAD_REQUEST": 400,
+    "PROTOCOL": 400,
+    "FRAME_TOO_LARGE": 413,
+    "MESSAGE_TOO_LARGE": 413,
+    "AUTHENTICATION_FAILED": 401,
+    "NOT_AUTHENTICATED": 401,
+    "NOT_FOUND": 404,
+    "UNKNOWN_OP": 404,
+    "ALREADY_EXISTS": 409,
+    "ILLEGAL_STATE": 409,
+    "DISABLED": 409,
+    "QUOTA_EXCEEDED": 409,
+    "TRANSACTION": 409,
+    "TRANSACTION_ROLLED_BACK": 409,
+    "TOO_MANY_UNACKED": 409,
+    "TOO_MANY_CONNECTIONS": 503,
+    "STORAGE_FAILED": 503,
+    "SHUTTING_DOWN": 503,
+    "STANDBY": 503,
 }
 #: XA codes with their own HTTP status (other XA refusals are 409: the branch's state).
 STATUS_OF_XA_CODE: Final[dict[int, int]] = {XAER_NOTA: 404, XAER_INVAL: 400, XAER_RMFAIL: 503}
@@ -72,7 +73,7 @@ def http_status(error: BrokerError) -> int:
     """The HTTP status of a refusal."""
     if isinstance(error, XAError):
         return STATUS_OF_XA_CODE.get(error.errcode, 409)
-    return STATUS_OF_CODE.get(error.code, 500)
+    return STATUS_OF_CODE.get(error.code.name, 500)
 
 
 def error_code(error: BrokerError) -> str:
