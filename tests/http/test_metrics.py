@@ -116,3 +116,24 @@ def test_metric_names_follow_the_conventions(fresh: HttpBroker) -> None:
             assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
         if family.type == "histogram":
             assert family.name.endswith(("_seconds", "_entries"))
+
+
+def test_ha_role_is_exported_when_the_broker_is_one_of_a_pair() -> None:
+    """The HA part's status (``stats()["ha"]``) becomes ``txbroker_ha_role``."""
+    from collections import Counter
+
+    from prometheus_client import generate_latest
+
+    from txbroker.server.http.metrics import Snapshot
+
+    def role_samples(ha: Any) -> list[tuple[str, dict[str, str], float]]:
+        snapshot = Snapshot(queues=[], stats={"ha": ha} if ha else {}, store=None,
+                            batch_seconds=None, batch_entries=None, connections=Counter(),
+                            xa_states=Counter(), store_kind="journal", sync="fdatasync")
+        text = generate_latest(snapshot).decode()
+        return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text)
+                for s in f.samples if s.name == "txbroker_ha_role"]
+
+    assert role_samples({"mode": "shared-store", "role": "active", "peer": "h:1"}) == [
+        ("txbroker_ha_role", {"mode": "shared-store", "role": "active"}, 1.0)]
+    assert role_samples(None) == []
