@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: venv
-	$(VENV)/bin/txbroker serve --data $(DATA)
+	$(VENV)/bin/txbroker serve --data $(DATA) --http-port 8161
 
 lint: venv
 	$(VENV)/bin/ruff check src tests bench

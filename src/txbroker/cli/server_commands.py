@@ -13,7 +13,6 @@ started, errors are the server's own.
 from __future__ import annotations
 
 import logging
-import sys
 import tomllib
 from collections.abc import Callable
 from enum import StrEnum
@@ -42,8 +41,8 @@ def serve(
     stomp_port: Annotated[int | None, typer.Option(
         help="STOMP port (0 = off; default 61613)")] = None,
     http_port: Annotated[int | None, typer.Option(help=(
-        "HTTP console port: not built yet, nothing listens there (a non-zero port, "
-        "here or in the config file, only prints a warning; default 0 = off)"))] = None,
+        "HTTP port: REST API, /api/openapi.json, /metrics (docs/http.md); "
+        "default 0 = off, 8161 is the usual port"))] = None,
     sync: Annotated[str | None, typer.Option(help="none | fdatasync | fsync")] = None,
     store: Annotated[str | None, typer.Option(help="journal | dir")] = None,
     dir_flags: Annotated[str | None, typer.Option(
@@ -74,16 +73,13 @@ def serve(
         repair=repair or None, ha=ha, ha_port=ha_port, ha_peer=ha_peer,
         heartbeat_interval=heartbeat_interval, activation_interval=activation_interval)
     cfg = _load_config(config, **overrides)
-    if cfg.http_port:
-        sys.stderr.write("warning: the HTTP console is not built yet: nothing listens on "
-                         f"port {cfg.http_port}\n")
-        sys.stderr.flush()
     started = False
 
     def ready(server: Any) -> None:
         nonlocal started
         started = True
         stomp = f", STOMP {server.stomp_port}" if server.stomp_port else ""
+        stomp += f", HTTP {server.http_port}" if server.http_port else ""
         print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
               f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "

@@ -3,7 +3,9 @@
 Declare, update (quotas, ingress/egress, dead-letter settings …), delete and
 purge queues; declare topics and their durable or non-durable subscriptions.
 Every change of a durable definition is written as a ``QUEUE_PUT`` /
-``QUEUE_DELETE`` record and answered once durable.
+``QUEUE_DELETE`` record and answered once durable. Browse looks at a queue's
+visible messages without taking them; move (re-drive) takes visible messages
+of one queue to another with one ``MOVE`` record, answered once durable.
 """
 
 from __future__ import annotations
@@ -11,12 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from txbroker.core.drop_jobs import delete_queue, purge_queue
+from txbroker.core.messages import Message
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, SUBSCRIPTION_SEPARATOR, QueueIndex, check_name
 from txbroker.core.queues import Queue, QueueSettings
 from txbroker.core.records import Kind
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import AlreadyExists, BadRequest, NotFound
+
+#: The most messages one browse or move request handles (a move of a larger DLQ is
+#: several requests): bounds the loop time and the reply of one request.
+MAX_BROWSE = 1_000
+MAX_MOVE = 10_000
 
 
 class Admin:
@@ -129,6 +137,72 @@ class Admin:
     def queue_purge(self, session_id: int, rid: int, name: str, now: int) -> Any:
         """Drop every ready or scheduled message (in-flight ones are left alone)."""
         return purge_queue(self.index, self.index.existing_queue(name), session_id, rid)
+
+    def queue_browse(self, name: str, limit: int) -> list[Message]:
+        """The first ``limit`` (at most :data:`MAX_BROWSE`) visible messages of a
+        queue in delivery order, left where they are."""
+        if not 1 <= limit <= MAX_BROWSE:
+            raise BadRequest(f"limit must be 1..{MAX_BROWSE}")
+        return self.index.existing_queue(name).browse(limit)
+
+    def redrive_target(self, source: str) -> str:
+        """The queue whose dead-letter (or expiry) queue ``source`` is, when exactly
+        one queue names it; BadRequest otherwise (the caller must say where)."""
+        origins = sorted(q.name for q in self.index.queues.values()
+                         if source in (q.settings.dead_letter_queue, q.settings.expiry_queue)
+                         and q.name != source)
+        if len(origins) != 1:
+            found = ", ".join(origins) if origins else "none"
+            raise BadRequest(f"say which queue to move to: queues dead-lettering to "
+                             f"{source!r}: {found}")
+        return origins[0]
+
+    def queue_move(self, session_id: int, rid: int, source: str, target: str | None,
+                   limit: int, now: int) -> Any:
+        """Move the first ``limit`` visible messages of ``source`` (delivery order) to
+        ``target`` (default: :meth:`redrive_target`), keeping their ids, bodies,
+        headers and delivery counts; their TTL and delay are cleared (as for a
+        dead-lettered message). In-flight messages stay. Replies ``{"moved": n,
+        "to": target}``, once the MOVE record is durable."""
+        if not 1 <= limit <= MAX_MOVE:
+            raise BadRequest(f"limit must be 1..{MAX_MOVE}")
+        index = self.index
+        queue = index.existing_queue(source)
+        target_name = target if target is not None else self.redrive_target(source)
+        if target_name == source:
+            raise BadRequest("cannot move a queue's messages to itself")
+        into = index.existing_queue(target_name)
+        chosen = queue.browse(limit)
+        stored = [m for m in chosen if m.persistent]
+        if stored:
+            self.outbox.check_writable()
+        for message in chosen:
+            queue.discard(message)
+            queue.count_out(message)
+            message.queue = into.name
+            message.expires_ms = 0
+            message.deliver_at_ms = 0
+            message.seq = 0
+        result = {"moved": len(chosen), "to": into.name}
+        if stored:
+            into.assign_seqs(stored)
+            first, count = stored[0].seq, len(stored)
+            reply = self.outbox.reply_when_durable(session_id, rid, result)
+
+            def durable(error: BaseException | None) -> None:
+                settled = index.queues.get(into.name)
+                if settled is not None:
+                    settled.settle(first, count)
+                reply(error)
+
+            self.outbox.persist(Kind.MOVE, [[m.id for m in stored], into.name, "moved",
+                                            [m.seq for m in stored]], durable)
+        for message in chosen:
+            into.count_in(message)
+            into.enqueued += 1
+            into.put(message, now)
+        index.dispatch(into, now)
+        return LATER if stored else result
 
     def queue_info(self, name: str) -> dict[str, Any]:
         """One queue's or topic's info (NotFound if there is none)."""

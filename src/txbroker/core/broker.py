@@ -282,6 +282,16 @@ class Broker:
         """Drop every ready or scheduled message of a queue."""
         return self.admin.queue_purge(session_id, rid, name, now)
 
+    def queue_browse(self, name: str, limit: int) -> list[Message]:
+        """The first ``limit`` visible messages of a queue, not consumed."""
+        return self.admin.queue_browse(name, limit)
+
+    def queue_move(self, session_id: int, rid: int, source: str, target: str | None,
+                   limit: int, now: int) -> Any:
+        """Move visible messages to another queue (a DLQ's re-drive); LATER."""
+        self.index.session(session_id)
+        return self.admin.queue_move(session_id, rid, source, target, limit, now)
+
     def queue_info(self, name: str) -> dict[str, Any]:
         """One queue's or topic's info."""
         return self.admin.queue_info(name)

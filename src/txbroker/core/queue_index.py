@@ -255,6 +255,7 @@ class QueueIndex:
             message.body = None  # read back from the store on delivery
         self.messages[message.id] = message
         queue.count_in(message)
+        queue.enqueued += 1
         queue.put(message, now)
         self.dispatch(queue, now)
 
@@ -301,6 +302,7 @@ class QueueIndex:
             queue.pending -= len(run)
             queue.pending_bytes -= size
             queue.messages += len(run)  # count_in, for the whole run
+            queue.enqueued += len(run)
             queue.bytes += size
         for queue in touched.values():
             self.dispatch(queue, now)
@@ -462,6 +464,7 @@ class QueueIndex:
             queue = self.queues.get(message.queue)
             if queue is not None:
                 queue.count_out(message)
+                queue.dequeued += 1
             message.state = State.GONE
             self.counters["acked"] += 1
             if message.persistent:
@@ -480,12 +483,14 @@ class QueueIndex:
         queue = self.queues.get(message.queue)
         if queue is not None:
             queue.count_out(message)
+            queue.dequeued += 1
         self.counters["acked"] += 1
         self.forget(message)
 
     def expire(self, queue: Queue, message: Message, now: int) -> None:
         """A message's time to live ran out: to the expiry (or dead-letter) queue."""
         self.counters["expired"] += 1
+        queue.expired += 1
         target = queue.settings.expiry_queue or queue.settings.dead_letter_queue
         self.dead_letter(queue, message, target, "expired", now)
 
@@ -495,6 +500,7 @@ class QueueIndex:
         queue.count_out(message)
         if reason != "expired":
             self.counters["dead_lettered"] += 1
+            queue.dead_lettered += 1
         target = None
         if target_name and target_name != queue.name:
             target = self.queue_or_create(target_name, now)
@@ -516,6 +522,7 @@ class QueueIndex:
             self.outbox.persist(Kind.MOVE, [[message.id], target.name, reason, [seq]],
                                 lambda error: self._after_move(target.name, seq, error))
         target.count_in(message)
+        target.enqueued += 1
         target.put(message, now)
         self.dispatch(target, now)
 

@@ -44,7 +44,7 @@ from txbroker.server.config import ServerConfig
 from txbroker.server.connection import ClientConnection
 from txbroker.server.ops import Operations, is_loopback
 from txbroker.server.stomp import StompServerConnection, StompSettings
-from txbroker.storage.interface import PackedBodies, Relocation, Store
+from txbroker.storage.interface import PackedBodies, Relocation, Store, StoreStats
 from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.server")
@@ -117,6 +117,10 @@ class BrokerServer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self.stomp_port = 0
+        self.http_port = 0
+        #: the HTTP edge (server/http/), when --http-port is set
+        self._http: Any = None
+        self._started = time.monotonic()
         self._listeners: list[asyncio.Server] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
@@ -183,6 +187,8 @@ class BrokerServer:
             await self.listen_native(self.config.host, self.config.port)
         if self.config.stomp_port:  # 0 disables it (DESIGN.md)
             await self.listen_stomp(self.config.host, self.config.stomp_port)
+        if self.config.http_port:  # 0 (the default) disables it
+            await self.listen_http(self.config.host, self.config.http_port)
         self._maintainer = asyncio.create_task(self._maintain_loop())
         self._arm_timer()
 
@@ -234,10 +240,27 @@ class BrokerServer:
         self.stomp_port = listener.sockets[0].getsockname()[1]
         return listener
 
+    async def listen_http(self, host: str, port: int) -> asyncio.Server:
+        """Listen for HTTP (REST API, ``/metrics``: ``server/http/``); sets
+        :attr:`http_port`. Starlette and uvicorn are imported only here."""
+        from txbroker.server.http import HttpEdge
+
+        if self._http is None:
+            self._http = HttpEdge(self)
+        listener = await self.listen(self._http.protocol, host, port, "HTTP")
+        self.http_port = listener.sockets[0].getsockname()[1]
+        return listener
+
+    def store_stats(self) -> StoreStats | None:
+        """The store's counters and histograms (None without an open store)."""
+        return self.store.stats() if self.store is not None else None
+
     async def stop(self) -> None:
         """Graceful shutdown: stop accepting, flush the store, close everything."""
         for listener in self._listeners:
             listener.close()
+        if self._http is not None:
+            self._http.close()
         if self._maintainer is not None:
             self._maintainer.cancel()
         if self._timer is not None:
@@ -396,6 +419,7 @@ class BrokerServer:
         result = self.broker.stats()
         result["connections"] = len(self.ops.sessions)
         result["recovery_seconds"] = round(self.recovery_seconds, 3)
+        result["uptime_seconds"] = round(time.monotonic() - self._started, 3)
         if self.ha_status is not None:
             result["ha"] = self.ha_status()
         if self.store is not None:

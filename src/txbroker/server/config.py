@@ -5,6 +5,8 @@ Config file (all keys optional)::
     [server]
     host = "127.0.0.1"
     port = 5445                 # 0 disables the native listener
+    stomp_port = 61613          # 0 disables the STOMP listener
+    http_port = 8161            # REST API and /metrics (docs/http.md); default 0 = off
     data = "./txbroker-data"
     sync = "fdatasync"          # none | fdatasync | fsync
     store = "journal"
@@ -65,6 +67,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     stomp_port: int = DEFAULT_STOMP_PORT
+    #: the HTTP listener (REST API, /metrics: docs/http.md); 0, the default, is off:
+    #: ``make run`` passes DEFAULT_HTTP_PORT
     http_port: int = 0
     data: Path = Path("./txbroker-data")
     sync: str = SyncMode.FDATASYNC

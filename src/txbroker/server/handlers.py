@@ -114,8 +114,7 @@ def queue_declare(session: Session, rid: int, args: dict[str, Any], now: int) ->
 
 def queue_update(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Change a queue's settings."""
-    return session.core.queue_update(session.id, rid, arg(args, "name", str),
-                                     settings_arg(args), now)
+    return session.update(rid, arg(args, "name", str), settings_arg(args) or {}, now)
 
 
 def queue_delete(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -125,7 +124,28 @@ def queue_delete(session: Session, rid: int, args: dict[str, Any], now: int) -> 
 
 def queue_purge(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Drop a queue's messages."""
-    return session.core.queue_purge(session.id, rid, arg(args, "name", str), now)
+    return session.purge(rid, arg(args, "name", str), now)
+
+
+def queue_browse(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """The first ``limit`` visible messages of a queue, not consumed."""
+    return session.browse(arg(args, "name", str), int_arg(args, "limit", 10) or 0)
+
+
+def queue_move(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Move visible messages to another queue (a DLQ's re-drive)."""
+    return session.move(rid, arg(args, "name", str), arg(args, "to", str, None),
+                        int_arg(args, "limit", 1000) or 0, now)
+
+
+def conn_list(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Every connection: protocol, user, address, subscriptions, unacked."""
+    return session.ops.connections()
+
+
+def conn_close(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Close another connection."""
+    return session.ops.close_connection(session, int_arg(args, "id"))
 
 
 def queue_list(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -180,7 +200,7 @@ def xa_recover(session: Session, rid: int, args: dict[str, Any], now: int) -> An
 
 def xa_forget(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Forget a heuristically completed branch."""
-    return session.core.xa_forget(session.id, rid, xid_arg(args), now)
+    return session.xa_forget(rid, xid_arg(args), now)
 
 
 def xa_heuristic(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -188,7 +208,7 @@ def xa_heuristic(session: Session, rid: int, args: dict[str, Any], now: int) -> 
     outcome = args.get("outcome")
     if outcome not in ("commit", "rollback"):
         raise XAError(XAER_INVAL, "argument 'outcome' must be 'commit' or 'rollback'")
-    return session.core.xa_heuristic(session.id, rid, xid_arg(args), outcome == "commit", now)
+    return session.xa_heuristic(rid, xid_arg(args), outcome == "commit", now)
 
 
 def xa_set_timeout(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -237,6 +257,10 @@ HANDLERS: Final[dict[str, Handler]] = {
     "queue_purge": queue_purge,
     "queue_list": queue_list,
     "queue_info": queue_info,
+    "queue_browse": queue_browse,
+    "queue_move": queue_move,
+    "conn_list": conn_list,
+    "conn_close": conn_close,
     "topic_subscribe": topic_subscribe,
     "ping": ping,
     "stats": stats,

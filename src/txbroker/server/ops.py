@@ -29,6 +29,12 @@ the same for every edge:
   out on such subscriptions: the one thing the core does not keep.
 * **Errors**: anything the core raises reaches the edge as a
   :class:`~txbroker.errors.BrokerError` (:func:`as_refusal`).
+* **Administration** (every edge that offers it: native ops, HTTP): queue
+  changes, purge, delete, browse, move (a DLQ's re-drive), XA heuristics,
+  listing and closing connections. Every action that changes or drops
+  something another client owns goes through :meth:`Operations.require_admin`,
+  the one hook where a later change (per-user roles, ACLs) refuses it; today it
+  lets every authenticated session through.
 
 Results the core gives later arrive as effects; the server hands Reply, Fail,
 Deliver and Cancelled to :class:`Operations`, which finds the session, keeps
@@ -53,6 +59,7 @@ from txbroker.errors import (
     BrokerError,
     IllegalState,
     NotAuthenticated,
+    NotFound,
     TooManyConnections,
     TxBrokerError,
 )
@@ -155,9 +162,11 @@ class Operations:
             raise ValueError(f"no users are configured: the broker runs open and only on "
                              f"loopback; refusing to listen on {host}")
 
-    def open(self, sink: SessionSink, peer_host: str | None) -> Session:
-        """Admit a new connection (``peer_host``: its address, None if unknown) or
-        raise the BrokerError it is refused with."""
+    def open(self, sink: SessionSink, peer_host: str | None, *, protocol: str = "native",
+             address: str | None = None) -> Session:
+        """Admit a new connection (``peer_host``: its address, None if unknown;
+        ``address``: host:port for listings) or raise the BrokerError it is refused
+        with."""
         if self.auth.open and peer_host is not None and not is_loopback(peer_host):
             log.warning("refused %s: the broker is open (no users) and serves loopback only",
                         peer_host)
@@ -168,8 +177,59 @@ class Operations:
         session_id = self._next_session
         self._next_session += 1
         session = Session(self, sink, session_id, peer_host or "?")
+        session.protocol = protocol
+        session.address = address or peer_host or "?"
+        session.opened_ms = self.now()
         self.sessions[session_id] = session
         return session
+
+    # ------------------------------------------------------------- administration
+    def require_admin(self, session: Session, action: str, resource: str) -> None:
+        """The one hook where an administrative ``action`` ("purge", "delete",
+        "update", "move", "xa_heuristic", "xa_forget", "close_connection") on
+        ``resource`` (a queue name, an xid, a connection id) is refused.
+
+        Today any authenticated session may do it (an open broker's too): users
+        have no roles yet. The ACL change (issue 16) refuses it here for users
+        without the admin role, for every protocol at once."""
+        if not session.authenticated:
+            raise NotAuthenticated(f"{action} on {resource!r} needs an authenticated session")
+
+    def connections(self) -> list[dict[str, Any]]:
+        """Every admitted connection: protocol, user, address, age and its core
+        session's subscriptions, unacked deliveries and open transactions."""
+        found = []
+        for session in self.sessions.values():
+            core = self.broker.sessions.get(session.id) if session.authenticated else None
+            found.append({
+                "id": session.id,
+                "protocol": session.protocol,
+                "user": session.user,
+                "address": session.address,
+                "authenticated": session.authenticated,
+                "opened_ms": session.opened_ms,
+                "subscriptions": len(core.consumers) if core is not None else 0,
+                "unacked": len(core.deliveries) if core is not None else 0,
+                "transactions": len(core.transactions) if core is not None else 0,
+                "xa_branch": (str(core.xa_xid) if core is not None
+                              and core.xa_xid is not None else None),
+                "waiting": session.waiting,
+            })
+        return found
+
+    def close_connection(self, by: Session, session_id: int) -> dict[str, int]:
+        """Close connection ``session_id`` (the core rolls back its transactions and
+        redelivers its unacked messages, as for any lost connection)."""
+        self.require_admin(by, "close_connection", str(session_id))
+        target = self.sessions.get(session_id)
+        if target is None:
+            raise NotFound(f"no connection {session_id}")
+        log.warning("connection %d (%s, user %r, %s) closed by %r", session_id,
+                    target.protocol, target.user, target.address, by.user)
+        target.sink.close()
+        target.end()
+        self.run_effects()
+        return {"closed": session_id}
 
     def close_all(self) -> None:
         """Shutdown: close every connection."""
@@ -235,14 +295,18 @@ class Session:
     through :meth:`started`, which counts those answered later.
     """
 
-    __slots__ = ("_cumulative", "_cumulative_sub", "authenticated", "core", "ended", "id",
-                 "ops", "peer", "reading_paused", "sink", "user", "waiting")
+    __slots__ = ("_cumulative", "_cumulative_sub", "address", "authenticated", "core", "ended",
+                 "id", "opened_ms", "ops", "peer", "protocol", "reading_paused", "sink", "user",
+                 "waiting")
 
     def __init__(self, ops: Operations, sink: SessionSink, session_id: int, peer: str) -> None:
         self.ops = ops
         self.sink = sink
         self.id = session_id
         self.peer = peer
+        self.protocol = "native"  #: "native", "stomp", "http"
+        self.address = peer  #: host:port when the edge knows it
+        self.opened_ms = 0
         self.core = ops.broker
         self.user: str | None = None
         self.authenticated = False
@@ -461,8 +525,58 @@ class Session:
                                          settings=settings)
 
     def delete(self, rid: int, name: str, now: int) -> Any:
-        """Delete a queue or topic."""
+        """Delete a queue or topic (an admin action)."""
+        self.ops.require_admin(self, "delete", name)
         return self.core.queue_delete(self.id, rid, name, now)
+
+    def update(self, rid: int, name: str, settings: dict[str, Any], now: int) -> Any:
+        """Change a queue's settings (an admin action)."""
+        self.ops.require_admin(self, "update", name)
+        return self.core.queue_update(self.id, rid, name, settings, now)
+
+    def purge(self, rid: int, name: str, now: int) -> Any:
+        """Drop a queue's ready and scheduled messages; in-flight ones stay with their
+        consumers (RabbitMQ's purge). An admin action."""
+        self.ops.require_admin(self, "purge", name)
+        return self.core.queue_purge(self.id, rid, name, now)
+
+    def browse(self, name: str, limit: int) -> list[dict[str, Any]]:
+        """The first ``limit`` visible messages of a queue in delivery order, not
+        consumed: each as a dict with its ``body`` (bytes)."""
+        messages = self.core.queue_browse(name, limit)
+        bodies = self.ops.server.bodies(messages).split() if messages else []
+        return [{
+            "id": m.id,
+            "seq": m.seq,
+            "message_id": m.message_id,
+            "headers": dict(m.headers or {}),
+            "priority": m.priority,
+            "timestamp_ms": m.timestamp_ms,
+            "expires_ms": m.expires_ms,
+            "deliver_at_ms": m.deliver_at_ms,
+            "delivery_count": m.delivery_count,
+            "persistent": m.persistent,
+            "size": m.size,
+            "state": "scheduled" if m.deliver_at_ms else "ready",
+            "body": body,
+        } for m, body in zip(messages, bodies, strict=True)]
+
+    def move(self, rid: int, source: str, target: str | None, limit: int, now: int) -> Any:
+        """Move visible messages of ``source`` to ``target`` (default: the one queue
+        whose dead-letter or expiry queue ``source`` is): a DLQ's re-drive. An admin
+        action."""
+        self.ops.require_admin(self, "move", source)
+        return self.core.queue_move(self.id, rid, source, target, limit, now)
+
+    def xa_heuristic(self, rid: int, xid: Any, commit: bool, now: int) -> Any:
+        """Complete a prepared XA branch by hand (an admin action)."""
+        self.ops.require_admin(self, "xa_heuristic", str(xid))
+        return self.core.xa_heuristic(self.id, rid, xid, commit, now)
+
+    def xa_forget(self, rid: int, xid: Any, now: int) -> Any:
+        """Forget a heuristically completed branch (an admin action)."""
+        self.ops.require_admin(self, "xa_forget", str(xid))
+        return self.core.xa_forget(self.id, rid, xid, now)
 
     def stats(self) -> dict[str, Any]:
         """The server's counters."""

@@ -353,6 +353,8 @@ class DirStore:
             disk_bytes=index.stored_bytes,
             live_bodies=index.live_bodies,
             live_body_bytes=index.live_bytes,
+            batch_seconds=self.writer.batch_seconds if self.writer else None,
+            batch_entries=self.writer.batch_entries if self.writer else None,
         )
 
     def flush(self, timeout: float | None = None) -> None:

@@ -42,6 +42,7 @@ entries must therefore be idempotent on replay.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -94,6 +95,42 @@ class SyncMode:
     ALL = (NONE, FDATASYNC, FSYNC)
 
 
+#: Upper bounds (seconds) of the buckets of the time a writer thread takes to write
+#: and sync one group-commit batch: an fdatasync on an SSD is ~0.1-2 ms, a disk's ~10 ms.
+BATCH_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+#: Upper bounds of the buckets of the work items (mostly records) of one batch.
+BATCH_ENTRIES_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096)
+
+
+class Histogram:
+    """Counts of observed values per bucket (``value <= bound``), their sum and
+    count: filled by a store's writer thread, read by the loop for ``/metrics``
+    (plain ints under the GIL: a reading may be one observation behind)."""
+
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  #: the last one is +Inf
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        """Count one value."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, values <= it)`` per bucket, the last bound ``inf``."""
+        result, running = [], 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            result.append((bound, running))
+        return result
+
+
 @dataclass(frozen=True, slots=True)
 class StoreStats:
     """Counters a store exposes for ``txbroker stat`` and the benchmarks."""
@@ -105,6 +142,10 @@ class StoreStats:
     disk_bytes: int
     live_bodies: int
     live_body_bytes: int
+    #: seconds to write and sync each group-commit batch (None: not measured)
+    batch_seconds: Histogram | None = None
+    #: work items (records) per batch: the group commit's size
+    batch_entries: Histogram | None = None
 
 
 @dataclass(frozen=True, slots=True)

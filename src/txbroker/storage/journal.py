@@ -42,6 +42,7 @@ import enum
 import inspect
 import os
 from collections.abc import Generator, Iterator, Sequence
+from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
 from types import TracebackType
@@ -413,11 +414,15 @@ class JournalStore:
     def stats(self) -> StoreStats:
         """Current counters."""
         writer = self.writer
-        return self._space.stats(
+        stats = self._space.stats(
             self._appends,
             writer.syncs if writer else 0,
             writer.bytes_written if writer else 0,
         )
+        if writer is None:
+            return stats
+        return replace(stats, batch_seconds=writer.batch_seconds,
+                       batch_entries=writer.batch_entries)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until everything queued so far is written, synced and completed.

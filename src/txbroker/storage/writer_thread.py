@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from txbroker.errors import StorageFailed, StoreError
-from txbroker.storage.interface import DurableCallback
+from txbroker.storage.interface import (
+    BATCH_ENTRIES_BUCKETS,
+    BATCH_SECONDS_BUCKETS,
+    DurableCallback,
+    Histogram,
+)
 
 log = logging.getLogger("txbroker.storage")
 
@@ -75,6 +81,9 @@ class WriterThread:
         self.queue = queue
         #: The batch being written (``read_body`` looks here for unwritten bodies).
         self.in_flight: list[Any] = []
+        #: time to write and sync each batch, and its size (``/metrics``)
+        self.batch_seconds = Histogram(BATCH_SECONDS_BUCKETS)
+        self.batch_entries = Histogram(BATCH_ENTRIES_BUCKETS)
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
     def _process(self, batch: list[Any]) -> None:
@@ -98,12 +107,15 @@ class WriterThread:
                 self.in_flight = batch
                 if not batch and queue.stopping:
                     return
+            started = time.perf_counter()
             try:
                 self._process(batch)
             except BaseException:  # a bug: fail loudly rather than hang every caller
                 log.exception("%s writer crashed", self.store_label)
                 self._poison(batch, StorageFailed(f"{self.store_label} writer crashed"))
                 raise
+            self.batch_seconds.observe(time.perf_counter() - started)
+            self.batch_entries.observe(len(batch))
 
     def _close_files(self) -> None:
         """Close what the thread kept open (after it ended)."""

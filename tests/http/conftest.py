@@ -1,0 +1,59 @@
+"""Brokers with HTTP on a free port: an open one (loopback, no users) and one with
+users (HTTP Basic), each shared by a test module; tests use their own queues."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import BrokerProcess, free_port
+from txbroker.server.auth import hash_password
+
+USER, PASSWORD = "alice", "s3cret"
+
+
+@dataclass
+class HttpBroker:
+    """A broker process and an HTTP client on its HTTP port."""
+
+    process: BrokerProcess
+    http_port: int
+    http: httpx.Client
+
+    @property
+    def url(self) -> str:
+        """The native URL (with the user, on the broker with users)."""
+        return self.process.url
+
+
+def start(data: Path, *args: str) -> HttpBroker:
+    """A broker with ``--http-port`` on a free port."""
+    port = free_port()
+    process = BrokerProcess(data, "--http-port", str(port), *args).start()
+    return HttpBroker(process, port, httpx.Client(base_url=f"http://127.0.0.1:{port}",
+                                                 timeout=30))
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpBroker]:
+    """An open broker (no users): loopback, no credentials needed."""
+    running = start(tmp_path_factory.mktemp("http") / "data")
+    yield running
+    running.http.close()
+    running.process.kill()
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpBroker]:
+    """A broker with one user, ``alice``."""
+    root = tmp_path_factory.mktemp("http-users")
+    config = root / "broker.toml"
+    config.write_text(f'[users]\n{USER} = "{hash_password(PASSWORD)}"\n')
+    running = start(root / "data", "--config", str(config))
+    yield running
+    running.http.close()
+    running.process.kill()
