@@ -257,7 +257,7 @@ def test_bad_requests(broker: HttpBroker) -> None:
                     headers={"content-type": "application/x-www-form-urlencoded"}),
           415, "UNSUPPORTED_MEDIA_TYPE")
     error(http.get("/api/nothing"), 404, "NOT_FOUND")
-    error(http.get("/"), 404, "NOT_FOUND")
+    error(http.get("/apix"), 404, "NOT_FOUND")
     error(http.put("/api/queues"), 405, "METHOD_NOT_ALLOWED")
     error(http.post("/api/xa"), 405, "METHOD_NOT_ALLOWED")
     error(http.post("/api/queues", content=b"x" * (1024 * 1024 + 1), headers=JSON), 413,

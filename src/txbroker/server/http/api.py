@@ -30,6 +30,7 @@ from starlette.routing import Route
 from txbroker._version import __version__
 from txbroker.errors import BadRequest, BrokerError
 from txbroker.server.http.calls import REALM, Gate, HttpServerPort, error_code, http_status
+from txbroker.server.http.console import console_routes
 from txbroker.server.http.metrics import BrokerCollector
 from txbroker.server.http.openapi import OPENAPI
 from txbroker.server.ops import Session
@@ -289,9 +290,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(server: HttpServerPort) -> Starlette:
-    """The ASGI application of one server."""
+    """The ASGI application of one server: the API and the console's files."""
     api = HttpApi(server)
-    return Starlette(routes=routes(api), exception_handlers={
+    return Starlette(routes=[*routes(api), *console_routes()], exception_handlers={
         BrokerError: _broker_error, HTTPException: _http_error})
 
 
