@@ -25,7 +25,7 @@ export function mount(view, [name]) {
                              onclick: () => saveSettings() }, "Save settings");
   const origin = h("span", { class: "muted", id: "redrive-origin" }, "");
   const moveTo = h("input", { type: "text", id: "move-to",
-                              placeholder: "empty: the queue this one dead-letters for" });
+                              placeholder: "default: the origin queue", style: "width:220px" });
   const moveLimit = h("input", { type: "number", id: "move-limit", value: "1000", min: "1",
                                  max: "10000", style: "width:100px" });
   const browseLimit = h("input", { type: "number", id: "browse-limit", value: "10", min: "1",
@@ -127,6 +127,7 @@ export function mount(view, [name]) {
       return;
     }
     for (const m of found) messages.append(messageView(m));
+    messages.scrollIntoView({ block: "nearest" });
   }
 
   async function refresh() {
@@ -181,7 +182,8 @@ function messageView(m) {
       h("span", {}, "size ", h("b", {}, bytes(m.size))),
       h("span", {}, h("b", {}, time(m.timestamp_ms))),
       h("span", { class: "grow" }), h("span", {}, "body as ", asText, " ", asHex)),
-    headers, body);
+    headers ? h("div", { class: "caption" }, "headers") : null, headers,
+    h("div", { class: "caption" }, "body"), body);
 }
 
 function base64Bytes(text) {
