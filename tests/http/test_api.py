@@ -301,3 +301,37 @@ def test_closed_connection_sees_its_connection_lost(broker: HttpBroker) -> None:
             for _ in range(100):
                 conn.ping()
                 time.sleep(0.05)
+
+
+def test_a_page_of_queues(broker: HttpBroker) -> None:
+    """?limit= pages the list (the console's queue list): filtered by name, sorted,
+    X-Total-Count says how many match."""
+    http = broker.http
+    with txbroker.connect(broker.url) as conn:
+        for n, depth in enumerate((2, 0, 3, 1, 2)):
+            conn.declare_queue(f"Paged.{n}")
+            for _ in range(depth):
+                conn.send(f"Paged.{n}", b"x")
+    whole = http.get("/api/queues")
+    assert "x-total-count" not in whole.headers  # no limit: every queue, as before
+
+    def page(**params: Any) -> tuple[list[str], int]:
+        response = http.get("/api/queues", params=params)
+        assert response.status_code == 200, response.text
+        return [q["name"] for q in response.json()], int(response.headers["x-total-count"])
+
+    assert page(name="paged.", limit=2) == (["Paged.0", "Paged.1"], 5)
+    assert page(name="PAGED.", limit=2, offset=4) == (["Paged.4"], 5)
+    assert page(name="paged.", limit=10, offset=9) == ([], 5)
+    assert page(name="paged.", limit=0) == ([], 5)
+    assert page(name="paged.", limit=3, sort="depth", order="desc") == (
+        ["Paged.2", "Paged.0", "Paged.4"], 5)  # equal depths in name order
+    assert page(name="paged.", limit=5, sort="depth")[0] == [
+        "Paged.1", "Paged.3", "Paged.0", "Paged.4", "Paged.2"]
+    assert page(name="paged.", limit=5, order="desc")[0][0] == "Paged.4"
+    assert page(name="paged.3", limit=5, kind="queue") == (["Paged.3"], 1)
+    assert page(name="paged.", limit=5, kind="topic") == ([], 0)
+    for bad in ({"limit": -1}, {"limit": 1001}, {"limit": 5, "offset": -1},
+                {"limit": "x"}, {"limit": 5, "sort": "colour"},
+                {"limit": 5, "order": "up"}):
+        error(http.get("/api/queues", params=bad), 400, "BAD_REQUEST")
