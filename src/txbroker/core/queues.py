@@ -21,8 +21,8 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Final
 
 from txbroker.core.effects import Deliver
 from txbroker.core.messages import Message, State
@@ -73,14 +73,20 @@ class QueueSettings:
         return replace(self, **clean)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as a plain dict (the ``settings`` of a queue ``def``)."""
-        return asdict(self)
+        """The settings as a plain dict (the ``settings`` of a queue ``def``). Every
+        field is a scalar, so no deep copy: ``dataclasses.asdict`` took about 50 µs
+        a queue, half a second of the loop for a list of 10,000 queues."""
+        return {name: getattr(self, name) for name in SETTING_NAMES}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QueueSettings:
         """Settings from a ``def``'s dict; unknown keys (from newer versions) are ignored."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+#: The settings' names, in declaration order (``QueueSettings.to_dict``).
+SETTING_NAMES: Final = tuple(f.name for f in fields(QueueSettings))
 
 
 class Consumer:
