@@ -35,7 +35,7 @@ from selenium.common.exceptions import StaleElementReferenceException  # noqa: E
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 #: Seconds to wait for the page to show something (the console polls every 1-2 s;
 #: a loaded CI machine can be slow to start a browser or answer).
@@ -196,8 +196,35 @@ def test_queue_depth_follows_sends(page: Page, secured: HttpBroker) -> None:
     page.open("#/queues")
     page.find("#queue-filter").send_keys("ord")
     page.text('#queue-rows tr[data-queue="orders"] td[data-field="depth"]', "1,203")
-    page.text("#queue-count", "1 of 1")
+    page.text("#queue-count", "1 match")
     page.shot("queue-list")
+
+
+def test_queue_list_pages_sorts_and_filters(page: Page, secured: HttpBroker) -> None:
+    with txbroker.connect(native_url(secured)) as conn:
+        for n in range(30):
+            conn.declare_queue(f"paged.{n:02d}")
+        conn.send("paged.07", b"deepest")
+        conn.send("paged.07", b"deepest")
+        conn.send("paged.13", b"deep")
+    page.open("#/queues")
+    Select(page.find("#queue-page-size")).select_by_value("25")
+    filter_box = page.find("#queue-filter")
+    filter_box.clear()
+    filter_box.send_keys("PAGED.")
+    page.text("#queue-count", "30 matches")
+    page.text("#queue-page", "page 1 of 2")
+    page.find('#queue-rows tr[data-queue="paged.24"]')
+    page.find("#queue-next").click()
+    page.text("#queue-page", "page 2 of 2")
+    page.find('#queue-rows tr[data-queue="paged.29"]')
+    assert len(page.driver.find_elements(By.CSS_SELECTOR, "#queue-rows tr")) == 5
+    page.find('th[data-sort="depth"]').click()  # a count: largest first
+    page.text("#queue-page", "page 1 of 2")
+    page.text("#queue-rows tr:nth-child(1) td:first-child", "paged.07")
+    page.text("#queue-rows tr:nth-child(2) td:first-child", "paged.13")
+    page.shot("queue-list-sorted")
+    page.find('th[data-sort="name"]').click()  # back to names, for the later tests
 
 
 def test_browse_shows_headers_and_body(page: Page, secured: HttpBroker) -> None:

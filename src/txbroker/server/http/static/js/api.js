@@ -35,7 +35,7 @@ export const auth = {
 let onUnauthorized = () => {};
 export function setUnauthorizedHandler(handler) { onUnauthorized = handler; }
 
-export async function call(method, path, body, { credentials } = {}) {
+export async function call(method, path, body, { credentials, withHeaders = false } = {}) {
   const headers = { Accept: "application/json" };
   const stored = credentials === undefined ? auth.get() : credentials;
   if (stored) headers.Authorization = `Basic ${stored.token}`;
@@ -59,12 +59,19 @@ export async function call(method, path, body, { credentials } = {}) {
     if (response.status === 401 && credentials === undefined) onUnauthorized(error);
     throw error;
   }
-  return data;
+  return withHeaders ? { data, headers: response.headers } : data;
 }
 
 export const api = {
   overview: () => call("GET", "/api/overview"),
   queues: () => call("GET", "/api/queues"),
+  // one page: {queues, total} (total: how many match the filter)
+  queuePage: async (params) => {
+    const query = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== ""));
+    const { data, headers } = await call("GET", `/api/queues?${query}`, undefined,
+                                         { withHeaders: true });
+    return { queues: data, total: Number(headers.get("X-Total-Count") || data.length) };
+  },
   queue: (name) => call("GET", `/api/queues/${enc(name)}`),
   update: (name, settings) => call("PATCH", `/api/queues/${enc(name)}`, settings),
   remove: (name) => call("DELETE", `/api/queues/${enc(name)}`),

@@ -77,7 +77,7 @@ export function mount(view) {
     setText(document.getElementById("d-depth"), num(depth));
     setText(document.getElementById("d-depth-sub"), bytes(size));
     setText(document.getElementById("d-inflight"), num(inFlight));
-  }, 5000);
+  }, 10000);  // the whole list: at most every 10 s (10x its time when that is more)
   const redraw = () => { traffic.chart.draw(); syncs.chart.draw(); };
   window.addEventListener("resize", redraw);
   return { stop() { stopOverview(); stopTotals(); window.removeEventListener("resize", redraw); } };

@@ -1,23 +1,28 @@
-// The queue list: filter, sort and page in the browser (only one page of rows
-// is in the DOM, so 10,000 queues stay quick); rates from successive polls.
+// The queue list: the broker filters, sorts and pages it (GET /api/queues?limit=…),
+// so only one page of queues crosses the wire and is in the DOM, and 10,000
+// queues stay quick. Rates come from successive polls of the rows shown.
 
 import { api } from "../api.js";
 import { bytes, h, num, rate, setText, syncRows } from "../format.js";
 import { poll } from "../ui.js";
 
 const PAGE_SIZES = [25, 50, 100, 250];
+// The page's first full list, for bench/console_bench.py (once per page load).
+const RENDERED_MARK = "txbroker:queues-rendered";
+// Milliseconds of quiet typing before the filter asks the broker.
+const FILTER_DELAY = 200;
 const COLUMNS = [
-  // [key, label, numeric, width]
-  ["name", "Name", false, "auto"],
-  ["kind", "Kind", false, "70px"],
-  ["depth", "Depth", true, "100px"],
-  ["in_flight", "In flight", true, "100px"],
-  ["consumers", "Consumers", true, "110px"],
-  ["bytes", "Bytes", true, "95px"],
-  ["in_rate", "In/s", true, "75px"],
-  ["out_rate", "Out/s", true, "75px"],
-  ["enqueued", "Enqueued", true, "100px"],
-  ["dead_lettered", "Dead-lettered", true, "130px"],
+  // [key, label, numeric, width, sortable by the broker]
+  ["name", "Name", false, "auto", true],
+  ["kind", "Kind", false, "70px", true],
+  ["depth", "Depth", true, "100px", true],
+  ["in_flight", "In flight", true, "100px", true],
+  ["consumers", "Consumers", true, "110px", true],
+  ["bytes", "Bytes", true, "95px", true],
+  ["in_rate", "In/s", true, "75px", false],
+  ["out_rate", "Out/s", true, "75px", false],
+  ["enqueued", "Enqueued", true, "100px", true],
+  ["dead_lettered", "Dead-lettered", true, "130px", true],
 ];
 // Kept across visits of the page (this tab only).
 const state = { filter: "", kind: "", sort: "name", desc: false, page: 0, size: 50 };
@@ -34,9 +39,11 @@ export function mount(view) {
     PAGE_SIZES.map((n) => h("option", { value: String(n) }, `${n} per page`)));
   size.value = String(state.size);
   const count = h("span", { class: "muted", id: "queue-count" }, "\u00a0");
-  const head = h("tr", {}, COLUMNS.map(([key, label, numeric]) =>
-    h("th", { class: `sortable${numeric ? " num" : ""}`, dataset: { sort: key },
-              onclick: () => sortBy(key) }, label, h("span", { class: "arrow" }))));
+  const head = h("tr", {}, COLUMNS.map(([key, label, numeric, , sortable]) =>
+    h("th", { class: `${sortable ? "sortable" : ""}${numeric ? " num" : ""}`,
+              dataset: { sort: key }, title: sortable ? "sort" : "rate over the last poll",
+              onclick: sortable ? () => sortBy(key) : null },
+      label, h("span", { class: "arrow" }))));
   const tbody = h("tbody", { id: "queue-rows" });
   const empty = h("div", { class: "empty", hidden: true }, "No queue matches.");
   const prev = h("button", { class: "small", id: "queue-prev", onclick: () => turn(-1) }, "‹ Previous");
@@ -50,48 +57,84 @@ export function mount(view) {
         h("thead", {}, head), tbody), empty),
     h("div", { class: "pager" }, prev, pageInfo, next));
 
-  let queues = [];
+  let total = 0;
+  let asked = 0;             // the latest request: older answers are dropped
   let previous = new Map();  // name -> {enqueued, dequeued, at}
   const rates = new Map();   // name -> {in_rate, out_rate}
+  let filterTimer = null;
 
   function sortBy(key) {
     if (state.sort === key) state.desc = !state.desc;
     else { state.sort = key; state.desc = key !== "name" && key !== "kind"; }
-    render();
+    state.page = 0;
+    refresh();
   }
-  function turn(delta) { state.page += delta; render(); }
-  filter.addEventListener("input", () => { state.filter = filter.value; state.page = 0; render(); });
-  kind.addEventListener("change", () => { state.kind = kind.value; state.page = 0; render(); });
-  size.addEventListener("change", () => { state.size = Number(size.value); state.page = 0; render(); });
+  function turn(delta) { state.page += delta; refresh(); }
+  filter.addEventListener("input", () => {
+    clearTimeout(filterTimer);
+    filterTimer = setTimeout(() => { state.filter = filter.value; state.page = 0; refresh(); },
+                             FILTER_DELAY);
+  });
+  kind.addEventListener("change", () => { state.kind = kind.value; state.page = 0; refresh(); });
+  size.addEventListener("change", () => { state.size = Number(size.value); state.page = 0; refresh(); });
 
   function value(q, key) {
-    if (key === "in_rate" || key === "out_rate") return rates.get(q.name)?.[key] ?? 0;
+    if (key === "in_rate" || key === "out_rate") return rates.get(q.name)?.[key];
     return q[key];
   }
 
-  function render() {
-    const text = state.filter.trim().toLowerCase();
-    let shown = queues.filter((q) => (!state.kind || q.kind === state.kind) &&
-      (!text || q.name.toLowerCase().includes(text)));
-    const key = state.sort, sign = state.desc ? -1 : 1;
-    shown.sort((a, b) => {
-      const x = value(a, key), y = value(b, key);
-      const order = typeof x === "number" && typeof y === "number" ? x - y
-        : String(x ?? "").localeCompare(String(y ?? ""));
-      return order * sign || a.name.localeCompare(b.name);
-    });
-    const pages = Math.max(1, Math.ceil(shown.length / state.size));
-    state.page = Math.min(Math.max(state.page, 0), pages - 1);
-    const start = state.page * state.size;
-    const page = shown.slice(start, start + state.size);
-    syncRows(tbody, page, (q) => q.name, createRow, updateRow);
-    empty.hidden = page.length > 0;
-    setText(count, `${num(shown.length)} of ${num(queues.length)}`);
+  async function refresh() {
+    const mine = ++asked;
+    const wanted = { ...state };
+    let answer;
+    try {
+      answer = await api.queuePage({ limit: wanted.size, offset: wanted.page * wanted.size,
+        name: wanted.filter.trim(), kind: wanted.kind, sort: wanted.sort,
+        order: wanted.desc ? "desc" : "asc" });
+    } catch (err) {
+      if (mine === asked) { error.textContent = err.describe(); error.hidden = false; }
+      return;
+    }
+    if (mine !== asked) return;
+    error.hidden = true;
+    total = answer.total;
+    const pages = Math.max(1, Math.ceil(total / wanted.size));
+    if (wanted.page >= pages && total > 0) {  // the list shrank under this page
+      state.page = pages - 1;
+      refresh();
+      return;
+    }
+    updateRates(answer.queues);
+    render(answer.queues, pages);
+    if (!performance.getEntriesByName(RENDERED_MARK).length) performance.mark(RENDERED_MARK);
+  }
+
+  function updateRates(queues) {
+    const now = performance.now(), seen = new Map();
+    for (const q of queues) {
+      const last = previous.get(q.name);
+      if (last && now > last.at) {
+        const seconds = (now - last.at) / 1000;
+        rates.set(q.name, { in_rate: Math.max(0, q.enqueued - last.enqueued) / seconds,
+                            out_rate: Math.max(0, q.dequeued - last.dequeued) / seconds });
+      }
+      seen.set(q.name, { enqueued: q.enqueued, dequeued: q.dequeued, at: now });
+    }
+    previous = seen;
+    for (const name of rates.keys()) if (!seen.has(name)) rates.delete(name);
+  }
+
+  function render(queues, pages) {
+    syncRows(tbody, queues, (q) => q.name, createRow, updateRow);
+    empty.hidden = queues.length > 0;
+    const filtered = state.filter.trim() || state.kind;
+    setText(count, filtered ? `${num(total)} ${total === 1 ? "match" : "matches"}`
+      : `${num(total)} in all`);
     setText(pageInfo, `page ${num(state.page + 1)} of ${num(pages)}`);
     prev.disabled = state.page === 0;
     next.disabled = state.page >= pages - 1;
     for (const th of head.children) {
-      setText(th.lastChild, th.dataset.sort === key ? (state.desc ? "▼" : "▲") : "");
+      setText(th.lastChild, th.dataset.sort === state.sort ? (state.desc ? "▼" : "▲") : "");
     }
   }
 
@@ -114,25 +157,6 @@ export function mount(view) {
     });
   }
 
-  const stop = poll(async () => {
-    try { queues = await api.queues(); } catch (err) {
-      error.textContent = err.describe(); error.hidden = false; return;
-    }
-    error.hidden = true;
-    const now = performance.now(), seen = new Map();
-    for (const q of queues) {
-      const last = previous.get(q.name);
-      if (last && now > last.at) {
-        const seconds = (now - last.at) / 1000;
-        rates.set(q.name, { in_rate: Math.max(0, q.enqueued - last.enqueued) / seconds,
-                            out_rate: Math.max(0, q.dequeued - last.dequeued) / seconds });
-      }
-      seen.set(q.name, { enqueued: q.enqueued, dequeued: q.dequeued, at: now });
-    }
-    previous = seen;
-    for (const name of rates.keys()) if (!seen.has(name)) rates.delete(name);
-    render();
-    window.__queuesRendered = performance.now();  // read by bench/console_bench.py
-  }, 2000);
-  return { stop };
+  const stop = poll(refresh, 2000);
+  return { stop() { stop(); clearTimeout(filterTimer); } };
 }
