@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,62 @@ def test_queue_depth_follows_sends(page: Page, secured: HttpBroker) -> None:
     page.text('#queue-rows tr[data-queue="orders"] td[data-field="depth"]', "1,203")
     page.text("#queue-count", "1 match")
     page.shot("queue-list")
+
+
+def test_dashboard_charts_live_rates(page: Page, secured: HttpBroker) -> None:
+    """Messages sent while the dashboard is open show as a rate above 0 per second."""
+    stop = threading.Event()
+
+    def traffic() -> None:
+        with txbroker.connect(native_url(secured)) as conn:
+            conn.declare_queue("dash")
+            while not stop.is_set():
+                conn.send("dash", b"tick")
+                message = conn.receive("dash", timeout=5)
+                if message is not None:
+                    message.ack()
+    sender = threading.Thread(target=traffic, daemon=True)
+    page.open("#/")
+    page.find("#d-uptime")
+    sender.start()
+    try:
+        page.until(lambda: page.driver.find_element(By.ID, "now-sent").text not in ("–", "0"),
+                   "a sent rate above 0")
+        page.until(lambda: page.driver.find_element(By.ID, "now-syncs").text not in ("–", "0"),
+                   "a store sync rate above 0")
+        for chart in ("chart-sent", "chart-syncs"):  # a line of several points drawn
+            page.until(lambda c=chart: int(page.driver.find_element(By.ID, c)
+                                           .get_attribute("data-points") or 0) >= 4,
+                       f"{chart} to have 4 points")
+        page.shot("dashboard-traffic")
+    finally:
+        stop.set()
+        sender.join(timeout=30)
+
+
+def test_change_settings_then_delete(page: Page, secured: HttpBroker) -> None:
+    with txbroker.connect(native_url(secured)) as conn:
+        conn.declare_queue("tuned", max_messages=10)
+        conn.send("tuned", b"x")
+    page.open("#/queues/tuned")
+    limit = page.find("#setting-max_messages")
+    page.until(lambda: limit.get_attribute("value") == "10", "the settings form")
+    limit.clear()
+    limit.send_keys("25")
+    page.find("#setting-ingress").click()
+    page.find("#settings-save").click()
+    page.contains("#notice", "Saved: max_messages, ingress")
+    settings = secured.http.get("/api/queues/tuned", auth=(USER, PASSWORD)).json()["settings"]
+    assert (settings["max_messages"], settings["ingress"]) == (25, False)
+    limit.clear()
+    limit.send_keys("-1")
+    page.find("#settings-save").click()
+    page.contains("#notice", "must be an integer >= 0 (BAD_REQUEST, HTTP 400)")
+    page.shot("settings-refused")
+    page.find("#delete").click()
+    page.confirm("Delete tuned?", "delete")
+    page.find("#queue-filter")  # back on the list
+    assert secured.http.get("/api/queues/tuned", auth=(USER, PASSWORD)).status_code == 404
 
 
 def test_queue_list_pages_sorts_and_filters(page: Page, secured: HttpBroker) -> None:

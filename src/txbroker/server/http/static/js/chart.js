@@ -15,6 +15,7 @@ export class LineChart {
       column.push(value);
       if (column.length > this.points) column.shift();
     });
+    this.canvas.dataset.points = String(this.data[0].length);  // for tests
     this.draw();
   }
 

@@ -14,7 +14,7 @@ function card(id, label) {
 }
 
 function chartPanel(title, series) {
-  const canvas = h("canvas", { class: "chart" });
+  const canvas = h("canvas", { class: "chart", id: `chart-${series[0].key}` });
   const legend = h("div", { class: "legend" }, series.map((s) =>
     h("span", {}, h("i", { style: `background:${s.color}` }), s.label,
       " ", h("b", { id: `now-${s.key}` }, "–"), "/s")));

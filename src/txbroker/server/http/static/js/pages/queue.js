@@ -60,6 +60,15 @@ export function mount(view, [name]) {
   const rates = new Rates();
 
   function showSettings(settings) {
+    const inputs = settingsForm.querySelectorAll("input");
+    if (settingsShown && inputs.length === Object.keys(settings).length) {
+      settingsShown = { ...settings };  // the same form: new values in place
+      for (const input of inputs) {
+        if (input.type === "checkbox") input.checked = settings[input.name];
+        else input.value = String(settings[input.name] ?? "");
+      }
+      return;
+    }
     settingsShown = { ...settings };
     settingsForm.replaceChildren();
     for (const [key, value] of Object.entries(settings)) {
