@@ -257,7 +257,7 @@ def test_bad_requests(broker: HttpBroker) -> None:
                     headers={"content-type": "application/x-www-form-urlencoded"}),
           415, "UNSUPPORTED_MEDIA_TYPE")
     error(http.get("/api/nothing"), 404, "NOT_FOUND")
-    error(http.get("/"), 404, "NOT_FOUND")
+    error(http.get("/apix"), 404, "NOT_FOUND")
     error(http.put("/api/queues"), 405, "METHOD_NOT_ALLOWED")
     error(http.post("/api/xa"), 405, "METHOD_NOT_ALLOWED")
     error(http.post("/api/queues", content=b"x" * (1024 * 1024 + 1), headers=JSON), 413,
@@ -312,3 +312,37 @@ def test_every_refusal_code_has_an_http_status() -> None:
     names = {code.name for code in ErrorCode}
     assert names - set(STATUS_OF_CODE) == {"INTERNAL", "XA"}
     assert set(STATUS_OF_CODE) - names <= {"FORBIDDEN"}
+
+
+def test_a_page_of_queues(broker: HttpBroker) -> None:
+    """?limit= pages the list (the console's queue list): filtered by name, sorted,
+    X-Total-Count says how many match."""
+    http = broker.http
+    with txbroker.connect(broker.url) as conn:
+        for n, depth in enumerate((2, 0, 3, 1, 2)):
+            conn.declare_queue(f"Paged.{n}")
+            for _ in range(depth):
+                conn.send(f"Paged.{n}", b"x")
+    whole = http.get("/api/queues")
+    assert "x-total-count" not in whole.headers  # no limit: every queue, as before
+
+    def page(**params: Any) -> tuple[list[str], int]:
+        response = http.get("/api/queues", params=params)
+        assert response.status_code == 200, response.text
+        return [q["name"] for q in response.json()], int(response.headers["x-total-count"])
+
+    assert page(name="paged.", limit=2) == (["Paged.0", "Paged.1"], 5)
+    assert page(name="PAGED.", limit=2, offset=4) == (["Paged.4"], 5)
+    assert page(name="paged.", limit=10, offset=9) == ([], 5)
+    assert page(name="paged.", limit=0) == ([], 5)
+    assert page(name="paged.", limit=3, sort="depth", order="desc") == (
+        ["Paged.2", "Paged.0", "Paged.4"], 5)  # equal depths in name order
+    assert page(name="paged.", limit=5, sort="depth")[0] == [
+        "Paged.1", "Paged.3", "Paged.0", "Paged.4", "Paged.2"]
+    assert page(name="paged.", limit=5, order="desc")[0][0] == "Paged.4"
+    assert page(name="paged.3", limit=5, kind="queue") == (["Paged.3"], 1)
+    assert page(name="paged.", limit=5, kind="topic") == ([], 0)
+    for bad in ({"limit": -1}, {"limit": 1001}, {"limit": 5, "offset": -1},
+                {"limit": "x"}, {"limit": 5, "sort": "colour"},
+                {"limit": 5, "order": "up"}):
+        error(http.get("/api/queues", params=bad), 400, "BAD_REQUEST")

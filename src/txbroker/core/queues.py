@@ -85,6 +85,7 @@ class QueueSettings:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+
 class Consumer:
     """A subscription (or a one-shot ``receive``) on one queue."""
 

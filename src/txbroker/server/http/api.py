@@ -30,8 +30,9 @@ from starlette.routing import Route
 from txbroker._version import __version__
 from txbroker.errors import BadRequest, BrokerError
 from txbroker.server.http.calls import REALM, Gate, HttpServerPort, error_code, http_status
+from txbroker.server.http.console import console_routes
 from txbroker.server.http.metrics import BrokerCollector
-from txbroker.server.http.openapi import OPENAPI
+from txbroker.server.http.openapi import OPENAPI, SORT_KEYS
 from txbroker.server.ops import Session
 from txbroker.xid import Xid
 
@@ -48,6 +49,27 @@ HTTP_CODES: Final = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "TOO_LARG
                      415: "UNSUPPORTED_MEDIA_TYPE", 400: "BAD_REQUEST"}
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+#: Queues one page of ``GET /api/queues`` may hold (the console asks for 25..250).
+MAX_PAGE: Final = 1000
+
+
+def queue_page(queues: list[dict[str, Any]], name: str, sort: str, descending: bool,
+               offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+    """The queues whose name contains ``name`` (any case), sorted by ``sort``,
+    ``limit`` of them from ``offset``; and how many matched. Only the page is
+    encoded, so the console's list of 10,000 queues costs the broker one pass
+    over them and a small reply."""
+    needle = name.lower()
+    matched = [q for q in queues if needle in str(q["name"]).lower()] if needle else queues
+    matched.sort(key=lambda q: str(q["name"]))
+    if sort == "kind":  # stable sorts: equal values stay in name order
+        matched.sort(key=lambda q: str(q["kind"]), reverse=descending)
+    elif sort != "name":  # a count (a topic lacks some: they count as 0)
+        matched.sort(key=lambda q: int(q.get(sort) or 0), reverse=descending)
+    elif descending:
+        matched.reverse()
+    return matched[offset:offset + limit], len(matched)
+
 
 
 def error_response(status: int, message: str, code: str) -> JSONResponse:
@@ -159,15 +181,32 @@ class HttpApi:
 
     # ------------------------------------------------------------- queues
     async def queue_list(self, request: Request) -> Response:
-        """Every queue and topic (``?kind=queue|topic`` to choose)."""
-        kind = request.query_params.get("kind")
+        """Every queue and topic (``?kind=queue|topic`` to choose); with ``limit``,
+        one page of them (:func:`queue_page`), the number that match in
+        ``X-Total-Count``."""
+        params = request.query_params
+        kind = params.get("kind")
         if kind not in (None, "queue", "topic"):
             raise BadRequest("kind must be 'queue' or 'topic'")
+        paged = "limit" in params
+        if paged:
+            limit, offset = query_int(request, "limit", 0), query_int(request, "offset", 0)
+            sort, order = params.get("sort", "name"), params.get("order", "asc")
+            if not 0 <= limit <= MAX_PAGE or offset < 0:
+                raise BadRequest(f"limit must be 0..{MAX_PAGE} and offset at least 0")
+            if sort not in SORT_KEYS or order not in ("asc", "desc"):
+                raise BadRequest(f"sort must be one of {', '.join(SORT_KEYS)}; "
+                                 "order asc or desc")
         found = await self._run(request, lambda s, rid, now: s.core.queue_list())
-        chosen = [q for q in found if kind is None or q["kind"] == kind]
+        found = [q for q in found if kind is None or q["kind"] == kind]
+        headers: dict[str, str] = {}
+        if paged:
+            found, total = queue_page(found, params.get("name", ""), sort, order == "desc",
+                                      offset, limit)
+            headers["X-Total-Count"] = str(total)
         # fresh dicts: encoded on a worker thread (10,000 queues are ~5 MB of JSON)
-        body = await asyncio.get_running_loop().run_in_executor(None, encode_json_list, chosen)
-        return Response(body, media_type="application/json")
+        body = await asyncio.get_running_loop().run_in_executor(None, encode_json_list, found)
+        return Response(body, media_type="application/json", headers=headers)
 
     async def queue_create(self, request: Request) -> Response:
         """Create a queue or topic: ``{"name", "kind"?, "settings"?}``."""
@@ -311,9 +350,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(server: HttpServerPort) -> Starlette:
-    """The ASGI application of one server."""
+    """The ASGI application of one server: the API and the console's files."""
     api = HttpApi(server)
-    return Starlette(routes=routes(api), exception_handlers={
+    return Starlette(routes=[*routes(api), *console_routes()], exception_handlers={
         BrokerError: _broker_error, HTTPException: _http_error})
 
 

@@ -7,6 +7,10 @@ from typing import Any, Final
 
 from txbroker._version import __version__
 
+#: What ``GET /api/queues?limit=…`` sorts by (api.py checks it against this list).
+SORT_KEYS: Final = ("name", "kind", "depth", "ready", "scheduled", "in_flight", "messages",
+                    "consumers", "bytes", "enqueued", "dequeued", "expired", "dead_lettered")
+
 
 def _error(description: str) -> dict[str, Any]:
     return {"description": description,
@@ -80,10 +84,24 @@ OPENAPI: Final[dict[str, Any]] = {
         "/api/overview": {"get": _op("Version, uptime, store, HA role, counters",
                                      _ok("the overview"))},
         "/api/queues": {
-            "get": _op("Every queue and topic", _ok("the queues", {
-                "type": "array", "items": QUEUE_REF}), 400,
+            "get": _op("Every queue and topic; with limit, one page of them", {**_ok(
+                "the queues (with limit, one page)", {"type": "array", "items": QUEUE_REF}),
+                "headers": {"X-Total-Count": {
+                    "description": "with limit: how many queues match (all pages)",
+                    "schema": {"type": "integer"}}}}, 400,
                 params=[{"name": "kind", "in": "query", "required": False,
-                         "schema": {"type": "string", "enum": ["queue", "topic"]}}]),
+                         "schema": {"type": "string", "enum": ["queue", "topic"]}},
+                        _query("limit", "0..1000: return one page of this many queues "
+                                        "(without it: every queue, no paging)"),
+                        _query("offset", "the page's first queue (default 0)"),
+                        {"name": "name", "in": "query", "required": False,
+                         "description": "only names containing this (any case)",
+                         "schema": {"type": "string"}},
+                        {"name": "sort", "in": "query", "required": False,
+                         "description": "the field to sort by (default name; ties by name)",
+                         "schema": {"type": "string", "enum": list(SORT_KEYS)}},
+                        {"name": "order", "in": "query", "required": False,
+                         "schema": {"type": "string", "enum": ["asc", "desc"]}}]),
             "post": _op("Create a queue or topic", _ok("created", QUEUE_REF), 400, 409, 415,
                         status="201", body={"type": "object", "required": ["name"],
                                             "properties": {
