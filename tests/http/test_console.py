@@ -369,13 +369,22 @@ def test_close_a_connection(page: Page, secured: HttpBroker) -> None:
         conn.declare_queue("closing")
         sub = conn.subscribe("closing", prefetch=1)
         page.open("#/connections")
-        row = page.contains("#connection-rows tr", "127.0.0.1:")
+
+        def subscriber() -> WebElement | None:  # the one connection with a subscription
+            for found in page.driver.find_elements(By.CSS_SELECTOR, "#connection-rows tr"):
+                cells = found.find_elements(By.TAG_NAME, "td")
+                if cells[3].text.startswith("127.0.0.1:") and cells[5].text == "1":
+                    return found
+            return None
+        row: WebElement = page.until(subscriber, "the subscriber's row")
         key = row.get_attribute("data-connection")
         page.shot("connections")
         row.find_element(By.TAG_NAME, "button").click()
         page.confirm(f"Close connection {key}?", "close")
         page.until(lambda: not page.driver.find_elements(
             By.CSS_SELECTOR, f'#connection-rows tr[data-connection="{key}"]'), "the row to go")
+        page.until(lambda: secured.http.get("/api/queues/closing", auth=(USER, PASSWORD))
+                   .json()["consumers"] == 0, "the consumer to go")
         del sub
 
 

@@ -58,6 +58,7 @@ export function mount(view) {
     setText(document.getElementById("d-queues"), num(s.queues));
     setText(document.getElementById("d-queues-sub"), `${num(s.topics)} topics`);
     setText(document.getElementById("d-connections"), num(s.connections));
+    setText(document.getElementById("d-connections-sub"), "this request included");
     setText(document.getElementById("d-sent"), num(s.sent));
     setText(document.getElementById("d-sent-sub"), `${num(s.acked)} acked`);
     const now = rates.update({ sent: s.sent, delivered: s.delivered, acked: s.acked,
@@ -80,6 +81,7 @@ export function mount(view) {
   }, 10000);  // the whole list: at most every 10 s (10x its time when that is more)
   const redraw = () => { traffic.chart.draw(); syncs.chart.draw(); };
   window.addEventListener("resize", redraw);
+  requestAnimationFrame(redraw);  // the empty axes before the first rate
   return { stop() { stopOverview(); stopTotals(); window.removeEventListener("resize", redraw); } };
 }
 
