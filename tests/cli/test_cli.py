@@ -287,7 +287,7 @@ def test_timeouts_and_unexpected_errors_are_one_line(
         (RuntimeError("boom"),
          "error: internal error: RuntimeError: boom (TXBROKER_DEBUG=1 shows the traceback)"),
     ]:
-        monkeypatch.setattr(common, "connect", lambda url, error=error: Conn(error))
+        monkeypatch.setattr(common, "connect", lambda url, tls_ca=None, error=error: Conn(error))
         with pytest.raises(SystemExit) as exited:
             cli.main(["stat"])
         assert exited.value.code == 1

@@ -44,6 +44,17 @@ def serve(
     http_port: Annotated[int | None, typer.Option(help=(
         "HTTP console port: not built yet, nothing listens there (a non-zero port, "
         "here or in the config file, only prints a warning; default 0 = off)"))] = None,
+    tls_port: Annotated[int | None, typer.Option(
+        help="native protocol over TLS, txbs:// (0 = off, the default; docs/tls.md)")] = None,
+    stomp_tls_port: Annotated[int | None, typer.Option(
+        help="STOMP over TLS (0 = off, the default)")] = None,
+    tls_cert: Annotated[str | None, typer.Option(
+        help="TLS certificate chain, PEM (leaf first)")] = None,
+    tls_key: Annotated[str | None, typer.Option(
+        help="the TLS certificate's private key, PEM, unencrypted")] = None,
+    tls_ca: Annotated[str | None, typer.Option(
+        help="CA file: TLS clients must present a certificate it signed (mutual TLS)")
+    ] = None,
     sync: Annotated[str | None, typer.Option(help="none | fdatasync | fsync")] = None,
     store: Annotated[str | None, typer.Option(help="journal | dir")] = None,
     dir_flags: Annotated[str | None, typer.Option(
@@ -70,6 +81,8 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, Any] = dict(
         data=data, host=host, port=port, stomp_port=stomp_port, http_port=http_port,
+        tls_port=tls_port, stomp_tls_port=stomp_tls_port, tls_cert=tls_cert, tls_key=tls_key,
+        tls_ca=tls_ca,
         sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
         repair=repair or None, ha=ha, ha_port=ha_port, ha_peer=ha_peer,
         heartbeat_interval=heartbeat_interval, activation_interval=activation_interval)
@@ -84,6 +97,10 @@ def serve(
         nonlocal started
         started = True
         stomp = f", STOMP {server.stomp_port}" if server.stomp_port else ""
+        if server.tls_port:
+            stomp += f", TLS {server.tls_port}"
+        if server.stomp_tls_port:
+            stomp += f", STOMP TLS {server.stomp_tls_port}"
         print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
               f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "
