@@ -21,7 +21,8 @@ from tests.support import ROOT, BrokerProcess, free_port
 
 XID = "00000000-AA-BB"
 BAD_URL_LINE = ("error: bad txbroker URL 'http://x': unsupported scheme 'http' "
-                "(expected txb://[user:password@]host[:port][,host[:port]...])")
+                "(expected txb://[user:password@]host[:port][,host[:port]...], or txbs://... "
+                "for TLS)")
 #: One of each client command, with what it needs besides --url.
 CLIENT_COMMANDS = [
     ["send", "q", "x"], ["recv", "q"], ["queues"], ["stat"], ["bench", "--count", "1"],

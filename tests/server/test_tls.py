@@ -52,6 +52,7 @@ class TlsBroker:
         self.proc = BrokerProcess(data, *tls_args(pki, self.tls_port, "--stomp-tls-port",
                                                   str(self.stomp_tls_port), *extra))
         self.port = self.proc.port
+        self.stomp_port = 0
 
     @property
     def tls_url(self) -> str:
@@ -64,7 +65,10 @@ class TlsBroker:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[TlsBroker]:
-    made = TlsBroker(tmp_path_factory.mktemp("tls") / "data", pki)
+    stomp_port = free_port()
+    made = TlsBroker(tmp_path_factory.mktemp("tls") / "data", pki, "--stomp-port",
+                     str(stomp_port))
+    made.stomp_port = stomp_port
     made.proc.start()
     try:
         yield made
@@ -81,7 +85,8 @@ def fresh() -> str:
 
 def test_ready_line_names_every_listener(broker: TlsBroker) -> None:
     assert broker.proc.ready_line.startswith(
-        f"txbroker ready on 127.0.0.1:{broker.port}, TLS {broker.tls_port}, "
+        f"txbroker ready on 127.0.0.1:{broker.port}, STOMP {broker.stomp_port}, "
+        f"TLS {broker.tls_port}, "
         f"STOMP TLS {broker.stomp_tls_port} (data ")
 
 
@@ -185,6 +190,16 @@ def test_a_tls_client_on_the_plaintext_port_is_refused(broker: TlsBroker, pki: P
     assert str(caught.value).endswith("(is it a TLS port?)")
     with txbroker.connect(f"txb://127.0.0.1:{broker.port}", timeout=WAIT) as conn:
         conn.ping()  # still serving
+    # a STOMP client over TLS on the plaintext STOMP port: closed at its first bytes
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    with socket.create_connection(("127.0.0.1", broker.stomp_port), timeout=WAIT) as sock, \
+            pytest.raises(ssl.SSLError, match="UNEXPECTED_EOF_WHILE_READING"):
+        context.wrap_socket(sock, server_hostname="localhost")
+    lines = broker.log_lines("began a TLS handshake on this plaintext port")
+    assert len(lines) == 1 and "WARNING txbroker.stomp: STOMP: 127.0.0.1:" in lines[0]
+    with socket.create_connection(("127.0.0.1", broker.stomp_port), timeout=WAIT) as sock:
+        sock.sendall(b"CONNECT\naccept-version:1.2\n\n\x00")
+        assert sock.recv(9) == b"CONNECTED"  # still serving
 
 
 def test_cli_over_tls(broker: TlsBroker, pki: Pki) -> None:
@@ -386,3 +401,20 @@ def test_failover_across_txbs_addresses(tmp_path: Path, pki: Pki) -> None:
     finally:
         first.proc.kill()
         second.proc.kill()
+
+
+# ---------------------------------------------------------------- docs
+
+
+def test_the_test_ca_commands_of_the_docs_run(tmp_path: Path) -> None:
+    """docs/tls.md's openssl block, run as written: a CA, a broker certificate and a
+    client certificate that ``openssl verify`` accepts."""
+    text = (ROOT / "docs" / "tls.md").read_text()
+    section = text.split("## A test CA with openssl", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    result = subprocess.run(["bash", "-euc", block], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["broker.pem: OK", "client.pem: OK"]
+    context = ssl.create_default_context(cafile=str(tmp_path / "pki" / "ca.pem"))
+    context.load_cert_chain(tmp_path / "pki" / "broker.pem", tmp_path / "pki" / "broker.key")

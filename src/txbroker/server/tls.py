@@ -50,6 +50,7 @@ __all__ = [
     "TLSAcceptor",
     "TLSTransport",
     "check_files",
+    "looks_like_tls",
     "server_context",
     "tls_factory",
 ]
@@ -120,6 +121,12 @@ def server_context(cert: Path, key: Path, ca: Path | None = None) -> ssl.SSLCont
             raise ValueError(f"tls_ca {ca}: cannot load it ({exc})") from None
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def looks_like_tls(first_bytes: bytes) -> bool:
+    """Whether a connection's first bytes are a TLS handshake (a TLS client on a
+    plaintext port: the STOMP listener closes it at once)."""
+    return first_bytes.startswith(TLS_RECORD_START)
 
 
 def _reason(exc: BaseException) -> str:
