@@ -215,6 +215,10 @@ def test_cli_over_tls(broker: TlsBroker, pki: Pki) -> None:
     got = cli("recv", name, "--url", broker.tls_url, "--tls-ca", str(pki.ca))
     assert got.returncode == 0, got.stderr
     assert got.stdout.split(" ", 1)[1] == "hello over tls\n"
+    status = cli("ha", "status", "--url", broker.tls_url, "--tls-ca", str(pki.ca))
+    assert status.returncode == 0, status.stderr
+    assert status.stdout == (f"127.0.0.1:{broker.tls_port}  single broker (not a member of an "
+                             "HA pair)\n")
     refused = cli("stat", "--url", broker.tls_url, "--tls-ca", str(pki.other_ca))
     assert refused.returncode == 1
     assert refused.stderr.splitlines() == [

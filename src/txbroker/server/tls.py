@@ -66,8 +66,10 @@ TLS_HANDSHAKE_TIMEOUT: Final = 10.0
 #: How every TLS connection begins: a handshake record (content type 22) of major
 #: version 3 (RFC 8446 section 5.1; TLS 1.0 to 1.3 all write 3 there).
 TLS_RECORD_START: Final = b"\x16\x03"
-#: Bytes asked of OpenSSL per decrypted read (a TLS record holds at most 16 KiB).
-TLS_READ_CHUNK: Final = 256 * 1024
+#: Bytes asked of OpenSSL per decrypted read: one read returns at most one record,
+#: and a record holds at most 16 KiB (RFC 8446 section 5.1); a larger buffer would
+#: only be allocated and cut back on every read.
+TLS_READ_CHUNK: Final = 16 * 1024
 
 
 def _no_password() -> str:
@@ -167,6 +169,7 @@ class TLSAcceptor(asyncio.Protocol):
         self.app: asyncio.Protocol | None = None
         self.peer = "?"
         self._started = False
+        self._refused = False
         self._timer: asyncio.TimerHandle | None = None
 
     # ---------------------------------------------------------------- raw side
@@ -182,7 +185,8 @@ class TLSAcceptor(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         """Bytes from the client: handshake, then application data."""
         if self.app is None:
-            self._handshake(data)
+            if not self._refused:  # (once refused, nothing more is read)
+                self._handshake(data)
             return
         self._incoming.write(data)
         self._read_app()
@@ -205,7 +209,7 @@ class TLSAcceptor(asyncio.Protocol):
         """Gone before the end of the handshake: worth a line once it had begun (a
         client that does not trust our certificate closes here); a connection that
         closes before sending anything (a port check) is not."""
-        if self._timer is not None and self._started:
+        if self._timer is not None and self._started and not self._refused:
             self._refuse("the client closed the connection during the handshake (does it "
                          "trust this broker's certificate?)")
         self._cancel_timer()
@@ -228,6 +232,7 @@ class TLSAcceptor(asyncio.Protocol):
 
     def _refuse(self, reason: str) -> None:
         self._cancel_timer()
+        self._refused = True
         log.warning("%s: TLS handshake with %s failed: %s", self._listener, self.peer, reason)
         if self.raw is not None:
             self.flush()  # the alert, if OpenSSL wrote one
