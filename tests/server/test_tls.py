@@ -325,11 +325,12 @@ def test_mutual_tls(tmp_path: Path, pki: Pki) -> None:
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "txbroker.cli", "serve", "--data",
                            str(tmp_path / "data"), "--stomp-port", "0", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("case", ["no cert", "no key", "missing cert", "key is a directory",
-                                  "not pem", "key mismatch", "port clash", "config file"])
+                                  "not pem", "key mismatch", "encrypted key", "port clash",
+                                  "config file"])
 def test_bad_tls_config_is_refused_in_one_line(tmp_path: Path, pki: Pki, case: str) -> None:
     port, tls = free_port(), free_port()
     cert, key = str(pki.server_cert), str(pki.server_key)
@@ -356,6 +357,13 @@ def test_bad_tls_config_is_refused_in_one_line(tmp_path: Path, pki: Pki, case: s
         other = pki.ca.with_name("other-ca.key")
         args = [*base, "--tls-cert", cert, "--tls-key", str(other)]
         expected = f"tls_key {other} does not belong to the certificate in tls_cert {cert}"
+    elif case == "encrypted key":
+        encrypted = tmp_path / "encrypted.key"
+        subprocess.run(["openssl", "ec", "-in", key, "-aes256", "-passout", "pass:secret",
+                        "-out", str(encrypted)], check=True, capture_output=True, timeout=60)
+        args = [*base, "--tls-cert", cert, "--tls-key", str(encrypted)]
+        expected = (f"tls_key {encrypted}: the private key is encrypted (give an unencrypted "
+                    "PEM key)")
     elif case == "port clash":
         args = ["--port", str(port), "--tls-port", str(port), "--tls-cert", cert,
                 "--tls-key", key]
