@@ -12,7 +12,9 @@ and a TLS port for the native protocol and for STOMP, with a certificate of a
 CA made for the run by ``openssl`` (EC P-256, as in the tests). The same load
 runs against the plaintext port and the TLS port of the same broker, alternating,
 ``--runs`` times each; the figure is the median per mode and the ratio of the
-medians (TLS / plaintext). Loads, each on a fresh queue:
+medians (TLS / plaintext), with the median of the ratios of each plaintext run
+and the TLS run right after it (less sensitive to other work coming and going
+on the machine). Loads, each on a fresh queue:
 
 * ``native_pipelined``: ``txbroker bench --phase send`` (4 producers, 256
   sends in flight each, 1 KiB bodies): every send's reply means durable — the
@@ -186,11 +188,14 @@ def main() -> None:
                     for mode in ("plain", "tls"):  # alternate: drift hits both alike
                         rates[mode].append(round(modes[mode]()))
                 plain, tls = statistics.median(rates["plain"]), statistics.median(rates["tls"])
+                paired = statistics.median(t / p for t, p in zip(rates["tls"], rates["plain"],
+                                                                 strict=True))
                 results[name] = {"plain_msg_per_s": rates["plain"], "tls_msg_per_s": rates["tls"],
                                  "plain_median": plain, "tls_median": tls,
-                                 "tls_over_plain": round(tls / plain, 3)}
+                                 "tls_over_plain": round(tls / plain, 3),
+                                 "median_of_paired_ratios": round(paired, 3)}
                 print(f"{name:18} plaintext {plain:8.0f} msg/s   TLS {tls:8.0f} msg/s   "
-                      f"TLS/plaintext {tls / plain:.2f}", flush=True)
+                      f"TLS/plaintext {tls / plain:.2f} (paired runs: {paired:.2f})", flush=True)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
