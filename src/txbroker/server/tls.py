@@ -291,7 +291,7 @@ class TLSAcceptor(asyncio.Protocol):
         if chunks:
             app.data_received(chunks[0] if len(chunks) == 1 else b"".join(chunks))
         if eof and not self.raw.is_closing() and not app.eof_received():
-            self.raw.close()
+            self.close()  # our close_notify too
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Encrypt ``data`` and write it to the socket."""
