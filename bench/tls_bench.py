@@ -26,7 +26,10 @@ on the machine). Loads, each on a fresh queue:
   up to 256 receipts outstanding.
 
 The machine's load average is recorded before and after (two cores shared with
-other work: the ratio is what to read, not the absolute rates).
+other work: the ratio is what to read, not the absolute rates). The broker's
+CPU time per message (user + system, from ``/proc``) is recorded for each run
+too: other work on the machine slows the rates down but hardly changes what
+one message costs the broker, so that ratio is the steadier figure of the two.
 """
 
 from __future__ import annotations
@@ -77,6 +80,12 @@ def start_broker(data: Path, pki: Any, ports: dict[str, int]) -> subprocess.Pope
         proc.kill()
         raise RuntimeError(f"broker did not start: {line!r}")
     return proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def native_pipelined(url: str, opts: dict[str, Any], count: int, size: int) -> float:
@@ -182,20 +191,33 @@ def main() -> None:
                 },
             }
             results: dict[str, Any] = {}
+            counts = {"native_pipelined": args.count, "native_one_by_one": args.one_by_one,
+                      "stomp_receipts": args.count}
             for name, modes in loads.items():
                 rates: dict[str, list[float]] = {"plain": [], "tls": []}
+                cpu: dict[str, list[float]] = {"plain": [], "tls": []}
                 for _ in range(args.runs):
                     for mode in ("plain", "tls"):  # alternate: drift hits both alike
+                        before = cpu_seconds(proc.pid)
                         rates[mode].append(round(modes[mode]()))
+                        used = cpu_seconds(proc.pid) - before
+                        cpu[mode].append(round(used / counts[name] * 1e6, 1))
                 plain, tls = statistics.median(rates["plain"]), statistics.median(rates["tls"])
                 paired = statistics.median(t / p for t, p in zip(rates["tls"], rates["plain"],
                                                                  strict=True))
                 results[name] = {"plain_msg_per_s": rates["plain"], "tls_msg_per_s": rates["tls"],
                                  "plain_median": plain, "tls_median": tls,
                                  "tls_over_plain": round(tls / plain, 3),
-                                 "median_of_paired_ratios": round(paired, 3)}
+                                 "median_of_paired_ratios": round(paired, 3),
+                                 "broker_cpu_us_per_msg_plain": cpu["plain"],
+                                 "broker_cpu_us_per_msg_tls": cpu["tls"],
+                                 "broker_cpu_tls_over_plain": round(
+                                     statistics.median(cpu["tls"])
+                                     / statistics.median(cpu["plain"]), 3)}
                 print(f"{name:18} plaintext {plain:8.0f} msg/s   TLS {tls:8.0f} msg/s   "
-                      f"TLS/plaintext {tls / plain:.2f} (paired runs: {paired:.2f})", flush=True)
+                      f"TLS/plaintext {tls / plain:.2f} (paired runs: {paired:.2f}); broker CPU "
+                      f"per message {statistics.median(cpu['plain']):.0f} -> "
+                      f"{statistics.median(cpu['tls']):.0f} us", flush=True)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
