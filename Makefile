@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DATA   ?= ./txbroker-data
 
-.PHONY: venv run test lint postgres java chromium bench clean
+.PHONY: venv run test lint postgres java chromium openssl bench clean
 
 venv: $(STAMP)
 
@@ -23,7 +23,7 @@ lint: venv
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports pyproject.toml
 
-test: venv lint postgres java chromium
+test: venv lint postgres java chromium openssl
 	$(PY) -m pytest -q
 
 # The XA tests start their own PostgreSQL (initdb in a temp dir): install the
@@ -48,6 +48,14 @@ chromium:
 	  ( $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
 	    apt-get install -y -qq chromium chromium-driver )
+
+# The TLS tests make their own CA and certificates with the openssl command line
+# (tests/tls_support.py).
+openssl:
+	@command -v openssl >/dev/null 2>&1 || \
+	  ( $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
+	    apt-get install -y -qq openssl )
 
 bench: venv
 	$(PY) bench/run_core.py

@@ -18,12 +18,12 @@ from typing import Any
 TICK_EVERY = 1024
 
 
-async def _producer(url: str, queue: str, count: int, body: bytes, window: int,
-                    tick: Callable[[int], None]) -> None:
+async def _producer(url: str, opts: dict[str, Any], queue: str, count: int, body: bytes,
+                    window: int, tick: Callable[[int], None]) -> None:
     """Send ``count`` messages keeping ``window`` sends in flight."""
     from txbroker.aio import connect
 
-    conn = await connect(url, reconnect=False)
+    conn = await connect(url, reconnect=False, **opts)
     try:
         in_flight: deque[asyncio.Future[Any]] = deque()
         done = 0
@@ -41,12 +41,12 @@ async def _producer(url: str, queue: str, count: int, body: bytes, window: int,
         await conn.close()
 
 
-async def _consumer(url: str, queue: str, quota: list[int], prefetch: int,
+async def _consumer(url: str, opts: dict[str, Any], queue: str, quota: list[int], prefetch: int,
                     tick: Callable[[int], None], idle: float, finished: list[float]) -> int:
     """Consume and ack until ``quota`` is used up (or nothing comes for ``idle`` s)."""
     from txbroker.aio import connect
 
-    conn = await connect(url, reconnect=False)
+    conn = await connect(url, reconnect=False, **opts)
     got = 0
     try:
         sub = await conn.subscribe(queue, prefetch=prefetch, ack="client")
@@ -70,10 +70,10 @@ async def _consumer(url: str, queue: str, quota: list[int], prefetch: int,
     return got
 
 
-async def _stats(url: str) -> dict[str, Any]:
+async def _stats(url: str, opts: dict[str, Any]) -> dict[str, Any]:
     from txbroker.aio import connect
 
-    conn = await connect(url, reconnect=False)
+    conn = await connect(url, reconnect=False, **opts)
     try:
         result: dict[str, Any] = await conn.stats()
         return result
@@ -81,21 +81,22 @@ async def _stats(url: str) -> dict[str, Any]:
         await conn.close()
 
 
-async def _run(url: str, *, queue: str, count: int, size: int, producers: int, consumers: int,
-               window: int, prefetch: int, phase: str, tick: Callable[[str, int], None],
+async def _run(url: str, opts: dict[str, Any], *, queue: str, count: int, size: int,
+               producers: int, consumers: int, window: int, prefetch: int, phase: str,
+               tick: Callable[[str, int], None],
                ) -> dict[str, Any]:
     body = b"x" * size
     summary: dict[str, Any] = {"count": count, "size": size, "producers": producers,
                                "consumers": consumers, "window": window, "prefetch": prefetch}
     if phase in ("send", "both"):
-        before = (await _stats(url)).get("store", {})
+        before = (await _stats(url, opts)).get("store", {})
         started = time.perf_counter()
         share = [count // producers + (1 if i < count % producers else 0)
                  for i in range(producers)]
-        await asyncio.gather(*(_producer(url, queue, n, body, window,
+        await asyncio.gather(*(_producer(url, opts, queue, n, body, window,
                                          lambda k: tick("send", k)) for n in share if n))
         elapsed = time.perf_counter() - started
-        after = (await _stats(url)).get("store", {})
+        after = (await _stats(url, opts)).get("store", {})
         syncs = after.get("syncs", 0) - before.get("syncs", 0)
         summary["send"] = {
             "seconds": round(elapsed, 3),
@@ -105,15 +106,15 @@ async def _run(url: str, *, queue: str, count: int, size: int, producers: int, c
             "msgs_per_sync": round(count / syncs, 1) if syncs else None,
         }
     if phase in ("consume", "both"):
-        before = (await _stats(url)).get("store", {})
+        before = (await _stats(url, opts)).get("store", {})
         quota = [count]
         finished: list[float] = []
         started = time.perf_counter()
-        got = await asyncio.gather(*(_consumer(url, queue, quota, prefetch,
+        got = await asyncio.gather(*(_consumer(url, opts, queue, quota, prefetch,
                                                lambda k: tick("consume", k), 5.0, finished)
                                      for _ in range(consumers)))
         elapsed = (finished[0] if finished else time.perf_counter()) - started
-        after = (await _stats(url)).get("store", {})
+        after = (await _stats(url, opts)).get("store", {})
         received = sum(got)
         syncs = after.get("syncs", 0) - before.get("syncs", 0)
         summary["consume"] = {
@@ -128,8 +129,11 @@ async def _run(url: str, *, queue: str, count: int, size: int, producers: int, c
 
 def run_bench(url: str, *, queue: str = "bench", count: int = 100_000, size: int = 1024,
               producers: int = 4, consumers: int = 2, window: int = 256, prefetch: int = 500,
-              phase: str = "both", progress: Callable[[], Any] | None = None) -> dict[str, Any]:
-    """Run the benchmark and return its JSON summary."""
+              phase: str = "both", progress: Callable[[], Any] | None = None,
+              connect_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the benchmark and return its JSON summary; ``connect_options``: keyword
+    options of every connection (``tls_ca=`` for a ``txbs://`` URL, say)."""
+    opts = dict(connect_options or {})
     if phase not in ("send", "consume", "both"):
         raise ValueError("phase must be send, consume or both")
     try:
@@ -151,9 +155,9 @@ def run_bench(url: str, *, queue: str = "bench", count: int = 100_000, size: int
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         if bar is not None:
             with bar:
-                return runner.run(_run(url, queue=queue, count=count, size=size,
+                return runner.run(_run(url, opts, queue=queue, count=count, size=size,
                                        producers=producers, consumers=consumers, window=window,
                                        prefetch=prefetch, phase=phase, tick=tick))
-        return runner.run(_run(url, queue=queue, count=count, size=size, producers=producers,
+        return runner.run(_run(url, opts, queue=queue, count=count, size=size, producers=producers,
                                consumers=consumers, window=window, prefetch=prefetch,
                                phase=phase, tick=tick))

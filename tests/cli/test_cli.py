@@ -22,7 +22,8 @@ from tests.support import ROOT, BrokerProcess, free_port
 
 XID = "00000000-AA-BB"
 BAD_URL_LINE = ("error: bad txbroker URL 'http://x': unsupported scheme 'http' "
-                "(expected txb://[user:password@]host[:port][,host[:port]...])")
+                "(expected txb://[user:password@]host[:port][,host[:port]...], or txbs://... "
+                "for TLS)")
 #: One of each client command, with what it needs besides --url.
 CLIENT_COMMANDS = [
     ["send", "q", "x"], ["recv", "q"], ["queues"], ["stat"], ["bench", "--count", "1"],
@@ -288,7 +289,7 @@ def test_timeouts_and_unexpected_errors_are_one_line(
         (RuntimeError("boom"),
          "error: internal error: RuntimeError: boom (TXBROKER_DEBUG=1 shows the traceback)"),
     ]:
-        monkeypatch.setattr(common, "connect", lambda url, error=error: Conn(error))
+        monkeypatch.setattr(common, "connect", lambda url, tls_ca=None, error=error: Conn(error))
         with pytest.raises(SystemExit) as exited:
             cli.main(["stat"])
         assert exited.value.code == 1

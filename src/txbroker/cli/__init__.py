@@ -2,7 +2,8 @@
 ``xa list|commit|rollback|forget``, ``ha status``.
 
 Every client command takes ``--url`` (default ``$TXBROKER_URL`` or
-``txb://127.0.0.1:5445``).
+``txb://127.0.0.1:5445``; ``txbs://…`` over TLS) and ``--tls-ca`` (default
+``$TXBROKER_TLS_CA``: the CA file for a ``txbs://`` URL; docs/tls.md).
 
 Errors are translated here, at the command's boundary, and never shown as a
 traceback: each is one line ``error: …`` on stderr and a non-zero exit code —

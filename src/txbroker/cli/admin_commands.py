@@ -24,7 +24,15 @@ from rich.table import Table
 from rich.text import Text
 
 from txbroker.cli import common  # common.connect is looked up at each call: tests replace it
-from txbroker.cli.common import DEFAULT_URL, UrlOption, console, err_console, fail, progress_bar
+from txbroker.cli.common import (
+    DEFAULT_URL,
+    TlsCaOption,
+    UrlOption,
+    console,
+    err_console,
+    fail,
+    progress_bar,
+)
 from txbroker.errors import TxBrokerError
 
 
@@ -97,10 +105,10 @@ def _xid(text: str) -> Any:
 
 
 @xa_app.command("list")
-def xa_list(url: UrlOption = DEFAULT_URL,
+def xa_list(url: UrlOption = DEFAULT_URL, tls_ca: TlsCaOption = None,
             json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Every branch: state, age, messages sent and consumed, Xid."""
-    with common.connect(url) as conn:
+    with common.connect(url, tls_ca) as conn:
         found = conn.xa_branches()
     if json_out:
         print(json.dumps(found, indent=2))
@@ -113,28 +121,31 @@ def xa_list(url: UrlOption = DEFAULT_URL,
 
 
 @xa_app.command("commit")
-def xa_commit(xid: XidArgument, url: UrlOption = DEFAULT_URL) -> None:
+def xa_commit(xid: XidArgument, url: UrlOption = DEFAULT_URL,
+              tls_ca: TlsCaOption = None) -> None:
     """Heuristically commit a PREPARED branch (it becomes HEURISTIC_COMMITTED)."""
-    _heuristic(url, xid, commit=True)
+    _heuristic(url, tls_ca, xid, commit=True)
 
 
 @xa_app.command("rollback")
-def xa_rollback(xid: XidArgument, url: UrlOption = DEFAULT_URL) -> None:
+def xa_rollback(xid: XidArgument, url: UrlOption = DEFAULT_URL,
+                tls_ca: TlsCaOption = None) -> None:
     """Heuristically roll back a PREPARED branch (it becomes HEURISTIC_ROLLED_BACK)."""
-    _heuristic(url, xid, commit=False)
+    _heuristic(url, tls_ca, xid, commit=False)
 
 
-def _heuristic(url: str, text: str, *, commit: bool) -> None:
+def _heuristic(url: str, tls_ca: str | None, text: str, *, commit: bool) -> None:
     xid = _xid(text)
-    with common.connect(url) as conn:
+    with common.connect(url, tls_ca) as conn:
         conn.xa_heuristic(xid, commit)
     print(f"{xid}: heuristically {'committed' if commit else 'rolled back'}")
 
 
 @xa_app.command("forget")
-def xa_forget(xid: XidArgument, url: UrlOption = DEFAULT_URL) -> None:
+def xa_forget(xid: XidArgument, url: UrlOption = DEFAULT_URL,
+              tls_ca: TlsCaOption = None) -> None:
     """Forget a heuristically completed branch."""
     parsed = _xid(xid)
-    with common.connect(url) as conn:
+    with common.connect(url, tls_ca) as conn:
         conn.xa_resource().forget(parsed)
     print(f"{parsed}: forgotten")

@@ -28,6 +28,7 @@ from txbroker.cli import common  # common.connect is looked up at each call: tes
 from txbroker.cli.common import (
     DEFAULT_URL,
     EXIT_INCOMPLETE,
+    TlsCaOption,
     UrlOption,
     console,
     describe,
@@ -56,6 +57,7 @@ def send(
     queue: str,
     body: Annotated[str | None, typer.Argument(help="message text (default: read stdin)")] = None,
     url: UrlOption = DEFAULT_URL,
+    tls_ca: TlsCaOption = None,
     count: Annotated[int, typer.Option(min=1, help="messages to send")] = 1,
     size: Annotated[int | None, typer.Option(
         min=0, help="generate bodies of this many bytes")] = None,
@@ -81,7 +83,7 @@ def send(
     started = time.perf_counter()
     sent = 0
     try:
-        with common.connect(url) as conn, progress_bar() as progress:
+        with common.connect(url, tls_ca) as conn, progress_bar() as progress:
             task = progress.add_task("send", total=count)
             if tx > 0:
                 while sent < count:
@@ -121,6 +123,7 @@ def send(
 def recv(
     queue: str,
     url: UrlOption = DEFAULT_URL,
+    tls_ca: TlsCaOption = None,
     count: Annotated[int, typer.Option(min=1, help="messages to receive")] = 1,
     timeout: Annotated[float, typer.Option(
         min=0, help="seconds to wait for each message")] = 5.0,
@@ -135,7 +138,7 @@ def recv(
     """
     got = 0
     try:
-        with common.connect(url) as conn:
+        with common.connect(url, tls_ca) as conn:
             while got < count:
                 msg = conn.receive(queue, timeout=timeout)
                 if msg is None:
@@ -157,10 +160,10 @@ def recv(
                    f"(none came within {timeout:g} s)", EXIT_INCOMPLETE)
 
 
-def queues(url: UrlOption = DEFAULT_URL,
+def queues(url: UrlOption = DEFAULT_URL, tls_ca: TlsCaOption = None,
            json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List queues and topics: depth, in-flight, consumers, bytes."""
-    with common.connect(url) as conn:
+    with common.connect(url, tls_ca) as conn:
         found = conn.queues()
     if json_out:
         print(json.dumps(found, indent=2))
@@ -172,14 +175,15 @@ def queues(url: UrlOption = DEFAULT_URL,
     console.print(table)
 
 
-def stat(url: UrlOption = DEFAULT_URL) -> None:
+def stat(url: UrlOption = DEFAULT_URL, tls_ca: TlsCaOption = None) -> None:
     """Broker counters (messages, sessions, store syncs …) as JSON."""
-    with common.connect(url) as conn:
+    with common.connect(url, tls_ca) as conn:
         print(json.dumps(conn.stats(), indent=2, sort_keys=True))
 
 
 def bench(
     url: UrlOption = DEFAULT_URL,
+    tls_ca: TlsCaOption = None,
     queue: Annotated[str, typer.Option(help="queue to use")] = "bench",
     count: Annotated[int, typer.Option(min=1, help="messages")] = 100_000,
     size: Annotated[int, typer.Option(min=0, help="body bytes")] = 1024,
@@ -199,7 +203,8 @@ def bench(
 
     summary = run_bench(url, queue=queue, count=count, size=size, producers=producers,
                         consumers=consumers, window=window, prefetch=prefetch,
-                        phase=phase.value, progress=progress_bar)
+                        phase=phase.value, progress=progress_bar,
+                        connect_options=common.connect_options(tls_ca))
     text = json.dumps(summary, indent=2)
     if json_out is not None:
         json_out.write_text(text + "\n")

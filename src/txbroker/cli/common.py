@@ -40,14 +40,24 @@ DEFAULT_URL = "txb://127.0.0.1:5445"
 UrlOption = Annotated[str, typer.Option(
     "--url", envvar="TXBROKER_URL",
     help="broker URL: txb://[user:password@]host[:port], more host[:port] after commas "
-         "for failover")]
+         "for failover; txbs://… over TLS (docs/tls.md)")]
+TlsCaOption = Annotated[str | None, typer.Option(
+    "--tls-ca", envvar="TXBROKER_TLS_CA",
+    help="with a txbs:// URL: PEM file of the CA that signed the broker's certificate "
+         "(default: the system's CAs)")]
 
 
-def connect(url: str) -> Any:
-    """A synchronous client connection to ``url`` (no reconnecting)."""
+def connect_options(tls_ca: str | None) -> dict[str, Any]:
+    """The client options of a command's ``--tls-ca``."""
+    return {} if tls_ca is None else {"tls_ca": tls_ca}
+
+
+def connect(url: str, tls_ca: str | None = None) -> Any:
+    """A synchronous client connection to ``url`` (no reconnecting); ``tls_ca``: the
+    ``--tls-ca`` file, for a ``txbs://`` URL."""
     from txbroker.client.sync import connect
 
-    return connect(url, reconnect=False)
+    return connect(url, reconnect=False, **connect_options(tls_ca))
 
 
 def say_error(text: str) -> None:

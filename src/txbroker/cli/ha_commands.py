@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import time
 from typing import Annotated, Any
 
 import typer
 
-from txbroker.cli.common import DEFAULT_URL, UrlOption, describe, fail
+from txbroker.cli.common import DEFAULT_URL, TlsCaOption, UrlOption, describe, fail
+from txbroker.client.transport import tls_client_context
 from txbroker.client.url import HostPort, parse_url
 from txbroker.errors import TxBrokerError, error_for_code
 from txbroker.protocol.native import PROTOCOL_VERSION, Err, NativeConnection, Ok, Request, Role
@@ -35,11 +37,13 @@ ha_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 
 
 def probe(host: HostPort, user: str | None, password: str | None,
-          timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
-    """``stats()`` of one broker, active or standby (a standby answers its ``ha`` part only)."""
+          timeout: float = PROBE_TIMEOUT, tls: ssl.SSLContext | None = None) -> dict[str, Any]:
+    """``stats()`` of one broker, active or standby (a standby answers its ``ha`` part
+    only); ``tls``: over TLS (a ``txbs://`` URL)."""
     codec = NativeConnection(Role.CLIENT)
-    with socket.create_connection((host.host, host.port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
+    with socket.create_connection((host.host, host.port), timeout=timeout) as raw:
+        raw.settimeout(timeout)
+        sock = raw if tls is None else tls.wrap_socket(raw, server_hostname=host.host)
 
         def call(rid: int, op: str, args: dict[str, Any]) -> Any:
             sock.sendall(codec.send(Request(rid, op, args)))
@@ -71,14 +75,16 @@ def _age(seconds: Any) -> str:
 @ha_app.command()
 def status(
     url: UrlOption = DEFAULT_URL,
+    tls_ca: TlsCaOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
 ) -> None:
     """Role, peer, last heartbeat and lock holder of every broker of the URL's list."""
     parsed = parse_url(url)
+    tls = tls_client_context(tls_ca) if parsed.tls else None
     report: dict[str, Any] = {}
     for host in parsed.hosts:
         try:
-            stats = probe(host, parsed.user, parsed.password)
+            stats = probe(host, parsed.user, parsed.password, tls=tls)
         except (OSError, TxBrokerError) as exc:
             report[str(host)] = {"error": describe(exc)}
             continue

@@ -43,6 +43,19 @@ def serve(
     http_port: Annotated[int | None, typer.Option(help=(
         "HTTP port: REST API, /api/openapi.json, /metrics (docs/http.md); "
         "default 0 = off, 8161 is the usual port"))] = None,
+    tls_port: Annotated[int | None, typer.Option(
+        help="native protocol over TLS, txbs:// (0 = off, the default; docs/tls.md)")] = None,
+    stomp_tls_port: Annotated[int | None, typer.Option(
+        help="STOMP over TLS (0 = off, the default)")] = None,
+    https_port: Annotated[int | None, typer.Option(
+        help="HTTPS: the HTTP port's API, /metrics and console over TLS (0 = off)")] = None,
+    tls_cert: Annotated[str | None, typer.Option(
+        help="TLS certificate chain, PEM (leaf first)")] = None,
+    tls_key: Annotated[str | None, typer.Option(
+        help="the TLS certificate's private key, PEM, unencrypted")] = None,
+    tls_ca: Annotated[str | None, typer.Option(
+        help="CA file: TLS clients must present a certificate it signed (mutual TLS)")
+    ] = None,
     sync: Annotated[str | None, typer.Option(help="none | fdatasync | fsync")] = None,
     store: Annotated[str | None, typer.Option(help="journal | dir")] = None,
     dir_flags: Annotated[str | None, typer.Option(
@@ -69,6 +82,8 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, Any] = dict(
         data=data, host=host, port=port, stomp_port=stomp_port, http_port=http_port,
+        tls_port=tls_port, stomp_tls_port=stomp_tls_port, https_port=https_port,
+        tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
         repair=repair or None, ha=ha, ha_port=ha_port, ha_peer=ha_peer,
         heartbeat_interval=heartbeat_interval, activation_interval=activation_interval)
@@ -80,6 +95,12 @@ def serve(
         started = True
         stomp = f", STOMP {server.stomp_port}" if server.stomp_port else ""
         stomp += f", HTTP {server.http_port}" if server.http_port else ""
+        if server.tls_port:
+            stomp += f", TLS {server.tls_port}"
+        if server.stomp_tls_port:
+            stomp += f", STOMP TLS {server.stomp_tls_port}"
+        if server.https_port:
+            stomp += f", HTTPS {server.https_port}"
         print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
               f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "

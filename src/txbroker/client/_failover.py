@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import ssl
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
@@ -67,6 +68,11 @@ MAX_BACKOFF: Final = 0.25
 def describe_refusal(error: BaseException) -> str:
     """What a host said when the client tried it, for the error that names every host."""
     text = str(error) or type(error).__name__
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return (f"TLS: the broker's certificate is not trusted: {error.verify_message} "
+                "(check tls_ca / ssl_context and the host name)")
+    if isinstance(error, ssl.SSLError):
+        return f"TLS handshake failed: {error.reason or text} (is it a TLS port?)"
     if isinstance(error, Standby):
         return f"refused: it is a standby, not the active broker ({text})"
     if isinstance(error, ShuttingDown):

@@ -275,7 +275,7 @@ async def open_connection(
     """Connect (coroutine form of :func:`connect`); ``options`` or keyword options."""
     parsed = url if isinstance(url, ClientURL) else parse_url(url)
     checked = options if options is not None else ConnectOptions.from_kwargs(kwargs)
-    connection = AsyncConnection(parsed, checked)
+    connection = AsyncConnection(parsed, checked.for_url(parsed))
     await connection._engine.start()
     return connection
 
@@ -284,11 +284,12 @@ def connect(url: str | ClientURL, **options: Any) -> AwaitableContext[AsyncConne
     """Connect to a broker: ``conn = await connect(url)`` or ``async with connect(url) as conn``.
 
     ``url`` is ``txb://[user:password@]host[:port][,host[:port]...]`` (the host list is
-    the failover list); options are those of
+    the failover list), ``txbs://…`` over TLS; options are those of
     :class:`~txbroker.client.options.ConnectOptions` (``timeout``, ``reconnect``,
-    ``failover_timeout``, ``on_failover``, ``client_id``). The URL and the options are
-    checked at once (ValueError / TypeError).
+    ``failover_timeout``, ``on_failover``, ``client_id``; ``tls_ca``, ``tls_cert``,
+    ``tls_key``, ``ssl_context``, ``tls_server_hostname``). The URL and the options
+    are checked at once (ValueError / TypeError).
     """
     parsed = url if isinstance(url, ClientURL) else parse_url(url)
-    checked = ConnectOptions.from_kwargs(options)
+    checked = ConnectOptions.from_kwargs(options).for_url(parsed)
     return AwaitableContext(lambda: open_connection(parsed, checked))

@@ -455,7 +455,7 @@ def connect(url: str | ClientURL, **options: Any) -> Connection:
     Same URL and options as :func:`txbroker.aio.connect`.
     """
     parsed = url if isinstance(url, ClientURL) else parse_url(url)
-    checked = ConnectOptions.from_kwargs(options)
+    checked = ConnectOptions.from_kwargs(options).for_url(parsed)
     portal = LoopThread()
     try:
         inner = portal.call(open_connection(parsed, options=checked))

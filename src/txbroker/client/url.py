@@ -1,4 +1,5 @@
-"""Client URLs: ``txb://[user:password@]host[:port][,host[:port]…]``.
+"""Client URLs: ``txb://[user:password@]host[:port][,host[:port]…]``, and
+``txbs://…`` for the same over TLS (every host of the list; docs/tls.md).
 
 The host list is a *failover list*: the client connects to the first host
 that answers and, when that connection breaks, moves on to the next ones.
@@ -15,10 +16,16 @@ from urllib.parse import unquote
 
 from txbroker.protocol.native import DEFAULT_PORT
 
-__all__ = ["DEFAULT_PORT", "SCHEME", "ClientURL", "HostPort", "parse_url"]
+__all__ = ["DEFAULT_PORT", "DEFAULT_TLS_PORT", "SCHEME", "TLS_SCHEME", "ClientURL", "HostPort",
+           "parse_url"]
 
-#: The only scheme the native client speaks.
+#: The native protocol's scheme...
 SCHEME: Final = "txb"
+#: ... and the same protocol over TLS.
+TLS_SCHEME: Final = "txbs"
+#: The port of a ``txbs://`` host given without one. The broker's TLS listener is
+#: off by default (``tls_port = 0``); docs/tls.md suggests this port for it.
+DEFAULT_TLS_PORT: Final = 5443
 
 
 class HostPort(NamedTuple):
@@ -38,23 +45,27 @@ class ClientURL:
     hosts: tuple[HostPort, ...]
     user: str | None = None
     password: str | None = None
+    #: ``txbs://``: every host is reached over TLS
+    tls: bool = False
 
     def __str__(self) -> str:
         """The URL with the password masked (safe to log)."""
         auth = ""
         if self.user is not None:
             auth = self.user + (":***" if self.password is not None else "") + "@"
-        return f"{SCHEME}://{auth}{','.join(str(h) for h in self.hosts)}"
+        scheme = TLS_SCHEME if self.tls else SCHEME
+        return f"{scheme}://{auth}{','.join(str(h) for h in self.hosts)}"
 
 
 def _bad(url: str, reason: str) -> ValueError:
     return ValueError(
         f"bad txbroker URL {url!r}: {reason} "
-        f"(expected {SCHEME}://[user:password@]host[:port][,host[:port]...])"
+        f"(expected {SCHEME}://[user:password@]host[:port][,host[:port]...], or {TLS_SCHEME}://"
+        "... for TLS)"
     )
 
 
-def _parse_host(url: str, item: str) -> HostPort:
+def _parse_host(url: str, item: str, default_port: int) -> HostPort:
     if not item:
         raise _bad(url, "empty host in the host list")
     if item.startswith("["):
@@ -77,7 +88,7 @@ def _parse_host(url: str, item: str) -> HostPort:
     if any(c.isspace() or c in "/?#@" for c in host):
         raise _bad(url, f"invalid host {host!r}")
     if port_text is None:
-        return HostPort(host, DEFAULT_PORT)
+        return HostPort(host, default_port)
     if not port_text.isdigit() or not port_text.isascii():
         raise _bad(url, f"port must be a number, not {port_text!r}")
     port = int(port_text)
@@ -93,8 +104,9 @@ def parse_url(url: str) -> ClientURL:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise _bad(url, "missing scheme")
-    if scheme.lower() != SCHEME:
+    if scheme.lower() not in (SCHEME, TLS_SCHEME):
         raise _bad(url, f"unsupported scheme {scheme!r}")
+    tls = scheme.lower() == TLS_SCHEME
     at = rest.rfind("@")
     tail_start = max(at + 1, 0)
     cut = len(rest)
@@ -116,5 +128,6 @@ def parse_url(url: str) -> ClientURL:
         password = unquote(raw_password) if colon else None
     if not authority:
         raise _bad(url, "no host")
-    hosts = tuple(_parse_host(url, item.strip()) for item in authority.split(","))
-    return ClientURL(hosts=hosts, user=user, password=password)
+    default_port = DEFAULT_TLS_PORT if tls else DEFAULT_PORT
+    hosts = tuple(_parse_host(url, item.strip(), default_port) for item in authority.split(","))
+    return ClientURL(hosts=hosts, user=user, password=password, tls=tls)

@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 One event loop owns the :class:`~txbroker.core.Broker` (no locks). Each
-listener (native protocol, STOMP — both opened by :meth:`BrokerServer.listen`)
-makes one connection object per client; a connection turns frames into
+listener (native protocol, STOMP, and each of them over TLS — all opened by
+:meth:`BrokerServer.listen`; a TLS listener runs the handshake first,
+``server/tls.py``) makes one connection object per client; a connection turns frames into
 operations of the operation layer (``server/ops.py``), which calls the core.
 After each batch the server runs the core's effects: records go to the store
 (whose single writer thread does group commit and hands completions back to
@@ -29,6 +30,7 @@ import contextlib
 import gc
 import logging
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -44,6 +46,7 @@ from txbroker.server.config import ServerConfig
 from txbroker.server.connection import ClientConnection
 from txbroker.server.ops import Operations, is_loopback
 from txbroker.server.stomp import StompServerConnection, StompSettings
+from txbroker.server.tls import tls_factory
 from txbroker.storage.interface import PackedBodies, Relocation, Store, StoreStats
 from txbroker.storage.store_lock import StoreLock
 
@@ -121,6 +124,10 @@ class BrokerServer:
         #: the HTTP edge (server/http/), when --http-port is set
         self._http: Any = None
         self._started = time.monotonic()
+        #: the bound ports of the TLS listeners (0: not listening)
+        self.tls_port = 0
+        self.stomp_tls_port = 0
+        self.https_port = 0
         self._listeners: list[asyncio.Server] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
@@ -189,6 +196,15 @@ class BrokerServer:
             await self.listen_stomp(self.config.host, self.config.stomp_port)
         if self.config.http_port:  # 0 (the default) disables it
             await self.listen_http(self.config.host, self.config.http_port)
+        tls = self.config.server_ssl_context() if (
+            self.config.tls_port or self.config.stomp_tls_port or self.config.https_port) \
+            else None
+        if self.config.tls_port:  # TLS listeners: 0 disables them too (docs/tls.md)
+            await self.listen_native(self.config.host, self.config.tls_port, tls=tls)
+        if self.config.stomp_tls_port:
+            await self.listen_stomp(self.config.host, self.config.stomp_tls_port, tls=tls)
+        if self.config.https_port:
+            await self.listen_http(self.config.host, self.config.https_port, tls=tls)
         self._maintainer = asyncio.create_task(self._maintain_loop())
         self._arm_timer()
 
@@ -207,11 +223,16 @@ class BrokerServer:
 
     # ------------------------------------------------------------------ listeners
     async def listen(self, factory: Callable[[], asyncio.Protocol], host: str, port: int,
-                     protocol: str) -> asyncio.Server:
+                     protocol: str, *, tls: ssl.SSLContext | None = None) -> asyncio.Server:
         """Open a listener (``port`` 0: any free port): the one place every
-        protocol's listener is opened, after the operation layer's check."""
+        protocol's listener is opened, after the operation layer's check. With
+        ``tls`` (``ServerConfig.server_ssl_context()``), each connection does the TLS
+        handshake first (``server/tls.py``; a failed one is a log line)."""
         self.ops.check_listen(host)
         loop = asyncio.get_running_loop()
+        if tls is not None:
+            protocol = f"{protocol} over TLS"
+            factory = tls_factory(factory, tls, protocol)
         listener = await loop.create_server(factory, host, port, reuse_address=True,
                                             backlog=LISTEN_BACKLOG)
         self._listeners.append(listener)
@@ -219,36 +240,52 @@ class BrokerServer:
         log.info("%s on %s:%d", protocol, bound[0], bound[1])
         return listener
 
-    async def listen_native(self, host: str, port: int) -> asyncio.Server:
-        """Listen for native-protocol clients; sets :attr:`port`."""
+    async def listen_native(self, host: str, port: int, *, tls: ssl.SSLContext | None = None
+                            ) -> asyncio.Server:
+        """Listen for native-protocol clients; sets :attr:`port` (with ``tls``:
+        :attr:`tls_port`, clients use ``txbs://``)."""
         ops = self.ops
         listener = await self.listen(lambda: ClientConnection(ops), host, port,
-                                     "native protocol")
-        self.port = listener.sockets[0].getsockname()[1]
+                                     "native protocol", tls=tls)
+        bound = listener.sockets[0].getsockname()[1]
+        if tls is None:
+            self.port = bound
+        else:
+            self.tls_port = bound
         return listener
 
-    async def listen_stomp(self, host: str, port: int, settings: StompSettings | None = None
-                           ) -> asyncio.Server:
+    async def listen_stomp(self, host: str, port: int, settings: StompSettings | None = None,
+                           *, tls: ssl.SSLContext | None = None) -> asyncio.Server:
         """Listen for STOMP clients (``settings``: the server's by default); sets
-        :attr:`stomp_port`."""
+        :attr:`stomp_port` (with ``tls``: :attr:`stomp_tls_port`)."""
         if settings is not None:
             settings.validate()
         chosen = settings or self.stomp_settings
         ops = self.ops
         listener = await self.listen(lambda: StompServerConnection(ops, chosen), host, port,
-                                     "STOMP")
-        self.stomp_port = listener.sockets[0].getsockname()[1]
+                                     "STOMP", tls=tls)
+        bound = listener.sockets[0].getsockname()[1]
+        if tls is None:
+            self.stomp_port = bound
+        else:
+            self.stomp_tls_port = bound
         return listener
 
-    async def listen_http(self, host: str, port: int) -> asyncio.Server:
-        """Listen for HTTP (REST API, ``/metrics``: ``server/http/``); sets
-        :attr:`http_port`. Starlette and uvicorn are imported only here."""
+    async def listen_http(self, host: str, port: int, *, tls: ssl.SSLContext | None = None
+                          ) -> asyncio.Server:
+        """Listen for HTTP (REST API, ``/metrics``, console: ``server/http/``); sets
+        :attr:`http_port` (with ``tls``: HTTPS, :attr:`https_port`). Starlette and
+        uvicorn are imported only here."""
         from txbroker.server.http import HttpEdge
 
         if self._http is None:
             self._http = HttpEdge(self)
-        listener = await self.listen(self._http.protocol, host, port, "HTTP")
-        self.http_port = listener.sockets[0].getsockname()[1]
+        listener = await self.listen(self._http.protocol, host, port, "HTTP", tls=tls)
+        bound = listener.sockets[0].getsockname()[1]
+        if tls is None:
+            self.http_port = bound
+        else:
+            self.https_port = bound
         return listener
 
     def store_stats(self) -> StoreStats | None:

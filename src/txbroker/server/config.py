@@ -14,6 +14,13 @@ Config file (all keys optional)::
     max_frame_size = 8388608
     max_connections = 1024
 
+    tls_cert = "/etc/txbroker/broker.pem"   # certificate chain, PEM (leaf first)
+    tls_key = "/etc/txbroker/broker.key"    # its private key, PEM, unencrypted
+    tls_ca = ""                 # "" = no client certificates; a CA file = mutual TLS
+    tls_port = 5443             # native protocol over TLS (txbs://); 0 = off
+    stomp_tls_port = 61614      # STOMP over TLS; 0 = off   (docs/tls.md)
+    https_port = 8443           # the HTTP routes over TLS; 0 = off
+
     ha = "shared-store"         # "" (off) | shared-store  (docs/ha.md)
     ha_port = 5446              # the HA link: heartbeats between the pair
     ha_peer = "10.0.0.2:5446"   # the other broker's HA port
@@ -30,12 +37,14 @@ Config file (all keys optional)::
 
 from __future__ import annotations
 
+import ssl
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from txbroker.core.limits import Limits
+from txbroker.server.tls import check_files
 from txbroker.storage.interface import SyncMode
 
 #: The native protocol's port (Artemis' core protocol default).
@@ -58,6 +67,8 @@ DEFAULT_HEARTBEAT_INTERVAL = 3.0
 DEFAULT_ACTIVATION_INTERVAL = 10.0
 #: The HA modes ``--ha`` accepts ("" = a single broker).
 HA_MODES = ("", "shared-store")
+#: The listeners' port settings: each non-zero one must differ from the others.
+CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port")
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,17 @@ class ServerConfig:
     #: the HTTP listener (REST API, /metrics: docs/http.md); 0, the default, is off:
     #: ``make run`` passes DEFAULT_HTTP_PORT
     http_port: int = 0
+    #: TLS listeners (docs/tls.md): the native protocol (``txbs://``) and STOMP, each
+    #: on its own port beside the plaintext ones; 0 = off.
+    tls_port: int = 0
+    stomp_tls_port: int = 0
+    #: HTTPS: the HTTP listener's routes (API, /metrics, console) over TLS; 0 = off.
+    https_port: int = 0
+    #: The listeners' certificate chain and private key (PEM files); "" = none.
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: A CA file: clients must present a certificate it signed (mutual TLS); "" = off.
+    tls_ca: str = ""
     data: Path = Path("./txbroker-data")
     sync: str = SyncMode.FDATASYNC
     store: str = "journal"
@@ -102,13 +124,44 @@ class ServerConfig:
             from txbroker.storage.dirstore_format import parse_flags
 
             parse_flags(self.dir_flags)
-        for name in ("port", "stomp_port", "http_port"):
+        for name in CLIENT_PORTS:
             value = getattr(self, name)
             if not 0 <= value <= 65535:
                 raise ValueError(f"{name} must be 0..65535")
+        taken: dict[int, str] = {}
+        for name in CLIENT_PORTS:
+            value = getattr(self, name)
+            if value and value in taken:
+                raise ValueError(f"{name} and {taken[value]} are both {value}: each listener "
+                                 "needs its own port")
+            taken[value] = name
         if self.max_frame_size < 1024:
             raise ValueError("max_frame_size must be at least 1024")
+        self._validate_tls()
         self._validate_ha()
+
+    def _validate_tls(self) -> None:
+        """A TLS port needs a certificate and its key, and the files must load."""
+        wanted = [name for name in ("tls_port", "stomp_tls_port", "https_port")
+                  if getattr(self, name)]
+        if (self.tls_key or self.tls_ca) and not self.tls_cert:
+            raise ValueError("tls_key / tls_ca given without tls_cert (the certificate chain)")
+        if self.tls_cert and not self.tls_key:
+            raise ValueError("tls_cert given without tls_key (its private key)")
+        if not self.tls_cert:
+            if wanted:
+                raise ValueError(f"{wanted[0]} {getattr(self, wanted[0])} needs tls_cert and "
+                                 "tls_key (the certificate chain and its private key)")
+            return
+        self.server_ssl_context()
+
+    def server_ssl_context(self) -> ssl.SSLContext | None:
+        """The context of every TLS listener (``server/tls.py``), None without
+        ``tls_cert``; ValueError, one line, on files that cannot serve."""
+        if not self.tls_cert:
+            return None
+        return check_files(Path(self.tls_cert), Path(self.tls_key),
+                           Path(self.tls_ca) if self.tls_ca else None)
 
     def _validate_ha(self) -> None:
         if self.ha not in HA_MODES:
@@ -126,7 +179,7 @@ class ServerConfig:
                 f"activation_interval ({self.activation_interval:g} s) must be at least twice "
                 f"heartbeat_interval ({self.heartbeat_interval:g} s): one late heartbeat must "
                 "not make the standby act")
-        if self.ha_port in (self.port, self.stomp_port, self.http_port):
+        if self.ha_port in [getattr(self, name) for name in CLIENT_PORTS]:
             raise ValueError(f"ha_port {self.ha_port} is also a client port")
 
 

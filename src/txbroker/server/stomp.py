@@ -43,6 +43,7 @@ from txbroker.protocol.stomp import (
 )
 from txbroker.server.ops import Delivery, Operations, Session
 from txbroker.server.stomp_frames import Refused, StompFrames
+from txbroker.server.tls import looks_like_tls
 
 log = logging.getLogger("txbroker.stomp")
 
@@ -108,6 +109,7 @@ class StompServerConnection(asyncio.Protocol):
         self._heartbeat_in_s = 0.0
         self.last_read = 0.0
         self.last_write = 0.0
+        self._first_read = True
         self._timers: list[asyncio.TimerHandle | None] = [None, None, None]
 
     # ------------------------------------------------------------- asyncio side
@@ -139,6 +141,15 @@ class StompServerConnection(asyncio.Protocol):
         frames = self.frames
         if self.closed or frames is None or frames.disconnecting:
             return
+        if self._first_read:
+            self._first_read = False
+            # A TLS client on this port (no STOMP frame begins so): close now; its
+            # ClientHello holds no frame end, so it would wait for the CONNECT timeout.
+            if looks_like_tls(data):
+                log.warning("STOMP: %s began a TLS handshake on this plaintext port; "
+                            "closing (STOMP over TLS is on stomp_tls_port)", self.peer)
+                self._close()
+                return
         self.last_read = self.loop.time()
         codec = self.codec
         codec.receive_data(data)
