@@ -71,7 +71,8 @@ class ClientConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         try:
-            self.session = self.ops.open(self, peer[0] if peer else None)
+            self.session = self.ops.open(self, peer[0] if peer else None, protocol="native",
+                                         address=self.peer)
         except BrokerError as exc:
             self.transport.write(encode_error(0, exc.wire_code, exc.message))
             self.transport.close()

@@ -17,6 +17,7 @@ from txbroker.core import LATER
 from txbroker.core.xa import TMENDRSCAN, TMNOFLAGS, TMSTARTRSCAN, TMSUCCESS
 from txbroker.errors import XAER_INVAL, BadRequest, XAError
 from txbroker.server import stream_handlers as streams
+from txbroker.server.acl import CONSUME
 from txbroker.server.native_args import (
     arg,
     flags_arg,
@@ -72,7 +73,9 @@ def receive(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     timeout = int_arg(args, "timeout_ms", None)
     if timeout is not None and timeout < 0:
         raise BadRequest("argument 'timeout_ms' must be >= 0")
-    return session.core.receive(session.id, rid, arg(args, "queue", str), now, timeout)
+    queue = arg(args, "queue", str)
+    session.authorize(CONSUME, queue, "receive")
+    return session.core.receive(session.id, rid, queue, now, timeout)
 
 
 def ack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -114,8 +117,7 @@ def queue_declare(session: Session, rid: int, args: dict[str, Any], now: int) ->
 
 def queue_update(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Change a queue's settings."""
-    return session.core.queue_update(session.id, rid, arg(args, "name", str),
-                                     settings_arg(args), now)
+    return session.update(rid, arg(args, "name", str), settings_arg(args) or {}, now)
 
 
 def queue_delete(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -125,7 +127,7 @@ def queue_delete(session: Session, rid: int, args: dict[str, Any], now: int) -> 
 
 def queue_purge(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Drop a queue's messages."""
-    return session.core.queue_purge(session.id, rid, arg(args, "name", str), now)
+    return session.purge(rid, arg(args, "name", str), now)
 
 
 def queue_list(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -180,7 +182,7 @@ def xa_recover(session: Session, rid: int, args: dict[str, Any], now: int) -> An
 
 def xa_forget(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Forget a heuristically completed branch."""
-    return session.core.xa_forget(session.id, rid, xid_arg(args), now)
+    return session.xa_forget(rid, xid_arg(args), now)
 
 
 def xa_heuristic(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -188,7 +190,7 @@ def xa_heuristic(session: Session, rid: int, args: dict[str, Any], now: int) -> 
     outcome = args.get("outcome")
     if outcome not in ("commit", "rollback"):
         raise XAError(XAER_INVAL, "argument 'outcome' must be 'commit' or 'rollback'")
-    return session.core.xa_heuristic(session.id, rid, xid_arg(args), outcome == "commit", now)
+    return session.xa_heuristic(rid, xid_arg(args), outcome == "commit", now)
 
 
 def xa_set_timeout(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:

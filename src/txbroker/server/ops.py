@@ -29,6 +29,12 @@ the same for every edge:
   out on such subscriptions: the one thing the core does not keep.
 * **Errors**: anything the core raises reaches the edge as a
   :class:`~txbroker.errors.BrokerError` (:func:`as_refusal`).
+* **Permissions** (:meth:`Operations.authorize`, ``server/acl.py``): every
+  request that names a destination is checked here, before the core sees it,
+  as one of ``send``, ``consume``, ``browse``, ``admin`` on that destination
+  (the map of requests to actions is in docs/security.md); a refusal is
+  ``FORBIDDEN`` and changes nothing. Admin actions (allowed or not) and every
+  refusal go to the audit log (``txbroker.audit``).
 
 Results the core gives later arrive as effects; the server hands Reply, Fail,
 Deliver and Cancelled to :class:`Operations`, which finds the session, keeps
@@ -51,11 +57,13 @@ from txbroker.errors import (
     AuthenticationFailed,
     BadRequest,
     BrokerError,
+    Forbidden,
     IllegalState,
     NotAuthenticated,
     TooManyConnections,
     TxBrokerError,
 )
+from txbroker.server.acl import ADMIN, CONSUME, SEND, AccessControl, AuditLog, destination_of
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
 from txbroker.server.seams import ServerPort, SessionSink
@@ -66,6 +74,10 @@ log = logging.getLogger("txbroker.server")
 TOO_MANY_CONNECTIONS: Final = "too many connections (max_connections)"
 #: The refusal of wrong credentials (whatever the protocol calls them).
 WRONG_CREDENTIALS: Final = "wrong user or password"
+#: Admin actions that act on the broker, not on one destination: they need
+#: ``admin`` on the pattern ``#`` (``server/acl.py``).
+BROKER_ACTIONS: Final = frozenset({"xa_heuristic", "xa_forget", "close_connection",
+                                   "list_connections"})
 
 
 def is_loopback(host: str) -> bool:
@@ -128,6 +140,9 @@ class Operations:
         self.sessions: dict[int, Session] = {}  #: session id -> session (admitted)
         self._touched: set[Session] = set()
         self._next_session = 1
+        #: the ``[acl]`` rules (everything allowed without them) and the audit log
+        self.acl = AccessControl(self.config.acl)
+        self.audit = AuditLog(self.config.audit_log)
 
     @property
     def config(self) -> ServerConfig:
@@ -155,9 +170,11 @@ class Operations:
             raise ValueError(f"no users are configured: the broker runs open and only on "
                              f"loopback; refusing to listen on {host}")
 
-    def open(self, sink: SessionSink, peer_host: str | None) -> Session:
-        """Admit a new connection (``peer_host``: its address, None if unknown) or
-        raise the BrokerError it is refused with."""
+    def open(self, sink: SessionSink, peer_host: str | None, *, protocol: str = "native",
+             address: str | None = None) -> Session:
+        """Admit a new connection (``peer_host``: its address, None if unknown;
+        ``address``: host:port for listings) or raise the BrokerError it is refused
+        with."""
         if self.auth.open and peer_host is not None and not is_loopback(peer_host):
             log.warning("refused %s: the broker is open (no users) and serves loopback only",
                         peer_host)
@@ -168,13 +185,48 @@ class Operations:
         session_id = self._next_session
         self._next_session += 1
         session = Session(self, sink, session_id, peer_host or "?")
+        session.protocol = protocol
+        session.address = address or peer_host or "?"
+        session.opened_ms = self.now()
         self.sessions[session_id] = session
         return session
+
+    # ------------------------------------------------------------- permissions
+    def authorize(self, session: Session, action: str, destination: str | None, *,
+                  op: str, resource: str | None = None) -> None:
+        """The one permission check of every protocol: raise Forbidden unless the
+        session's user may do ``action`` (send, consume, browse, admin) on
+        ``destination`` (None: the broker itself). ``op`` names the request for the
+        audit log, ``resource`` what it acts on when that is no destination (an xid,
+        a connection). Admin actions and refusals are audited."""
+        allowed = self.acl.allows(session.user, action, destination)
+        if action == ADMIN or not allowed:
+            self.audit.record(user=session.user, address=session.address,
+                              protocol=session.protocol, action=action, op=op,
+                              destination=resource if destination is None else destination,
+                              outcome="allowed" if allowed else "denied")
+        if not allowed:
+            where = "the broker" if destination is None else repr(destination)
+            raise Forbidden(f"forbidden: user {session.user!r} has no {action} permission "
+                            f"on {where} ({op})")
+
+    def require_admin(self, session: Session, action: str, resource: str) -> None:
+        """An administrative ``action`` ("declare", "update", "purge", "delete",
+        "move", "xa_heuristic", "xa_forget", "close_connection", …) on ``resource``:
+        ``admin`` on that destination, or on the broker for :data:`BROKER_ACTIONS`
+        (whose resource is an xid or a connection id)."""
+        if not session.authenticated:
+            raise NotAuthenticated(f"{action} on {resource!r} needs an authenticated session")
+        if action in BROKER_ACTIONS:
+            self.authorize(session, ADMIN, None, op=action, resource=resource)
+        else:
+            self.authorize(session, ADMIN, resource, op=action)
 
     def close_all(self) -> None:
         """Shutdown: close every connection."""
         for session in list(self.sessions.values()):
             session.sink.close()
+        self.audit.close()
 
     # ------------------------------------------------------------- effects
     def reply(self, effect: Reply) -> None:
@@ -235,14 +287,18 @@ class Session:
     through :meth:`started`, which counts those answered later.
     """
 
-    __slots__ = ("_cumulative", "_cumulative_sub", "authenticated", "core", "ended", "id",
-                 "ops", "peer", "reading_paused", "sink", "user", "waiting")
+    __slots__ = ("_cumulative", "_cumulative_sub", "address", "authenticated", "core", "ended",
+                 "id", "opened_ms", "ops", "peer", "protocol", "reading_paused", "sink", "user",
+                 "waiting")
 
     def __init__(self, ops: Operations, sink: SessionSink, session_id: int, peer: str) -> None:
         self.ops = ops
         self.sink = sink
         self.id = session_id
         self.peer = peer
+        self.protocol = "native"  #: "native", "stomp", "http"
+        self.address = peer  #: host:port when the edge knows it
+        self.opened_ms = 0
         self.core = ops.broker
         self.user: str | None = None
         self.authenticated = False
@@ -261,10 +317,18 @@ class Session:
         secret = password if isinstance(password, str) else None
         if not self.ops.auth.check(name, secret):
             log.warning("authentication failed for user %r from %s", user, self.peer)
+            self.ops.audit.record(user=name, address=self.address, protocol=self.protocol,
+                                  action="login", op="authenticate", destination=None,
+                                  outcome="denied")
             raise AuthenticationFailed(WRONG_CREDENTIALS)
         self.authenticated = True
         self.user = name
         self.core.open_session(self.id, name)
+
+    def authorize(self, action: str, destination: str | None, op: str) -> None:
+        """Raise Forbidden unless this session's user may do ``action`` on
+        ``destination`` (:meth:`Operations.authorize`)."""
+        self.ops.authorize(self, action, destination, op=op)
 
     def require_authenticated(self, opening: str) -> None:
         """Raise NotAuthenticated before authentication (``opening``: the request that
@@ -333,6 +397,8 @@ class Session:
              persistent: bool = True, priority: int = 4, ttl_ms: int = 0, delay_ms: int = 0,
              tx: int | None = None) -> Any:
         """Send a message to a queue or topic (or stage it in transaction ``tx``)."""
+        if self.ops.acl.enforcing:
+            self.ops.authorize(self, SEND, dest, op="send")
         return self.core.send(self.id, rid, dest, body, now, headers=headers,
                               message_id=message_id, persistent=persistent, priority=priority,
                               ttl_ms=ttl_ms, delay_ms=delay_ms, tx=tx)
@@ -341,6 +407,7 @@ class Session:
                   ack: str = "client", cumulative: bool = False) -> Any:
         """Start a subscription; ``cumulative``: an ack of one of its deliveries
         acknowledges every earlier one too (:meth:`covered`)."""
+        self.authorize(CONSUME, queue, "subscribe")
         result = self.core.subscribe(self.id, sub, queue, now, prefetch=prefetch, ack=ack)
         if cumulative:
             self._cumulative[sub] = {}
@@ -451,18 +518,53 @@ class Session:
 
     def declare(self, rid: int, name: str, now: int, *, kind: str = "queue",
                 settings: dict[str, Any] | None = None) -> Any:
-        """Declare a queue or topic."""
+        """Declare a queue or topic (an admin action)."""
+        self.ops.require_admin(self, "declare", name)
         return self.core.queue_declare(self.id, rid, name, now, kind=kind, settings=settings)
 
     def topic_subscribe(self, rid: int, topic: str, name: str, now: int, *,
                         durable: bool = True, settings: dict[str, Any] | None = None) -> Any:
         """Create (or find) the subscription queue ``topic::name``."""
+        self.authorize(CONSUME, topic, "topic_subscribe")
         return self.core.topic_subscribe(self.id, rid, topic, name, now, durable=durable,
                                          settings=settings)
 
     def delete(self, rid: int, name: str, now: int) -> Any:
-        """Delete a queue or topic."""
+        """Delete a queue or topic (an admin action)."""
+        self.ops.require_admin(self, "delete", name)
         return self.core.queue_delete(self.id, rid, name, now)
+
+    def update(self, rid: int, name: str, settings: dict[str, Any], now: int) -> Any:
+        """Change a queue's settings (an admin action)."""
+        self.ops.require_admin(self, "update", name)
+        return self.core.queue_update(self.id, rid, name, settings, now)
+
+    def purge(self, rid: int, name: str, now: int) -> Any:
+        """Drop a queue's messages (an admin action)."""
+        self.ops.require_admin(self, "purge", name)
+        return self.core.queue_purge(self.id, rid, name, now)
+
+    def xa_heuristic(self, rid: int, xid: Any, commit: bool, now: int) -> Any:
+        """Complete a prepared XA branch by hand (an admin action)."""
+        self.ops.require_admin(self, "xa_heuristic", str(xid))
+        return self.core.xa_heuristic(self.id, rid, xid, commit, now)
+
+    def xa_forget(self, rid: int, xid: Any, now: int) -> Any:
+        """Forget a heuristically completed branch (an admin action)."""
+        self.ops.require_admin(self, "xa_forget", str(xid))
+        return self.core.xa_forget(self.id, rid, xid, now)
+
+    def ensure_topic(self, rid: int, name: str, now: int, action: str) -> Any:
+        """Create topic ``name`` on first use by a send or a subscription (STOMP):
+        allowed by ``action`` (send, consume) on it, not by ``admin``."""
+        self.authorize(action, name, "declare_topic")
+        return self.core.queue_declare(self.id, rid, name, now, kind="topic")
+
+    def delete_subscription(self, rid: int, queue: str, now: int) -> Any:
+        """Delete a topic subscription queue ``topic::name`` its subscriber ends
+        (STOMP UNSUBSCRIBE): allowed by ``consume`` on the topic."""
+        self.authorize(CONSUME, destination_of(queue), "unsubscribe")
+        return self.core.queue_delete(self.id, rid, queue, now)
 
     def stats(self) -> dict[str, Any]:
         """The server's counters."""

@@ -118,7 +118,8 @@ class StompServerConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.last_read = self.last_write = self.loop.time()
         try:
-            session = self.ops.open(self, peer[0] if peer else None)
+            session = self.ops.open(self, peer[0] if peer else None, protocol="stomp",
+                                    address=f"{peer[0]}:{peer[1]}" if peer else None)
         except BrokerError as exc:
             self.transport.write(_refusal_frame(exc))
             self.transport.close()
