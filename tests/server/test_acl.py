@@ -127,9 +127,9 @@ def test_a_name_matches_itself_and_its_wildcards(words: list[str], data: st.Data
     name = ".".join(words)
     assert words_match(parse_pattern(name), tuple(words))
     index = data.draw(st.integers(0, len(words) - 1))
-    starred = words[:index] + ["*"] + words[index + 1:]
+    starred = [*words[:index], "*", *words[index + 1:]]
     assert words_match(parse_pattern(".".join(starred)), tuple(words))
-    hashed = words[:index] + ["#"]
+    hashed = [*words[:index], "#"]
     assert words_match(parse_pattern(".".join(hashed)), tuple(words))
     assert words_match(("#",), tuple(words))
 
