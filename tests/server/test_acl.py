@@ -447,3 +447,27 @@ def test_without_acl_everyone_may_do_everything(tmp_path: Path) -> None:
         alice.send("anything", b"x")
         assert alice.purge_queue("anything") == 1
     assert Audit(audit_path).take() == [event("alice", "admin", "purge", "anything", "allowed")]
+
+
+def test_docs_example(tmp_path: Path) -> None:
+    """The [users]/[acl] example of docs/security.md loads and means what it says."""
+    from txbroker.server.config import load_config
+
+    text = (ROOT / "docs" / "security.md").read_text()
+    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    block = block.replace("scrypt$16384$8$1$…", hash_password(PASSWORD))
+    path = tmp_path / "broker.toml"
+    path.write_text(block)
+    config = load_config(path)
+    acl = AccessControl(config.acl)
+    assert acl.allows("alice", "send", "orders.eu")
+    assert not acl.allows("alice", "send", "orders.eu.late")
+    assert not acl.allows("alice", "consume", "orders.eu")
+    assert acl.allows("alice", "consume", "replies.alice.42")
+    assert acl.allows("bob", "consume", "orders.eu.late")
+    assert acl.allows("bob", "browse", "orders")
+    assert acl.allows("bob", "admin", "orders.eu")
+    assert not acl.allows("bob", "admin", None)
+    assert not acl.allows("bob", "send", "orders.eu")
+    assert acl.allows("ops", "admin", None)
+    assert acl.allows("ops", "send", "anything")
