@@ -471,3 +471,78 @@ def test_docs_example(tmp_path: Path) -> None:
     assert not acl.allows("bob", "send", "orders.eu")
     assert acl.allows("ops", "admin", None)
     assert acl.allows("ops", "send", "anything")
+
+
+# --------------------------------------------------------------------- one decision, in process
+def in_process_acl() -> Any:
+    import tomllib
+
+    return parse_acl(tomllib.loads(ACL)["acl"], USERS)
+
+
+def test_a_refusal_is_the_same_decision_on_both_edges(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Native and STOMP get the same code and words from the one check; the
+    logger ``txbroker.audit`` gets the events."""
+    from tests.server.test_ops import NativePeer, StompPeer, assert_refused, with_server
+    from txbroker.protocol.native import Err, Ok
+
+    expected = forbidden("alice", "send", "'billing.x'", "send")
+    digest = hash_password(PASSWORD)
+
+    def test(server: Any) -> None:
+        native = NativePeer(server)
+        native.hello(user="alice", password=PASSWORD)
+        assert native.request(2, "send", dest="billing.x", body=b"no") == [
+            Err(2, ErrorCode.FORBIDDEN, expected)]
+        assert native.request(3, "send", dest="orders.x", body=b"ok", persistent=False) == [
+            Ok(3, {"duplicate": False})]
+        stomp = StompPeer(server)
+        stomp.connect(login="alice", passcode=PASSWORD)
+        (error,) = stomp.send("SEND", b"no", destination="/queue/billing.x", receipt="r")
+        assert_refused(error, ErrorCode.FORBIDDEN, expected, "r")
+        assert stomp.wire.closed
+        assert "billing.x" not in server.broker.queues
+
+    caplog.set_level("INFO", logger="txbroker.audit")
+    with_server(tmp_path, test, users=dict.fromkeys(USERS, digest), acl=in_process_acl())
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "txbroker.audit"]
+    for line in lines:
+        assert TIME.fullmatch(line.pop("time"))
+        assert line.pop("address").startswith("127.0.0.1:")
+    assert lines == [
+        {"user": "alice", "protocol": protocol, "action": "send", "op": "send",
+         "destination": "billing.x", "outcome": "denied"} for protocol in ("native", "stomp")]
+
+
+def test_require_admin_is_the_hook_for_broker_actions(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """What the HTTP edge calls: ``require_admin(session, action, resource)``; broker
+    actions (closing a connection, XA heuristics) need admin on ``#``."""
+    from tests.server.test_ops import NativePeer, with_server
+
+    digest = hash_password(PASSWORD)
+
+    def test(server: Any) -> None:
+        sessions = {}
+        for user in ("dave", "root"):
+            peer = NativePeer(server)
+            peer.hello(user=user, password=PASSWORD)
+            sessions[user] = peer.connection.session
+        ops = server.ops
+        ops.require_admin(sessions["root"], "close_connection", "7")
+        ops.require_admin(sessions["dave"], "purge", "orders.x")
+        with pytest.raises(Forbidden) as caught:
+            ops.require_admin(sessions["dave"], "close_connection", "7")
+        assert str(caught.value) == forbidden("dave", "admin", "the broker", "close_connection")
+        with pytest.raises(Forbidden):
+            ops.require_admin(sessions["dave"], "delete", "billing.x")
+
+    caplog.set_level("INFO", logger="txbroker.audit")
+    with_server(tmp_path, test, users=dict.fromkeys(USERS, digest), acl=in_process_acl())
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "txbroker.audit"]
+    assert [(x["user"], x["op"], x["destination"], x["outcome"]) for x in lines] == [
+        ("root", "close_connection", "7", "allowed"),
+        ("dave", "purge", "orders.x", "allowed"),
+        ("dave", "close_connection", "7", "denied"),
+        ("dave", "delete", "billing.x", "denied")]
