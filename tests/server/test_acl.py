@@ -546,3 +546,81 @@ def test_require_admin_is_the_hook_for_broker_actions(tmp_path: Path,
         ("dave", "purge", "orders.x", "allowed"),
         ("dave", "close_connection", "7", "denied"),
         ("dave", "delete", "billing.x", "denied")]
+
+
+#: Every native op: the permission it needs (None: nothing more than a login),
+#: the audit name of its check, and arguments naming ``billing.x`` (docs/security.md).
+XID = "1-67-62"
+NATIVE_OPS: dict[str, tuple[str | None, str, dict[str, Any]]] = {
+    "send": ("send", "send", {"dest": "billing.x", "body": b"x"}),
+    "send_batch": ("send", "send_batch", {"dest": "billing.x", "bodies": [b"x"]}),
+    "subscribe": ("consume", "subscribe", {"sub": 1, "queue": "billing.x"}),
+    "receive": ("consume", "receive", {"queue": "billing.x", "timeout_ms": 0}),
+    "topic_subscribe": ("consume", "topic_subscribe", {"topic": "billing.x", "name": "s"}),
+    "stream_open": ("consume", "stream_open", {"queue": "billing.x", "name": "r"}),
+    "stream_commit": ("consume", "stream_commit", {"queue": "billing.x", "name": "r",
+                                                   "end": 1}),
+    "stream_info": ("browse", "stream_info", {"queue": "billing.x"}),
+    "stream_read": ("browse", "stream_read", {"queue": "billing.x", "start": 0, "end": 1}),
+    "queue_declare": ("admin", "declare", {"name": "billing.x"}),
+    "queue_update": ("admin", "update", {"name": "billing.x", "max_messages": 5}),
+    "queue_purge": ("admin", "purge", {"name": "billing.x"}),
+    "queue_delete": ("admin", "delete", {"name": "billing.x"}),
+    "xa_heuristic": ("admin", "xa_heuristic", {"xid": XID, "outcome": "commit"}),
+    "xa_forget": ("admin", "xa_forget", {"xid": XID}),
+    "unsubscribe": (None, "", {"sub": 1}),
+    "ack": (None, "", {"tags": [1]}),
+    "nack": (None, "", {"tags": [1]}),
+    "recover": (None, "", {}),
+    "tx_begin": (None, "", {}),
+    "tx_commit": (None, "", {"tx": 99}),
+    "tx_rollback": (None, "", {"tx": 99}),
+    "queue_list": (None, "", {}),
+    "queue_info": (None, "", {"name": "billing.x"}),
+    "ping": (None, "", {}),
+    "stats": (None, "", {}),
+    "xa_start": (None, "", {"xid": XID}),
+    "xa_end": (None, "", {"xid": XID}),
+    "xa_prepare": (None, "", {"xid": XID}),
+    "xa_commit": (None, "", {"xid": XID}),
+    "xa_rollback": (None, "", {"xid": XID}),
+    "xa_recover": (None, "", {}),
+    "xa_set_timeout": (None, "", {"seconds": 0}),
+    "xa_get_timeout": (None, "", {}),
+    "xa_list": (None, "", {}),
+    "stream_close": (None, "", {"queue": "billing.x", "name": "r"}),
+    "sink_status": (None, "", {"sink": "s"}),
+    "sink_commit": (None, "", {"sink": "s", "batch": 0, "xids": []}),
+    "sink_abort": (None, "", {"sink": "s", "batch": 0}),
+}
+
+
+def test_every_native_op_has_its_permission(tmp_path: Path) -> None:
+    """A user with no rule at all: each op that needs a permission is FORBIDDEN
+    with its words, before anything happens; the others are not."""
+    import tomllib
+
+    from tests.server.test_ops import NativePeer, with_server
+    from txbroker.protocol.native import Err
+    from txbroker.server.handlers import HANDLERS
+
+    assert set(NATIVE_OPS) == set(HANDLERS)  # a new op needs its line here
+    users = (*USERS, "eve")
+    acl = parse_acl(tomllib.loads(ACL)["acl"], users)
+
+    def test(server: Any) -> None:
+        eve = NativePeer(server)
+        eve.hello(user="eve", password=PASSWORD)
+        for rid, (op, (action, name, args)) in enumerate(NATIVE_OPS.items(), start=10):
+            answer = eve.request(rid, op, **args)
+            refused = [e for e in answer if isinstance(e, Err)
+                       and e.code == ErrorCode.FORBIDDEN]
+            if action is None:
+                assert refused == [], op
+                continue
+            where = "the broker" if op.startswith("xa_") else "'billing.x'"
+            assert refused == [Err(rid, ErrorCode.FORBIDDEN,
+                                   forbidden("eve", action, where, name))], op
+        assert "billing.x" not in server.broker.queues  # nothing was made
+
+    with_server(tmp_path, test, users=dict.fromkeys(users, hash_password(PASSWORD)), acl=acl)
