@@ -13,6 +13,7 @@
     │   ├── MessageTooLarge       body above the broker's max message size
     │   ├── TooManyConnections    max connections reached
     │   ├── AuthenticationFailed  wrong user or password
+    │   ├── Forbidden             the user's permissions (ACL) do not allow the request
     │   ├── TransactionError      wrong transaction use (no transaction, unknown id)
     │   │   └── TransactionRolledBack  the transaction could not commit and was rolled back
     │   ├── IllegalState          e.g. acking a message that is no longer in flight
@@ -51,6 +52,7 @@ class ErrorCode(IntEnum):
     TOO_MANY_CONNECTIONS = 15
     AUTHENTICATION_FAILED = 16
     NOT_AUTHENTICATED = 17
+    FORBIDDEN = 18  #: the user's permissions ([acl], docs/security.md) do not allow it
     TRANSACTION = 20
     TRANSACTION_ROLLED_BACK = 21
     ILLEGAL_STATE = 22
@@ -153,6 +155,13 @@ class NotAuthenticated(BrokerError):
     """A request before a successful ``hello`` on a broker with users."""
 
     code = ErrorCode.NOT_AUTHENTICATED
+
+
+class Forbidden(BrokerError):
+    """The user may not do this on that destination (``[acl]``, docs/security.md);
+    nothing was changed. Not retriable: the permissions are read at start."""
+
+    code = ErrorCode.FORBIDDEN
 
 
 class TransactionError(BrokerError):
@@ -303,6 +312,7 @@ _BY_CODE: dict[int, type[BrokerError]] = {
         TooManyConnections,
         AuthenticationFailed,
         NotAuthenticated,
+        Forbidden,
         TransactionError,
         TransactionRolledBack,
         IllegalState,

@@ -33,6 +33,15 @@ Config file (all keys optional)::
 
     [users]                     # empty = open broker, loopback only
     alice = "scrypt$16384$8$1$…"   # from `txbroker passwd`
+
+    [acl]                       # absent: every user may do everything (server/acl.py)
+    groups = { ops = ["alice"] }
+    [[acl.rules]]               # present: only what a rule grants (docs/security.md)
+    group = "ops"               # or user = "alice"
+    pattern = "#"               # words split by ".", * = one word, # = any number
+    permissions = ["send", "consume", "browse", "admin"]
+
+    [server] audit_log = "audit.jsonl" also writes the audit events to that file.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from txbroker.core.limits import Limits
+from txbroker.server.acl import AclConfig, parse_acl
 from txbroker.server.tls import check_files
 from txbroker.storage.interface import SyncMode
 
@@ -113,6 +123,10 @@ class ServerConfig:
     activation_interval: float = DEFAULT_ACTIVATION_INTERVAL
     limits: Limits = field(default_factory=Limits)
     users: dict[str, str] = field(default_factory=dict)
+    #: the ``[acl]`` table (None: no table, every user may do everything)
+    acl: AclConfig | None = None
+    #: a file that gets every audit event as a JSON line ("" = the logger only)
+    audit_log: str = ""
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work."""
@@ -214,7 +228,8 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
         raise ValueError("[users] values must be password hashes (txbroker passwd)")
     if "data" in server:
         server["data"] = Path(server["data"])
-    config = ServerConfig(**server, limits=Limits(**limits_data), users=dict(users))
+    acl = parse_acl(data["acl"], users) if "acl" in data else None
+    config = ServerConfig(**server, limits=Limits(**limits_data), users=dict(users), acl=acl)
     clean = {k: v for k, v in overrides.items() if v is not None}
     if "data" in clean:
         clean["data"] = Path(clean["data"])

@@ -17,6 +17,7 @@ from txbroker.core import LATER
 from txbroker.core.xa import TMENDRSCAN, TMNOFLAGS, TMSTARTRSCAN, TMSUCCESS
 from txbroker.errors import XAER_INVAL, BadRequest, XAError
 from txbroker.server import stream_handlers as streams
+from txbroker.server.acl import CONSUME
 from txbroker.server.native_args import (
     arg,
     flags_arg,
@@ -72,7 +73,9 @@ def receive(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     timeout = int_arg(args, "timeout_ms", None)
     if timeout is not None and timeout < 0:
         raise BadRequest("argument 'timeout_ms' must be >= 0")
-    return session.core.receive(session.id, rid, arg(args, "queue", str), now, timeout)
+    queue = arg(args, "queue", str)
+    session.authorize(CONSUME, queue, "receive")
+    return session.core.receive(session.id, rid, queue, now, timeout)
 
 
 def ack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -140,7 +143,7 @@ def queue_move(session: Session, rid: int, args: dict[str, Any], now: int) -> An
 
 def conn_list(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Every connection: protocol, user, address, subscriptions, unacked."""
-    return session.ops.connections()
+    return session.connections()
 
 
 def conn_close(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:

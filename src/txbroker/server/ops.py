@@ -29,12 +29,17 @@ the same for every edge:
   out on such subscriptions: the one thing the core does not keep.
 * **Errors**: anything the core raises reaches the edge as a
   :class:`~txbroker.errors.BrokerError` (:func:`as_refusal`).
+* **Permissions** (:meth:`Operations.authorize`, ``server/acl.py``): every
+  request that names a destination is checked here, before the core sees it,
+  as one of ``send``, ``consume``, ``browse``, ``admin`` on that destination
+  (the map of requests to actions is in docs/security.md); a refusal is
+  ``FORBIDDEN`` and changes nothing. Admin actions (allowed or not) and every
+  refusal go to the audit log (``txbroker.audit``).
 * **Administration** (every edge that offers it: native ops, HTTP): queue
   changes, purge, delete, browse, move (a DLQ's re-drive), XA heuristics,
   listing and closing connections. Every action that changes or drops
-  something another client owns goes through :meth:`Operations.require_admin`,
-  the one hook where a later change (per-user roles, ACLs) refuses it; today it
-  lets every authenticated session through.
+  something another client owns goes through :meth:`Operations.require_admin`:
+  ``admin`` on the destination, or on ``#`` for the broker's own (above).
 
 Results the core gives later arrive as effects; the server hands Reply, Fail,
 Deliver and Cancelled to :class:`Operations`, which finds the session, keeps
@@ -57,11 +62,21 @@ from txbroker.errors import (
     AuthenticationFailed,
     BadRequest,
     BrokerError,
+    Forbidden,
     IllegalState,
     NotAuthenticated,
     NotFound,
     TooManyConnections,
     TxBrokerError,
+)
+from txbroker.server.acl import (
+    ADMIN,
+    BROWSE,
+    CONSUME,
+    SEND,
+    AccessControl,
+    AuditLog,
+    destination_of,
 )
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
@@ -73,6 +88,10 @@ log = logging.getLogger("txbroker.server")
 TOO_MANY_CONNECTIONS: Final = "too many connections (max_connections)"
 #: The refusal of wrong credentials (whatever the protocol calls them).
 WRONG_CREDENTIALS: Final = "wrong user or password"
+#: Admin actions that act on the broker, not on one destination: they need
+#: ``admin`` on the pattern ``#`` (``server/acl.py``).
+BROKER_ACTIONS: Final = frozenset({"xa_heuristic", "xa_forget", "close_connection",
+                                   "list_connections"})
 
 
 def is_loopback(host: str) -> bool:
@@ -135,6 +154,9 @@ class Operations:
         self.sessions: dict[int, Session] = {}  #: session id -> session (admitted)
         self._touched: set[Session] = set()
         self._next_session = 1
+        #: the ``[acl]`` rules (everything allowed without them) and the audit log
+        self.acl = AccessControl(self.config.acl)
+        self.audit = AuditLog(self.config.audit_log)
 
     @property
     def config(self) -> ServerConfig:
@@ -183,17 +205,36 @@ class Operations:
         self.sessions[session_id] = session
         return session
 
-    # ------------------------------------------------------------- administration
-    def require_admin(self, session: Session, action: str, resource: str) -> None:
-        """The one hook where an administrative ``action`` ("purge", "delete",
-        "update", "move", "xa_heuristic", "xa_forget", "close_connection") on
-        ``resource`` (a queue name, an xid, a connection id) is refused.
+    # ------------------------------------------------------------- permissions
+    def authorize(self, session: Session, action: str, destination: str | None, *,
+                  op: str, resource: str | None = None) -> None:
+        """The one permission check of every protocol: raise Forbidden unless the
+        session's user may do ``action`` (send, consume, browse, admin) on
+        ``destination`` (None: the broker itself). ``op`` names the request for the
+        audit log, ``resource`` what it acts on when that is no destination (an xid,
+        a connection). Admin actions and refusals are audited."""
+        allowed = self.acl.allows(session.user, action, destination)
+        if action == ADMIN or not allowed:
+            self.audit.record(user=session.user, address=session.address,
+                              protocol=session.protocol, action=action, op=op,
+                              destination=resource if destination is None else destination,
+                              outcome="allowed" if allowed else "denied")
+        if not allowed:
+            where = "the broker" if destination is None else repr(destination)
+            raise Forbidden(f"forbidden: user {session.user!r} has no {action} permission "
+                            f"on {where} ({op})")
 
-        Today any authenticated session may do it (an open broker's too): users
-        have no roles yet. The ACL change (issue 16) refuses it here for users
-        without the admin role, for every protocol at once."""
+    def require_admin(self, session: Session, action: str, resource: str) -> None:
+        """An administrative ``action`` ("declare", "update", "purge", "delete",
+        "move", "xa_heuristic", "xa_forget", "close_connection", …) on ``resource``:
+        ``admin`` on that destination, or on the broker for :data:`BROKER_ACTIONS`
+        (whose resource is an xid or a connection id)."""
         if not session.authenticated:
             raise NotAuthenticated(f"{action} on {resource!r} needs an authenticated session")
+        if action in BROKER_ACTIONS:
+            self.authorize(session, ADMIN, None, op=action, resource=resource)
+        else:
+            self.authorize(session, ADMIN, resource, op=action)
 
     def connections(self) -> list[dict[str, Any]]:
         """Every admitted connection: protocol, user, address, age and its core
@@ -235,6 +276,7 @@ class Operations:
         """Shutdown: close every connection."""
         for session in list(self.sessions.values()):
             session.sink.close()
+        self.audit.close()
 
     # ------------------------------------------------------------- effects
     def reply(self, effect: Reply) -> None:
@@ -325,10 +367,18 @@ class Session:
         secret = password if isinstance(password, str) else None
         if not self.ops.auth.check(name, secret):
             log.warning("authentication failed for user %r from %s", user, self.peer)
+            self.ops.audit.record(user=name, address=self.address, protocol=self.protocol,
+                                  action="login", op="authenticate", destination=None,
+                                  outcome="denied")
             raise AuthenticationFailed(WRONG_CREDENTIALS)
         self.authenticated = True
         self.user = name
         self.core.open_session(self.id, name)
+
+    def authorize(self, action: str, destination: str | None, op: str) -> None:
+        """Raise Forbidden unless this session's user may do ``action`` on
+        ``destination`` (:meth:`Operations.authorize`)."""
+        self.ops.authorize(self, action, destination, op=op)
 
     def require_authenticated(self, opening: str) -> None:
         """Raise NotAuthenticated before authentication (``opening``: the request that
@@ -397,6 +447,8 @@ class Session:
              persistent: bool = True, priority: int = 4, ttl_ms: int = 0, delay_ms: int = 0,
              tx: int | None = None) -> Any:
         """Send a message to a queue or topic (or stage it in transaction ``tx``)."""
+        if self.ops.acl.enforcing:
+            self.ops.authorize(self, SEND, dest, op="send")
         return self.core.send(self.id, rid, dest, body, now, headers=headers,
                               message_id=message_id, persistent=persistent, priority=priority,
                               ttl_ms=ttl_ms, delay_ms=delay_ms, tx=tx)
@@ -405,6 +457,7 @@ class Session:
                   ack: str = "client", cumulative: bool = False) -> Any:
         """Start a subscription; ``cumulative``: an ack of one of its deliveries
         acknowledges every earlier one too (:meth:`covered`)."""
+        self.authorize(CONSUME, queue, "subscribe")
         result = self.core.subscribe(self.id, sub, queue, now, prefetch=prefetch, ack=ack)
         if cumulative:
             self._cumulative[sub] = {}
@@ -515,12 +568,14 @@ class Session:
 
     def declare(self, rid: int, name: str, now: int, *, kind: str = "queue",
                 settings: dict[str, Any] | None = None) -> Any:
-        """Declare a queue or topic."""
+        """Declare a queue or topic (an admin action)."""
+        self.ops.require_admin(self, "declare", name)
         return self.core.queue_declare(self.id, rid, name, now, kind=kind, settings=settings)
 
     def topic_subscribe(self, rid: int, topic: str, name: str, now: int, *,
                         durable: bool = True, settings: dict[str, Any] | None = None) -> Any:
         """Create (or find) the subscription queue ``topic::name``."""
+        self.authorize(CONSUME, topic, "topic_subscribe")
         return self.core.topic_subscribe(self.id, rid, topic, name, now, durable=durable,
                                          settings=settings)
 
@@ -543,6 +598,7 @@ class Session:
     def browse(self, name: str, limit: int) -> list[dict[str, Any]]:
         """The first ``limit`` visible messages of a queue in delivery order, not
         consumed: each as a dict with its ``body`` (bytes)."""
+        self.authorize(BROWSE, name, "browse")
         messages = self.core.queue_browse(name, limit)
         bodies = self.ops.server.bodies(messages).split() if messages else []
         return [{
@@ -566,7 +622,15 @@ class Session:
         whose dead-letter or expiry queue ``source`` is): a DLQ's re-drive. An admin
         action."""
         self.ops.require_admin(self, "move", source)
+        if target is not None:
+            self.authorize(SEND, target, "move")
         return self.core.queue_move(self.id, rid, source, target, limit, now)
+
+    def connections(self) -> list[dict[str, Any]]:
+        """Every connection (:meth:`Operations.connections`): an admin action on the
+        broker."""
+        self.ops.require_admin(self, "list_connections", "")
+        return self.ops.connections()
 
     def xa_heuristic(self, rid: int, xid: Any, commit: bool, now: int) -> Any:
         """Complete a prepared XA branch by hand (an admin action)."""
@@ -577,6 +641,18 @@ class Session:
         """Forget a heuristically completed branch (an admin action)."""
         self.ops.require_admin(self, "xa_forget", str(xid))
         return self.core.xa_forget(self.id, rid, xid, now)
+
+    def ensure_topic(self, rid: int, name: str, now: int, action: str) -> Any:
+        """Create topic ``name`` on first use by a send or a subscription (STOMP):
+        allowed by ``action`` (send, consume) on it, not by ``admin``."""
+        self.authorize(action, name, "declare_topic")
+        return self.core.queue_declare(self.id, rid, name, now, kind="topic")
+
+    def delete_subscription(self, rid: int, queue: str, now: int) -> Any:
+        """Delete a topic subscription queue ``topic::name`` its subscriber ends
+        (STOMP UNSUBSCRIBE): allowed by ``consume`` on the topic."""
+        self.authorize(CONSUME, destination_of(queue), "unsubscribe")
+        return self.core.queue_delete(self.id, rid, queue, now)
 
     def stats(self) -> dict[str, Any]:
         """The server's counters."""

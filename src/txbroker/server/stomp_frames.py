@@ -59,6 +59,7 @@ from txbroker.protocol.stomp import (
     negotiate_version,
     parse_heartbeat,
 )
+from txbroker.server.acl import CONSUME, SEND
 from txbroker.server.ops import Delivery, Session, unknown_delivery
 
 #: Names of the SUBSCRIBE header that makes a topic subscription durable:
@@ -219,7 +220,7 @@ class StompFrames:
                     raise Refused(f"priority must be 0 to 9, not {text[:20]!r}", receipt)
                 priority = int(text)
         if is_topic:
-            self._ensure_topic(name, now, receipt)
+            self._ensure_topic(name, now, receipt, SEND)
         elif name in self.session.core.topics:
             raise Refused(f"{name!r} is a topic: send to /topic/{name}", receipt)
         rid = self._new_rid()
@@ -249,7 +250,7 @@ class StompFrames:
         later_rid = 0
         durable = owned = False
         if is_topic:
-            self._ensure_topic(name, now, receipt)
+            self._ensure_topic(name, now, receipt, CONSUME)
             durable_name = next((headers[h] for h in DURABLE_SUBSCRIPTION_HEADERS
                                  if headers.get(h)), None)
             durable = durable_name is not None
@@ -294,9 +295,9 @@ class StompFrames:
         result: Any = {}
         rid = self._new_rid()
         if sub.owned:
-            session.started(rid, session.delete(rid, sub.dest_queue, now))
+            session.started(rid, session.delete_subscription(rid, sub.dest_queue, now))
         elif sub.durable and any(h in headers for h in DURABLE_SUBSCRIPTION_HEADERS):
-            result = session.delete(rid, sub.dest_queue, now)
+            result = session.delete_subscription(rid, sub.dest_queue, now)
         self._answer(rid, result, receipt)
 
     def _on_ack(self, frame: Frame, now: int) -> None:
@@ -471,14 +472,15 @@ class StompFrames:
             raise Refused(f"destination {destination!r} has an empty name", receipt)
         return is_topic, name
 
-    def _ensure_topic(self, name: str, now: int, receipt: str | None) -> None:
+    def _ensure_topic(self, name: str, now: int, receipt: str | None, action: str) -> None:
+        """Create topic ``name`` on first use, as allowed by ``action`` (send, consume)."""
         core = self.session.core
         if name in core.topics:
             return
         if name in core.queues:
             raise Refused(f"{name!r} is a queue: use /queue/{name}", receipt)
         rid = self._new_rid()
-        if self.session.started(rid, self.session.declare(rid, name, now, kind="topic")):
+        if self.session.started(rid, self.session.ensure_topic(rid, name, now, action)):
             self._receipts[rid] = ()
 
     def _transaction(self, name: str, receipt: str | None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from txbroker.server.acl import BROWSE, CONSUME, SEND
 from txbroker.server.native_args import arg, int_arg, list_arg
 from txbroker.server.ops import Session
 
@@ -16,6 +17,7 @@ def send_batch(session: Session, rid: int, args: dict[str, Any], now: int) -> An
     """Send many bodies to one destination in one request."""
     dest = arg(args, "dest", str)
     bodies = arg(args, "bodies", list)
+    session.authorize(SEND, dest, "send_batch")
     return session.core.send_batch(
         session.id, rid, dest, bodies, now,
         headers=list_arg(args, "headers", dict, len(bodies)),
@@ -25,25 +27,33 @@ def send_batch(session: Session, rid: int, args: dict[str, Any], now: int) -> An
 
 def stream_open(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Attach as a queue's exclusive stream reader."""
-    return session.core.stream_open(session.id, arg(args, "queue", str), arg(args, "name", str))
+    queue = arg(args, "queue", str)
+    session.authorize(CONSUME, queue, "stream_open")
+    return session.core.stream_open(session.id, queue, arg(args, "name", str))
 
 
 def stream_info(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """A queue's stream offsets, without attaching."""
-    return session.core.stream_info(session.id, arg(args, "queue", str))
+    queue = arg(args, "queue", str)
+    session.authorize(BROWSE, queue, "stream_info")
+    return session.core.stream_info(session.id, queue)
 
 
 def stream_read(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Messages of a seq range, not consumed (the edge encodes the page)."""
+    queue = arg(args, "queue", str)
+    session.authorize(BROWSE, queue, "stream_read")
     return session.core.stream_read(
-        session.id, arg(args, "queue", str), int_arg(args, "start"), int_arg(args, "end"),
+        session.id, queue, int_arg(args, "start"), int_arg(args, "end"),
         name=arg(args, "name", str, None), max_count=int_arg(args, "max", None),
         max_bytes=int_arg(args, "max_bytes", None))
 
 
 def stream_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Consume everything below a seq."""
-    return session.core.stream_commit(session.id, rid, arg(args, "queue", str),
+    queue = arg(args, "queue", str)
+    session.authorize(CONSUME, queue, "stream_commit")
+    return session.core.stream_commit(session.id, rid, queue,
                                       arg(args, "name", str), int_arg(args, "end"))
 
 

@@ -262,7 +262,7 @@ class HttpApi:
     # ------------------------------------------------------------- connections
     async def connection_list(self, request: Request) -> Response:
         """Every connection (this request's own HTTP session included)."""
-        return JSONResponse(await self._run(request, lambda s, rid, now: s.ops.connections()))
+        return JSONResponse(await self._run(request, lambda s, rid, now: s.connections()))
 
     async def connection_close(self, request: Request) -> Response:
         """Close one connection."""
