@@ -12,7 +12,6 @@ every wait is bounded and nothing is timed.
 from __future__ import annotations
 
 import asyncio
-import queue
 import socket
 import ssl
 import subprocess
@@ -29,6 +28,7 @@ import stompman
 
 import txbroker
 import txbroker.aio
+from tests.stomp.support import StompEvents
 from tests.support import ROOT, BrokerProcess, free_port
 from tests.tls_support import Pki, make_pki, tls_args
 from txbroker.errors import ConnectionLost
@@ -230,21 +230,9 @@ def test_cli_over_tls(broker: TlsBroker, pki: Pki) -> None:
 # ---------------------------------------------------------------- STOMP
 
 
-class Collector(stomp.ConnectionListener):  # type: ignore[misc]
-    def __init__(self) -> None:
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-
-    def on_connected(self, frame: Any) -> None:
-        self.events.put(("connected", frame))
-
-    def on_message(self, frame: Any) -> None:
-        self.events.put(("message", frame))
-
-    def on_receipt(self, frame: Any) -> None:
-        self.events.put(("receipt", frame))
-
-    def on_error(self, frame: Any) -> None:
-        self.events.put(("error", frame))
+class Collector(StompEvents):
+    def on_disconnected(self) -> None:
+        """Not an event here: these tests expect one frame after another."""
 
     def next(self, kind: str) -> Any:
         got, frame = self.events.get(timeout=WAIT)

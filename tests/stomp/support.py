@@ -7,14 +7,49 @@ through the sans-IO codec under test (client role) over a plain socket.
 
 from __future__ import annotations
 
+import queue
 import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import stomp
+
 from tests.support import BrokerProcess, free_port
 from txbroker.protocol.stomp import Frame, Role, StompConnection, StompProtocolError
+
+
+class StompEvents(stomp.ConnectionListener):  # type: ignore[misc]
+    """A stomp.py listener that puts every event on one queue: ``("connected" |
+    "message" | "receipt" | "error" | "disconnected", frame)``; heartbeats are
+    counted. Tests subclass it with the waits they need."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.heartbeats = 0
+        self.heartbeat_timeouts = 0
+
+    def on_connected(self, frame: Any) -> None:
+        self.events.put(("connected", frame))
+
+    def on_message(self, frame: Any) -> None:
+        self.events.put(("message", frame))
+
+    def on_receipt(self, frame: Any) -> None:
+        self.events.put(("receipt", frame))
+
+    def on_error(self, frame: Any) -> None:
+        self.events.put(("error", frame))
+
+    def on_disconnected(self) -> None:
+        self.events.put(("disconnected", None))
+
+    def on_heartbeat(self) -> None:
+        self.heartbeats += 1
+
+    def on_heartbeat_timeout(self) -> None:
+        self.heartbeat_timeouts += 1
 
 
 class StompBroker(BrokerProcess):

@@ -10,7 +10,6 @@ native path (and HTTP); here a browse-only user cannot SUBSCRIBE.
 
 from __future__ import annotations
 
-import queue
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ import stomp
 
 import txbroker
 from tests.server.test_acl import ACL, PASSWORD, Audit, event, forbidden, users_toml
+from tests.stomp.support import StompEvents
 from tests.support import BrokerProcess, free_port
 from txbroker.errors import NotFound
 
@@ -27,26 +27,8 @@ pytestmark = pytest.mark.timeout(120)
 WAIT = 10.0
 
 
-class Collector(stomp.ConnectionListener):  # type: ignore[misc]
+class Collector(StompEvents):
     """Every event on one queue: ("connected"|"message"|"receipt"|"error"|…, frame)."""
-
-    def __init__(self) -> None:
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-
-    def on_connected(self, frame: Any) -> None:
-        self.events.put(("connected", frame))
-
-    def on_message(self, frame: Any) -> None:
-        self.events.put(("message", frame))
-
-    def on_receipt(self, frame: Any) -> None:
-        self.events.put(("receipt", frame))
-
-    def on_error(self, frame: Any) -> None:
-        self.events.put(("error", frame))
-
-    def on_disconnected(self) -> None:
-        self.events.put(("disconnected", None))
 
     def next(self) -> tuple[str, Any]:
         """The next event (heart-beat-free)."""

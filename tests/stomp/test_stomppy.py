@@ -19,40 +19,14 @@ import pytest
 import stomp
 from stomp.exception import ConnectFailedException
 
-from tests.stomp.support import StompBroker
+from tests.stomp.support import StompBroker, StompEvents
 
 pytestmark = pytest.mark.timeout(60)
 WAIT = 10.0
 
 
-class Collector(stomp.ConnectionListener):  # type: ignore[misc]
+class Collector(StompEvents):
     """Puts every event on one queue: ("message"|"receipt"|"error"|…, frame)."""
-
-    def __init__(self) -> None:
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.heartbeats = 0
-        self.heartbeat_timeouts = 0
-
-    def on_connected(self, frame: Any) -> None:
-        self.events.put(("connected", frame))
-
-    def on_message(self, frame: Any) -> None:
-        self.events.put(("message", frame))
-
-    def on_receipt(self, frame: Any) -> None:
-        self.events.put(("receipt", frame))
-
-    def on_error(self, frame: Any) -> None:
-        self.events.put(("error", frame))
-
-    def on_disconnected(self) -> None:
-        self.events.put(("disconnected", None))
-
-    def on_heartbeat(self) -> None:
-        self.heartbeats += 1
-
-    def on_heartbeat_timeout(self) -> None:
-        self.heartbeat_timeouts += 1
 
     def next(self, kind: str, timeout: float = WAIT) -> Any:
         """The next event of ``kind`` (others before it are dropped)."""
