@@ -21,16 +21,10 @@ machine's load average.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import os
-import platform
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +34,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_bench import fill, free_port, loadavg
+from http_bench import http_broker, loadavg, machine, parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -86,58 +80,40 @@ def load(driver: webdriver.Chrome, url: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queues", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="txb-console-bench-"))
-    port, http_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(data / "d"),
-           "--port", str(port), "--stomp-port", "0", "--http-port", str(http_port),
-           "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    args = parse_args(__doc__ or "")
     report: dict[str, Any] = {
         "bench": "console", "queues": args.queues, "runs": args.runs,
         "what": "navigation start to the queue list's first render (Performance API "
                 "mark), cold browser cache, headless chromium",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "load_before": loadavg()},
+        "machine": machine(),
         "broker": {"store": "journal", "sync": "fdatasync", "loop": "uvloop", "users": False},
     }
     driver = None
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("txbroker ready"):
-            raise SystemExit(f"broker did not start: {line!r}")
-        report["fill_seconds"] = round(asyncio.run(fill(f"txb://127.0.0.1:{port}",
-                                                        args.queues)), 2)
-        driver = chrome()
-        report["browser"] = {"name": "chromium",
-                             "version": driver.capabilities.get("browserVersion")}
-        url = f"http://127.0.0.1:{http_port}/console/#/queues"
-        load(driver, url)  # warm-up: the broker's first list, the browser's first start
-        runs = []
-        for _ in range(args.runs):
-            started = time.perf_counter()
-            measured = load(driver, url)
-            measured["selenium_wall_seconds"] = round(time.perf_counter() - started, 3)
-            runs.append(measured)
-        assert all(r["count_text"] == f"{args.queues:,} in all" for r in runs), runs
-        rendered = [r["rendered_ms"] for r in runs]
-        report["runs_detail"] = runs
-        report["rendered_ms"] = {"median": round(statistics.median(rendered), 1),
-                                 "runs": [round(x, 1) for x in rendered]}
-        report["api_queues_fetch_ms_median"] = round(statistics.median(
-            r["api_queues_fetch_ms"] for r in runs), 1)
-        report["machine"]["load_after"] = loadavg()
-    finally:
-        if driver is not None:
-            driver.quit()
-        proc.terminate()
-        proc.wait(timeout=60)
-        shutil.rmtree(data, ignore_errors=True)
+    with http_broker("txb-console-bench-", args.queues) as (_port, http_port, filled):
+        report["fill_seconds"] = filled
+        try:
+            driver = chrome()
+            report["browser"] = {"name": "chromium",
+                                 "version": driver.capabilities.get("browserVersion")}
+            url = f"http://127.0.0.1:{http_port}/console/#/queues"
+            load(driver, url)  # warm-up: the broker's first list, the browser's first start
+            runs = []
+            for _ in range(args.runs):
+                started = time.perf_counter()
+                measured = load(driver, url)
+                measured["selenium_wall_seconds"] = round(time.perf_counter() - started, 3)
+                runs.append(measured)
+        finally:
+            if driver is not None:
+                driver.quit()
+    assert all(r["count_text"] == f"{args.queues:,} in all" for r in runs), runs
+    rendered = [r["rendered_ms"] for r in runs]
+    report["runs_detail"] = runs
+    report["rendered_ms"] = {"median": round(statistics.median(rendered), 1),
+                             "runs": [round(x, 1) for x in rendered]}
+    report["api_queues_fetch_ms_median"] = round(statistics.median(
+        r["api_queues_fetch_ms"] for r in runs), 1)
+    report["machine"]["load_after"] = loadavg()
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"console-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(report, indent=2) + "\n")

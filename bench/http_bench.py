@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,32 +119,53 @@ def stall_during(client: httpx.Client, path: str, url: str, runs: int) -> dict[s
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(doc: str) -> argparse.Namespace:
+    """``--queues``, ``--runs``, ``--out``: the options of the HTTP and console benches."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--queues", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    args = parser.parse_args()
-    data = Path(tempfile.mkdtemp(prefix="txb-http-bench-"))
+    return parser.parse_args()
+
+
+def machine() -> dict[str, Any]:
+    """The machine's description and its load before the run."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "load_before": loadavg()}
+
+
+@contextlib.contextmanager
+def http_broker(prefix: str, queues: int) -> Iterator[tuple[int, int, float]]:
+    """A broker process (journal, fdatasync, HTTP on) filled with ``queues`` queues:
+    ``(native port, http port, seconds the fill took)``; stopped and removed after."""
+    data = Path(tempfile.mkdtemp(prefix=prefix))
     port, http_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(data / "d"),
            "--port", str(port), "--stomp-port", "0", "--http-port", str(http_port),
            "--log-level", "WARNING"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    report: dict[str, Any] = {
-        "bench": "http", "queues": args.queues, "runs": args.runs,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform(), "load_before": loadavg()},
-        "broker": {"store": "journal", "sync": "fdatasync", "loop": "uvloop",
-                   "http": "starlette + uvicorn H11Protocol on the broker's loop"},
-    }
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line.startswith("txbroker ready"):
             raise SystemExit(f"broker did not start: {line!r}")
-        report["fill_seconds"] = round(asyncio.run(fill(f"txb://127.0.0.1:{port}",
-                                                        args.queues)), 2)
+        filled = asyncio.run(fill(f"txb://127.0.0.1:{port}", queues))
+        yield port, http_port, round(filled, 2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "")
+    report: dict[str, Any] = {
+        "bench": "http", "queues": args.queues, "runs": args.runs, "machine": machine(),
+        "broker": {"store": "journal", "sync": "fdatasync", "loop": "uvloop",
+                   "http": "starlette + uvicorn H11Protocol on the broker's loop"},
+    }
+    with http_broker("txb-http-bench-", args.queues) as (port, http_port, filled):
+        report["fill_seconds"] = filled
         with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=120) as client:
             listed = client.get("/api/queues").json()
             assert sum(1 for q in listed if q["name"].startswith("bench.q")) == args.queues
@@ -153,10 +176,6 @@ def main() -> None:
             report["metrics"]["loop"] = stall_during(client, "/metrics", url, args.runs)
             report["api_queues"]["loop"] = stall_during(client, "/api/queues", url, args.runs)
         report["machine"]["load_after"] = loadavg()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        shutil.rmtree(data, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"http-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
