@@ -1,5 +1,7 @@
 """XA branches in the broker core: the seed's table row by row, endpoint outcomes,
-durability across crashes, timers (tests/core/harness.py; no I/O)."""
+durability across crashes, timers (tests/core/harness.py). Every case on a broker runs
+on the harness's in-memory log and on a real dir store (``FDATASYNC,DSYNC``; issue 17),
+except the few that need the log itself (``LOG_ONLY``)."""
 
 from __future__ import annotations
 
