@@ -106,15 +106,14 @@ class Harness:
         if self.store is None:
             self.broker.body_size_of = lambda ref: len(self.bodies[ref])
         else:
-            self._open_store([])
+            self._open_store(self.store)
 
-    def _open_store(self, into: list[tuple[int, bytes, list[int]]]) -> None:
-        """Open the store, replay what it recovers into the broker (and ``into``)."""
-        assert self.store is not None
-        store = self.durable_store = self.store()
+    def _open_store(self, opener: StoreOpener) -> None:
+        """Open the store and replay what it recovers into the broker (and ``log``)."""
+        store = self.durable_store = opener()
         self.broker.body_size_of = store.body_size
         for entry in store.recover():
-            into.append((entry.kind, entry.meta, list(entry.refs)))
+            self.log.append((entry.kind, entry.meta, list(entry.refs)))
             self.broker.replay(entry)
 
     def read_body(self, ref: int) -> bytes:
@@ -265,9 +264,7 @@ class Harness:
         if self.durable_store is not None:
             # only synced entries were appended: closing loses nothing that should survive
             self.durable_store.close()
-            fresh = Harness(self.limits, self.auto_sync, self.now, store=None)
-            fresh.store = self.store
-            fresh._open_store(fresh.log)
+            fresh = Harness(self.limits, self.auto_sync, self.now, store=self.store)
         else:
             fresh = Harness(self.limits, self.auto_sync, self.now)
             fresh.bodies = dict(self.bodies)
