@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import txbroker
 import txbroker.aio
-from tests.support import STORES, BrokerProcess, RawClient, store_args
+from tests.support import STORES, BrokerProcess, RawClient
 from txbroker.errors import IllegalState
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,15 +24,6 @@ def store(request: pytest.FixtureRequest) -> str:
     """Every case runs on the journal and on the dir store (FDATASYNC,DSYNC; issue 17)."""
     return str(request.param)
 
-
-@pytest.fixture
-def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
-    """A real broker process on ``store``, killed at the end."""
-    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 def pushes(raw: RawClient, count: int) -> list[dict[str, Any]]:

@@ -6,13 +6,12 @@ rolls, deletion and compaction are the journal's."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import txbroker
-from tests.support import STORES, BrokerProcess, durability_barrier, store_args
+from tests.support import STORES, BrokerProcess, durability_barrier
 from txbroker.client.xa import TMNOFLAGS, TMSUCCESS, XA_OK
 from txbroker.errors import XAER_NOTA, IllegalState, MessageTooLarge, NotFound, XAError
 from txbroker.xid import sink_xid
@@ -23,15 +22,6 @@ def store(request: pytest.FixtureRequest) -> str:
     """The journal, and the dir store with FDATASYNC,DSYNC (issue 17)."""
     return str(request.param)
 
-
-@pytest.fixture
-def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
-    """A real broker process on ``store``, killed at the end."""
-    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 def read_all(conn: txbroker.Connection, queue: str, start: int, end: int,

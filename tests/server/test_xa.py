@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,6 @@ def store(request: pytest.FixtureRequest) -> str:
     """Every case runs on the journal and on the dir store (FDATASYNC,DSYNC; issue 17)."""
     return str(request.param)
 
-
-@pytest.fixture
-def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
-    """A real broker process on ``store``, killed at the end."""
-    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 def test_tpc_branch_survives_kill9_and_is_committed_by_recovery(tmp_path: Path,

@@ -6,13 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import txbroker
-from tests.support import ROOT, STORES, BrokerProcess, store_args
+from tests.support import ROOT, STORES, BrokerProcess
 from txbroker.errors import XA_HEURCOM, XA_HEURRB, XAError
 
 
@@ -21,15 +19,6 @@ def store(request: pytest.FixtureRequest) -> str:
     """Every case runs on the journal and on the dir store (FDATASYNC,DSYNC; issue 17)."""
     return str(request.param)
 
-
-@pytest.fixture
-def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
-    """A real broker process on ``store``, killed at the end."""
-    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()
 
 
 def txb(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -16,14 +16,12 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
 import txbroker.spark
-from tests.support import BrokerProcess, store_args
 
 
 def spark_env() -> None:
@@ -81,20 +79,3 @@ def spark(java: None) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
-
-
-@pytest.fixture
-def store() -> str:
-    """The broker's store: the journal, unless a test parametrizes ``store`` (issue 17:
-    ``@pytest.mark.parametrize("store", STORES)`` runs it on the dir store too)."""
-    return "journal"
-
-
-@pytest.fixture
-def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
-    """A broker process on ``store`` for one test."""
-    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
-    try:
-        yield proc
-    finally:
-        proc.kill()

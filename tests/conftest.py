@@ -1,0 +1,28 @@
+"""Fixtures every test directory shares: a broker process on a chosen store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import BrokerProcess, store_args
+
+
+@pytest.fixture
+def store() -> str:
+    """The broker's store: the journal, unless a module overrides ``store`` or a test
+    parametrizes it (the XA, stream, recover, TM and some Spark tests run on
+    ``tests.support.STORES``: the journal and the dir store, issue 17)."""
+    return "journal"
+
+
+@pytest.fixture
+def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
+    """A real broker process on ``store``, on a free loopback port, killed at the end."""
+    proc = BrokerProcess(tmp_path / "data", *store_args(store)).start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
