@@ -41,7 +41,6 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +62,7 @@ from txbroker.storage.dirstore_format import (
     message_name,
 )
 from txbroker.storage.dirstore_model import apply_patch
+from txbroker.storage.dirstore_pool import SyncPool
 from txbroker.storage.interface import DurableCallback
 from txbroker.storage.writer_thread import (
     Barrier,
@@ -76,11 +76,11 @@ log = logging.getLogger("txbroker.dirstore")
 #: Permission bits of new block files (before the umask).
 BLOCK_FILE_MODE = 0o640
 #: Threads that sync the block files of a batch at once (FSYNC/FDATASYNC): one
-#: fsync per file is the seed's rule, but concurrent ones share the file
-#: system's journal commits (ext4/xfs), which is most of their cost.
-SYNC_THREADS = 16
-#: Block files written before their syncs run (bounds the open fds of a batch).
-FILES_PER_SYNC_ROUND = 256
+#: fsync per file is the seed's rule, but concurrent ones are served together
+#: by the disk (and share the file system's journal commits on ext4/xfs).
+SYNC_THREADS = 64
+#: Block files written but not yet synced and closed (bounds the open fds).
+MAX_UNSYNCED_FILES = 1024
 
 
 @dataclass(slots=True)
@@ -174,7 +174,7 @@ class DirOps:
         self.dir_syncs = 0
         self.bytes_written = 0
         self._dir_fds: dict[Path, int] = {}
-        self._sync_pool: ThreadPoolExecutor | None = None
+        self._sync_pool: SyncPool | None = None
 
     # -- primitive steps with their bookkeeping --------------------------------------
 
@@ -192,7 +192,7 @@ class DirOps:
             os.close(fd)
         self._dir_fds.clear()
         if self._sync_pool is not None:
-            self._sync_pool.shutdown()
+            self._sync_pool.close()
             self._sync_pool = None
 
     def sync_directories(self, *paths: Path) -> None:
@@ -222,11 +222,18 @@ class DirOps:
 
     def write_active(self, txns: Sequence[Txn]) -> None:
         """Step 1: every block of every transaction into ``active/``; with
-        FSYNC/FDATASYNC each file's contents are synced before step 2 — by
-        :data:`SYNC_THREADS` threads at once, so that the file system can put
-        many of them into one journal commit."""
-        unsynced: list[int] = []
-        try:
+        FSYNC/FDATASYNC each file's contents are synced before step 2.
+
+        The files are created one after the other, in order, on this thread;
+        with a file sync flag each is handed to the :class:`SyncPool` as soon
+        as it is written, so up to :data:`SYNC_THREADS` syncs run at once and
+        overlap the creates that follow. Returns once every file is synced and
+        closed; the first failure is raised (after the syncs under way ended).
+        """
+        active = self.active
+        write_file = self.write_file
+        written = 0
+        if not self.flags.file_sync or sum(len(txn.blocks) for txn in txns) == 1:
             for txn in txns:
                 count = len(txn.blocks)
                 for sequence, block in enumerate(txn.blocks):
@@ -234,35 +241,45 @@ class DirOps:
                         block.type, sequence=sequence, count=count, tid=txn.tid,
                         message_id=block.message_id, info=block.info, body=block.body,
                     )
-                    unsynced.append(self.write_file(self.active / block_name(txn.tid, sequence),
-                                                    parts))
-                    self.bytes_written += sum(len(part) for part in parts)
-                    if len(unsynced) >= FILES_PER_SYNC_ROUND:
-                        self._sync_files(unsynced)
-            self._sync_files(unsynced)
-        finally:
-            for fd in unsynced:  # only after a failure
-                os.close(fd)
-
-    def _sync_files(self, fds: list[int]) -> None:
-        """Sync (per the flags) and close ``fds``; empties the list."""
-        count = len(fds)
+                    fd = write_file(active / block_name(txn.tid, sequence), parts)
+                    try:
+                        self.sync_file(fd)
+                    finally:
+                        os.close(fd)
+                    written += sum(map(len, parts))
+                    if self.flags.file_sync:
+                        self.file_syncs += 1
+            self.bytes_written += written
+            return
+        pool = self._syncer()
+        submitted = 0
         try:
-            if self.flags.file_sync and len(fds) > 1:
-                if self._sync_pool is None:
-                    self._sync_pool = ThreadPoolExecutor(
-                        SYNC_THREADS, thread_name_prefix="txbroker-dirstore-sync")
-                for _ in self._sync_pool.map(self.sync_file, fds):
-                    pass
-            else:
-                for fd in fds:
-                    self.sync_file(fd)
+            for txn in txns:
+                count = len(txn.blocks)
+                for sequence, block in enumerate(txn.blocks):
+                    if pool.failed:  # a sync failed: create nothing more
+                        return
+                    parts = encode_block(
+                        block.type, sequence=sequence, count=count, tid=txn.tid,
+                        message_id=block.message_id, info=block.info, body=block.body,
+                    )
+                    fd = write_file(active / block_name(txn.tid, sequence), parts)
+                    pool.submit(self.sync_file, fd)
+                    submitted += 1
+                    written += sum(map(len, parts))
         finally:
-            for fd in fds:
-                os.close(fd)
-            fds.clear()
-        if self.flags.file_sync:
-            self.file_syncs += count
+            self.bytes_written += written
+            try:
+                pool.wait()  # every fd closed; raises the first failed sync
+            finally:
+                self.file_syncs += submitted
+
+    def _syncer(self) -> SyncPool:
+        """The sync workers (started on first use, stopped by :meth:`close`)."""
+        if self._sync_pool is None:
+            self._sync_pool = SyncPool(SYNC_THREADS, max_open=MAX_UNSYNCED_FILES,
+                                       name="txbroker-dirstore-sync")
+        return self._sync_pool
 
     def prepare(self, txns: Sequence[Txn]) -> None:
         """Step 2: rename every block into ``prepared/``; DSYNC both directories."""
