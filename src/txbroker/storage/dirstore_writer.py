@@ -40,6 +40,8 @@ import contextlib
 import errno
 import logging
 import os
+import queue as stdqueue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -365,15 +367,75 @@ class DirWriter(WriterThread):
         self.dispatch = dispatch
         #: Group commits done (batches that wrote at least one transaction).
         self.batches = 0
+        #: Batches whose write step is done, for the commit thread (in order); a
+        #: batch comes with the failure of its write step, if it failed. At most
+        #: one waits, so at most three batches are in flight (committing,
+        #: waiting, being written). None stops the commit thread.
+        self._written: stdqueue.Queue[tuple[list[WorkItem], StorageFailed | None] | None] = \
+            stdqueue.Queue(maxsize=1)
+        self._committer = threading.Thread(
+            target=self._commit_loop, name="txbroker-dirstore-commit", daemon=True)
+        self.stage_threads.append(self._committer)
 
     def _process(self, batch: list[WorkItem]) -> None:
-        if self.queue.failure is not None:
-            self._poison(batch, self.queue.failure)
-            return
+        """The writer thread's part: step 1 (write) of ``batch``, then hand the
+        batch on to the commit thread, which does steps 2 and 3 and completes it.
+
+        So step 1 of the next batch overlaps steps 2-3 of this one. That keeps
+        the crash-safety argument: the next batch's blocks are only in
+        ``active/`` (recovery rolls such transactions back, and none of them
+        was acknowledged) until the commit thread prepares them, after it
+        finished this batch — commit points stay in append order, and every
+        block's sync returned before its rename (``write_active`` waits).
+        """
+        if self._committer.ident is None:
+            self._committer.start()
+        failure = self.queue.failure
+        txns = [item for item in batch if isinstance(item, Txn)]
+        if txns and failure is None:
+            try:
+                self.ops.write_active(txns)
+            except OSError as exc:
+                failure = StorageFailed(f"dir store write failed in {self.ops.directory}: {exc}")
+                log.error("%s; the store refuses further appends", failure)
+                with self.queue.lock:  # refuse appends now; the commit thread fails the rest
+                    self.queue.failure = failure
+        with self.queue.lock:
+            self.handed_on = self.handed_on + batch
+            self.in_flight = self.handed_on
+        self._written.put((batch, failure))
+
+    def _commit_loop(self) -> None:
+        """The commit thread: steps 2 and 3 of each written batch, in order, then
+        its completions. After a failure (of a write step or of its own) every
+        later batch fails too, unprepared."""
+        failed: StorageFailed | None = None
+        while True:
+            handed = self._written.get()
+            if handed is None:
+                return
+            batch, failure = handed
+            try:
+                failed = self._commit_batch(batch, failed or failure)
+            except BaseException:  # a bug: fail everything rather than hang every caller
+                log.exception("dir store commit thread crashed")
+                failed = StorageFailed("dir store writer crashed")
+                self._poison(batch, failed)
+            finally:
+                with self.queue.lock:
+                    self.handed_on = self.handed_on[len(batch):]
+                    self.in_flight = self.in_flight[len(batch):]
+
+    def _commit_batch(self, batch: list[WorkItem],
+                      failure: StorageFailed | None) -> StorageFailed | None:
+        """Steps 2 and 3 of a written batch and its completions, or its failure
+        (``failure``: the batch or one before it failed); the failure, if any."""
+        if failure is not None:
+            self._poison(batch, failure)
+            return failure
         txns = [item for item in batch if isinstance(item, Txn)]
         if txns:
             try:
-                self.ops.write_active(txns)
                 self.ops.prepare(txns)
                 self.ops.commit([prepared_blocks(txn) for txn in txns])
             except OSError as exc:
@@ -382,16 +444,21 @@ class DirWriter(WriterThread):
                 )
                 log.error("%s; the store refuses further appends", failure)
                 self._poison(batch, failure)
-                return
+                return failure
             self.batches += 1
             callbacks = [txn.on_durable for txn in txns if txn.on_durable is not None]
             if callbacks:
                 self._dispatch(completion(callbacks, None))
-        with self.queue.lock:
-            self.in_flight = []
         for item in batch:
             if isinstance(item, Barrier):
                 item.done.set()
+        return None
+
+    def _finish_stages(self) -> None:
+        """Let the commit thread finish every written batch, then end it."""
+        if self._committer.is_alive():
+            self._written.put(None)
+            self._committer.join()
 
     def _poison(self, batch: list[WorkItem], failure: StorageFailed) -> None:
         """Fail ``batch`` and everything still queued; refuse later appends."""
