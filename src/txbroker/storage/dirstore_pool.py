@@ -53,11 +53,13 @@ class SyncPool:
         self._pending = 0
         #: The first failure since the last ``wait`` (raised by it).
         self._failure: BaseException | None = None
+        #: Set by a worker as soon as a sync fails (``wait`` clears it).
+        self._worker_failed = False
 
     @property
     def failed(self) -> bool:
         """True once a sync of the current round failed (the writer stops early)."""
-        return self._failure is not None
+        return self._worker_failed or self._failure is not None
 
     def submit(self, sync: SyncStep, fd: int) -> None:
         """Hand ``fd`` over: it will be synced with ``sync`` and closed.
@@ -78,6 +80,7 @@ class SyncPool:
         while self._pending:
             self._collect_one()
         failure, self._failure = self._failure, None
+        self._worker_failed = False
         if failure is not None:
             raise failure
 
@@ -114,6 +117,7 @@ class SyncPool:
                 sync(fd)
             except BaseException as exc:  # handed to the writer, raised by wait()
                 result = exc
+                self._worker_failed = True
             finally:
                 try:
                     os.close(fd)

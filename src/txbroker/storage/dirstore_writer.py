@@ -5,12 +5,17 @@ Theory of operation
 Every store entry becomes one *transaction* (:class:`Txn`): a list of
 command blocks (see :mod:`~txbroker.storage.dirstore_format`) with a store
 transaction id. ``DirStore.append`` builds it on the broker's thread and
-queues it; the one :class:`DirWriter` thread takes *everything* queued (a
+queues it; the :class:`DirWriter` thread takes *everything* queued (a
 batch) and moves the whole batch through the seed's three steps, so that the
-directory syncs are shared by every transaction of the batch:
+directory syncs are shared by every transaction of the batch. The writer
+thread does step 1 and hands the batch on to its commit thread, which does
+steps 2 and 3 batch by batch, in order, so that step 1 of the next batch
+overlaps steps 2 and 3 of this one (see :meth:`DirWriter._process` for why
+that keeps the crash-safety argument):
 
 1. **write** — each block is created in ``active/`` as ``<tid>-<seq>`` and,
-   with ``FSYNC``/``FDATASYNC``, its contents synced;
+   with ``FSYNC``/``FDATASYNC``, its contents synced (one sync per file, many
+   at once: :class:`~txbroker.storage.dirstore_pool.SyncPool`);
 2. **prepare** — each block is renamed into ``prepared/``; with ``DSYNC``,
    ``active/`` and ``prepared/`` are fsynced. Once every block of a
    transaction is in ``prepared/`` the (local) transaction is committed: from
@@ -23,7 +28,8 @@ directory syncs are shared by every transaction of the batch:
    metadata) is fsynced; *then* the remaining blocks are removed from
    ``prepared/``.
 
-Only then are the batch's completions handed to ``dispatch`` in one call.
+Only then are the batch's completions handed to ``dispatch`` in one call
+(from the commit thread).
 
 Crash points are replaceable steps of :class:`DirOps` — ``write_file``,
 ``sync_file``, ``sync_dir``, ``rename``, ``unlink`` — which tests swap for
@@ -398,7 +404,7 @@ class DirWriter(WriterThread):
             except OSError as exc:
                 failure = StorageFailed(f"dir store write failed in {self.ops.directory}: {exc}")
                 log.error("%s; the store refuses further appends", failure)
-                with self.queue.lock:  # refuse appends now; the commit thread fails the rest
+                with self.queue.lock:  # refuse appends now; the commit thread fails them
                     self.queue.failure = failure
         with self.queue.lock:
             self.handed_on = self.handed_on + batch
@@ -420,7 +426,7 @@ class DirWriter(WriterThread):
             except BaseException:  # a bug: fail everything rather than hang every caller
                 log.exception("dir store commit thread crashed")
                 failed = StorageFailed("dir store writer crashed")
-                self._poison(batch, failed)
+                self._fail(batch, failed)
             finally:
                 with self.queue.lock:
                     self.handed_on = self.handed_on[len(batch):]
@@ -431,7 +437,7 @@ class DirWriter(WriterThread):
         """Steps 2 and 3 of a written batch and its completions, or its failure
         (``failure``: the batch or one before it failed); the failure, if any."""
         if failure is not None:
-            self._poison(batch, failure)
+            self._fail(batch, failure)
             return failure
         txns = [item for item in batch if isinstance(item, Txn)]
         if txns:
@@ -443,7 +449,7 @@ class DirWriter(WriterThread):
                     f"dir store write failed in {self.ops.directory}: {exc}"
                 )
                 log.error("%s; the store refuses further appends", failure)
-                self._poison(batch, failure)
+                self._fail(batch, failure)
                 return failure
             self.batches += 1
             callbacks = [txn.on_durable for txn in txns if txn.on_durable is not None]
@@ -453,6 +459,22 @@ class DirWriter(WriterThread):
             if isinstance(item, Barrier):
                 item.done.set()
         return None
+
+    def _fail(self, batch: list[WorkItem], failure: StorageFailed) -> None:
+        """Fail ``batch`` and refuse later appends (commit thread). Unlike
+        ``_poison`` it leaves the queued entries alone: the writer hands them on
+        with the failure, so every completion still comes in append order."""
+        with self.queue.lock:
+            self.queue.failure = failure
+        callbacks = [
+            item.on_durable for item in batch
+            if isinstance(item, Txn) and item.on_durable is not None
+        ]
+        if callbacks:
+            self._dispatch(completion(callbacks, failure))
+        for item in batch:
+            if isinstance(item, Barrier):
+                item.done.set()
 
     def _finish_stages(self) -> None:
         """Let the commit thread finish every written batch, then end it."""
