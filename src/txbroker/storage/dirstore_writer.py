@@ -5,17 +5,12 @@ Theory of operation
 Every store entry becomes one *transaction* (:class:`Txn`): a list of
 command blocks (see :mod:`~txbroker.storage.dirstore_format`) with a store
 transaction id. ``DirStore.append`` builds it on the broker's thread and
-queues it; the :class:`DirWriter` thread takes *everything* queued (a
+queues it; the one :class:`DirWriter` thread takes *everything* queued (a
 batch) and moves the whole batch through the seed's three steps, so that the
-directory syncs are shared by every transaction of the batch. The writer
-thread does step 1 and hands the batch on to its commit thread, which does
-steps 2 and 3 batch by batch, in order, so that step 1 of the next batch
-overlaps steps 2 and 3 of this one (see :meth:`DirWriter._process` for why
-that keeps the crash-safety argument):
+directory syncs are shared by every transaction of the batch:
 
 1. **write** — each block is created in ``active/`` as ``<tid>-<seq>`` and,
-   with ``FSYNC``/``FDATASYNC``, its contents synced (one sync per file, many
-   at once: :class:`~txbroker.storage.dirstore_pool.SyncPool`);
+   with ``FSYNC``/``FDATASYNC``, its contents synced;
 2. **prepare** — each block is renamed into ``prepared/``; with ``DSYNC``,
    ``active/`` and ``prepared/`` are fsynced. Once every block of a
    transaction is in ``prepared/`` the (local) transaction is committed: from
@@ -28,8 +23,7 @@ that keeps the crash-safety argument):
    metadata) is fsynced; *then* the remaining blocks are removed from
    ``prepared/``.
 
-Only then are the batch's completions handed to ``dispatch`` in one call
-(from the commit thread).
+Only then are the batch's completions handed to ``dispatch`` in one call.
 
 Crash points are replaceable steps of :class:`DirOps` — ``write_file``,
 ``sync_file``, ``sync_dir``, ``rename``, ``unlink`` — which tests swap for
@@ -46,9 +40,8 @@ import contextlib
 import errno
 import logging
 import os
-import queue as stdqueue
-import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +63,6 @@ from txbroker.storage.dirstore_format import (
     message_name,
 )
 from txbroker.storage.dirstore_model import apply_patch
-from txbroker.storage.dirstore_pool import SyncPool
 from txbroker.storage.interface import DurableCallback
 from txbroker.storage.writer_thread import (
     Barrier,
@@ -84,11 +76,11 @@ log = logging.getLogger("txbroker.dirstore")
 #: Permission bits of new block files (before the umask).
 BLOCK_FILE_MODE = 0o640
 #: Threads that sync the block files of a batch at once (FSYNC/FDATASYNC): one
-#: fsync per file is the seed's rule, but concurrent ones are served together
-#: by the disk (and share the file system's journal commits on ext4/xfs).
-SYNC_THREADS = 64
-#: Block files written but not yet synced and closed (bounds the open fds).
-MAX_UNSYNCED_FILES = 1024
+#: fsync per file is the seed's rule, but concurrent ones share the file
+#: system's journal commits (ext4/xfs), which is most of their cost.
+SYNC_THREADS = 16
+#: Block files written before their syncs run (bounds the open fds of a batch).
+FILES_PER_SYNC_ROUND = 256
 
 
 @dataclass(slots=True)
@@ -182,7 +174,7 @@ class DirOps:
         self.dir_syncs = 0
         self.bytes_written = 0
         self._dir_fds: dict[Path, int] = {}
-        self._sync_pool: SyncPool | None = None
+        self._sync_pool: ThreadPoolExecutor | None = None
 
     # -- primitive steps with their bookkeeping --------------------------------------
 
@@ -200,7 +192,7 @@ class DirOps:
             os.close(fd)
         self._dir_fds.clear()
         if self._sync_pool is not None:
-            self._sync_pool.close()
+            self._sync_pool.shutdown()
             self._sync_pool = None
 
     def sync_directories(self, *paths: Path) -> None:
@@ -230,64 +222,47 @@ class DirOps:
 
     def write_active(self, txns: Sequence[Txn]) -> None:
         """Step 1: every block of every transaction into ``active/``; with
-        FSYNC/FDATASYNC each file's contents are synced before step 2.
-
-        The files are created one after the other, in order, on this thread;
-        with a file sync flag each is handed to the :class:`SyncPool` as soon
-        as it is written, so up to :data:`SYNC_THREADS` syncs run at once and
-        overlap the creates that follow. Returns once every file is synced and
-        closed; the first failure is raised (after the syncs under way ended).
-        """
-        active = self.active
-        write_file = self.write_file
-        written = 0
-        if not self.flags.file_sync or sum(len(txn.blocks) for txn in txns) == 1:
-            for txn in txns:
-                count = len(txn.blocks)
-                for sequence, block in enumerate(txn.blocks):
-                    parts = encode_block(
-                        block.type, sequence=sequence, count=count, tid=txn.tid,
-                        message_id=block.message_id, info=block.info, body=block.body,
-                    )
-                    fd = write_file(active / block_name(txn.tid, sequence), parts)
-                    try:
-                        self.sync_file(fd)
-                    finally:
-                        os.close(fd)
-                    written += sum(map(len, parts))
-                    if self.flags.file_sync:
-                        self.file_syncs += 1
-            self.bytes_written += written
-            return
-        pool = self._syncer()
-        submitted = 0
+        FSYNC/FDATASYNC each file's contents are synced before step 2 — by
+        :data:`SYNC_THREADS` threads at once, so that the file system can put
+        many of them into one journal commit."""
+        unsynced: list[int] = []
         try:
             for txn in txns:
                 count = len(txn.blocks)
                 for sequence, block in enumerate(txn.blocks):
-                    if pool.failed:  # a sync failed: create nothing more
-                        return
                     parts = encode_block(
                         block.type, sequence=sequence, count=count, tid=txn.tid,
                         message_id=block.message_id, info=block.info, body=block.body,
                     )
-                    fd = write_file(active / block_name(txn.tid, sequence), parts)
-                    pool.submit(self.sync_file, fd)
-                    submitted += 1
-                    written += sum(map(len, parts))
+                    unsynced.append(self.write_file(self.active / block_name(txn.tid, sequence),
+                                                    parts))
+                    self.bytes_written += sum(len(part) for part in parts)
+                    if len(unsynced) >= FILES_PER_SYNC_ROUND:
+                        self._sync_files(unsynced)
+            self._sync_files(unsynced)
         finally:
-            self.bytes_written += written
-            try:
-                pool.wait()  # every fd closed; raises the first failed sync
-            finally:
-                self.file_syncs += submitted
+            for fd in unsynced:  # only after a failure
+                os.close(fd)
 
-    def _syncer(self) -> SyncPool:
-        """The sync workers (started on first use, stopped by :meth:`close`)."""
-        if self._sync_pool is None:
-            self._sync_pool = SyncPool(SYNC_THREADS, max_open=MAX_UNSYNCED_FILES,
-                                       name="txbroker-dirstore-sync")
-        return self._sync_pool
+    def _sync_files(self, fds: list[int]) -> None:
+        """Sync (per the flags) and close ``fds``; empties the list."""
+        count = len(fds)
+        try:
+            if self.flags.file_sync and len(fds) > 1:
+                if self._sync_pool is None:
+                    self._sync_pool = ThreadPoolExecutor(
+                        SYNC_THREADS, thread_name_prefix="txbroker-dirstore-sync")
+                for _ in self._sync_pool.map(self.sync_file, fds):
+                    pass
+            else:
+                for fd in fds:
+                    self.sync_file(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            fds.clear()
+        if self.flags.file_sync:
+            self.file_syncs += count
 
     def prepare(self, txns: Sequence[Txn]) -> None:
         """Step 2: rename every block into ``prepared/``; DSYNC both directories."""
@@ -373,75 +348,15 @@ class DirWriter(WriterThread):
         self.dispatch = dispatch
         #: Group commits done (batches that wrote at least one transaction).
         self.batches = 0
-        #: Batches whose write step is done, for the commit thread (in order); a
-        #: batch comes with the failure of its write step, if it failed. At most
-        #: one waits, so at most three batches are in flight (committing,
-        #: waiting, being written). None stops the commit thread.
-        self._written: stdqueue.Queue[tuple[list[WorkItem], StorageFailed | None] | None] = \
-            stdqueue.Queue(maxsize=1)
-        self._committer = threading.Thread(
-            target=self._commit_loop, name="txbroker-dirstore-commit", daemon=True)
-        self.stage_threads.append(self._committer)
 
     def _process(self, batch: list[WorkItem]) -> None:
-        """The writer thread's part: step 1 (write) of ``batch``, then hand the
-        batch on to the commit thread, which does steps 2 and 3 and completes it.
-
-        So step 1 of the next batch overlaps steps 2-3 of this one. That keeps
-        the crash-safety argument: the next batch's blocks are only in
-        ``active/`` (recovery rolls such transactions back, and none of them
-        was acknowledged) until the commit thread prepares them, after it
-        finished this batch — commit points stay in append order, and every
-        block's sync returned before its rename (``write_active`` waits).
-        """
-        if self._committer.ident is None:
-            self._committer.start()
-        failure = self.queue.failure
-        txns = [item for item in batch if isinstance(item, Txn)]
-        if txns and failure is None:
-            try:
-                self.ops.write_active(txns)
-            except OSError as exc:
-                failure = StorageFailed(f"dir store write failed in {self.ops.directory}: {exc}")
-                log.error("%s; the store refuses further appends", failure)
-                with self.queue.lock:  # refuse appends now; the commit thread fails them
-                    self.queue.failure = failure
-        with self.queue.lock:
-            self.handed_on = self.handed_on + batch
-            self.in_flight = self.handed_on
-        self._written.put((batch, failure))
-
-    def _commit_loop(self) -> None:
-        """The commit thread: steps 2 and 3 of each written batch, in order, then
-        its completions. After a failure (of a write step or of its own) every
-        later batch fails too, unprepared."""
-        failed: StorageFailed | None = None
-        while True:
-            handed = self._written.get()
-            if handed is None:
-                return
-            batch, failure = handed
-            try:
-                failed = self._commit_batch(batch, failed or failure)
-            except BaseException:  # a bug: fail everything rather than hang every caller
-                log.exception("dir store commit thread crashed")
-                failed = StorageFailed("dir store writer crashed")
-                self._fail(batch, failed)
-            finally:
-                with self.queue.lock:
-                    self.handed_on = self.handed_on[len(batch):]
-                    self.in_flight = self.in_flight[len(batch):]
-
-    def _commit_batch(self, batch: list[WorkItem],
-                      failure: StorageFailed | None) -> StorageFailed | None:
-        """Steps 2 and 3 of a written batch and its completions, or its failure
-        (``failure``: the batch or one before it failed); the failure, if any."""
-        if failure is not None:
-            self._fail(batch, failure)
-            return failure
+        if self.queue.failure is not None:
+            self._poison(batch, self.queue.failure)
+            return
         txns = [item for item in batch if isinstance(item, Txn)]
         if txns:
             try:
+                self.ops.write_active(txns)
                 self.ops.prepare(txns)
                 self.ops.commit([prepared_blocks(txn) for txn in txns])
             except OSError as exc:
@@ -449,38 +364,17 @@ class DirWriter(WriterThread):
                     f"dir store write failed in {self.ops.directory}: {exc}"
                 )
                 log.error("%s; the store refuses further appends", failure)
-                self._fail(batch, failure)
-                return failure
+                self._poison(batch, failure)
+                return
             self.batches += 1
             callbacks = [txn.on_durable for txn in txns if txn.on_durable is not None]
             if callbacks:
                 self._dispatch(completion(callbacks, None))
-        for item in batch:
-            if isinstance(item, Barrier):
-                item.done.set()
-        return None
-
-    def _fail(self, batch: list[WorkItem], failure: StorageFailed) -> None:
-        """Fail ``batch`` and refuse later appends (commit thread). Unlike
-        ``_poison`` it leaves the queued entries alone: the writer hands them on
-        with the failure, so every completion still comes in append order."""
         with self.queue.lock:
-            self.queue.failure = failure
-        callbacks = [
-            item.on_durable for item in batch
-            if isinstance(item, Txn) and item.on_durable is not None
-        ]
-        if callbacks:
-            self._dispatch(completion(callbacks, failure))
+            self.in_flight = []
         for item in batch:
             if isinstance(item, Barrier):
                 item.done.set()
-
-    def _finish_stages(self) -> None:
-        """Let the commit thread finish every written batch, then end it."""
-        if self._committer.is_alive():
-            self._written.put(None)
-            self._committer.join()
 
     def _poison(self, batch: list[WorkItem], failure: StorageFailed) -> None:
         """Fail ``batch`` and everything still queued; refuse later appends."""

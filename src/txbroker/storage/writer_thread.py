@@ -73,14 +73,8 @@ class WriterThread:
 
     def __init__(self, queue: PendingQueue) -> None:
         self.queue = queue
-        #: The batch being written (``read_body`` looks here for unwritten bodies),
-        #: after the items of earlier batches still in a later stage (``handed_on``).
+        #: The batch being written (``read_body`` looks here for unwritten bodies).
         self.in_flight: list[Any] = []
-        #: A pipelined writer's earlier batches, handed on to a later stage and not
-        #: finished yet (oldest first), under ``queue.lock``; always empty otherwise.
-        self.handed_on: list[Any] = []
-        #: Threads of later stages: they run completions too (see ``check_not_writer_thread``).
-        self.stage_threads: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
     def _process(self, batch: list[Any]) -> None:
@@ -101,7 +95,7 @@ class WriterThread:
                 queue.writer_idle = False
                 batch = queue.items
                 queue.items = []
-                self.in_flight = self.handed_on + batch
+                self.in_flight = batch
                 if not batch and queue.stopping:
                     return
             try:
@@ -110,9 +104,6 @@ class WriterThread:
                 log.exception("%s writer crashed", self.store_label)
                 self._poison(batch, StorageFailed(f"{self.store_label} writer crashed"))
                 raise
-
-    def _finish_stages(self) -> None:
-        """Wait until later stages finished what the thread handed on (after it ended)."""
 
     def _close_files(self) -> None:
         """Close what the thread kept open (after it ended)."""
@@ -123,8 +114,7 @@ class WriterThread:
 
     def check_not_writer_thread(self) -> None:
         """Refuse to be stopped by a completion running on the writer itself."""
-        current = threading.current_thread()
-        if current is self._thread or current in self.stage_threads:
+        if threading.current_thread() is self._thread:
             raise StoreError(
                 f"close() called from a completion running on the {self.store_label} writer "
                 "thread; give the store a dispatch function (e.g. loop.call_soon_threadsafe)"
@@ -138,5 +128,4 @@ class WriterThread:
             self.queue.wakeup.notify()
         if self._thread.is_alive():
             self._thread.join()
-        self._finish_stages()
         self._close_files()
