@@ -20,7 +20,12 @@ flags and DSYNC alone ~ none; FDATASYNC[+DSYNC] ~ fdatasync; FSYNC[+DSYNC] ~
 fsync; only the +DSYNC variants really survive a power loss).
 
 Usage: ``.venv/bin/python bench/dirstore_bench.py [--count 10000] [--window 256]
-[--group 1] [--body 1024] [--dir /tmp] [--json out.json]``
+[--group 1] [--body 1024] [--dir /tmp] [--json out.json]
+[--only "dir FDATASYNC,DSYNC"] [--settle 120]`` (``--only``: run just these
+configs, by exact label; the journal configs the ratios need are added.
+``--settle``: sleep before each dir store run — on ext4 without a journal,
+creating a file gets slower the more files were deleted in the last minutes,
+so back-to-back runs measure each other's deletions; see docs/dirstore.md)
 """
 
 from __future__ import annotations
@@ -180,11 +185,27 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to put the data directories")
     parser.add_argument("--reps", type=int, default=3, help="runs per store (median)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="pause this long before each dir store run, so that the "
+                             "files the previous run deleted age out (see docs/dirstore.md)")
+    parser.add_argument("--only", action="append", default=None, metavar="LABEL",
+                        help="run only this config (repeatable; exact label, e.g. "
+                             "'dir FDATASYNC,DSYNC'); the journal modes the ratios need "
+                             "are run too")
     args = parser.parse_args()
+    configs = CONFIGS
+    if args.only:
+        labels = {label for label, _, _ in CONFIGS}
+        unknown = sorted(set(args.only) - labels)
+        if unknown:
+            parser.error(f"unknown config(s) {unknown}; known: {sorted(labels)}")
+        wanted = set(args.only) | {f"journal {sync}" for label, sync, _ in CONFIGS
+                                   if label in args.only}
+        configs = [config for config in CONFIGS if config[0] in wanted]
     body = os.urandom(args.body)
     results: dict[str, Result] = {}
     with tempfile.TemporaryDirectory(prefix="txb-dirbench-", dir=args.dir) as tmp:
-        for number, (label, sync, flags) in enumerate(CONFIGS):
+        for number, (label, sync, flags) in enumerate(configs):
             directory = Path(tmp) / f"store{number}"
 
             def make(loop: BenchLoop, _flags: str | None = flags, _sync: str = sync,
@@ -195,6 +216,8 @@ def main() -> None:
 
             runs = []
             for rep in range(args.reps):
+                if flags is not None and args.settle > 0:
+                    time.sleep(args.settle)
                 runs.append(bench_store(label, make, args.count, args.window, args.group, body))
                 shutil.rmtree(directory, ignore_errors=True)
                 print(f"  {label} #{rep + 1}: {runs[-1].send_per_s:,.0f} sends/s, "
@@ -206,7 +229,7 @@ def main() -> None:
               f"{'commits':>8} {'fsyncs/msg':>11} {'dirsyncs/msg':>13}")
     print(header)
     print("-" * len(header))
-    for label, sync, flags in CONFIGS:
+    for label, sync, flags in configs:
         result = results[label]
         journal = results[f"journal {sync}"]
         ratio_send = result.send_per_s / journal.send_per_s
