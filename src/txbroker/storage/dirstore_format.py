@@ -13,6 +13,7 @@ The directory store keeps **one file per command block**, after Enduro/X's
     DIR/prepared/<GTRID>-<seq>     blocks of prepared XA branches (until commit or rollback)
     DIR/committed/<message id>     one NEW block per stored message, named by message id
     DIR/quarantine/<dir>.<name>    foreign, torn or damaged files moved aside at start
+    DIR/spare/<n>                  removed files kept for their inodes (no meaning)
 
 ``<tid>`` is the store transaction id in 16 lowercase hex digits, ``<seq>``
 the block's sequence number in its transaction in (at least) 3 decimal digits
@@ -130,6 +131,9 @@ ACTIVE: Final = "active"
 PREPARED: Final = "prepared"
 COMMITTED: Final = "committed"
 QUARANTINE: Final = "quarantine"
+#: Spare files: the inodes of removed blocks and message files, kept to be written
+#: again as new blocks (``dirstore_writer.py``, "Spare files").
+SPARE: Final = "spare"
 #: The committed metadata block, and the lock file, in the data directory.
 METADATA_FILE: Final = "metadata"
 LOCK_FILE: Final = "lock"

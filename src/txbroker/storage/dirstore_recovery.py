@@ -157,6 +157,7 @@ class Recovery:
 
     def run(self) -> RecoveredDirectory:
         """Resolve ``active/`` and ``prepared/``, then read metadata and messages."""
+        self.ops.open_spares()
         if (self.ops.directory / JOURNAL_SUBDIR).is_dir():
             line = (f"{self.ops.directory / JOURNAL_SUBDIR}: this data directory also holds a "
                     f"journal store; the dir store ignores it")

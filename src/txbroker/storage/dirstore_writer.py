@@ -25,6 +25,23 @@ directory syncs are shared by every transaction of the batch:
 
 Only then are the batch's completions handed to ``dispatch`` in one call.
 
+Spare files
+-----------
+Creating a file and removing one are the dir store's dearest steps, and on
+some file systems much dearer than a rename: ext4 without a journal (this
+project's CI machines) scans past recently freed inodes on every create,
+and a ``discard`` mount trims the blocks of every removed file. So a removed
+block or message file is not unlinked but **renamed into** ``DIR/spare/``
+(up to :data:`MAX_SPARE_FILES` files of at most :data:`MAX_SPARE_BYTES`),
+and a new block is **written into a spare file** (its old bytes overwritten
+in place, the length cut to the new block's), which is then renamed to the
+block's name. To every step after it, that is a created file: its contents
+are whole before its name appears (a crash in between leaves garbage in
+``spare/`` only), its contents are synced as the flags say before the block
+is prepared, and a file removed from ``committed/`` or ``prepared/`` is gone
+from there as the seed says. ``spare/`` has no meaning for recovery: its
+files are reused or left alone, never read.
+
 Crash points are replaceable steps of :class:`DirOps` — ``write_file``,
 ``sync_file``, ``sync_dir``, ``rename``, ``unlink`` — which tests swap for
 functions that raise (a "kill" between any two steps) or that record what a
@@ -57,6 +74,7 @@ from txbroker.storage.dirstore_format import (
     METADATA_FILE,
     PREPARED,
     REWRITE_SUFFIX,
+    SPARE,
     TID_DIGITS,
     Block,
     BlockType,
@@ -86,6 +104,9 @@ BLOCK_FILE_MODE = 0o640
 SYNC_THREADS = 16
 #: Block files written before their syncs run (bounds the open fds of a batch).
 FILES_PER_SYNC_ROUND = 256
+#: Spare files kept for reuse (see "Spare files"), and the largest file kept.
+MAX_SPARE_FILES = 32768
+MAX_SPARE_BYTES = 8 * 1024
 
 
 @dataclass(slots=True)
@@ -140,19 +161,25 @@ def write_new_file(path: Path, parts: Sequence[bytes]) -> int:
     """Create ``path`` (it must not exist), write ``parts``; return the open fd."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, BLOCK_FILE_MODE)
     try:
-        total = sum(len(part) for part in parts)
-        written = os.writev(fd, parts)
-        if written < total:  # a short writev (huge blocks): write the rest plainly
-            rest = memoryview(b"".join(parts))[written:]
-            while rest:
-                count = os.write(fd, rest)
-                if count <= 0:
-                    raise OSError(errno.EIO, f"write to {path} returned {count}")
-                rest = rest[count:]
+        write_parts(fd, parts, path)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def write_parts(fd: int, parts: Sequence[bytes], path: Path) -> int:
+    """Write ``parts`` at ``fd``'s offset; return the bytes written."""
+    total = sum(len(part) for part in parts)
+    written = os.writev(fd, parts)
+    if written < total:  # a short writev (huge blocks): write the rest plainly
+        rest = memoryview(b"".join(parts))[written:]
+        while rest:
+            count = os.write(fd, rest)
+            if count <= 0:
+                raise OSError(errno.EIO, f"write to {path} returned {count}")
+            rest = rest[count:]
+    return total
 
 
 def read_file(path: Path) -> bytes:
@@ -174,9 +201,13 @@ class DirOps:
         self.prepared = directory / PREPARED
         self.committed = directory / COMMITTED
         self.metadata = directory / METADATA_FILE
+        self.spare = directory / SPARE
         self.flags = flags
+        #: Names of the files in ``spare/`` ("Spare files"), and the next name's number.
+        self._spares: list[str] = []
+        self._next_spare = 0
         # Replaceable steps (crash points).
-        self.write_file: Callable[[Path, Sequence[bytes]], int] = write_new_file
+        self.write_file: Callable[[Path, Sequence[bytes]], int] = self.write_spare_or_new
         self.sync_file: Callable[[int], None] = (
             os.fsync if flags.file_sync == FSYNC
             else os.fdatasync if flags.file_sync == FDATASYNC
@@ -185,13 +216,56 @@ class DirOps:
         self.sync_dir: Callable[[Path], None] = self.fsync_directory if flags.dir_sync \
             else _no_dir_sync
         self.rename: Callable[[Path, Path], None] = os.rename
-        self.unlink: Callable[[Path], None] = os.unlink
+        self.unlink: Callable[[Path], None] = self.keep_as_spare
         #: Counters: real file and directory syncs, bytes of block files written.
         self.file_syncs = 0
         self.dir_syncs = 0
         self.bytes_written = 0
         self._dir_fds: dict[Path, int] = {}
         self._sync_pool: ThreadPoolExecutor | None = None
+
+    # -- spare files -------------------------------------------------------------------
+
+    def open_spares(self) -> None:
+        """Find the files in ``spare/`` (once the directory is locked)."""
+        self.spare.mkdir(exist_ok=True)
+        names = sorted(os.listdir(self.spare))
+        numbers = [int(name, 16) for name in names if _is_hex(name)]
+        self._spares = [name for name in names if _is_hex(name)][:MAX_SPARE_FILES]
+        self._next_spare = max(numbers, default=-1) + 1
+
+    def write_spare_or_new(self, path: Path, parts: Sequence[bytes]) -> int:
+        """The ``write_file`` step: a spare file written and renamed to ``path`` if
+        there is one, else a new file; ``path`` must not exist. Returns the open fd."""
+        while self._spares:
+            spare = self.spare / self._spares.pop()
+            try:
+                fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # (removed by hand): try the next one
+            try:
+                total = write_parts(fd, parts, path)
+                if os.fstat(fd).st_size > total:
+                    os.ftruncate(fd, total)
+                if os.path.lexists(path):
+                    raise FileExistsError(errno.EEXIST, "File exists", str(path))
+                os.rename(spare, path)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        return write_new_file(path, parts)
+
+    def keep_as_spare(self, path: Path) -> None:
+        """The ``unlink`` step: ``path`` leaves its directory for ``spare/`` (or is
+        unlinked when ``spare/`` is full or the file is large)."""
+        if len(self._spares) >= MAX_SPARE_FILES or os.stat(path).st_size > MAX_SPARE_BYTES:
+            os.unlink(path)
+            return
+        name = f"{self._next_spare:x}"
+        self._next_spare += 1
+        os.rename(path, self.spare / name)
+        self._spares.append(name)
 
     # -- primitive steps with their bookkeeping --------------------------------------
 
@@ -414,6 +488,10 @@ class DirOps:
         self.remove(temporary)  # a leftover of a rewrite a crash interrupted
         self.create(temporary, parts)
         self.rename(temporary, path)
+
+
+def _is_hex(name: str) -> bool:
+    return bool(name) and all(c in "0123456789abcdef" for c in name)
 
 
 def prepared_blocks(txn: Txn) -> list[PreparedBlock]:
