@@ -889,3 +889,23 @@ def test_broker_on_the_dir_store_survives_kill_9(tmp_path: Path) -> None:
     # aside when its transaction is rolled back); nothing else is ever damaged.
     quarantined = [path.name for path in (tmp_path / "data").glob("quarantine/*")]
     assert all(name.startswith(f"{ACTIVE}.") for name in quarantined), quarantined
+
+
+def test_removed_files_are_kept_as_spares_and_written_again(tmp_path: Path) -> None:
+    """A removed message file and DELETE block go to DIR/spare/ (not unlinked); a new
+    block is written into a spare (same inode), cut to its own length, and only
+    then gets its name; the spares mean nothing to recovery."""
+    store, loop, _ = open_store(tmp_path, flags="FDATASYNC,DSYNC")
+    append_all(store, loop, [queue_put("q0"), add_entry(1, b"a long body" * 50)])
+    inode = (tmp_path / COMMITTED / message_name(1)).stat().st_ino
+    append_all(store, loop, [kind_entry(Kind.ACK, [1])])
+    spares = {(tmp_path / "spare" / n).stat().st_ino for n in os.listdir(tmp_path / "spare")}
+    assert len(spares) >= 2 and inode in spares
+    append_all(store, loop, [add_entry(2, b"short")])
+    assert (tmp_path / COMMITTED / message_name(2)).stat().st_ino in spares
+    store.close()
+    (tmp_path / "spare" / "not-a-spare-name").write_bytes(b"junk")
+    store, _, recovered = open_store(tmp_path)
+    assert not store.report
+    assert state_of(store, recovered).messages[0][-1] == b"short"  # its length was cut
+    store.close()
