@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import txbroker
 from tests.support import BrokerProcess, free_port
 from txbroker.server.auth import hash_password
 
@@ -57,3 +58,17 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpBroker]:
     yield running
     running.http.close()
     running.process.kill()
+
+
+def dead_letter_two(url: str) -> None:
+    """Queue ``work`` (max_deliveries 1) dead-letters into ``work.dlq``: two messages
+    are sent and nacked there, so two are on their way into the DLQ."""
+    with txbroker.connect(url) as conn:
+        conn.declare_queue("work", max_deliveries=1, dead_letter_queue="work.dlq")
+        conn.declare_queue("work.dlq")
+        for body in (b"a", b"b"):
+            conn.send("work", body)
+        for _ in range(2):
+            message = conn.receive("work", timeout=10)
+            assert message is not None
+            message.nack()  # max_deliveries=1: dead-lettered

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 import txbroker
-from tests.http.conftest import PASSWORD, USER, HttpBroker
+from tests.http.conftest import PASSWORD, USER, HttpBroker, dead_letter_two
 from txbroker.errors import ConnectionLost, TxBrokerError
 from txbroker.server.http.api import HttpApi, routes
 from txbroker.server.http.openapi import OPENAPI
@@ -160,15 +160,8 @@ def test_purge_of_a_consumed_queue_leaves_unacked_messages(broker: HttpBroker) -
 
 def test_redrive_a_dead_letter_queue(broker: HttpBroker) -> None:
     http = broker.http
+    dead_letter_two(broker.url)
     with txbroker.connect(broker.url) as conn:
-        conn.declare_queue("work", max_deliveries=1, dead_letter_queue="work.dlq")
-        conn.declare_queue("work.dlq")
-        for body in (b"a", b"b"):
-            conn.send("work", body)
-        for _ in range(2):
-            message = conn.receive("work", timeout=10)
-            assert message is not None
-            message.nack()
         wait_for(lambda: info(broker, "work.dlq")["depth"] == 2, "dead-lettered")
         assert info(broker, "work")["dead_lettered"] == 2
         error(http.post("/api/queues/work.dlq/move", json={"to": "nowhere"}), 404, "NOT_FOUND")

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import txbroker
-from tests.http.conftest import PASSWORD, USER, HttpBroker
+from tests.http.conftest import PASSWORD, USER, HttpBroker, dead_letter_two
 from tests.support import ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -315,15 +315,8 @@ def test_purge_asks_then_empties_the_queue(page: Page, secured: HttpBroker) -> N
 
 
 def test_redrive_a_dead_letter_queue(page: Page, secured: HttpBroker) -> None:
+    dead_letter_two(native_url(secured))
     with txbroker.connect(native_url(secured)) as conn:
-        conn.declare_queue("work", max_deliveries=1, dead_letter_queue="work.dlq")
-        conn.declare_queue("work.dlq")
-        for body in (b"a", b"b"):
-            conn.send("work", body)
-        for _ in range(2):
-            message = conn.receive("work", timeout=10)
-            assert message is not None
-            message.nack()  # max_deliveries=1: dead-lettered
         page.open("#/queues/work.dlq")
         page.text("#q-depth", "2")
         page.contains("#redrive-origin", "dead-letter or expiry queue of work")
