@@ -55,6 +55,7 @@ ALL_OPS = [
     "xa_forget", "xa_heuristic", "xa_set_timeout", "xa_get_timeout", "xa_list",
     "send_batch", "stream_open", "stream_info", "stream_read", "stream_commit",
     "stream_close", "sink_status", "sink_commit", "sink_abort", "recover",
+    "queue_browse", "queue_move", "conn_list", "conn_close",
 ]
 
 PRECIOUS = "precious"  #: stored before the fuzzing; no request may name it
@@ -283,6 +284,9 @@ REQUESTS: dict[str, tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]
     "queue_delete": ({"name": ("str", QUEUE)}, {}),
     "queue_purge": ({"name": ("str", QUEUE)}, {}),
     "queue_info": ({"name": ("str", QUEUE)}, {}),
+    "queue_browse": ({"name": ("str", QUEUE)}, {"limit": ("int", 10)}),
+    "queue_move": ({"name": ("str", QUEUE)}, {"to": ("str", "fz-move-to"), "limit": ("int", 1)}),
+    "conn_close": ({"id": ("int", 2**40)}, {}),  # no such connection: nobody is closed
     "topic_subscribe": ({"topic": ("str", TOPIC), "name": ("str", "sub")},
                         {"durable": ("bool", True), "settings": ("map", {})}),
     "xa_start": ({"xid": ("xid", XID)}, {"flags": ("int", 0)}),
@@ -310,7 +314,7 @@ REQUESTS: dict[str, tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]
 }
 #: Ops with no argument that could be wrong (they are in test_random_requests).
 NO_ARGUMENTS = {"ping", "tx_begin", "queue_list", "stats", "xa_get_timeout", "xa_list",
-                "recover"}
+                "recover", "conn_list"}
 #: docs/protocol.md "Queue settings" (counts and limits are >= 0).
 SETTINGS = {
     "max_messages": "setting_int", "max_bytes": "setting_int", "max_deliveries": "setting_int",
