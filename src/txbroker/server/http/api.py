@@ -33,6 +33,7 @@ from txbroker.server.http.calls import REALM, Gate, HttpServerPort, error_code, 
 from txbroker.server.http.console import console_routes
 from txbroker.server.http.metrics import BrokerCollector
 from txbroker.server.http.openapi import OPENAPI, SORT_KEYS
+from txbroker.server.http.rates import RateMeter
 from txbroker.server.ops import Session
 from txbroker.xid import Xid
 
@@ -158,6 +159,7 @@ class HttpApi:
         self.server = server
         self.gate = Gate(server)
         self.collector = BrokerCollector(server)
+        self.rates = RateMeter()
 
     async def _run(self, request: Request, operation: Callable[[Session, int, int], Any]
                    ) -> Any:
@@ -198,6 +200,7 @@ class HttpApi:
                 raise BadRequest(f"sort must be one of {', '.join(SORT_KEYS)}; "
                                  "order asc or desc")
         found = await self._run(request, lambda s, rid, now: s.core.queue_list())
+        self.rates.annotate(found, complete=True)
         found = [q for q in found if kind is None or q["kind"] == kind]
         headers: dict[str, str] = {}
         if paged:
@@ -223,7 +226,9 @@ class HttpApi:
     async def queue_info(self, request: Request) -> Response:
         """One queue's or topic's info."""
         name = request.path_params["name"]
-        return JSONResponse(await self._run(request, lambda s, rid, now: s.core.queue_info(name)))
+        info = await self._run(request, lambda s, rid, now: s.core.queue_info(name))
+        self.rates.annotate([info])
+        return JSONResponse(info)
 
     async def queue_update(self, request: Request) -> Response:
         """Change settings: the body is a map of settings."""

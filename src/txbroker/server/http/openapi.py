@@ -69,6 +69,8 @@ OPENAPI: Final[dict[str, Any]] = {
                 "consumers": {"type": "integer"}, "bytes": {"type": "integer"},
                 "enqueued": {"type": "integer"}, "dequeued": {"type": "integer"},
                 "expired": {"type": "integer"}, "dead_lettered": {"type": "integer"},
+                "enqueue_rate": {"type": "number", "nullable": True},
+                "dequeue_rate": {"type": "number", "nullable": True},
                 "settings": {"type": "object"}}},
             "Message": {"type": "object", "properties": {
                 "id": {"type": "integer"}, "message_id": {"type": "string", "nullable": True},
