@@ -15,7 +15,13 @@ from typing import Any
 from txbroker.core.drop_jobs import delete_queue, purge_queue
 from txbroker.core.messages import Message
 from txbroker.core.outbox import Outbox
-from txbroker.core.queue_index import LATER, SUBSCRIPTION_SEPARATOR, QueueIndex, check_name
+from txbroker.core.queue_index import (
+    LATER,
+    SUBSCRIPTION_SEPARATOR,
+    QueueIndex,
+    check_name,
+    readdress,
+)
 from txbroker.core.queues import Queue, QueueSettings
 from txbroker.core.records import Kind
 from txbroker.core.sessions import Session, Topic
@@ -179,10 +185,7 @@ class Admin:
         for message in chosen:
             queue.discard(message)
             queue.count_out(message)
-            message.queue = into.name
-            message.expires_ms = 0
-            message.deliver_at_ms = 0
-            message.seq = 0
+            readdress(message, into.name)
         result = {"moved": len(chosen), "to": into.name}
         if stored:
             into.assign_seqs(stored)

@@ -513,10 +513,7 @@ class QueueIndex:
             else:
                 self.forget(message)
             return
-        message.queue = target.name
-        message.expires_ms = 0
-        message.deliver_at_ms = 0
-        message.seq = 0
+        readdress(message, target.name)
         if message.persistent:
             seq = target.assign_seq(message)
             self.outbox.persist(Kind.MOVE, [[message.id], target.name, reason, [seq]],
@@ -540,6 +537,15 @@ class QueueIndex:
         self.forget(message)
 
     # ------------------------------------------------------------------ deletion
+
+
+def readdress(message: Message, queue: str) -> None:
+    """A message moves to ``queue`` (dead-lettered, expired or re-driven): its TTL and
+    delay are cleared and its seq is the new queue's to give."""
+    message.queue = queue
+    message.expires_ms = 0
+    message.deliver_at_ms = 0
+    message.seq = 0
 
 
 def check_not_streamed(queue: Queue) -> None:
