@@ -463,7 +463,7 @@ class Session:
              persistent: bool = True, priority: int = 4, ttl_ms: int = 0, delay_ms: int = 0,
              tx: int | None = None) -> Any:
         """Send a message to a queue or topic (or stage it in transaction ``tx``)."""
-        if self.ops.acl.enforcing:
+        if self.ops.acl.enforcing or dest.startswith(RESERVED_PREFIX):
             self.ops.authorize(self, SEND, dest, op="send")
         return self.core.send(self.id, rid, dest, body, now, headers=headers,
                               message_id=message_id, persistent=persistent, priority=priority,
