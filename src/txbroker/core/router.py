@@ -35,30 +35,30 @@ before a vote more often than its partition's retry count is rejected with
 operator commits or discards it (``core/router_states.py`` holds both state
 tables; events and administration are ``core/router_admin.py``).
 
-When the broker itself restarts, :meth:`Router.restore` reads the journal:
-a transaction the client accepted is presented again to every partition as
-``UNCERTAIN``; a decided one is replayed with its outcome.
+When the broker itself restarts, :meth:`Router.restore` reads the journal
+(``core/router_journal.py``): a transaction the client accepted is presented
+again to every partition as ``UNCERTAIN``; a decided one is replayed with its
+outcome.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from txbroker.core.effects import Notify
 from txbroker.core.messages import Message
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER
-from txbroker.core.router_log import RouterLog, decode
+from txbroker.core.router_journal import journal_record, restore
+from txbroker.core.router_log import RouterLog
 from txbroker.core.router_model import (
     CLIENT,
     OUTCOME_RETENTION_MS,
     SRVDIED,
     TIMEOUT,
     Facility,
-    Key,
     Partition,
     Role,
     RouterEvent,
@@ -68,8 +68,11 @@ from txbroker.core.router_model import (
     parse_facility,
 )
 from txbroker.core.router_states import (
+    Controller,
     PartEvent,
+    Participant,
     PartState,
+    Transaction,
     TxEvent,
     TxState,
     part_next,
@@ -84,63 +87,6 @@ PUSH: Final = "rtr"
 _ACTIVE_ROLES: Final = (Role.PRIMARY, Role.CONCURRENT)
 
 
-@dataclass(slots=True, eq=False)
-class Controller:
-    """One registration of a connection: a client of a facility or a server of a
-    partition."""
-
-    id: int
-    session: int
-    facility: str
-    is_server: bool
-    partition: str | None = None
-    role: Role | None = None
-    explicit_prepare: bool = False
-    recipient: str | None = None
-    events: tuple[tuple[int, int], ...] = ()
-    #: (server) the participant it holds now
-    current: Participant | None = None
-    #: (client) its transactions whose outcome it has not collected
-    tids: set[str] = field(default_factory=set)
-
-
-@dataclass(slots=True, eq=False)
-class Participant:
-    """A transaction's share of one partition at one site (the server's view)."""
-
-    tx: Transaction
-    partition: str
-    site: Site
-    indexes: list[int] = field(default_factory=list)  #: positions in ``tx.messages``
-    state: PartState = PartState.WAITING
-    server: Controller | None = None
-    sent: int = 0  #: messages pushed to the current server
-    uncertain: bool = False  #: the next presentation starts with UNCERTAIN
-    strikes: int = 0  #: presentations lost before a vote
-    presentations: int = 0
-
-
-@dataclass(slots=True, eq=False)
-class Transaction:
-    """One router transaction."""
-
-    tid: str
-    facility: str
-    client: Controller | None
-    created_ms: int
-    messages: list[tuple[str, Key, bytes, dict[str, str] | None]] = field(default_factory=list)
-    participants: dict[tuple[str, Site], Participant] = field(default_factory=dict)
-    state: TxState = TxState.SENDING
-    reason: str | None = None
-    exception: bool = False
-    record: Message | None = None  #: its live journal record
-    deciding: bool = False  #: the decision is on its way to disk
-    client_acked: bool = False
-    decided_ms: int = 0
-    deadline_ms: int = 0  #: vote timeout (VREQ) or outcome retention (decided)
-    flagged_ms: int = 0
-
-
 class Router:
     """The router part of the broker core (see the module docstring)."""
 
@@ -151,6 +97,8 @@ class Router:
         self.facility_records: dict[str, Message] = {}
         self.controllers: dict[int, Controller] = {}
         self.by_session: dict[int, list[Controller]] = {}
+        #: (facility, partition) -> its server controllers, in registration order
+        self.partition_servers: dict[tuple[str, str], list[Controller]] = {}
         self.transactions: dict[str, Transaction] = {}
         #: (facility, partition) -> {site: participants waiting for a server}
         self.waiting: dict[tuple[str, str], dict[Site, deque[Participant]]] = {}
@@ -185,8 +133,7 @@ class Router:
 
     def servers_of(self, facility: str, partition: str) -> list[Controller]:
         """The server controllers registered on a partition, in registration order."""
-        return [c for c in self.controllers.values()
-                if c.is_server and c.facility == facility and c.partition == partition]
+        return self.partition_servers.get((facility, partition), [])
 
     # ------------------------------------------------------------------ definitions
     def define(self, session_id: int, rid: int, name: Any, partitions: Any, now: int) -> Any:
@@ -259,6 +206,7 @@ class Router:
                            for p in facility.partitions]}
         if found is not None:
             reply["partition"] = found.name
+            self.partition_servers.setdefault((facility.name, found.name), []).append(controller)
             self._server_up(controller, found)
         return reply
 
@@ -306,10 +254,13 @@ class Router:
                     self._abort(tx, TxEvent.CLIENT_LOST, CLIENT, now)
                 elif tx.state is not TxState.VREQ:
                     tx.deadline_ms = now + OUTCOME_RETENTION_MS
-                    self._arm(tx)
+                    self.arm(tx)
             return
         partition = controller.partition
         assert partition is not None
+        servers = self.partition_servers.get((controller.facility, partition), [])
+        if controller in servers:
+            servers.remove(controller)
         held = controller.current
         controller.current = None
         if held is not None:
@@ -479,7 +430,7 @@ class Router:
         limit = min((t for t in timeouts if t), default=0)
         if limit:
             tx.deadline_ms = now + limit
-            self._arm(tx)
+            self.arm(tx)
         if self._all_voted(tx):
             self._decide(tx, TxEvent.ALL_VOTED, None, now)
             return {}
@@ -658,7 +609,7 @@ class Router:
                 continue
             self._tell(participant, commit=commit)
         if not commit:
-            self._free_aborted(tx)
+            self.free_aborted(tx)
         client = tx.client
         if client is not None and client.id in self.controllers:
             body: dict[str, Any] = {"type": "ACCEPTED" if commit else "REJECTED",
@@ -668,12 +619,12 @@ class Router:
             self.push(client, body)
         elif not tx.client_acked:
             tx.deadline_ms = now + OUTCOME_RETENTION_MS
-            self._arm(tx)
+            self.arm(tx)
         for name in {name for name, _ in tx.participants}:
             self.pump(tx.facility, name)
         self._maybe_forget(tx, now)
 
-    def _free_aborted(self, tx: Transaction) -> None:
+    def free_aborted(self, tx: Transaction) -> None:
         """Waiting participants of an aborted transaction leave their queues' head."""
         for participant in tx.participants.values():
             if participant.state is PartState.WAITING:
@@ -702,18 +653,11 @@ class Router:
 
     def journal_record(self, tx: Transaction) -> dict[str, Any]:
         """The transaction as its journal record (``core/router_log.py``)."""
-        strikes: dict[str, int] = {}
-        for (name, _), participant in tx.participants.items():
-            strikes[name] = max(strikes.get(name, 0), participant.strikes)
-        return {"r": "tx", "tid": tx.tid, "facility": tx.facility, "state": tx.state.value,
-                "reason": tx.reason, "exception": tx.exception, "strikes": strikes,
-                "messages": [list(m) for m in tx.messages], "created_ms": tx.created_ms,
-                "decided_ms": tx.decided_ms, "flagged_ms": tx.flagged_ms,
-                "shadowed": sorted(name for name, site in tx.participants
-                                   if site is Site.SECONDARY)}
+        return journal_record(tx)
 
     # ------------------------------------------------------------------ timers
-    def _arm(self, tx: Transaction) -> None:
+    def arm(self, tx: Transaction) -> None:
+        """Wake :meth:`tick` at the transaction's deadline."""
         if tx.deadline_ms:
             heapq.heappush(self._timers, (tx.deadline_ms, tx.tid))
 
@@ -753,60 +697,7 @@ class Router:
     def restore(self, records: list[tuple[Message, bytes]], now: int) -> list[str]:
         """Rebuild from the journal (bodies read by the edge); returns the problems
         found (a record that is not the router's is reported, never loaded)."""
-        problems: list[str] = []
-        for message, body in records:
-            try:
-                record = decode(body)
-                if record["r"] == "facility":
-                    facility = parse_facility(record["name"], record["partitions"])
-                    self.facilities[facility.name] = facility
-                    self.facility_records[facility.name] = message
-                else:
-                    self._restore_tx(record, message, now)
-            except (KeyError, TypeError, ValueError, BadRequest) as exc:
-                problems.append(f"router record {message.id}: {exc}")
-        for tx in list(self.transactions.values()):
-            if tx.facility not in self.facilities:
-                problems.append(f"transaction {tx.tid}: no facility {tx.facility!r}")
-        return problems
-
-    def _restore_tx(self, record: dict[str, Any], message: Message, now: int) -> None:
-        state = TxState(record["state"])
-        tx = Transaction(record["tid"], record["facility"], None, record["created_ms"])
-        tx.state, tx.reason, tx.record = state, record["reason"], message
-        tx.exception = bool(record["exception"])
-        tx.decided_ms, tx.flagged_ms = record["decided_ms"], record.get("flagged_ms", 0)
-        tx.messages = [(m[0], m[1], m[2], m[3]) for m in record["messages"]]
-        shadowed = set(record.get("shadowed", ()))
-        for position, (name, _, _, _) in enumerate(tx.messages):
-            sites = [Site.PRIMARY, Site.SECONDARY] if name in shadowed else [Site.PRIMARY]
-            for site in sites:
-                participant = tx.participants.get((name, site))
-                if participant is None:
-                    participant = Participant(tx, name, site, uncertain=True,
-                                              strikes=record["strikes"].get(name, 0))
-                    tx.participants[(name, site)] = participant
-                participant.indexes.append(position)
-        self.transactions[tx.tid] = tx
-        if state is TxState.ABORTING:
-            self._free_aborted(tx)
-            if not tx.exception:
-                tx.deadline_ms = now + OUTCOME_RETENTION_MS
-                self._arm(tx)
-            return
-        if state is TxState.COMMITTING:
-            tx.deadline_ms = now + OUTCOME_RETENTION_MS
-            self._arm(tx)
-        if state is TxState.VREQ:
-            facility = self.facilities.get(tx.facility)
-            timeouts = [facility.partition(name).vote_timeout_ms for name, _ in tx.participants
-                        ] if facility else []
-            limit = min((t for t in timeouts if t), default=0)
-            if limit:
-                tx.deadline_ms = now + limit
-                self._arm(tx)
-        for participant in tx.participants.values():
-            self.enqueue(participant)
+        return restore(self, records, now)
 
 
 __all__ = ["PUSH", "Controller", "Participant", "Router", "Transaction"]

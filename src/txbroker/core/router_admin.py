@@ -25,9 +25,9 @@ from typing import Any
 
 from txbroker.core.effects import Fail, Reply
 from txbroker.core.queue_index import LATER
-from txbroker.core.router import Participant, Router, Transaction
+from txbroker.core.router import Router
 from txbroker.core.router_model import USER_EVENT_MAX, Site, event_matches
-from txbroker.core.router_states import TxEvent, TxState, tx_next
+from txbroker.core.router_states import Participant, Transaction, TxEvent, TxState, tx_next
 from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 
 

@@ -9,13 +9,18 @@ engine (``core/router.py``) fires events on both; these tables are the whole
 of what may happen, with a comment per rule, as ``core/xa.py`` does. A pair
 missing from :data:`TX_RULES` is refused with :class:`~txbroker.errors.IllegalState`
 (the message says what the transaction is); a missing pair in
-:data:`PART_RULES` is a bug of the engine (AssertionError).
+:data:`PART_RULES` is a bug of the engine (AssertionError). Below the tables are
+the objects that carry those states: :class:`Controller`, :class:`Transaction`
+and its :class:`Participant` s.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 
+from txbroker.core.messages import Message
+from txbroker.core.router_model import Key, Role, Site
 from txbroker.errors import IllegalState
 
 
@@ -172,5 +177,63 @@ def part_next(state: PartState, event: PartEvent) -> PartState:
     return next_state
 
 
-__all__ = ["PART_RULES", "TX_RULES", "PartEvent", "PartState", "TxEvent", "TxState",
-           "part_next", "tx_next"]
+# ---------------------------------------------------------------------- the objects
+@dataclass(slots=True, eq=False)
+class Controller:
+    """One registration of a connection: a client of a facility or a server of a
+    partition."""
+
+    id: int
+    session: int
+    facility: str
+    is_server: bool
+    partition: str | None = None
+    role: Role | None = None
+    explicit_prepare: bool = False
+    recipient: str | None = None
+    events: tuple[tuple[int, int], ...] = ()
+    #: (server) the participant it holds now
+    current: Participant | None = None
+    #: (client) its transactions whose outcome it has not collected
+    tids: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True, eq=False)
+class Participant:
+    """A transaction's share of one partition at one site (the server's view)."""
+
+    tx: Transaction
+    partition: str
+    site: Site
+    indexes: list[int] = field(default_factory=list)  #: positions in ``tx.messages``
+    state: PartState = PartState.WAITING
+    server: Controller | None = None
+    sent: int = 0  #: messages pushed to the current server
+    uncertain: bool = False  #: the next presentation starts with UNCERTAIN
+    strikes: int = 0  #: presentations lost before a vote
+    presentations: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Transaction:
+    """One router transaction."""
+
+    tid: str
+    facility: str
+    client: Controller | None
+    created_ms: int
+    messages: list[tuple[str, Key, bytes, dict[str, str] | None]] = field(default_factory=list)
+    participants: dict[tuple[str, Site], Participant] = field(default_factory=dict)
+    state: TxState = TxState.SENDING
+    reason: str | None = None
+    exception: bool = False
+    record: Message | None = None  #: its live journal record
+    deciding: bool = False  #: the decision is on its way to disk
+    client_acked: bool = False
+    decided_ms: int = 0
+    deadline_ms: int = 0  #: vote timeout (VREQ) or outcome retention (decided)
+    flagged_ms: int = 0
+
+
+__all__ = ["PART_RULES", "TX_RULES", "Controller", "PartEvent", "PartState", "Participant",
+           "Transaction", "TxEvent", "TxState", "part_next", "tx_next"]
