@@ -350,3 +350,39 @@ def test_shadow_gets_the_same_transactions_and_role_events(rig: Rig) -> None:
     assert rig.take(3) == [("ROUTER_EVENT", 260)]  # PRIMARY: the shadow site is primary now
     rig.send(1, client, "t2", 2)
     assert rig.take(3) == [("MSG1", "t2")]  # and serves the partition alone
+
+
+def test_votes_before_the_accept_record_is_durable(tmp_path: Path) -> None:
+    """The commit replaces a VREQ record still on its way to disk: one live record, and a
+    restart in between either state finds exactly one copy of the transaction."""
+    harness = Harness(auto_sync=False)
+    rig = Rig(harness)
+    rig.define()
+    harness.sync()
+    client = rig.client(1)
+    a = rig.server(2, "A")
+    rig.send(1, client, "t1", 1)
+    rig.accept(1, client, "t1")  # the VREQ record is pending
+    rig.vote(2, a, "t1")  # the commit record replaces it before it is written
+    assert rig.take(1) == []
+    harness.sync()
+    assert rig.take(1) == [("ACCEPTED", "t1")]
+    assert rig.journal() == 2
+    restarted = harness.crash()
+    assert [tx.state.value for tx in restarted.broker.router.transactions.values()] == [
+        "COMMITTING"]
+    assert restarted.broker.queues[ROUTER_QUEUE].messages == 2
+
+
+def test_a_restart_before_the_accept_is_durable_forgets_the_transaction() -> None:
+    harness = Harness(auto_sync=False)
+    rig = Rig(harness)
+    rig.define()
+    harness.sync()
+    client = rig.client(1)
+    rig.server(2, "A")
+    rig.send(1, client, "t1", 1)
+    rig.accept(1, client, "t1")
+    restarted = harness.crash()  # the VREQ record was never synced
+    assert restarted.broker.router.transactions == {}
+    assert restarted.broker.router.outcome(9, "t1", None, harness.now)["state"] == "UNKNOWN"
