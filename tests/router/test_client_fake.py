@@ -311,7 +311,7 @@ def test_named_and_unnamed_events() -> None:
                 message = await ctl.receive(timeout=5)
                 assert message is not None and (message.number, message.body) == (5, b"all")
             assert await srv.send_event(7, recipient="*") == 1  # the unnamed one is not "*"
-            with pytest.raises(ValueError, match="0..255"):
+            with pytest.raises(ValueError, match=r"0\.\.255"):
                 await srv.send_event(256)
             await named.close()
             await anonymous.close()
