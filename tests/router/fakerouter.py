@@ -426,3 +426,33 @@ class FakeRouterServer:
 def run(coro: Any, timeout: float = 15.0) -> Any:
     """Run a test coroutine on a fresh loop, bounded in time."""
     return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+class ThreadedFakeRouter:
+    """A FakeRouterServer on its own event-loop thread (for the sync face's tests)."""
+
+    def __init__(self, router: FakeRouter) -> None:
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = FakeRouterServer(router)
+        self.call(self.server.start())
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def router(self) -> FakeRouter:
+        return self.server.router
+
+    def stop(self) -> None:
+        self.call(self.server.kill())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
