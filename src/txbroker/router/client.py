@@ -306,7 +306,8 @@ class AsyncTransactionController(AsyncControllerBase):
             # unknown (gone with a crash) or decided: the outcome says which
             with contextlib.suppress(BrokerError):
                 await call("rtr_reject", {"controller": self._id, "tid": tid, "reason": reason})
-        reply = await call("rtr_outcome", {"tid": tid})
+        # with our (new) id: the router also pushes the outcome to us once decided
+        reply = await call("rtr_outcome", {"tid": tid, "controller": self._id})
         if not self._take_outcome(tid, reply) and (self._poller is None or self._poller.done()):
             self._poller = asyncio.create_task(self._poll_outcome(tid))
 
