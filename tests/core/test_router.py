@@ -386,3 +386,22 @@ def test_a_restart_before_the_accept_is_durable_forgets_the_transaction() -> Non
     restarted = harness.crash()  # the VREQ record was never synced
     assert restarted.broker.router.transactions == {}
     assert restarted.broker.router.outcome(9, "t1", None, harness.now)["state"] == "UNKNOWN"
+
+
+def test_concurrent_servers_share_a_partition_one_transaction_each(rig: Rig) -> None:
+    client = rig.client(1)
+    first = rig.server(2, "A", role=Role.CONCURRENT)
+    second = rig.server(3, "A", role=Role.CONCURRENT)
+    for tid in ("t1", "t2", "t3"):
+        rig.send(1, client, tid, 1)
+        rig.accept(1, client, tid)
+    got = {2: rig.take(2), 3: rig.take(3)}
+    assert sorted(len(pushes) for pushes in got.values()) == [1, 1]  # t3 waits
+    holder = {pushes[0][1]: sid for sid, pushes in got.items()}
+    assert sorted(holder) == ["t1", "t2"]
+    ids = {2: first, 3: second}
+    sid = holder["t1"]
+    rig.vote(sid, ids[sid], "t1")
+    assert rig.take(sid) == [("ACCEPTED", "t1")]
+    rig.done(sid, ids[sid], "t1")
+    assert rig.take(sid) == [("MSG1", "t3")]  # the freed server takes the waiting one
