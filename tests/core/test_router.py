@@ -405,3 +405,18 @@ def test_concurrent_servers_share_a_partition_one_transaction_each(rig: Rig) -> 
     assert rig.take(sid) == [("ACCEPTED", "t1")]
     rig.done(sid, ids[sid], "t1")
     assert rig.take(sid) == [("MSG1", "t3")]  # the freed server takes the waiting one
+
+
+def test_an_implicit_vote_that_did_not_see_every_message_is_stale(rig: Rig) -> None:
+    """Two legs in one partition, sent with the accept: the server's vote after the
+    first leg must not commit the transaction without the second (the vote race)."""
+    client = rig.client(1)
+    a = rig.server(2, "A")
+    rig.send(1, client, "t1", 1, b"debit")
+    rig.send(1, client, "t1", 2, b"credit")
+    rig.accept(1, client, "t1")
+    assert rig.take(2) == [("MSG1", "t1"), ("MSG", "t1")]
+    assert rig.call("vote", 2, a, "t1", True, "", rig.h.now, 1) == {"stale": True}
+    assert rig.take(1) == []
+    assert rig.call("vote", 2, a, "t1", True, "", rig.h.now, 2) == {}
+    assert rig.take(1) == [("ACCEPTED", "t1")]

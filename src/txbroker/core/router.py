@@ -502,8 +502,11 @@ class Router:
         return participant
 
     def vote(self, session_id: int, controller_id: Any, tid: Any, accept: bool, reason: Any,
-             now: int) -> dict[str, Any]:
-        """A server's vote: accept, or reject with a reason."""
+             now: int, seen: int | None = None) -> dict[str, Any]:
+        """A server's vote: accept, or reject with a reason. ``seen``: how many of the
+        transaction's messages the server had received when it voted; an accept that
+        did not see every message already pushed to it is stale (the server votes
+        again after the next one), so a vote never covers a message it never saw."""
         participant = self._held(session_id, controller_id, tid)
         if participant is None:
             return {"ignored": True}
@@ -524,6 +527,8 @@ class Router:
                                "accept after PREPARE")
         if participant.state is PartState.VOTED:
             return {}
+        if seen is not None and seen < participant.sent:
+            return {"stale": True}
         participant.state = part_next(participant.state, PartEvent.VOTE)
         if tx.state is TxState.VREQ and self._all_voted(tx):
             self._decide(tx, TxEvent.ALL_VOTED, None, now)

@@ -118,7 +118,8 @@ def rtr_vote(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """A server's vote."""
     controller, tid = int_arg(args, "controller"), _tid_arg(args)
     accept, reason = arg(args, "accept", bool), arg(args, "reason", str, "")
-    return session.core.router.vote(session.id, controller, tid, accept, reason, now)
+    seen = int_arg(args, "seen", None)
+    return session.core.router.vote(session.id, controller, tid, accept, reason, now, seen)
 
 
 def rtr_done(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
