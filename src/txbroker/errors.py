@@ -300,6 +300,11 @@ class ConnectionLost(TxBrokerError):
     """The connection broke and no broker of the failover list answered."""
 
 
+class ReplicaVoteFailed(TxBrokerError):
+    """A ready backup could not write a replicated entry (``--ha replicated``): an
+    XA prepare it voted against fails (XA_RBROLLBACK). Never sent on the wire."""
+
+
 _BY_CODE: dict[int, type[BrokerError]] = {
     cls.code: cls
     for cls in (

@@ -28,7 +28,10 @@ def test_defaults_are_the_seeds() -> None:
     (dict(ha_peer="localhost"), "ha_peer must be HOST:PORT, not 'localhost'"),
     (dict(ha_peer="h:99999"), "ha_peer must be HOST:PORT"),
     (dict(ha_port=5445, port=5445), "ha_port 5445 is also a client port"),
-    (dict(ha="replicated"), "replicated HA is not built yet"),
+    (dict(ha="replicated", ha_peers=""), "--ha replicated needs --ha-peers"),
+    (dict(ha="replicated", ha_peers="a:1,b"), "ha_peer must be HOST:PORT, not 'b'"),
+    (dict(ha="replicated", ha_peers="a:1", backup_timeout=0.0),
+     "backup_timeout must be positive"),
     (dict(ha="raft"), "unknown ha mode 'raft'"),
 ])
 def test_refused_settings(changes: dict[str, object], text: str) -> None:

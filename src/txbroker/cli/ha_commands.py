@@ -37,9 +37,11 @@ ha_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 
 
 def probe(host: HostPort, user: str | None, password: str | None,
-          timeout: float = PROBE_TIMEOUT, tls: ssl.SSLContext | None = None) -> dict[str, Any]:
+          timeout: float = PROBE_TIMEOUT, tls: ssl.SSLContext | None = None,
+          op: str = "stats") -> dict[str, Any]:
     """``stats()`` of one broker, active or standby (a standby answers its ``ha`` part
-    only); ``tls``: over TLS (a ``txbs://`` URL)."""
+    only); ``tls``: over TLS (a ``txbs://`` URL). ``op``: another probe op
+    (``ha_promote``)."""
     codec = NativeConnection(Role.CLIENT)
     with socket.create_connection((host.host, host.port), timeout=timeout) as raw:
         raw.settimeout(timeout)
@@ -64,7 +66,7 @@ def probe(host: HostPort, user: str | None, password: str | None,
         if password is not None:
             hello["password"] = password
         call(1, "hello", hello)
-        result = call(2, "stats", {})
+        result = call(2, op, {})
     return result if isinstance(result, dict) else {}
 
 
@@ -99,11 +101,30 @@ def status(
         raise fail("no broker of the list answered")
 
 
+@ha_app.command()
+def promote(
+    url: UrlOption = DEFAULT_URL,
+    tls_ca: TlsCaOption = None,
+) -> None:
+    """Make the backup at --url (its first address) the primary of its replicated
+    group: what a cluster manager (Pacemaker) calls once the old primary is fenced."""
+    parsed = parse_url(url)
+    tls = tls_client_context(tls_ca) if parsed.tls else None
+    host = parsed.hosts[0]
+    try:
+        result = probe(host, parsed.user, parsed.password, tls=tls, op="ha_promote")
+    except (OSError, TxBrokerError) as exc:
+        raise fail(f"{host}: {describe(exc)}") from exc
+    print(f"{host}: promoting {result.get('node', host)} to primary")
+
+
 def _line(address: str, ha: dict[str, Any]) -> str:
     if "error" in ha:
         return f"{address}  unreachable: {ha['error']}"
     if ha.get("role") == "single":
         return f"{address}  single broker (not a member of an HA pair)"
+    if ha.get("mode") == "replicated":
+        return _replicated_line(address, ha)
     since = time.strftime("%H:%M:%S", time.localtime(ha.get("since", 0)))
     other = (f"standby {ha.get('standby') or 'none'}" if ha.get("role") == "active"
              else f"following {ha.get('following') or 'nobody'}")
@@ -111,3 +132,30 @@ def _line(address: str, ha: dict[str, Any]) -> str:
             f"peer {ha.get('peer')}  {other}  last heartbeat "
             f"{_age(ha.get('last_heartbeat_age'))}\n    lock {ha.get('lock_file')}: "
             f"{ha.get('lock_holder') or 'not held'}")
+
+
+def _replicated_line(address: str, ha: dict[str, Any]) -> str:
+    since = time.strftime("%H:%M:%S", time.localtime(ha.get("since", 0)))
+    head = f"{address}  {ha.get('role')} since {since}  HA {ha.get('node')}"
+    lines = [head]
+    replication = ha.get("replication")
+    if replication:
+        lines.append(f"    LSN {replication.get('lsn')}, {replication.get('in_flight')} in flight")
+        for backup in replication.get("backups", []):
+            lines.append(f"    backup {backup['node']} {backup['state']}  acked "
+                         f"{backup['acked']}  lag {backup['lag_entries']} entries, "
+                         f"{backup['queued_bytes']} bytes queued"
+                         + (f"  ({backup['reason']})" if backup.get("reason") else ""))
+    following = ha.get("following")
+    if following:
+        lines.append(f"    following {following.get('primary') or '-'} at "
+                     f"{following.get('primary_address')}: {following.get('state')}, "
+                     f"{'ready' if following.get('ready') else 'not ready'}, durable LSN "
+                     f"{following.get('durable_lsn')}")
+    if "promotable" in ha and ha.get("role") == "backup":
+        lines.append(f"    promotable: {'yes' if ha['promotable'] else 'no'}")
+    if ha.get("etcd"):
+        lines.append(f"    etcd: {ha['etcd']}")
+    if ha.get("problem"):
+        lines.append(f"    last problem: {ha['problem']}")
+    return "\n".join(lines)

@@ -64,7 +64,8 @@ def serve(
     repair: Annotated[bool, typer.Option(
         "--repair", help="skip corrupt journal regions (reports what is dropped)")] = False,
     ha: Annotated[str | None, typer.Option(
-        help="HA mode: shared-store (two brokers, one data directory; docs/ha.md)")] = None,
+        help="HA mode: shared-store (two brokers, one data directory) or replicated "
+             "(a primary and backups, each on its own disk); docs/ha.md")] = None,
     ha_port: Annotated[int | None, typer.Option(help="this broker's HA link port")] = None,
     ha_peer: Annotated[str | None, typer.Option(
         help="the other broker's HA address HOST:PORT")] = None,
@@ -73,6 +74,15 @@ def serve(
     activation_interval: Annotated[float | None, typer.Option(
         help="heartbeat silence (s) before the standby acts (default 10, >= 2x heartbeat)")
     ] = None,
+    ha_peers: Annotated[str | None, typer.Option(
+        help="--ha replicated: the other brokers' HA addresses H:P,H:P")] = None,
+    ha_node: Annotated[str | None, typer.Option(
+        help="--ha replicated: this broker's name (default HOST:HA_PORT)")] = None,
+    backup_timeout: Annotated[float | None, typer.Option(
+        help="--ha replicated: seconds a ready backup may leave an entry unacknowledged "
+             "before it leaves the ready set (default 5)")] = None,
+    ha_etcd: Annotated[str | None, typer.Option(
+        help="--ha replicated: etcd endpoints for automatic promotion")] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Run a broker until SIGTERM / Ctrl-C."""
@@ -86,7 +96,8 @@ def serve(
         tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
         repair=repair or None, ha=ha, ha_port=ha_port, ha_peer=ha_peer,
-        heartbeat_interval=heartbeat_interval, activation_interval=activation_interval)
+        heartbeat_interval=heartbeat_interval, activation_interval=activation_interval,
+        ha_peers=ha_peers, ha_node=ha_node, backup_timeout=backup_timeout, ha_etcd=ha_etcd)
     cfg = _load_config(config, **overrides)
     started = False
 
@@ -105,13 +116,15 @@ def serve(
               f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "
               f"{server.recovery_seconds:.2f} s"
-              + (" [HA active]" if server.ha_status is not None else ""), flush=True)
+              + (f" [HA {cfg.ha}]" if server.ha_status is not None else ""), flush=True)
         if cfg.repair and getattr(server.store, "repair_report", None):
             for line in server.store.repair_report:
                 print(f"repair: {line}", flush=True)
 
     try:
-        if cfg.ha:
+        if cfg.ha == "replicated":
+            _run_replicated(cfg, ready)
+        elif cfg.ha:
             _run_ha(cfg, lambda: _load_config(config, **overrides), ready)
         else:
             run(cfg, ready)
@@ -139,6 +152,22 @@ def _run_ha(cfg: Any, reload: Callable[[], Any], ready: Callable[[Any], None]) -
         run(cfg, main=node.run)
     except PeerRefused as exc:
         raise fail(f"the HA peer refused this broker: {exc}") from exc
+
+
+def _run_replicated(cfg: Any, ready: Callable[[Any], None]) -> None:
+    """Run one broker of a replicated group: a line when it is a backup, the usual
+    ready line once it is the primary."""
+    from txbroker.server.app import run
+    from txbroker.server.replicated import ReplicatedNode, Role
+
+    def on_role(role: str, server: Any) -> None:
+        if role == Role.BACKUP:
+            print(f"txbroker backup on HA {node.node} (peers {cfg.ha_peers})", flush=True)
+        elif role == Role.PRIMARY and server is not None:
+            ready(server)
+
+    node = ReplicatedNode(cfg, on_role)
+    run(cfg, main=node.run)
 
 
 def _load_config(path: Path | None, **overrides: Any) -> Any:

@@ -24,6 +24,9 @@ Bytes on the wire (the native protocol's framing, ``protocol/native.py``)::
                                     (dump entries have lsn 0)
     "dumped"     primary → backup   {"at": int} — the dump is complete
     "heartbeat"  primary → backup   {"lsn": int} — the newest LSN
+    "state"      primary → backup   {"ready": bool} — whether the primary now waits for
+                                    this backup's acks (only a ready backup may be
+                                    promoted: it has every acknowledged entry)
     "ack"        backup → primary   {"lsn": int} — every entry ≤ lsn is durable
                                     here (after "dumped": 0 until then)
     "vote"       backup → primary   {"lsn": int, "ok": false, "reason": str}
@@ -49,7 +52,7 @@ __all__ = ["MAX_FRAME", "MESSAGE_TYPES", "LinkMessage", "ReplicationCodec", "enc
 MAX_FRAME: Final = 64 * 1024 * 1024
 #: Every message type, and the one direction each may travel.
 MESSAGE_TYPES: Final = frozenset({"join", "welcome", "refuse", "entries", "dumped",
-                                  "heartbeat", "ack", "vote"})
+                                  "heartbeat", "state", "ack", "vote"})
 _LENGTH: Final = struct.Struct(">I")
 assert _LENGTH.size == 4
 

@@ -154,6 +154,8 @@ class BrokerServer:
         self._lock = lock
         #: the HA part's status (``stats()["ha"]``), when the broker is one of a pair
         self.ha_status: Callable[[], dict[str, Any]] | None = None
+        #: replicated HA: wraps the store once opened (``server/replication.py``)
+        self.wrap_store: Callable[[Store], Store] | None = None
 
     @property
     def auth(self) -> Authenticator:
@@ -174,22 +176,34 @@ class BrokerServer:
 
     async def recover(self) -> None:
         """Open the store and rebuild the broker from it (no listener yet)."""
+        started = time.monotonic()
+        self.open_store()
+        self.finish_recovery(started)
+
+    def open_store(self) -> None:
+        """Open the store and replay every entry it holds into the core, without
+        finishing recovery: a backup of ``--ha replicated`` goes on replaying what its
+        primary sends (``server/replica.py``) until it is promoted."""
         self.loop = asyncio.get_running_loop()
         self.ops.check_listen(self.config.host)  # before a long recovery
         if self.auth.open:
             log.warning("no users configured: the broker is OPEN (no authentication), "
                         "listening on loopback only")
-        started = time.monotonic()
         loop = self.loop
 
         def dispatch(completions: Callable[[], None]) -> None:
             loop.call_soon_threadsafe(self._completed, completions)
 
         store = open_store(self.config, dispatch, self.broker.snapshot, self._lock)
+        if self.wrap_store is not None:
+            store = self.wrap_store(store)
         self.broker.body_size_of = store.body_size
         for entry in store.recover():
             self.broker.replay(entry)
         self.store = store
+
+    def finish_recovery(self, started: float) -> None:
+        """Replay is over: messages go into their queues, the router reads its journal."""
         self.broker.finish_recovery(self.now())
         self.recovered_messages = len(self.broker.messages)
         self._restore_router()

@@ -82,7 +82,9 @@ DEFAULT_MAINTAIN_INTERVAL = 1.0
 DEFAULT_HEARTBEAT_INTERVAL = 3.0
 DEFAULT_ACTIVATION_INTERVAL = 10.0
 #: The HA modes ``--ha`` accepts ("" = a single broker).
-HA_MODES = ("", "shared-store")
+HA_MODES = ("", "shared-store", "replicated")
+#: A ready backup silent this long on an entry (s) leaves the ready set (docs/ha.md).
+DEFAULT_BACKUP_TIMEOUT = 5.0
 #: The listeners' port settings: each non-zero one must differ from the others.
 CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port")
 
@@ -127,6 +129,15 @@ class ServerConfig:
     ha_peer: str = ""
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL
     activation_interval: float = DEFAULT_ACTIVATION_INTERVAL
+    #: --ha replicated: the other brokers' HA addresses, "H:P,H:P" (docs/ha.md)
+    ha_peers: str = ""
+    #: --ha replicated: this broker's name in the group ("" = HOST:HA_PORT)
+    ha_node: str = ""
+    #: --ha replicated: a ready backup that leaves an entry unacknowledged this long
+    #: (s) leaves the ready set, so that the primary is not held up by it
+    backup_timeout: float = DEFAULT_BACKUP_TIMEOUT
+    #: --ha replicated: etcd endpoints ("http://H:P[,…]") for automatic promotion
+    ha_etcd: str = ""
     limits: Limits = field(default_factory=Limits)
     users: dict[str, str] = field(default_factory=dict)
     #: the ``[acl]`` table (None: no table, every user may do everything)
@@ -187,9 +198,12 @@ class ServerConfig:
 
     def _validate_ha(self) -> None:
         if self.ha not in HA_MODES:
-            hint = " (replicated HA is not built yet)" if self.ha == "replicated" else ""
-            raise ValueError(f"unknown ha mode {self.ha!r}{hint}; available: shared-store")
+            raise ValueError(f"unknown ha mode {self.ha!r}; available: shared-store, "
+                             "replicated")
         if not self.ha:
+            return
+        if self.ha == "replicated":
+            self._validate_replicated()
             return
         if not 1 <= self.ha_port <= 65535:
             raise ValueError("--ha shared-store needs --ha-port (1..65535): the HA link's port")
@@ -201,6 +215,21 @@ class ServerConfig:
                 f"activation_interval ({self.activation_interval:g} s) must be at least twice "
                 f"heartbeat_interval ({self.heartbeat_interval:g} s): one late heartbeat must "
                 "not make the standby act")
+        if self.ha_port in [getattr(self, name) for name in CLIENT_PORTS]:
+            raise ValueError(f"ha_port {self.ha_port} is also a client port")
+
+
+    def _validate_replicated(self) -> None:
+        if not 1 <= self.ha_port <= 65535:
+            raise ValueError("--ha replicated needs --ha-port (1..65535): the HA link's port")
+        peers = [p.strip() for p in self.ha_peers.split(",") if p.strip()]
+        if not peers:
+            raise ValueError("--ha replicated needs --ha-peers H:P[,H:P…]: the other "
+                             "brokers' HA addresses")
+        for peer in peers:
+            peer_address(peer)
+        if not self.backup_timeout > 0:
+            raise ValueError("backup_timeout must be positive")
         if self.ha_port in [getattr(self, name) for name in CLIENT_PORTS]:
             raise ValueError(f"ha_port {self.ha_port} is also a client port")
 

@@ -469,17 +469,37 @@ class SharedStoreNode:
             return
         auth = Authenticator(config.users)
         self._refuser = await asyncio.get_running_loop().create_server(
-            lambda: StandbyConnection(self, auth), config.host, config.port,
-            reuse_address=True)
+            lambda: StandbyConnection(config, auth, refusal=self._refusal_text,
+                                      status=self.status, role=lambda: self.role),
+            config.host, config.port, reuse_address=True)
+
+    def _refusal_text(self, op: str) -> str:
+        config = self.config
+        if op == "hello":
+            active = self.following or config.ha_peer
+            return (f"this broker ({config.host}:{config.port}) is the standby of a "
+                    f"shared-store pair (the active is at HA address {active}): try the next "
+                    "address")
+        return f"this broker is the standby of a shared-store pair: {op!r} is served by the active"
 
 
 class StandbyConnection(asyncio.Protocol):
-    """A native client of a standby: refused with ``Standby``, except a probe."""
+    """A native client of a broker that serves none (a shared-store standby, a
+    replicated backup): refused with ``Standby`` (``refusal`` says why), except a
+    probe (``hello`` with ``probe: true`` and the broker's users), which may ask
+    ``stats`` and ``ping`` and the ``extra`` ops (``ha_promote`` on a backup)."""
 
-    def __init__(self, node: SharedStoreNode, auth: Authenticator) -> None:
-        self.node = node
+    def __init__(self, config: ServerConfig, auth: Authenticator, *,
+                 refusal: Callable[[str], str], status: Callable[[], dict[str, Any]],
+                 role: Callable[[], str],
+                 extra: dict[str, Callable[[dict[str, Any]], Any]] | None = None) -> None:
+        self.config = config
         self.auth = auth
-        self.codec = NativeConnection(Role.SERVER, max_frame_size=node.config.max_frame_size)
+        self.refusal = refusal
+        self.status = status
+        self.role = role
+        self.extra = extra or {}
+        self.codec = NativeConnection(Role.SERVER, max_frame_size=config.max_frame_size)
         self.transport: asyncio.Transport | None = None
         self.probe = False
 
@@ -516,21 +536,18 @@ class StandbyConnection(asyncio.Protocol):
         return self.codec.send(Ok(request.rid, result)), False
 
     def _result(self, request: Request) -> Any:
-        node = self.node
         if request.op == "hello" and not self.probe:
             args = request.args
             if args.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
                 raise BadRequest(f"unsupported protocol version {args.get('version')!r}")
             if args.get("probe") is not True:
-                active = node.following or node.config.ha_peer
-                raise Standby(f"this broker ({node.config.host}:{node.config.port}) is the "
-                              f"standby of a shared-store pair (the active is at HA address "
-                              f"{active}): try the next address")
+                raise Standby(self.refusal("hello"))
             if not self.auth.check(args.get("user"), args.get("password")):
                 raise AuthenticationFailed("wrong user or password")
             self.probe = True
-            return {"server": "txbroker", "version": PROTOCOL_VERSION, "role": node.role}
+            return {"server": "txbroker", "version": PROTOCOL_VERSION, "role": self.role()}
         if self.probe and request.op in PROBE_OPS:
-            return {"ha": node.status()} if request.op == "stats" else None
-        raise Standby(f"this broker is the standby of a shared-store pair: {request.op!r} "
-                      "is served by the active")
+            return {"ha": self.status()} if request.op == "stats" else None
+        if self.probe and request.op in self.extra:
+            return self.extra[request.op](request.args)
+        raise Standby(self.refusal(request.op))

@@ -322,6 +322,18 @@ class Operations:
             session.sink.cancelled(effect.sub, effect.reason)
             self._touched.add(session)
 
+    def hold_input(self, held: bool) -> None:
+        """Stop (or go on) reading every client connection: replication takes a dump
+        while nothing new comes in (``server/replication.py``)."""
+        for session in self.sessions.values():
+            transport = getattr(session.sink, "transport", None)
+            if transport is None or transport.is_closing():
+                continue
+            if held:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
     def notify(self, effect: Notify) -> None:
         """A push of the transaction router (a message, an outcome, an event)."""
         session = self.sessions.get(effect.session)

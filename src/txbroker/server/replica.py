@@ -1,0 +1,246 @@
+"""A backup's side of replicated HA: follow the primary into its own store.
+
+Theory of operation
+-------------------
+A backup joins the primary's HA port (``join``), gets a ``welcome`` naming the
+LSN its dump stands for, and then:
+
+1. marks its data directory **incomplete** (the file :data:`INCOMPLETE`, synced)
+   and empties it — everything but the store's lock — so that a half-copied
+   state can never be promoted;
+2. opens a fresh store and a core that *replays* (``BrokerServer.open_store``,
+   recovery never finished): each entry it receives — the dump's, then the
+   stream's — is appended to its store (its own group commit) and replayed into
+   the core, whose releases free the space of what the primary consumed;
+3. once every dump entry is durable, removes the marker and acknowledges the
+   dump's LSN; from then on it acknowledges the highest LSN durable here, one
+   ``ack`` per batch of completions.
+
+An entry it cannot write is a failed vote (``vote``): it says so and leaves.
+When the link breaks, the primary is gone or dropped us: the node joins again
+(a fresh dump) or, if promoted, finishes recovery from the state it replayed
+(``server/replicated.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Final
+
+from txbroker.core.effects import Release
+from txbroker.core.records import StoredEntry
+from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
+from txbroker.protocol import replication as link
+from txbroker.server.app import BrokerServer
+from txbroker.server.config import ServerConfig
+from txbroker.storage.store_lock import StoreLock
+
+log = logging.getLogger("txbroker.ha")
+
+__all__ = ["INCOMPLETE", "Follower", "PrimaryRefused", "incomplete", "wipe"]
+
+#: The marker of a data directory whose copy of the primary is not whole.
+INCOMPLETE: Final = "REPLICA_INCOMPLETE"
+
+
+class PrimaryRefused(TxBrokerError):
+    """The peer is not a primary that takes this backup (it said why)."""
+
+
+def incomplete(data: Path) -> bool:
+    """Does ``data`` hold a copy that was cut off before it was whole?"""
+    return (data / INCOMPLETE).exists()
+
+
+def wipe(data: Path, keep: Path) -> None:
+    """Mark ``data`` incomplete (durably), then delete all of it but ``keep`` (the
+    store's lock, held) and the marker."""
+    data.mkdir(parents=True, exist_ok=True)
+    marker = data / INCOMPLETE
+    with open(marker, "wb") as handle:
+        handle.write(b"a backup's copy of its primary is being replaced\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    keep = keep.resolve()
+    for path in sorted(data.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        resolved = path.resolve()
+        if resolved in (keep, marker.resolve()) or resolved in keep.parents:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink()
+    for child in data.iterdir():  # directories left with only the lock's ancestors
+        if child.is_dir() and child.resolve() not in keep.parents:
+            shutil.rmtree(child)
+
+
+def _unmark(data: Path) -> None:
+    marker = data / INCOMPLETE
+    marker.unlink(missing_ok=True)
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Follower:
+    """One backup following one primary over one link (module docstring)."""
+
+    def __init__(self, config: ServerConfig, lock: StoreLock, lock_path: Path,
+                 node: str) -> None:
+        self.config = config
+        self.lock = lock
+        self.lock_path = lock_path
+        self.node = node
+        self.server: BrokerServer | None = None
+        self.primary = ""  #: the primary's node name
+        self.primary_address = ""
+        self.state = "joining"  #: joining, copying, following
+        self.at = 0  #: the LSN of the dump
+        self.dumped = False
+        self.dump_entries = 0
+        self.dump_durable = 0
+        self.durable_lsn = 0  #: the highest LSN durable here
+        self.acked = -1  #: the last LSN acknowledged (-1: none yet, not even the dump's)
+        self.received = 0
+        #: the primary counts this backup as ready (it waits for its acks)
+        self.ready = False
+        self._writer: asyncio.StreamWriter | None = None
+        self._ack_scheduled = False
+        self.failed: str | None = None
+
+    def status(self) -> dict[str, object]:
+        """The follower's part of ``ha status``."""
+        return {"primary": self.primary, "primary_address": self.primary_address,
+                "state": self.state, "ready": self.ready, "dump_lsn": self.at,
+                "durable_lsn": self.durable_lsn, "received": self.received}
+
+    async def follow(self, host: str, port: int) -> None:
+        """Join the primary at ``host:port`` and follow it until the link breaks
+        (returns) or it refuses us (PrimaryRefused)."""
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+        self._writer = writer
+        self.primary_address = f"{host}:{port}"
+        codec = link.ReplicationCodec()
+        try:
+            writer.write(link.encode("join", {"node": self.node, "version": 1}))
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    return
+                for message in codec.receive_data(data):
+                    self._on_message(message)
+                await writer.drain()
+                if self.failed is not None:
+                    return
+        finally:
+            writer.close()
+            self._writer = None
+
+    def _on_message(self, message: link.LinkMessage) -> None:
+        body = message.body
+        if message.type == "refuse":
+            raise PrimaryRefused(str(body.get("reason", "refused")))
+        if message.type == "welcome":
+            self._start(str(body["node"]), int(body["at"]))
+        elif message.type == "entries":
+            if self.server is None:
+                raise ProtocolError("entries before welcome")
+            for lsn, kind, meta, bodies in body:
+                self._apply(int(lsn), int(kind), bytes(meta), [bytes(b) for b in bodies])
+        elif message.type == "dumped":
+            self.dumped = True
+            self._maybe_whole()
+        elif message.type == "state":
+            self.ready = bool(body.get("ready"))
+        elif message.type != "heartbeat":
+            raise ProtocolError(f"a primary may not send {message.type!r}")
+
+    def _start(self, primary: str, at: int) -> None:
+        """The primary welcomed us: replace our copy with its dump."""
+        self.primary, self.at, self.state = primary, at, "copying"
+        log.info("replication: following %s from its dump at LSN %d", primary, at)
+        wipe(self.config.data, self.lock_path)
+        server = BrokerServer(self.config, lock=self.lock)
+        server.open_store()
+        self.server = server
+
+    def _apply(self, lsn: int, kind: int, meta: bytes, bodies: list[bytes]) -> None:
+        server = self.server
+        assert server is not None and server.store is not None
+        self.received += 1
+        if lsn == 0:
+            self.dump_entries += 1
+        def durable(error: BaseException | None) -> None:
+            self._durable(lsn, error)
+
+        try:
+            refs = server.store.append(kind, meta, bodies, durable)
+        except (StorageFailed, ValueError, OSError) as exc:
+            self._vote_fail(lsn, str(exc))
+            return
+        server.broker.replay(StoredEntry(kind, meta, tuple(refs)))
+        for effect in server.broker.take_effects():
+            if isinstance(effect, Release):
+                server.store.release(effect.ref)
+
+    def _durable(self, lsn: int, error: BaseException | None) -> None:
+        if error is not None:
+            self._vote_fail(lsn, str(error))
+            return
+        if lsn == 0:
+            self.dump_durable += 1
+            self._maybe_whole()
+            return
+        self.durable_lsn = max(self.durable_lsn, lsn)
+        if self.state == "following":
+            self._schedule_ack()
+
+    def _maybe_whole(self) -> None:
+        if self.dumped and self.dump_durable == self.dump_entries and self.state == "copying":
+            _unmark(self.config.data)
+            self.state = "following"
+            self.durable_lsn = max(self.durable_lsn, self.at)
+            log.info("replication: copy of %s is whole (LSN %d)", self.primary, self.at)
+            self._schedule_ack()
+
+    def _schedule_ack(self) -> None:
+        if self._ack_scheduled:
+            return
+        self._ack_scheduled = True
+        asyncio.get_running_loop().call_soon(self._send_ack)
+
+    def _send_ack(self) -> None:
+        self._ack_scheduled = False
+        writer = self._writer
+        if writer is None or writer.is_closing() or self.durable_lsn <= self.acked:
+            return
+        self.acked = self.durable_lsn
+        writer.write(link.encode("ack", {"lsn": self.acked}))
+
+    def _vote_fail(self, lsn: int, reason: str) -> None:
+        log.error("replication: cannot write entry %d: %s (voting fail, leaving)", lsn, reason)
+        self.failed = reason
+        writer = self._writer
+        if writer is not None and not writer.is_closing():
+            writer.write(link.encode("vote", {"lsn": lsn, "ok": False, "reason": reason}))
+
+    def close_store(self) -> None:
+        """Give up the copy's store (before joining again)."""
+        server = self.server
+        self.server = None
+        if server is not None and server.store is not None:
+            server.store.close()
+            server.store = None

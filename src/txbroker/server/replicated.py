@@ -1,0 +1,325 @@
+"""Replicated HA (seed 001): one primary, backups that each keep a copy on their own
+disk, promotion decided outside the brokers (``txbroker ha promote``, or etcd).
+
+Theory of operation
+-------------------
+Every broker of the group is started the same way (``--ha replicated --ha-port P
+--ha-peers H:P,H:P``, each with its own data directory) and starts as a
+**backup**: it holds its own store's lock, listens on its HA port, answers
+clients with ``Standby`` ("this broker is a backup", so a client moves on
+through its failover list), and looks for the primary among its peers: the
+peer that welcomes its ``join`` is the primary; a backup refuses joins. It then
+follows the primary (``server/replica.py``), joining again after any break.
+
+A backup becomes the **primary** only when told: ``txbroker ha promote --url``
+(what a cluster manager such as Pacemaker — the seed's rgmanager — calls), or
+by taking the etcd key (``server/etcd.py``). It is promotable when its copy is
+whole: following a primary with the dump complete, or not following anybody
+with no ``REPLICA_INCOMPLETE`` marker in its data directory (a whole-cluster
+restart). Promotion finishes recovery from the state the backup replayed (or
+recovers its own store), opens the client listeners and starts the
+:class:`~txbroker.server.replication.ReplicationHub`: the other brokers join it.
+
+Nothing a client left open reaches a backup: only committed entries and
+prepared XA branches are replicated, so after a failover every open, unprepared
+transaction of the old primary is simply gone (rolled back) and every prepared
+branch is still prepared, for the transaction manager to complete (seed
+requirement 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from txbroker.errors import IllegalState, ProtocolError
+from txbroker.protocol import replication as link
+from txbroker.server.app import BrokerServer, store_lock_path
+from txbroker.server.auth import Authenticator
+from txbroker.server.config import ServerConfig, peer_address
+from txbroker.server.ha import StandbyConnection
+from txbroker.server.replica import Follower, PrimaryRefused, incomplete
+from txbroker.server.replication import ReplicatingStore, ReplicationHub
+from txbroker.storage.store_lock import StoreLock
+
+log = logging.getLogger("txbroker.ha")
+
+__all__ = ["ReplicatedNode", "Role"]
+
+#: Pause between two rounds over the peers when none is a primary (s).
+SEARCH_PAUSE: Final = 0.3
+
+
+class Role:
+    """The roles of a replicated broker."""
+
+    BACKUP = "backup"
+    PROMOTING = "promoting"
+    PRIMARY = "primary"
+    STOPPED = "stopped"
+
+
+class ReplicatedNode:
+    """One broker of a replicated group (module docstring)."""
+
+    def __init__(self, config: ServerConfig,
+                 on_role: Callable[[str, BrokerServer | None], None] | None = None) -> None:
+        config.validate()
+        if config.ha != "replicated":
+            raise ValueError('ReplicatedNode needs ha = "replicated"')
+        self.config = config
+        self._on_role = on_role
+        self.node = config.ha_node or f"{config.host}:{config.ha_port}"
+        self.peers = [peer_address(p.strip()) for p in config.ha_peers.split(",") if p.strip()]
+        self.lock_path = store_lock_path(config)
+        self.role = Role.BACKUP
+        self.since = time.time()
+        self.server: BrokerServer | None = None
+        self.hub: ReplicationHub | None = None
+        self.follower: Follower | None = None
+        self.lock: StoreLock | None = None
+        self._promote = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._link_server: asyncio.Server | None = None
+        self._refuser: asyncio.Server | None = None
+        self.last_problem = ""
+        #: whether the primary counted our copy as ready when we last lost it (None: we
+        #: have not followed anybody since we started: a whole-group restart)
+        self.copy_ready: bool | None = None
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """What ``txbroker ha status`` prints for this broker."""
+        result: dict[str, Any] = {
+            "mode": "replicated", "role": self.role, "since": round(self.since, 3),
+            "node": self.node, "peers": self.config.ha_peers,
+            "promotable": self.promotable() is None,
+            "backup_timeout": self.config.backup_timeout}
+        if self.hub is not None:
+            result["replication"] = self.hub.status()
+        if self.follower is not None:
+            result["following"] = self.follower.status()
+        if self.last_problem:
+            result["problem"] = self.last_problem
+        return result
+
+    def _set_role(self, role: str) -> None:
+        if role == self.role:
+            return
+        log.info("HA role: %s -> %s", self.role, role)
+        self.role, self.since = role, time.time()
+        if self._on_role is not None:
+            self._on_role(role, self.server)
+
+    def promotable(self) -> str | None:
+        """Why this broker may not become the primary now (None: it may)."""
+        if self.role != Role.BACKUP:
+            return f"it is the {self.role}"
+        follower = self.follower
+        if follower is not None and follower.server is not None:
+            if follower.state != "following":
+                return "its copy of the primary is incomplete (still copying)"
+            if not follower.ready:
+                return ("the primary does not count it as ready (it is catching up): "
+                        "it may miss acknowledged entries")
+            return None
+        if incomplete(self.config.data):
+            return "its copy of the primary is incomplete (REPLICA_INCOMPLETE)"
+        if self.copy_ready is False:
+            return ("the primary it lost did not count it as ready (it was catching up): "
+                    "it may miss acknowledged entries; promote a ready backup")
+        return None
+
+    def request_promotion(self, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``ha_promote``: become the primary (IllegalState when not promotable)."""
+        why = self.promotable()
+        if why is not None:
+            raise IllegalState(f"{self.node} cannot be promoted: {why}")
+        self._promote.set()
+        return {"node": self.node, "promoting": True}
+
+    def request_stop(self) -> None:
+        """Stop in any role."""
+        self._stopping.set()
+        if self.server is not None and self.role == Role.PRIMARY:
+            self.server.request_stop()
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> None:
+        """Be a backup until promoted, then the primary, until stopped."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        self.lock = StoreLock.try_acquire(self.lock_path, f"replicated broker, HA {self.node}")
+        if self.lock is None:
+            raise RuntimeError(f"the data directory {self.config.data} is in use by another "
+                               "broker (its store lock is held)")
+        self._link_server = await asyncio.start_server(
+            self._on_link, self.config.host, self.config.ha_port, reuse_address=True)
+        await self._open_refuser()
+        if self._on_role is not None:
+            self._on_role(Role.BACKUP, None)
+        try:
+            promoted = await self._be_backup()
+            if promoted:
+                await self._be_primary()
+        finally:
+            await self._close()
+
+    async def _be_backup(self) -> bool:
+        """Follow whichever peer is the primary; True once promoted."""
+        while not self._stopping.is_set():
+            for host, port in self.peers:
+                if self._promote.is_set():
+                    return True
+                if self._stopping.is_set():
+                    return False
+                assert self.lock is not None
+                follower = Follower(self.config, self.lock, self.lock_path, self.node)
+                self.follower = follower
+                outcome = await self._follow(follower, host, port)
+                if outcome == "promote" and follower.state == "following":
+                    return True  # promoted from the copy it replayed
+                if follower.server is not None:
+                    self.copy_ready = follower.state == "following" and follower.ready
+                self._drop_copy(follower)
+                if outcome == "promote":
+                    return True  # promoted from its own store (recovered from disk)
+                if outcome == "stop":
+                    return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._promote.wait(), SEARCH_PAUSE)
+        return False
+
+    def _drop_copy(self, follower: Follower) -> None:
+        """Close a copy's store (its data stays on disk) and take the lock again: the
+        store gives it up when it closes."""
+        self.follower = None
+        if follower.server is None:
+            return
+        follower.close_store()
+        self.lock = StoreLock.try_acquire(self.lock_path, f"replicated broker, HA {self.node}")
+        if self.lock is None:
+            raise RuntimeError(f"the data directory {self.config.data} was taken by another "
+                               "process while this backup changed primaries")
+
+    async def _follow(self, follower: Follower, host: str, port: int) -> str:
+        """Follow one peer until the link ends ("ended"), a promotion ("promote") or a
+        stop ("stop")."""
+        task = asyncio.ensure_future(follower.follow(host, port))
+        waiter = asyncio.ensure_future(self._promote.wait())
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            return "promote" if self._promote.is_set() else "stop"
+        try:
+            task.result()
+            if follower.server is not None:
+                log.warning("replication: lost the primary %s", follower.primary)
+                self.last_problem = f"lost the primary {follower.primary}"
+        except PrimaryRefused as exc:
+            self.last_problem = f"{host}:{port}: {exc}"
+        except (OSError, TimeoutError, ProtocolError) as exc:
+            self.last_problem = f"{host}:{port}: {exc!r}"
+        if self._promote.is_set():
+            return "promote"
+        return "ended"
+
+    async def _be_primary(self) -> None:
+        """Finish recovery (from the replayed copy or our own store), then serve."""
+        self._set_role(Role.PROMOTING)
+        started = time.monotonic()
+        follower = self.follower
+        if follower is not None and follower.server is not None \
+                and follower.state == "following":
+            server = follower.server
+            server.wrap_store = None
+            server.finish_recovery(started)
+        else:
+            if follower is not None:
+                self._drop_copy(follower)
+            server = BrokerServer(self.config, lock=self.lock)
+            await server.recover()
+        self.follower = None
+        hub = ReplicationHub(server, self.node, self.config.backup_timeout)
+        assert server.store is not None
+        server.store = ReplicatingStore(server.store, hub)
+        self.hub, self.server = hub, server
+        server.ha_status = self.status
+        if self._refuser is not None:
+            self._refuser.close()
+            self._refuser = None
+        await server.open_listeners()
+        log.info("replication: %s is the primary (promoted in %.2f s)", self.node,
+                 time.monotonic() - started)
+        self._set_role(Role.PRIMARY)
+        if self._stopping.is_set():
+            server.request_stop()
+        await server.serve_forever()
+
+    async def _close(self) -> None:
+        if self._refuser is not None:
+            self._refuser.close()
+        if self._link_server is not None:
+            self._link_server.close()
+        if self.follower is not None:
+            self.follower.close_store()
+        if self.lock is not None and self.lock.held:
+            self.lock.release()
+        self._set_role(Role.STOPPED)
+
+    # ------------------------------------------------------------------ the HA port
+    async def _on_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        codec = link.ReplicationCodec()
+        try:
+            messages: list[link.LinkMessage] = []
+            while not messages:
+                data = await asyncio.wait_for(reader.read(65536), 5.0)
+                if not data:
+                    return
+                messages = codec.receive_data(data)
+            first = messages[0]
+            if first.type != "join" or not isinstance(first.body, dict):
+                raise ProtocolError(f"expected join, got {first.type!r}")
+            hub = self.hub
+            if self.role != Role.PRIMARY or hub is None:
+                writer.write(link.encode("refuse", {
+                    "reason": f"{self.node} is a {self.role}, not the primary"}))
+                await writer.drain()
+                return
+            await hub.serve_backup(reader, writer, first.body, codec)
+        except (ProtocolError, TimeoutError, ConnectionError, OSError) as exc:
+            log.warning("HA link: %s", exc)
+        finally:
+            writer.close()
+
+    async def _open_refuser(self) -> None:
+        config = self.config
+        if not config.port:
+            return
+        auth = Authenticator(config.users)
+        self._refuser = await asyncio.get_running_loop().create_server(
+            lambda: StandbyConnection(config, auth, refusal=self._refusal, status=self.status,
+                                      role=lambda: self.role,
+                                      extra={"ha_promote": self.request_promotion}),
+            config.host, config.port, reuse_address=True)
+
+    def _refusal(self, op: str) -> str:
+        follower = self.follower
+        primary = follower.primary_address if follower is not None else ""
+        return (f"this broker ({self.node}) is a backup of a replicated group"
+                + (f" (the primary's HA address is {primary})" if primary else "")
+                + ": try the next address")
