@@ -70,3 +70,32 @@ def test_no_dump_while_something_is_on_its_way_to_disk() -> None:
     assert check_quiet(h.broker) is not None
     h.sync()
     assert check_quiet(h.broker) is None
+
+
+def test_a_failed_backup_vote_rolls_the_prepare_back() -> None:
+    """Seed 001, "fail cancels": the XA_PREPARE completes with ReplicaVoteFailed, the
+    branch is rolled back (XA_ROLLBACK written) and prepare answers XA_RBROLLBACK."""
+    from txbroker.core.records import Kind
+    from txbroker.errors import XA_RBROLLBACK, ReplicaVoteFailed, XAError
+
+    h = Harness()
+    XA(h, 2).send("in", b"order")
+    branch = XA(h)
+    branch.start()
+    branch.take("in")
+    branch.send("out", b"reply")
+    branch.end()
+    h.auto_sync = False
+    result = h.call("xa_prepare", 1, 77, X1, h.now)
+    [(prepare, _)] = [p for p in h.pending if p[0].kind == Kind.XA_PREPARE]
+    h.pending = [p for p in h.pending if p[0] is not prepare]
+    prepare.on_durable(ReplicaVoteFailed("backup b2 voted fail: disk full"))
+    h.run_effects_only()
+    h.sync()
+    assert result is not None
+    error = h.errors[(1, 77)]
+    assert isinstance(error, XAError) and error.errcode == XA_RBROLLBACK
+    assert "disk full" in str(error)
+    assert [kind for kind, _, _ in h.log][-1:] == [Kind.XA_ROLLBACK]
+    assert h.broker.xa_recover(1, 0x01800000) == []
+    assert bodies(h, "in") == [b"order"] and bodies(h, "out") == []

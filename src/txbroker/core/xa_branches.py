@@ -74,6 +74,7 @@ from txbroker.errors import (
     XAER_INVAL,
     XAER_NOTA,
     XAER_RMFAIL,
+    ReplicaVoteFailed,
     XAError,
 )
 from txbroker.xid import Xid, is_sink_xid
@@ -240,6 +241,9 @@ class XaBranches:
                 message.ref = ref
 
         def on_durable(error: BaseException | None) -> None:
+            if isinstance(error, ReplicaVoteFailed):
+                self._vote_failed(branch, session.id, rid, error)
+                return
             if error is not None:
                 self.store_failed(session.id, rid, error)
                 return
@@ -249,6 +253,27 @@ class XaBranches:
         bodies = [m.body for m in stored if m.body is not None]
         self.outbox.persist(Kind.XA_PREPARE, meta, on_durable, bodies, on_refs)
         return LATER
+
+    def _vote_failed(self, branch: Branch, session_id: int, rid: int,
+                     error: ReplicaVoteFailed) -> None:
+        """A ready backup could not write the XA_PREPARE (``--ha replicated``): the seed's
+        "fail cancels" — the branch is rolled back (an XA_ROLLBACK follows the prepare in
+        the log) and the prepare answers XA_RBROLLBACK."""
+        branch.fire(Request.PREPARE_DURABLE)
+        branch.fire(Request.ROLLBACK)
+        xid = branch.xid
+
+        def rolled_back(failure: BaseException | None) -> None:
+            if failure is not None and not isinstance(failure, ReplicaVoteFailed):
+                self.store_failed(session_id, rid, failure)
+                return
+            self.apply(branch, commit=False, now=self.outbox.now)
+            branch.fire(Request.ROLLBACK_DURABLE)
+            self.remove(branch)
+            self.outbox.emit(Fail(session_id, rid, XAError(
+                XA_RBROLLBACK, f"branch {xid} rolled back at prepare: {error}")))
+
+        self.outbox.persist(Kind.XA_ROLLBACK, [str(xid), self.outbox.now], rolled_back)
 
     def store_failed(self, session_id: int, rid: int, error: BaseException) -> None:
         """A branch's record could not be written: the request fails with XAER_RMFAIL."""

@@ -45,6 +45,17 @@ __all__ = ["INCOMPLETE", "Follower", "PrimaryRefused", "incomplete", "wipe"]
 
 #: The marker of a data directory whose copy of the primary is not whole.
 INCOMPLETE: Final = "REPLICA_INCOMPLETE"
+#: A test's fault point (house rule: crash points are steps tests can break on purpose):
+#: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
+#: record kind (``core/records.py``), as a backup whose disk refused it would.
+FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
+
+
+def _fault_kind() -> int | None:
+    text = os.environ.get(FAULT_ENV, "")
+    if not text.startswith("vote_fail:"):
+        return None
+    return int(text.partition(":")[2])
 
 
 class PrimaryRefused(TxBrokerError):
@@ -117,6 +128,7 @@ class Follower:
         self.received = 0
         #: the primary counts this backup as ready (it waits for its acks)
         self.ready = False
+        self._fault = _fault_kind()
         self._writer: asyncio.StreamWriter | None = None
         self._ack_scheduled = False
         self.failed: str | None = None
@@ -183,6 +195,10 @@ class Follower:
         self.received += 1
         if lsn == 0:
             self.dump_entries += 1
+        elif self._fault is not None and kind == self._fault:
+            self._fault = None
+            self._vote_fail(lsn, f"fault injected by {FAULT_ENV}")
+            return
         def durable(error: BaseException | None) -> None:
             self._durable(lsn, error)
 
