@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DATA   ?= ./txbroker-data
 
-.PHONY: venv run test lint postgres java chromium openssl bench clean
+.PHONY: venv run test lint postgres java chromium openssl etcd bench clean
 
 venv: $(STAMP)
 
@@ -23,7 +23,7 @@ lint: venv
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports pyproject.toml
 
-test: venv lint postgres java chromium openssl
+test: venv lint postgres java chromium openssl etcd
 	$(PY) -m pytest -q
 
 # The XA tests start their own PostgreSQL (initdb in a temp dir): install the
@@ -56,6 +56,14 @@ openssl:
 	  ( $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
 	    apt-get install -y -qq openssl )
+
+# The HA tests (tests/server/test_etcd.py) start their own etcd on a free loopback
+# port (tests/etcd_support.py); etcdctl comes with etcd-client.
+etcd:
+	@( command -v etcd >/dev/null 2>&1 && command -v etcdctl >/dev/null 2>&1 ) || \
+	  ( $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$( [ "$$(id -u)" = 0 ] || echo sudo ) \
+	    apt-get install -y -qq etcd-server etcd-client )
 
 bench: venv
 	$(PY) bench/run_core.py

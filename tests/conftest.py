@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.etcd_support import EtcdServer, etcd_binary
 from tests.support import BrokerProcess, store_args
 
 
@@ -26,3 +27,16 @@ def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
         yield proc
     finally:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def etcd() -> Iterator[EtcdServer]:
+    """One etcd server per test session (tests/etcd_support.py), stopped by pid."""
+    if etcd_binary() is None:  # a failure, not a skip: CI must not pass without these tests
+        pytest.fail("etcd is not installed: `make etcd` installs Debian's etcd-server "
+                    "(`make test` runs it)", pytrace=False)
+    server = EtcdServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

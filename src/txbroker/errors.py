@@ -24,7 +24,9 @@
     ├── StoreError                local store problems (not sent on the wire as such)
     │   ├── CorruptStore          checksum / format failure in the middle of the log
     │   └── StoreLocked           another process holds the data directory
-    └── ConnectionLost            the client lost its connection and could not fail over
+    ├── ConnectionLost            the client lost its connection and could not fail over
+    └── EtcdError                 etcd refused a request (server/etcd.py)
+        └── EtcdUnavailable       no etcd endpoint answered (refused, timeout, 5xx)
 
 Wire errors carry a stable :class:`ErrorCode`; :func:`error_for_code` maps a
 code received from the broker back to the exception class, so clients raise
@@ -303,6 +305,19 @@ class ConnectionLost(TxBrokerError):
 class ReplicaVoteFailed(TxBrokerError):
     """A ready backup could not write a replicated entry (``--ha replicated``): an
     XA prepare it voted against fails (XA_RBROLLBACK). Never sent on the wire."""
+
+
+class EtcdError(TxBrokerError):
+    """etcd answered a request with an error (``server/etcd.py``); ``grpc_code`` is
+    etcd's gRPC status code (0 when unknown)."""
+
+    def __init__(self, message: str, grpc_code: int = 0) -> None:
+        super().__init__(message)
+        self.grpc_code = grpc_code
+
+
+class EtcdUnavailable(EtcdError):
+    """No etcd endpoint answered: connection refused, timeout or a 5xx reply."""
 
 
 _BY_CODE: dict[int, type[BrokerError]] = {
