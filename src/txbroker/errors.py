@@ -25,6 +25,7 @@
     │   ├── CorruptStore          checksum / format failure in the middle of the log
     │   └── StoreLocked           another process holds the data directory
     ├── ConnectionLost            the client lost its connection and could not fail over
+    ├── ReplicaVoteFailed         a ready backup could not write an entry (--ha replicated)
     └── EtcdError                 etcd refused a request (server/etcd.py)
         └── EtcdUnavailable       no etcd endpoint answered (refused, timeout, 5xx)
 

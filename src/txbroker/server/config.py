@@ -138,6 +138,11 @@ class ServerConfig:
     backup_timeout: float = DEFAULT_BACKUP_TIMEOUT
     #: --ha replicated: etcd endpoints ("http://H:P[,…]") for automatic promotion
     ha_etcd: str = ""
+    #: --ha replicated with etcd: the group's name (its keys: /txbroker/<name>/…)
+    ha_cluster: str = "default"
+    #: --ha replicated with etcd: the primary key's lease (s); the primary fences itself
+    #: a third of it before the lease can expire (server/etcd_lease.py)
+    ha_lease_ttl: int = 10
     limits: Limits = field(default_factory=Limits)
     users: dict[str, str] = field(default_factory=dict)
     #: the ``[acl]`` table (None: no table, every user may do everything)
@@ -230,6 +235,8 @@ class ServerConfig:
             peer_address(peer)
         if not self.backup_timeout > 0:
             raise ValueError("backup_timeout must be positive")
+        if self.ha_etcd and not 2 <= self.ha_lease_ttl <= 3600:
+            raise ValueError("ha_lease_ttl must be 2 to 3600 seconds (etcd grants at least 2)")
         if self.ha_port in [getattr(self, name) for name in CLIENT_PORTS]:
             raise ValueError(f"ha_port {self.ha_port} is also a client port")
 

@@ -334,6 +334,14 @@ class Operations:
             else:
                 transport.resume_reading()
 
+    def abort_all(self) -> None:
+        """Cut every client connection at once, nothing more written (a fenced
+        primary of ``--ha replicated``: it must not answer anybody again)."""
+        for session in list(self.sessions.values()):
+            transport = getattr(session.sink, "transport", None)
+            if transport is not None:
+                transport.abort()
+
     def notify(self, effect: Notify) -> None:
         """A push of the transaction router (a message, an outcome, an event)."""
         session = self.sessions.get(effect.session)

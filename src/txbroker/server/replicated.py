@@ -37,11 +37,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from txbroker.errors import IllegalState, ProtocolError
+from txbroker.errors import EtcdError, IllegalState, ProtocolError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer, store_lock_path
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig, peer_address
+from txbroker.server.etcd import EtcdClient
+from txbroker.server.etcd_lease import Candidate
 from txbroker.server.ha import StandbyConnection
 from txbroker.server.replica import Follower, PrimaryRefused, incomplete
 from txbroker.server.replication import ReplicatingStore, ReplicationHub
@@ -91,6 +93,13 @@ class ReplicatedNode:
         #: whether the primary counted our copy as ready when we last lost it (None: we
         #: have not followed anybody since we started: a whole-group restart)
         self.copy_ready: bool | None = None
+        self.copy_position = -1  #: the LSN our last copy had durable
+        #: etcd (``--ha-etcd``): the client, our candidacy, who holds the primary key
+        self.etcd: EtcdClient | None = None
+        self.candidate: Candidate | None = None
+        self.etcd_primary: str | None = None
+        self._manual = False  #: an operator asked for promotion (etcd: take the key)
+        self.fenced = ""
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -106,6 +115,16 @@ class ReplicatedNode:
             result["following"] = self.follower.status()
         if self.last_problem:
             result["problem"] = self.last_problem
+        if self.config.ha_etcd:
+            holder = self.candidate.holder if self.candidate is not None else None
+            result["etcd"] = {
+                "endpoints": self.config.ha_etcd, "cluster": self.config.ha_cluster,
+                "primary_key_holder": self.etcd_primary,
+                "lease_ttl": holder.granted_ttl if holder is not None and holder.held
+                else self.config.ha_lease_ttl,
+                "holding": bool(holder is not None and holder.held)}
+        if self.fenced:
+            result["fenced"] = self.fenced
         return result
 
     def _set_role(self, role: str) -> None:
@@ -140,6 +159,12 @@ class ReplicatedNode:
         why = self.promotable()
         if why is not None:
             raise IllegalState(f"{self.node} cannot be promoted: {why}")
+        if self.candidate is not None:  # etcd decides: take the primary key first
+            if self.etcd_primary not in (None, self.node):
+                raise IllegalState(f"{self.node} cannot be promoted: the etcd key is held by "
+                                   f"{self.etcd_primary}")
+            self._manual = True
+            return {"node": self.node, "promoting": True, "via": "etcd"}
         self._promote.set()
         return {"node": self.node, "promoting": True}
 
@@ -165,11 +190,22 @@ class ReplicatedNode:
         await self._open_refuser()
         if self._on_role is not None:
             self._on_role(Role.BACKUP, None)
+        etcd_task = None
+        if self.config.ha_etcd:
+            config = self.config
+            ttl = config.ha_lease_ttl
+            self.etcd = EtcdClient([e.strip() for e in config.ha_etcd.split(",") if e.strip()],
+                                   timeout=max(0.5, ttl / 3))
+            self.candidate = Candidate(self.etcd, f"/txbroker/{config.ha_cluster}", self.node,
+                                       ttl=ttl, on_lost=self._fence)
+            etcd_task = asyncio.ensure_future(self._campaign())
         try:
             promoted = await self._be_backup()
             if promoted:
                 await self._be_primary()
         finally:
+            if etcd_task is not None:
+                etcd_task.cancel()
             await self._close()
 
     async def _be_backup(self) -> bool:
@@ -188,6 +224,7 @@ class ReplicatedNode:
                     return True  # promoted from the copy it replayed
                 if follower.server is not None:
                     self.copy_ready = follower.state == "following" and follower.ready
+                    self.copy_position = follower.durable_lsn
                 self._drop_copy(follower)
                 if outcome == "promote":
                     return True  # promoted from its own store (recovered from disk)
@@ -270,7 +307,60 @@ class ReplicatedNode:
             server.request_stop()
         await server.serve_forever()
 
+    # ------------------------------------------------------------------ etcd
+    async def _campaign(self) -> None:
+        """While a backup: publish our position, and take the primary key when the
+        rule says so (``server/etcd_lease.py``) — then promote."""
+        candidate = self.candidate
+        assert candidate is not None
+        pause = max(0.2, self.config.ha_lease_ttl / 3)
+        while self.role == Role.BACKUP and not self._stopping.is_set():
+            try:
+                follower = self.follower
+                following = follower is not None and follower.state == "following"
+                if follower is not None and following:
+                    position, ready = follower.durable_lsn, follower.ready
+                else:  # a copy whose primary is gone: ready if it was ready then (a node
+                    # that has followed nobody since it started waits for `ha promote`)
+                    position = self.copy_position
+                    ready = self.copy_ready is True and self.promotable() is None
+                await candidate.board.publish(position, ready=ready)
+                self.etcd_primary = await candidate.primary()
+                taken = False
+                if self._manual and self.etcd_primary is None:
+                    taken = await candidate.holder.acquire()
+                elif self.etcd_primary is None and not following:
+                    taken = await candidate.try_take()
+                if taken:
+                    self.etcd_primary = self.node
+                    log.info("etcd: %s took the primary key", self.node)
+                    self._promote.set()
+                    return
+            except EtcdError as exc:
+                self.last_problem = f"etcd: {exc}"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), pause)
+
+    def _fence(self, reason: str) -> None:
+        """The primary lost its etcd lease: stop serving NOW (before anyone can take the
+        key): every client connection is cut, then the broker stops."""
+        log.critical("etcd: lost the primary key (%s): fencing — no more replies", reason)
+        self.fenced = reason
+        server = self.server
+        if server is not None:
+            server.ops.abort_all()
+            server.request_stop()
+        self._stopping.set()
+
     async def _close(self) -> None:
+        candidate = self.candidate
+        if candidate is not None:
+            with contextlib.suppress(EtcdError):
+                if candidate.holder.held and not self.fenced:
+                    await candidate.holder.release()  # a clean stop frees the key at once
+            await candidate.close()
+        if self.etcd is not None:
+            await self.etcd.close()
         if self._refuser is not None:
             self._refuser.close()
         if self._link_server is not None:
