@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import BrokerProcess, store_args
+from tests.tm.pg import PostgresServer, pg_bindir
 
 
 @pytest.fixture
@@ -26,3 +27,17 @@ def broker(tmp_path: Path, store: str) -> Iterator[BrokerProcess]:
         yield proc
     finally:
         proc.kill()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server per test session (max_prepared_transactions = 64), shared by
+    the TM tests (tests/tm) and the router's bank example (tests/router)."""
+    if pg_bindir() is None:  # a failure, not a skip: CI must not pass without these tests
+        pytest.fail("PostgreSQL (initdb, pg_ctl) is not installed: `make postgres` installs "
+                    "it (`make test` runs it)", pytrace=False)
+    server = PostgresServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
