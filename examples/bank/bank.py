@@ -61,7 +61,8 @@ def setup_databases(base_dsn: str, initial: int = INITIAL_BALANCE) -> None:
             pg.execute(SCHEMA)
             pg.execute("TRUNCATE accounts, applied")
             pg.execute("INSERT INTO accounts (id, balance) "
-                       "SELECT g, %s FROM generate_series(%s, %s) AS g", (initial, low, high))
+                       "SELECT g, %s FROM generate_series(%s::int, %s::int) AS g",
+                       (initial, low, high))
             pg.commit()
 
 
