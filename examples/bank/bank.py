@@ -90,17 +90,18 @@ def open_client(url: str, facility: str = FACILITY) -> Any:
     """A client transaction controller registered on ``facility``."""
     from txbroker.router import TransactionController
 
-    return TransactionController(url, facility)
+    controller = TransactionController(url)
+    controller.register_facility(facility)
+    return controller
 
 
 def open_server(url: str, partition: str, *, role: str = "primary",
                 explicit_prepare: bool = False, facility: str = FACILITY) -> Any:
     """A server transaction controller registered for ``partition``'s key range."""
-    from txbroker import router
+    from txbroker.router import Role, ServerTransactionController
 
-    controller = router.ServerTransactionController(url)
-    controller.register_partition(facility, list(PARTITIONS[partition]),
-                                  role=getattr(router, role.upper()),
+    controller = ServerTransactionController(url)
+    controller.register_partition(facility, PARTITIONS[partition], Role(role),
                                   explicit_prepare=explicit_prepare)
     return controller
 

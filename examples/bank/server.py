@@ -194,8 +194,10 @@ def run_handler(controller: Any, logic: BankLogic, explicit_prepare: bool) -> No
     """The event-driven model of Table 4-7: a ServerMessageHandler over the controller."""
     from txbroker.router import ServerMessageHandler
 
-    class BankHandler(ServerMessageHandler):  # type: ignore[misc]
-        """The same steps, one callback per message type."""
+    class BankHandler(ServerMessageHandler):
+        """The same steps, one callback per message type (the library's PLAN calls
+        on_initialize or on_uncertain, then on_application_message, for a first
+        message, and acknowledges the outcome after on_accepted / on_rejected)."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -210,7 +212,6 @@ def run_handler(controller: Any, logic: BankLogic, explicit_prepare: bool) -> No
         def on_uncertain(self, message: Any, controller: Any) -> None:
             logic.begin(message, uncertain=True)
             self.voted_reject = False
-            self.on_application_message(message, controller)
 
         def on_application_message(self, message: Any, controller: Any) -> None:
             logic.apply(message)
@@ -225,17 +226,11 @@ def run_handler(controller: Any, logic: BankLogic, explicit_prepare: bool) -> No
 
         def on_accepted(self, message: Any, controller: Any) -> None:
             logic.finish(True)
-            controller.acknowledge_outcome()
 
         def on_rejected(self, message: Any, controller: Any) -> None:
-            logic.finish(False, getattr(message, "reason", None))
-            controller.acknowledge_outcome()
+            logic.finish(False, message.reason)
 
-    handler = BankHandler()
-    while True:
-        message = controller.receive(RECEIVE_TIMEOUT)
-        if message is not None:
-            handler.dispatch(message, controller)
+    BankHandler().run(controller)
 
 
 def main(argv: list[str] | None = None) -> None:
