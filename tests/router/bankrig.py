@@ -52,7 +52,8 @@ class Child:
 
     def start(self, ready: str | None) -> Child:
         """Start the process; with ``ready``, wait for that line on its stdout."""
-        env = {**os.environ, "PYTHONPATH": str(ROOT), **self.env}
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path, **self.env}
         err = open(self.stderr, "a")  # noqa: SIM115 - kept open for the child
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=err, text=True,
                                      cwd=ROOT, env=env)
