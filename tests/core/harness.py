@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from txbroker.core import LATER, Broker, Limits
-from txbroker.core.effects import Cancelled, Continue, Deliver, Fail, Persist, Release, Reply
+from txbroker.core.effects import (
+    Cancelled,
+    Continue,
+    Deliver,
+    Fail,
+    Notify,
+    Persist,
+    Release,
+    Reply,
+)
 from txbroker.storage.dirstore import DirStore
 from txbroker.storage.interface import Store, StoredEntry
 from txbroker.storage.journal import JournalStore
@@ -102,6 +111,8 @@ class Harness:
         self.deliveries: list[Delivery] = []
         self.cancelled: list[tuple[int, int]] = []
         self.continues: list[Continue] = []
+        #: router pushes: (session, body) in order
+        self.pushes: list[tuple[int, dict[str, Any]]] = []
         self.durable_store: Store | None = None
         if self.store is None:
             self.broker.body_size_of = lambda ref: len(self.bodies[ref])
@@ -173,6 +184,8 @@ class Harness:
                 self.cancelled.append((effect.session, effect.sub))
             elif isinstance(effect, Continue):
                 self.continues.append(effect)
+            elif isinstance(effect, Notify):
+                self.pushes.append((effect.session, effect.body))
         if self.auto_sync and self.pending:
             self.sync()
 
@@ -274,6 +287,10 @@ class Harness:
                 fresh.broker.replay(StoredEntry(kind, meta, tuple(refs)))
         fresh.broker.finish_recovery(self.now)
         fresh.released = set()
+        router = fresh.broker.router
+        problems = router.restore([(m, fresh.read_body(m.ref))  # type: ignore[arg-type]
+                                   for m in router.log.records()], self.now)
+        assert not problems, problems
         fresh.run()
         return fresh
 

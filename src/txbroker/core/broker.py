@@ -26,6 +26,7 @@ part                   owns                                              module
 ``admin``              queue and topic administration                    ``admin.py``
 ``replay``             snapshots and replay at start-up                  ``replay.py``
 ``compaction``         relocation of live bodies                         ``compaction.py``
+``router``             the transaction router (seed 000)                 ``router.py``
 =====================  ================================================  ==================
 
 Where work goes: a send or an ack that names a local transaction (``tx``) is
@@ -51,6 +52,8 @@ from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.queues import Queue
 from txbroker.core.records import StoredEntry
 from txbroker.core.replay import BodySize, Replay
+from txbroker.core.router import Router
+from txbroker.core.router_log import RouterLog
 from txbroker.core.sending import Sending
 from txbroker.core.sessions import Session, Topic
 from txbroker.core.sinks import Sinks
@@ -77,6 +80,7 @@ class Broker:
         self.admin = Admin(self.index, self.outbox)
         self.replay_part = Replay(self.index, self.xa, self.sinks_part, self.outbox)
         self.compaction = Compaction(self.index, self.outbox)
+        self.router = Router(RouterLog(self.index, self.outbox), self.outbox)
         self.index.held_messages = self._held_messages
 
     def _held_messages(self) -> Iterator[Message]:
@@ -172,6 +176,7 @@ class Broker:
         """The connection ended: its stream readers detach, its XA branch waits for a
         reattach, its transactions roll back, its unacked messages are redelivered
         and its non-durable subscriptions are dropped."""
+        self.router.session_closed(session_id, now)
         session = self.index.sessions.get(session_id)
         if session is None:
             return
@@ -398,15 +403,16 @@ class Broker:
     # ------------------------------------------------------------------ time
     def tick(self, now: int) -> None:
         """Time passed: scheduled messages come due, receives time out, TTLs expire,
-        XA branches time out."""
+        XA branches time out, router votes time out."""
         self.outbox.set_now(now)
         self.delivery.tick(now)
         self.xa.tick(now)
+        self.router.tick(now)
 
     def next_wakeup(self) -> int | None:
         """The next time (ms) ``tick`` has something to do, if any."""
-        times = [t for t in (self.delivery.next_wakeup(), self.xa.next_wakeup())
-                 if t is not None]
+        times = [t for t in (self.delivery.next_wakeup(), self.xa.next_wakeup(),
+                             self.router.next_wakeup()) if t is not None]
         return min(times) if times else None
 
     # ------------------------------------------------------------------ recovery, compaction

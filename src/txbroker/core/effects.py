@@ -70,6 +70,16 @@ class Cancelled:
 
 
 @dataclass(slots=True)
+class Notify:
+    """Push ``body`` (a map) to ``session`` as the event ``event`` — the transaction
+    router's messages, outcomes and broadcast events (``core/router.py``)."""
+
+    session: int
+    event: str
+    body: dict[str, Any]
+
+
+@dataclass(slots=True)
 class Release:
     """The body behind ``ref`` is dead; the store may reclaim its space."""
 
@@ -86,4 +96,4 @@ class Continue:
     step: Callable[[int], None]
 
 
-Effect = Persist | Reply | Fail | Deliver | Cancelled | Release | Continue
+Effect = Persist | Reply | Fail | Deliver | Cancelled | Notify | Release | Continue

@@ -228,6 +228,14 @@ class Queue:
             self.ready_count -= 1
         message.state = State.GONE
 
+    def trim(self) -> None:
+        """Drop the stale slots at the head of the ready lists: a queue nobody
+        consumes (the router's journal, ``core/router_log.py``) never pops them."""
+        name = self.name
+        for ready in self._ready:
+            while ready and (ready[0].state is not State.READY or ready[0].queue != name):
+                ready.popleft()
+
     def due(self, now_ms: int) -> Iterator[Message]:
         """Move scheduled messages whose time has come to ready; yield them."""
         while self._scheduled and self._scheduled[0][0] <= now_ms:

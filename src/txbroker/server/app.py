@@ -38,7 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from txbroker.core import Broker
-from txbroker.core.effects import Cancelled, Continue, Deliver, Fail, Persist, Release, Reply
+from txbroker.core.effects import (
+    Cancelled,
+    Continue,
+    Deliver,
+    Fail,
+    Notify,
+    Persist,
+    Release,
+    Reply,
+)
 from txbroker.core.messages import Message
 from txbroker.errors import StorageFailed
 from txbroker.server.auth import Authenticator
@@ -138,7 +147,7 @@ class BrokerServer:
         self._runners: dict[type, Callable[[Any], None]] = {
             Persist: self._persist, Deliver: ops.deliver, Reply: ops.reply,
             Fail: ops.fail, Release: self._release, Cancelled: ops.cancelled,
-            Continue: self._continue,
+            Continue: self._continue, Notify: ops.notify,
         }
         self.recovered_messages = 0
         #: the store's lock when the HA part took it before the store opened
@@ -183,10 +192,24 @@ class BrokerServer:
         self.store = store
         self.broker.finish_recovery(self.now())
         self.recovered_messages = len(self.broker.messages)
+        self._restore_router()
         self.run_effects()
         self.recovery_seconds = time.monotonic() - started
         log.info("recovered %d messages in %d queues in %.2f s", self.recovered_messages,
                  len(self.broker.queues), self.recovery_seconds)
+
+    def _restore_router(self) -> None:
+        """The transaction router's journal (``core/router_log.py``), then the
+        facilities of the configuration file."""
+        router = self.broker.router
+        records = [(message, self.body(message)) for message in router.log.records()]
+        for problem in router.restore(records, self.now()):
+            log.error("router journal: %s (left out)", problem)
+        if records:
+            log.info("router: restored %d facilities and %d transactions",
+                     len(router.facilities), len(router.transactions))
+        for name, partitions in self.config.router_facilities.items():
+            router.define_from_config(name, partitions, self.now())
 
     async def open_listeners(self) -> None:
         """Open the client listeners the config asks for; start the timers."""

@@ -42,6 +42,10 @@ Config file (all keys optional)::
     permissions = ["send", "consume", "browse", "admin"]
 
     [server] audit_log = "audit.jsonl" also writes the audit events to that file.
+
+    [router.facilities.BANK]    # the transaction router's facilities (docs/router.md)
+    partitions = [{name = "A", low = 0, high = 999},
+                  {name = "B", low = 1000, high = 1999, retry_count = 3}]
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from txbroker.core.limits import Limits
+from txbroker.core.router_model import parse_facility
+from txbroker.errors import BadRequest
 from txbroker.server.acl import AclConfig, parse_acl
 from txbroker.server.tls import check_files
 from txbroker.storage.interface import SyncMode
@@ -127,6 +133,8 @@ class ServerConfig:
     acl: AclConfig | None = None
     #: a file that gets every audit event as a JSON line ("" = the logger only)
     audit_log: str = ""
+    #: the ``[router.facilities.NAME]`` tables: facility -> its partitions (docs/router.md)
+    router_facilities: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def validate(self) -> None:
         """Raise ValueError on settings that cannot work."""
@@ -208,6 +216,23 @@ def peer_address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def parse_router(table: Any, path: Path | None) -> dict[str, list[dict[str, Any]]]:
+    """The ``[router]`` table: ``[router.facilities.NAME]`` with ``partitions = [{name,
+    low, high, retry_count?, vote_timeout_ms?}…]`` (every check of ``rtr_define``)."""
+    if not isinstance(table, dict) or set(table) - {"facilities"}:
+        raise ValueError(f"[router] in {path} takes only [router.facilities.NAME] tables")
+    facilities: dict[str, list[dict[str, Any]]] = {}
+    for name, facility in table.get("facilities", {}).items():
+        if not isinstance(facility, dict) or set(facility) != {"partitions"}:
+            raise ValueError(f"[router.facilities.{name}] in {path} takes one key, partitions")
+        try:
+            parse_facility(name, facility["partitions"])
+        except BadRequest as exc:
+            raise ValueError(f"[router.facilities.{name}] in {path}: {exc.message}") from None
+        facilities[name] = facility["partitions"]
+    return facilities
+
+
 def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
     """Read the TOML file (if any) and apply command-line overrides (None = unset)."""
     data: dict[str, Any] = {}
@@ -229,7 +254,8 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
     if "data" in server:
         server["data"] = Path(server["data"])
     acl = parse_acl(data["acl"], users) if "acl" in data else None
-    config = ServerConfig(**server, limits=Limits(**limits_data), users=dict(users), acl=acl)
+    config = ServerConfig(**server, limits=Limits(**limits_data), users=dict(users), acl=acl,
+                          router_facilities=parse_router(data.get("router", {}), path))
     clean = {k: v for k, v in overrides.items() if v is not None}
     if "data" in clean:
         clean["data"] = Path(clean["data"])

@@ -28,6 +28,7 @@ from txbroker.server.native_args import (
     xid_arg,
 )
 from txbroker.server.ops import Session
+from txbroker.server.router_handlers import ROUTER_HANDLERS
 
 #: ``handler(session, rid, args, now)`` -> the reply, or LATER.
 Handler = Callable[[Session, int, dict[str, Any], int], Any]
@@ -287,6 +288,7 @@ HANDLERS: Final[dict[str, Handler]] = {
     "sink_status": streams.sink_status,
     "sink_commit": streams.sink_commit,
     "sink_abort": streams.sink_abort,
+    **ROUTER_HANDLERS,
 }
 
 __all__ = ["HANDLERS", "LATER", "Handler"]

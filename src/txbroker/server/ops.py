@@ -56,8 +56,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from txbroker.core import LATER, Broker
-from txbroker.core.effects import Cancelled, Deliver, Fail, Reply
+from txbroker.core.effects import Cancelled, Deliver, Fail, Notify, Reply
 from txbroker.core.messages import Message
+from txbroker.core.router_log import RESERVED_PREFIX
 from txbroker.errors import (
     AuthenticationFailed,
     BadRequest,
@@ -212,7 +213,15 @@ class Operations:
         session's user may do ``action`` (send, consume, browse, admin) on
         ``destination`` (None: the broker itself). ``op`` names the request for the
         audit log, ``resource`` what it acts on when that is no destination (an xid,
-        a connection). Admin actions and refusals are audited."""
+        a connection). Admin actions and refusals are audited. Destinations beginning
+        with ``$router`` are the transaction router's journal: nobody may name them."""
+        if destination is not None and destination.startswith(RESERVED_PREFIX):
+            self.audit.record(user=session.user, address=session.address,
+                              protocol=session.protocol, action=action, op=op,
+                              destination=destination, outcome="denied")
+            raise Forbidden(f"forbidden: {destination!r} is the transaction router's journal; "
+                            "clients may not use destinations beginning with "
+                            f"{RESERVED_PREFIX!r} ({op})")
         allowed = self.acl.allows(session.user, action, destination)
         if action == ADMIN or not allowed:
             self.audit.record(user=session.user, address=session.address,
@@ -311,6 +320,13 @@ class Operations:
         if session is not None:
             session.forget_subscription(effect.sub)
             session.sink.cancelled(effect.sub, effect.reason)
+            self._touched.add(session)
+
+    def notify(self, effect: Notify) -> None:
+        """A push of the transaction router (a message, an outcome, an event)."""
+        session = self.sessions.get(effect.session)
+        if session is not None:
+            session.sink.push(effect.event, effect.body)
             self._touched.add(session)
 
     def flush(self) -> None:
@@ -447,7 +463,7 @@ class Session:
              persistent: bool = True, priority: int = 4, ttl_ms: int = 0, delay_ms: int = 0,
              tx: int | None = None) -> Any:
         """Send a message to a queue or topic (or stage it in transaction ``tx``)."""
-        if self.ops.acl.enforcing:
+        if self.ops.acl.enforcing or dest.startswith(RESERVED_PREFIX):
             self.ops.authorize(self, SEND, dest, op="send")
         return self.core.send(self.id, rid, dest, body, now, headers=headers,
                               message_id=message_id, persistent=persistent, priority=priority,

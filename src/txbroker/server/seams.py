@@ -75,6 +75,10 @@ class SessionSink(Protocol):
     def cancelled(self, sub: int, reason: str) -> None:
         """Subscription ``sub`` ended on the broker's side (its queue was deleted)."""
 
+    def push(self, event: str, data: dict[str, Any]) -> None:
+        """An event the client did not ask for (the transaction router's messages);
+        a protocol without pushes ignores it."""
+
     def flush(self) -> None:
         """Write what was gathered since the last flush."""
 

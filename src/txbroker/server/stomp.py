@@ -235,6 +235,9 @@ class StompServerConnection(asyncio.Protocol):
         if sub_id is not None:
             self._fatal(f"subscription {sub_id!r} was cancelled by the broker: {reason}", None)
 
+    def push(self, event: str, data: dict[str, Any]) -> None:
+        """Router pushes: none reach a STOMP connection (it cannot register a controller)."""
+
     def flush(self) -> None:
         """Write everything gathered in one call; auto-ack what was written."""
         frames = self.frames

@@ -139,6 +139,9 @@ class HttpSink:
     def cancelled(self, sub: int, reason: str) -> None:
         """Never called (no subscriptions)."""
 
+    def push(self, event: str, data: dict[str, Any]) -> None:
+        """Router pushes: none reach an HTTP request (it registers no controller)."""
+
     def flush(self) -> None:
         """Nothing is gathered."""
 
