@@ -1,5 +1,6 @@
 """The ``txbroker`` command: serve, send, recv, queues, stat, bench, passwd, audit,
-``xa list|commit|rollback|forget``, ``ha status``.
+``xa list|commit|rollback|forget``, ``ha status``, ``router define|show|set-partition|
+exceptions``.
 
 Every client command takes ``--url`` (default ``$TXBROKER_URL`` or
 ``txb://127.0.0.1:5445``; ``txbs://…`` over TLS) and ``--tls-ca`` (default
@@ -26,7 +27,8 @@ code above. The commands live by group: ``serve`` in
 :mod:`~txbroker.cli.server_commands`; ``send``, ``recv``, ``queues``,
 ``stat``, ``bench`` in :mod:`~txbroker.cli.client_commands`; ``passwd``,
 ``audit`` and the ``xa`` group in :mod:`~txbroker.cli.admin_commands`; the ``ha``
-group in :mod:`~txbroker.cli.ha_commands`. What
+group in :mod:`~txbroker.cli.ha_commands`; the ``router`` group in
+:mod:`~txbroker.cli.router_commands`. What
 they share (exit codes, consoles, ``--url``, the connection, the error line,
 the progress bar) is :mod:`~txbroker.cli.common`. ``python -m txbroker.cli``
 runs :mod:`txbroker.cli.__main__`.
@@ -41,7 +43,13 @@ from typing import NoReturn
 
 import typer
 
-from txbroker.cli import admin_commands, client_commands, ha_commands, server_commands
+from txbroker.cli import (
+    admin_commands,
+    client_commands,
+    ha_commands,
+    router_commands,
+    server_commands,
+)
 from txbroker.cli.common import EXIT_ERROR, EXIT_OK, EXIT_USAGE, describe, say_error
 from txbroker.errors import TxBrokerError
 
@@ -69,6 +77,7 @@ for _command in _COMMANDS:
     app.command()(_command)
 app.add_typer(admin_commands.xa_app, name="xa")
 app.add_typer(ha_commands.ha_app, name="ha")
+app.add_typer(router_commands.router_app, name="router")
 
 #: click's exception base (typer vendors click; older typer versions depend on it): found
 #: through a public typer exception instead of importing a private module.

@@ -49,7 +49,7 @@ import logging
 from typing import Any, Final
 
 from txbroker.client._failover import Failover, describe_refusal
-from txbroker.client._session import Pending, Session, SubscriptionSink
+from txbroker.client._session import ConnectionExtension, Pending, Session, SubscriptionSink
 from txbroker.client._xa_state import XaBranchState
 from txbroker.client.operations import NO_LIMITS, BrokerLimits, settle_args
 from txbroker.client.options import ConnectOptions
@@ -111,6 +111,8 @@ class Engine:
         self.xa = XaBranchState()
         #: the limits of the broker's ``hello`` (max_message_size), checked before sending
         self.limits: BrokerLimits = NO_LIMITS
+        #: parts with pushes of their own, by push event name (``"rtr"``: txbroker.router)
+        self.extensions: dict[str, ConnectionExtension] = {}
 
     # ----------------------------------------------------------------- status
 
@@ -373,8 +375,11 @@ class Engine:
                 if sub is not None:
                     del self.subs[sub.sub_id]
                     sub.on_end(None, str(data.get("reason", "")))
-            elif push.event == "error" and self._deferred is None:
-                self._deferred = error_for_code(int(data["code"]), str(data["message"]))
+            elif push.event == "error":
+                if self._deferred is None:
+                    self._deferred = error_for_code(int(data["code"]), str(data["message"]))
+            elif (extension := self.extensions.get(push.event)) is not None:
+                extension.on_push(data, session.epoch)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed {push.event!r} push: {exc!r}") from exc
 
@@ -447,6 +452,9 @@ class Engine:
         session.pending.clear()
         current = session is self.session
         reason = f"connection to {session.host} lost" + (f": {error}" if error else "")
+        if current:
+            for extension in list(self.extensions.values()):
+                extension.on_session_lost()
         if not current or self._closed or not self.options.reconnect:
             lost = ConnectionLost("the connection is closed" if self._closed else reason)
             for p in pending:
@@ -482,6 +490,8 @@ class Engine:
         self.subs.clear()
         for sub in subs:
             sub.on_end(None if self._closed else error)
+        for extension in list(self.extensions.values()):
+            extension.on_failed(error)
         self._ready.set()
         self._pausers = 0
         self._read_gate.set()

@@ -13,7 +13,8 @@ standby (``Standby``: it has not taken over, or it never will) or is stopping
 takeover the client thus keeps going round the list until the standby
 has become active. On a new session it restores, in this order: the open
 subscriptions, the associated XA branch (``start(TMRESUME)``; if that fails,
-the branch is lost: ``_xa_state.py``), then the carried requests (with new
+the branch is lost: ``_xa_state.py``), the extensions (the router's
+registrations, ``ConnectionExtension.restore``), then the carried requests (with new
 request ids). Only then is the session made current, so no new request
 overtakes them; then ``on_failover(old, new)`` is called. If no host answers
 in time, the engine fails every waiter with ConnectionLost naming what each
@@ -32,7 +33,7 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from txbroker.client._session import Pending, Session, SubscriptionSink
+from txbroker.client._session import ConnectionExtension, Pending, Session, SubscriptionSink
 from txbroker.client._xa_state import XaBranchState
 from txbroker.client.options import ConnectOptions
 from txbroker.client.url import ClientURL
@@ -88,6 +89,8 @@ class FailoverHost(Protocol):
     subs: dict[int, SubscriptionSink]
     #: the XA branches of the connection (the associated one is resumed)
     xa: XaBranchState
+    #: parts with pushes of their own (the router), restored after the XA branch
+    extensions: dict[str, ConnectionExtension]
 
     @property
     def closed(self) -> bool:
@@ -223,6 +226,12 @@ class Failover:
         xa = host.xa
         if xa.associated is not None and xa.broken is None:
             await self._resume_branch(session, xa.associated)
+        for extension in list(host.extensions.values()):
+
+            async def call(op: str, args: dict[str, Any], session: Session = session) -> Any:
+                return await host.call_on(session, op, args)
+
+            await extension.restore(call, session.epoch)
         if session.closed:
             raise ConnectionLost(f"{session.host} closed the connection")
         carried, self._carried = self._carried, []

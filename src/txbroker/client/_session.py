@@ -6,13 +6,14 @@ See ``_engine.py`` for how sessions are used.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from txbroker.client.transport import Stream
 from txbroker.client.url import HostPort
 from txbroker.protocol.native import NativeConnection, Role
 
-__all__ = ["Pending", "Session", "SubscriptionSink"]
+__all__ = ["ConnectionExtension", "Pending", "Session", "SubscriptionSink"]
 
 
 class SubscriptionSink(Protocol):
@@ -39,6 +40,33 @@ class SubscriptionSink(Protocol):
 
     def on_recover(self) -> None:
         """``recover()`` gave back every unacked delivery of the session."""
+        ...
+
+
+#: ``call(op, args)`` on one given session (used while restoring it after a failover).
+SessionCall = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class ConnectionExtension(Protocol):
+    """A part that rides a connection with pushes of its own event name (the
+    transaction router, ``txbroker.router``): registered in ``Engine.extensions``
+    under that name."""
+
+    def on_push(self, data: dict[str, Any], epoch: int) -> None:
+        """A push of its event name arrived on the session of ``epoch``."""
+        ...
+
+    def on_session_lost(self) -> None:
+        """The current session broke (a failover follows if ``reconnect``)."""
+        ...
+
+    async def restore(self, call: SessionCall, epoch: int) -> None:
+        """Restore its state on the new session (``call`` sends on it) before the
+        session is made current: after the subscriptions, before the carried requests."""
+        ...
+
+    def on_failed(self, error: BaseException) -> None:
+        """No broker is left (or the connection was closed): fail every waiter."""
         ...
 
 

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from txbroker.client._engine import Engine
+from txbroker.client._session import ConnectionExtension
 from txbroker.client.async_objects import (
     AckMode,
     AsyncMessage,
@@ -31,6 +32,7 @@ from txbroker.client.streams import AsyncStreamMixin
 from txbroker.client.url import ClientURL, parse_url
 from txbroker.client.xa import AsyncXAResource, TpcMixin
 from txbroker.errors import ProtocolError
+from txbroker.protocol.native import Request
 
 __all__ = [
     "AsyncConnection",
@@ -250,6 +252,39 @@ class AsyncConnection(TpcMixin, AsyncStreamMixin):
     async def ping(self) -> None:
         """Round trip to the broker."""
         await self._admin("ping", {})
+
+    # ------------------------------------------------------------ raw requests
+
+    async def request(self, op: str, args: dict[str, Any]) -> Any:
+        """Send one native request and wait for its result (bounded by ``timeout``).
+
+        For operations this class has no method for (the router's ``rtr_*``,
+        ``txbroker.router``). Not re-sent after a failover: ConnectionLost."""
+        return await self._admin(op, args)
+
+    def request_nowait(self, op: str, args: dict[str, Any]) -> asyncio.Future[Any]:
+        """Like :meth:`request` but pipelined: returns the future of the result at once
+        (the error, if any, is the future's). Must be called from the connection's loop."""
+        return self._engine.submit(op, args)
+
+    def notify(self, op: str, args: dict[str, Any]) -> bool:
+        """Send a request with request id 0 (no reply; a broker error comes back as an
+        ``error`` push, raised by the next call). False when no session is live."""
+        session = self._engine.session
+        if session is None or session.closed:
+            return False
+        session.write(session.codec.send(Request(0, op, args)))
+        return True
+
+    @property
+    def extensions(self) -> dict[str, ConnectionExtension]:
+        """Parts with pushes of their own, by push event name (``ConnectionExtension``)."""
+        return self._engine.extensions
+
+    @property
+    def epoch(self) -> int | None:
+        """Number of the live session (one up after each failover); None while failing over."""
+        return self._engine.epoch
 
     # ---------------------------------------------------------------- closing
 

@@ -293,6 +293,16 @@ class Connection(StreamMixin):
         """A new local transaction (``with conn.transaction() as tx``)."""
         return Transaction(self._inner.transaction(), self._portal)
 
+    def request(self, op: str, args: dict[str, Any]) -> Any:
+        """Send one native request and wait for its result (see
+        :meth:`AsyncConnection.request <txbroker.client.aio.AsyncConnection.request>`)."""
+        return self._call(self._inner.request(op, args))
+
+    def run_async(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on this connection's loop thread and wait for its outcome: for
+        parts built on :attr:`async_connection` (``txbroker.router``)."""
+        return self._call(coro)
+
     def recover(self) -> int:
         """Give back every unacknowledged message of this connection (JMS
         ``Session.recover()``); the broker redelivers them. Returns how many.

@@ -1,0 +1,263 @@
+"""The router's client library against a real broker process (``txbroker serve``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.support import ROOT, BrokerProcess
+
+import txbroker
+from txbroker.errors import BadRequest, IllegalState, NotFound, TransactionRolledBack
+from txbroker.router import (
+    ClientState,
+    MessageType,
+    RouterMessage,
+    ServerMessageHandler,
+    ServerTransactionController,
+    TransactionController,
+)
+
+pytestmark = pytest.mark.timeout(120)
+M = MessageType
+PARTITIONS = [{"name": "A", "low": 0, "high": 99}, {"name": "B", "low": 100, "high": 199}]
+
+
+def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait (bounded) until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    with BrokerProcess(tmp_path / "data") as proc:
+        with txbroker.connect(proc.url) as conn:
+            conn.request("rtr_define", {"facility": "BANK", "partitions": PARTITIONS})
+        yield proc
+
+
+def receive(ctl: TransactionController | ServerTransactionController,
+            timeout: float = 10) -> RouterMessage:
+    message = ctl.receive(timeout=timeout)
+    assert message is not None, "nothing received in time"
+    return message
+
+
+def test_two_partitions_implicit_and_explicit(broker: BrokerProcess) -> None:
+    with TransactionController(broker.url) as client, \
+            ServerTransactionController(broker.url) as a, \
+            ServerTransactionController(broker.url) as b:
+        client.register_facility("BANK")
+        a.register_partition("BANK", "A")
+        b.register_partition("BANK", (100, 199), explicit_prepare=True)
+        tid = client.start_transaction()
+        assert client.send(b"debit", key=5, headers={"n": "1"}) == "A"
+        assert client.send(b"credit", key=105) == "B"
+        first_a = receive(a)
+        assert (first_a.type, first_a.tid, first_a.body, first_a.key, first_a.index,
+                first_a.headers) == (M.MSG1, tid, b"debit", 5, 0, {"n": "1"})
+        a.accept_transaction()  # implicit: votes after its message
+        first_b = receive(b)
+        assert (first_b.type, first_b.tid, first_b.key) == (M.MSG1, tid, 105)
+        with pytest.raises(IllegalState):
+            b.accept_transaction()  # explicit: only after PREPARE
+        client.accept()
+        with pytest.raises(IllegalState, match="no longer reject"):
+            client.reject()
+        assert receive(b).type is M.PREPARE
+        b.accept_transaction()
+        assert (receive(a).type, receive(b).type) == (M.ACCEPTED, M.ACCEPTED)
+        got = receive(client)
+        assert (got.type, got.tid, got.reason) == (M.ACCEPTED, tid, None)
+        a.acknowledge_outcome()
+        b.acknowledge_outcome()
+
+
+def test_set_accept_both_sides_and_rejects(broker: BrokerProcess) -> None:
+    with TransactionController(broker.url) as client, \
+            ServerTransactionController(broker.url) as srv:
+        client.register_facility("BANK")
+        srv.register_partition("BANK", "A")
+        tid = client.start_transaction()
+        client.set_accept(b"one", key=1)
+        assert receive(srv).type is M.MSG1
+        srv.set_accept()
+        assert receive(srv).type is M.ACCEPTED
+        assert (receive(client).type, client.tid) == (M.ACCEPTED, tid)
+        # the client rejects before any vote
+        tid = client.start_transaction()
+        client.send(b"two", key=2)
+        assert receive(srv).type is M.MSG1  # acknowledges the last outcome first
+        client.reject()
+        assert (receive(srv).type, srv.tid) == (M.REJECTED, tid)
+        got = receive(client)
+        assert (got.type, got.reason) == (M.REJECTED, "CLIENT")
+        # a server rejects with its reason
+        client.start_transaction()
+        client.send(b"three", key=3)
+        assert receive(srv).type is M.MSG1
+        srv.reject_transaction("NO FUNDS")
+        got = receive(client)
+        assert (got.type, got.reason) == (M.REJECTED, "NO FUNDS")
+        # bad input: a clear error, nothing sent
+        client.start_transaction()
+        with pytest.raises(BadRequest, match="key 420 is outside every partition of facility "
+                                             "'BANK'"):
+            client.send(b"x", key=420)
+        client.reject()
+        assert receive(client).type is M.REJECTED
+        with pytest.raises(NotFound):
+            TransactionController(broker.url).register_facility("NOPE")
+
+
+def test_inactivity_timeout_against_the_broker(broker: BrokerProcess) -> None:
+    with TransactionController(broker.url) as client, \
+            ServerTransactionController(broker.url, inactivity_timeout_ms=200) as srv:
+        client.register_facility("BANK")
+        srv.register_partition("BANK", "A")
+        tid = client.start_transaction()
+        client.send(b"half", key=1)
+        assert receive(srv).type is M.MSG1
+        outcome = receive(srv)
+        assert (outcome.type, outcome.tid, outcome.reason) == (M.REJECTED, tid, "TIMEOUT")
+        got = receive(client)
+        assert (got.type, got.reason) == (M.REJECTED, "TIMEOUT")
+
+
+def test_handler_and_events(broker: BrokerProcess) -> None:
+    calls: list[str] = []
+    stop = threading.Event()
+
+    class Handler(ServerMessageHandler):
+        def on_initialize(self, message: RouterMessage,
+                          controller: ServerTransactionController) -> None:
+            calls.append("on_initialize")
+
+        def on_application_message(self, message: RouterMessage,
+                                   controller: ServerTransactionController) -> None:
+            calls.append("on_application_message")
+
+        def on_prepare(self, message: RouterMessage,
+                       controller: ServerTransactionController) -> None:
+            calls.append("on_prepare")
+            controller.accept_transaction()
+
+        def on_accepted(self, message: RouterMessage,
+                        controller: ServerTransactionController) -> None:
+            calls.append("on_accepted")
+
+        def on_event(self, message: RouterMessage,
+                     controller: ServerTransactionController) -> None:
+            calls.append(f"on_event {message.number} {message.body.decode()}")
+            stop.set()
+
+    with TransactionController(broker.url) as client, \
+            ServerTransactionController(broker.url) as srv:
+        client.register_facility("BANK", recipient="teller-7", events=[(0, 255)])
+        srv.register_partition("BANK", "A", explicit_prepare=True, events=[9])
+        runner = threading.Thread(target=Handler().run, args=(srv,),
+                                  kwargs={"stop": stop.is_set, "poll_interval": 0.02})
+        runner.start()
+        client.start_transaction()
+        client.send(b"1", key=1)
+        client.send(b"2", key=2)
+        client.accept()
+        assert receive(client).type is M.ACCEPTED
+        until(lambda: calls[-1:] == ["on_accepted"])
+        assert client.send_event(9, b"bye") == 1
+        runner.join(10)
+        assert not runner.is_alive()
+        assert srv.send_event(3, b"to tellers", recipient="teller-%") == 1
+        got = receive(client)
+        assert (got.type, got.number, got.body, got.recipient) == (
+            M.USER_EVENT, 3, b"to tellers", "teller-%")
+    assert calls == ["on_initialize", "on_application_message", "on_application_message",
+                     "on_prepare", "on_accepted", "on_event 9 bye"]
+
+
+def test_broker_killed_and_restarted(broker: BrokerProcess) -> None:
+    with TransactionController(broker.url) as client, \
+            ServerTransactionController(broker.url) as srv:
+        client.register_facility("BANK")
+        srv.register_partition("BANK", "A")
+        accepted = client.start_transaction()
+        client.send(b"durable", key=1)
+        client.accept()  # on disk once this returns
+        assert receive(srv).type is M.MSG1
+        broker.kill()
+        lost = receive(srv)
+        assert (lost.type, lost.tid, lost.reason) == (M.REJECTED, accepted, "LOST")
+        broker.start()
+        replay = receive(srv, timeout=60)  # registered again; accepted ones come UNCERTAIN
+        assert (replay.type, replay.tid, replay.body) == (M.UNCERTAIN, accepted, b"durable")
+        srv.accept_transaction()
+        assert receive(srv).type is M.ACCEPTED
+        got = receive(client, timeout=60)
+        assert (got.type, got.tid) == (M.ACCEPTED, accepted)
+        # a transaction still being sent when the broker dies was never applied
+        sending = client.start_transaction()
+        client.send(b"half", key=2)
+        assert receive(srv).type is M.MSG1
+        broker.kill()
+        assert (receive(srv).type, srv.tid) == (M.REJECTED, sending)
+        broker.start()
+        got = receive(client, timeout=60)
+        assert got == RouterMessage(M.REJECTED, tid=sending, reason="UNKNOWN")
+        with pytest.raises(IllegalState):
+            client.accept()
+
+
+def test_lost_while_sending_raises_rolled_back(broker: BrokerProcess) -> None:
+    with TransactionController(broker.url) as client:
+        client.register_facility("BANK")
+        client.start_transaction()
+        client.send(b"half", key=150)
+        broker.kill()
+        until(lambda: client.state is ClientState.LOST)  # the client noticed
+        broker.start()
+        with pytest.raises(TransactionRolledBack, match="connection was lost"):
+            client.send(b"more", key=151)
+        got = receive(client, timeout=60)
+        assert (got.type, got.reason) == (M.REJECTED, "UNKNOWN")
+
+
+def txb(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "txbroker.cli", *args, "--url", broker.url],
+                          cwd=ROOT, env=env, text=True, capture_output=True, timeout=60)
+
+
+def test_cli_against_the_broker(broker: BrokerProcess) -> None:
+    done = txb(broker, "router", "define", "NAMES", "--partition", "AM:a-m",
+               "--partition", "NZ:n-z", "--retry-count", "5")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[0] == "facility NAMES: 2 partition(s) defined"
+    with ServerTransactionController(broker.url) as srv:
+        srv.register_partition("NAMES", "AM")
+        shown = txb(broker, "router", "show", "NAMES", "--json")
+        assert shown.returncode == 0, shown.stderr
+        facility = json.loads(shown.stdout)["facilities"][0]
+        assert (facility["name"], facility["key_type"]) == ("NAMES", "str")
+        parts = {p["name"]: p for p in facility["partitions"]}
+        assert [(p["low"], p["high"], p["retry_count"]) for p in parts.values()] == [
+            ("a", "m", 5), ("n", "z", 5)]
+        assert [s["role"] for s in parts["AM"]["servers"]] == ["primary"]
+    changed = txb(broker, "router", "set-partition", "NAMES", "NZ", "--vote-timeout", "1500")
+    assert changed.returncode == 0, changed.stderr
+    listed = txb(broker, "router", "exceptions", "list", "--json")
+    assert (listed.returncode, json.loads(listed.stdout)) == (0, [])
+    shown = txb(broker, "router", "show", "NAMES", "--json")
+    parts = {p["name"]: p for p in json.loads(shown.stdout)["facilities"][0]["partitions"]}
+    assert parts["NZ"]["vote_timeout_ms"] == 1500
+    missing = txb(broker, "router", "exceptions", "commit", "f" * 32)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: ")
