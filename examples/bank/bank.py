@@ -112,7 +112,7 @@ def admin(url: str, op: str, **args: Any) -> Any:
     import txbroker
 
     with txbroker.connect(url, timeout=30) as conn:
-        return conn._call(conn.async_connection._admin(op, args))
+        return conn.request(op, args)
 
 
 def define_facility(url: str, *, partitions: dict[str, tuple[int, int]] | None = None,

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from examples.bank import bank
 from examples.bank.check import Report, check
-
 from tests.support import ROOT, BrokerProcess
 
 #: Seconds a server or client may take to start (import, connect, register).

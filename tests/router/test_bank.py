@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests.router.bankrig import LOAD_TIMEOUT, BankRig, Child, begun, crash_line, wait_for
 from tests.support import BrokerProcess
 

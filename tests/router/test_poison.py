@@ -10,6 +10,7 @@ an exception transaction: ``txbroker router exceptions list`` shows it,
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from examples.bank import bank
-
 from tests.router.bankrig import LOAD_TIMEOUT, BankRig, Child, wait_for
 from tests.support import ROOT, BrokerProcess
 
@@ -77,8 +77,10 @@ def test_poison_rejected_after_retry_count(rig: BankRig, retry_count: int) -> No
     assert [w for w in poison.lines() if w[0] == "OUTCOME"] == [
         ["OUTCOME", tid, "REJECTED", "SRVDIED"]]
 
-    listed = cli(url, "exceptions", "list")
-    assert tid in listed
+    listed = json.loads(cli(url, "exceptions", "list", "--json"))
+    assert [e["tid"] for e in listed] == [tid]
+    assert listed[0]["reason"] == "SRVDIED"
+    assert listed[0]["strikes"] == retry_count + 1
     report = rig.check()
     assert report.violations == []
     assert report.exceptions == [tid]
@@ -90,6 +92,6 @@ def test_poison_rejected_after_retry_count(rig: BankRig, retry_count: int) -> No
     assert all(w[3] != "SRVDIED" for w in steady_outcomes)
 
     cli(url, "exceptions", "discard", tid)
-    assert tid not in cli(url, "exceptions", "list")
+    assert json.loads(cli(url, "exceptions", "list", "--json")) == []
     assert bank.admin(url, "rtr_exceptions") == []
     assert rig.check().violations == []
