@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.bank.bank import FACILITY, Leg, open_client
+from txbroker.errors import IllegalState
 
 #: Seconds to wait for one transfer's outcome before logging it as an ERROR.
 OUTCOME_TIMEOUT = 60.0
@@ -99,17 +100,22 @@ def main(argv: list[str] | None = None) -> None:
         started = time.time()
         write("START", tid, a, b, amount, f"{started:.6f}")
         try:
-            for i, leg in enumerate(legs):
-                last = i == len(legs) - 1
-                if last and args.set_accept:
-                    controller.set_accept(leg.encode(), key=leg.account)
-                else:
-                    controller.send(leg.encode(), key=leg.account)
-                if crash_point == "after_send" and n == int(crash_nth):
-                    write("CRASH after_send", tid)
-                    os.kill(os.getpid(), signal.SIGKILL)
-            if not args.set_accept:
-                controller.accept()
+            try:
+                for i, leg in enumerate(legs):
+                    last = i == len(legs) - 1
+                    if last and args.set_accept:
+                        controller.set_accept(leg.encode(), key=leg.account)
+                    else:
+                        controller.send(leg.encode(), key=leg.account)
+                    if crash_point == "after_send" and n == int(crash_nth):
+                        write("CRASH after_send", tid)
+                        os.kill(os.getpid(), signal.SIGKILL)
+                if not args.set_accept:
+                    controller.accept()
+            except IllegalState as exc:
+                # a server rejected before our accept: the transaction is decided and
+                # its outcome (REJECTED) is on its way
+                write("DECIDED", tid, str(exc).replace("\n", " ")[:200])
             if crash_point == "after_accept" and n == int(crash_nth):
                 write("CRASH after_accept", tid)
                 os.kill(os.getpid(), signal.SIGKILL)
