@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.bank.bank import FACILITY, Leg, open_client
-from txbroker.errors import IllegalState
+from txbroker.errors import TxBrokerError
 
 #: Seconds to wait for one transfer's outcome before logging it as an ERROR.
 OUTCOME_TIMEOUT = 60.0
@@ -45,7 +45,13 @@ def outcome_of(controller: Any, timeout: float) -> Any:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"no outcome within {timeout} s")
-        message = controller.receive(left)
+        try:
+            message = controller.receive(left)
+        except TxBrokerError:
+            # a pipelined send's error raised late ("already decided": the REJECTED
+            # outcome is queued behind it), or a failover under way (the library asks
+            # for the outcome once registered again): keep receiving
+            continue
         if message is None:
             continue
         name = str(getattr(message.type, "name", message.type)).upper()
@@ -112,10 +118,11 @@ def main(argv: list[str] | None = None) -> None:
                         os.kill(os.getpid(), signal.SIGKILL)
                 if not args.set_accept:
                     controller.accept()
-            except IllegalState as exc:
-                # a server rejected before our accept: the transaction is decided and
-                # its outcome (REJECTED) is on its way
-                write("DECIDED", tid, str(exc).replace("\n", " ")[:200])
+            except TxBrokerError as exc:
+                # a server rejected before our accept (IllegalState: decided, REJECTED
+                # is on its way), or the connection broke while sending (the library
+                # delivers REJECTED LOST, or the outcome it asks for after failover)
+                write("SENDFAIL", tid, type(exc).__name__, str(exc).replace("\n", " ")[:200])
             if crash_point == "after_accept" and n == int(crash_nth):
                 write("CRASH after_accept", tid)
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -126,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{(now - started) * 1000:.3f}", f"{now:.6f}")
         except Exception as exc:
             write("ERROR", tid, type(exc).__name__, str(exc).replace("\n", " ")[:200])
+            controller.close()  # stuck in this transaction: start over with a new one
+            controller = open_client(args.url, args.facility)
     write("DONE", args.count)
     log.close()
 
