@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="LOW-HIGH[/STEP+OFFSET]: the accounts this client uses")
     parser.add_argument("--poison", type=int, default=None,
                         help="every transfer of this amount (the poison transaction)")
+    parser.add_argument("--max-amount", type=int, default=MAX_AMOUNT,
+                        help="the largest transfer (default 150: some debits are refused)")
     parser.add_argument("--facility", default=FACILITY)
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     controller = open_client(args.url, args.facility)
     for n in range(1, args.count + 1):
         a, b = pick(rng, accounts, args.cross_only)
-        amount = args.poison or rng.randint(1, MAX_AMOUNT)
+        amount = args.poison or rng.randint(1, args.max_amount)
         legs = sorted([Leg(n, a, -amount), Leg(n, b, amount)], key=lambda leg: leg.account)
         tid = controller.start_transaction()
         started = time.time()

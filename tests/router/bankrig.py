@@ -131,6 +131,18 @@ class BankRig:
         args += ["--explicit-prepare"] * explicit_prepare + ["--handler"] * handler
         return self._child("server", name, args, env).start(ready="bank server ready")
 
+    def servers_b(self, n: int, *, explicit_prepare: bool = False, handler: bool = False
+                  ) -> list[Child]:
+        """``n`` concurrent servers of partition B. With one server per partition, two
+        cross-partition transactions can each hold one partition's only server while
+        waiting for the other's (the router presents one transaction at a time to a
+        server): they wait for the vote timeout. As many B servers as transactions in
+        flight break every such cycle while A keeps a single server for the tests'
+        deterministic kills."""
+        return [self.server("B", f"server-B{i}", role="concurrent",
+                            explicit_prepare=explicit_prepare, handler=handler)
+                for i in range(n)]
+
     def client(self, name: str, count: int, seed: int, *, args: list[str] | None = None,
                env: dict[str, str] | None = None) -> Child:
         """Start a client issuing ``count`` transfers (not waited for)."""
@@ -183,6 +195,12 @@ class BankRig:
     def close(self) -> None:
         for child in self.children:
             child.kill()
+
+
+def accounts(k: int, n: int) -> list[str]:
+    """Client arguments: the accounts ``k`` modulo ``n`` (clients of one test touch
+    disjoint accounts, so that two servers of B never wait for one row lock)."""
+    return ["--accounts", f"0-1999/{n}+{k}"]
 
 
 def begun(child: Child) -> list[str]:

@@ -16,13 +16,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.router.bankrig import LOAD_TIMEOUT, BankRig, Child, begun, crash_line, wait_for
+from tests.router.bankrig import (
+    LOAD_TIMEOUT,
+    BankRig,
+    Child,
+    accounts,
+    begun,
+    crash_line,
+    wait_for,
+)
 from tests.support import BrokerProcess
 
 #: Transfers per client in the crash tests: enough that the crash falls mid-load.
 TRANSFERS = 80
 #: The crash happens in this transaction of the server (1-based).
 CRASH_AT = 25
+#: Client arguments for loads where no transfer may be refused (every account holds 100
+#: and no 160 transfers of at most 5 can take one of 2000 accounts below 0).
+SAFE = ["--cross-only", "--max-amount", "5"]
 
 
 @pytest.fixture
@@ -34,7 +45,8 @@ def rig(tmp_path: Path, broker: BrokerProcess, postgres: object) -> Iterator[Ban
         rig.close()
 
 
-def finish(rig: BankRig, clients: list[Child], transfers: int) -> None:
+def finish(rig: BankRig, clients: list[Child], transfers: int,
+           rejected: int | None = None) -> None:
     """Wait for the clients to end, then check every invariant and that every transfer
     has a final outcome."""
     for client in clients:
@@ -44,6 +56,8 @@ def finish(rig: BankRig, clients: list[Child], transfers: int) -> None:
     assert sum(report.outcomes.values()) == transfers
     assert set(report.outcomes) <= {"ACCEPTED", "REJECTED"}, report.as_dict()
     assert report.outcomes["ACCEPTED"] > 0
+    if rejected is not None:
+        assert report.outcomes["REJECTED"] == rejected
     assert report.exceptions == []
 
 
@@ -61,13 +75,15 @@ def test_server_crash_point(rig: BankRig, point: str) -> None:
     after it, re-executed or skipped by the TID table; after the next receive the
     previous one is forgotten and the new one replayed as MSG1)."""
     first = rig.server("A", env={"BANK_CRASH_AT": f"{point}:{CRASH_AT}"})
-    rig.server("B", explicit_prepare=True, handler=point == "after_vote")
-    clients = [rig.client(f"client{i}", TRANSFERS, seed=i, args=["--cross-only"])
+    rig.servers_b(2, explicit_prepare=True, handler=point == "after_vote")
+    # transfers of at most 5 from accounts of 100: no debit is refused, so no server
+    # rejects the transaction the crash hits before its replay
+    clients = [rig.client(f"client{i}", TRANSFERS, seed=i, args=SAFE + accounts(i, 2))
                for i in range(2)]
     assert first.wait(LOAD_TIMEOUT) == -9
     tid = crash_line(first)[2]
     second = rig.server("A")
-    finish(rig, clients, 2 * TRANSFERS)
+    finish(rig, clients, 2 * TRANSFERS, rejected=0)
     replays = [w for w in second.lines() if w[0] == "BEGIN" and w[1] == tid]
     assert presented_twice(first, second) == [tid]
     assert len(replays) == 1
@@ -90,13 +106,13 @@ def test_standby_takes_over(rig: BankRig) -> None:
     model) gets the replay and every later transaction."""
     primary = rig.server("A", env={"BANK_CRASH_AT": f"before_vote:{CRASH_AT}"})
     standby = rig.server("A", "standby-A", role="standby", handler=True)
-    rig.server("B")
-    clients = [rig.client(f"client{i}", TRANSFERS, seed=10 + i, args=["--cross-only"])
+    rig.servers_b(2)
+    clients = [rig.client(f"client{i}", TRANSFERS, seed=10 + i, args=SAFE + accounts(i, 2))
                for i in range(2)]
     assert primary.wait(LOAD_TIMEOUT) == -9
     point, tid = crash_line(primary)[1:3]
     assert point == "before_vote"
-    finish(rig, clients, 2 * TRANSFERS)
+    finish(rig, clients, 2 * TRANSFERS, rejected=0)
     # the primary began 25 transactions and died in the last; the standby began with
     # its replay, and no other transaction was presented twice
     assert len(begun(primary)) == CRASH_AT
@@ -113,19 +129,19 @@ def test_client_killed_mid_transaction(rig: BankRig) -> None:
     another after its accept (the transaction is decided without it); both are
     restarted and carry on; a third runs throughout."""
     rig.server("A")
-    rig.server("B", explicit_prepare=True)
+    rig.servers_b(3, explicit_prepare=True)
     cross = ["--cross-only"]
-    steady = rig.client("steady", TRANSFERS, seed=20, args=cross)
-    sent = rig.client("after-send", TRANSFERS, seed=21, args=cross,
+    steady = rig.client("steady", TRANSFERS, seed=20, args=cross + accounts(0, 3))
+    sent = rig.client("after-send", TRANSFERS, seed=21, args=cross + accounts(1, 3),
                       env={"BANK_CLIENT_CRASH_AT": "after_send:10"})
-    accepted = rig.client("after-accept", TRANSFERS, seed=22, args=cross,
+    accepted = rig.client("after-accept", TRANSFERS, seed=22, args=cross + accounts(2, 3),
                           env={"BANK_CLIENT_CRASH_AT": "after_accept:10"})
     assert sent.wait(LOAD_TIMEOUT) == -9
     assert accepted.wait(LOAD_TIMEOUT) == -9
     dead = {child.name: next(w for w in child.lines() if w[0] == "CRASH")[2]
             for child in (sent, accepted)}
-    again = [rig.client("after-send", TRANSFERS - 10, seed=23, args=cross),
-             rig.client("after-accept", TRANSFERS - 10, seed=24, args=cross)]
+    again = [rig.client("after-send", TRANSFERS - 10, seed=23, args=cross + accounts(1, 3)),
+             rig.client("after-accept", TRANSFERS - 10, seed=24, args=cross + accounts(2, 3))]
     for client in [steady, *again]:
         assert client.wait(LOAD_TIMEOUT) == 0
     report = rig.check()
@@ -144,8 +160,9 @@ def test_broker_killed_under_load(rig: BankRig) -> None:
     inside one partition too (two messages to one server), so both servers use
     explicit prepare (see test_two_messages_implicit_prepare)."""
     servers = [rig.server("A", explicit_prepare=True),
-               rig.server("B", explicit_prepare=True, handler=True)]
-    clients = [rig.client(f"client{i}", TRANSFERS, seed=30 + i) for i in range(2)]
+               *rig.servers_b(2, explicit_prepare=True, handler=True)]
+    clients = [rig.client(f"client{i}", TRANSFERS, seed=30 + i, args=accounts(i, 2))
+               for i in range(2)]
     wait_for(lambda: sum(rig.outcomes(c) for c in clients) >= 40, LOAD_TIMEOUT,
              "40 outcomes before the broker kill")
     rig.broker.kill()
@@ -169,6 +186,7 @@ def test_two_messages_implicit_prepare(rig: BankRig) -> None:
     which votes after each (the second message voids the first vote). A debit refused
     on the second message must reject the transfer."""
     rig.server("A")
-    rig.server("B")
-    clients = [rig.client(f"client{i}", TRANSFERS, seed=50 + i) for i in range(2)]
+    rig.servers_b(2)
+    clients = [rig.client(f"client{i}", TRANSFERS, seed=50 + i, args=accounts(i, 2))
+               for i in range(2)]
     finish(rig, clients, 2 * TRANSFERS)
