@@ -56,6 +56,19 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "load_before": loadavg()}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a running process has used so far (/proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_cpu(proc: subprocess.Popen[str]) -> float:
+    """Wait for a child to exit; the CPU seconds it used (its rusage)."""
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return usage.ru_utime + usage.ru_stime
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) by nearest rank."""
     ordered = sorted(values)
@@ -142,24 +155,32 @@ def client_figures(logs: list[Path]) -> dict[str, Any]:
             "p99_ms": round(percentile(latencies, 0.99), 2), "outcomes": outcomes}
 
 
-def rtr_round(url: str, dsn: str, root: Path, partitions: int, explicit: bool, procs: int,
-              count: int, seed: int) -> dict[str, Any]:
+def rtr_round(url: str, broker_pid: int, dsn: str, root: Path, partitions: int,
+              explicit: bool, procs: int, count: int, seed: int) -> dict[str, Any]:
     """One round of router transfers; checked with the bank's invariants afterwards."""
     from examples.bank.check import check
 
     bank.setup_databases(dsn)
     fleet = Fleet(url, dsn, root)
+    broker_cpu = cpu_seconds(broker_pid)
     try:
-        for partition in ("A", "B")[:partitions]:
-            for _ in range(procs):
-                fleet.server(partition, "concurrent", explicit)
+        servers = [fleet.server(partition, "concurrent", explicit)[0]
+                   for partition in ("A", "B")[:partitions] for _ in range(procs)]
+        server_cpu = sum(cpu_seconds(s.pid) for s in servers)
         accounts = "0-999" if partitions == 1 else "0-1999"
         clients = [fleet.client(count, seed + k, [f"--accounts={accounts}/{procs}+{k}"]
                                 + ["--cross-only"] * (partitions == 2)) for k in range(procs)]
-        for proc, _ in clients:
-            proc.wait(timeout=600)
+        client_cpu = sum(wait_cpu(proc) for proc, _ in clients)
+        server_cpu = sum(cpu_seconds(s.pid) for s in servers) - server_cpu
+        broker_cpu = cpu_seconds(broker_pid) - broker_cpu
         logs = [log for _, log in clients]
         figures = client_figures(logs)
+        n = figures["transactions"]
+        # CPU microseconds per transfer: where the two cores go (the clients' figure
+        # includes their start-up)
+        figures["cpu_us_per_tx"] = {"broker": round(1e6 * broker_cpu / n),
+                                    "servers": round(1e6 * server_cpu / n),
+                                    "clients": round(1e6 * client_cpu / n)}
         report = check(url, dsn, logs)
         figures["violations"] = len(report.violations)
         return figures
@@ -295,7 +316,8 @@ def main() -> None:
     try:
         cases: dict[str, Any] = {
             f"rtr-{p}p-{mode}": (lambda r, p=p, e=(mode == "explicit"): rtr_round(
-                broker.url, dsn, root, p, e, args.procs, args.count, 1000 * r))
+                broker.url, broker.proc.pid, dsn, root, p, e, args.procs, args.count,
+                1000 * r))
             for p in (1, 2) for mode in ("implicit", "explicit")}
         cases["xa-2db"] = lambda r: xa_round(dsn, args.procs, args.count, 1000 * r)
         cases["replay"] = lambda r: replay_round(broker.url, dsn, root, 1000 * r)
@@ -311,6 +333,9 @@ def main() -> None:
             if name != "replay":
                 summary["median_p50_ms"] = median_of(rounds, "p50_ms")
                 summary["median_p99_ms"] = median_of(rounds, "p99_ms")
+                summary["violations"] = sum(r["violations"] for r in rounds)
+            if name.startswith("rtr-"):
+                summary["cpu_us_per_tx"] = [r["cpu_us_per_tx"] for r in rounds]
             report["cases"][name] = summary
             print(name, json.dumps({k: v for k, v in summary.items() if k != "rounds"}),
                   flush=True)
