@@ -99,7 +99,8 @@ class Fleet:
     """Bank servers and clients as processes; every one is killed by :meth:`close`."""
 
     def __init__(self, url: str, dsn: str, root: Path) -> None:
-        self.url, self.dsn, self.root = url, dsn, root
+        self.url, self.dsn = url, dsn
+        self.root = Path(tempfile.mkdtemp(dir=root))  # fresh logs for every round
         self.procs: list[subprocess.Popen[str]] = []
         self.serial = 0
 

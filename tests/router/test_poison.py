@@ -20,6 +20,7 @@ import pytest
 from examples.bank import bank
 from tests.router.bankrig import LOAD_TIMEOUT, BankRig, Child, accounts, wait_for
 from tests.support import ROOT, BrokerProcess
+from tests.tm.pg import PostgresServer
 
 #: The poison transfer's amount (ordinary transfers are 1..150).
 POISON = 777
@@ -28,8 +29,10 @@ TRANSFERS = 60
 
 
 @pytest.fixture
-def rig(tmp_path: Path, broker: BrokerProcess, postgres: object) -> Iterator[BankRig]:
-    rig = BankRig(tmp_path, broker, postgres.dsn)  # type: ignore[attr-defined]
+def rig(tmp_path: Path, broker: BrokerProcess, postgres: PostgresServer) -> Iterator[BankRig]:
+    """The bank's databases reset and its facility defined on a fresh broker; every
+    process the test starts is killed afterwards."""
+    rig = BankRig(tmp_path, broker, postgres.dsn)
     try:
         yield rig
     finally:
