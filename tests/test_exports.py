@@ -17,6 +17,15 @@ import pytest
 
 import txbroker
 
+#: The transaction router's client API (docs/router.md), the same in both flavours.
+ROUTER = {"ALL_ROUTER_EVENTS", "ALL_USER_EVENTS", "ClientState", "EXCEPTION", "EventRanges",
+          "Key", "MessageType", "PARTITION_DOWN", "PARTITION_UP", "PLAN", "PRIMARY",
+          "PartitionMap", "REASON_CLIENT", "REASON_LOST", "REASON_SRVDIED", "REASON_TIMEOUT",
+          "REASON_UNKNOWN", "ROUTER_EVENT_MAX", "ROUTER_EVENT_MIN", "Role", "RouterMessage",
+          "SECONDARY", "SERVER_DOWN", "SERVER_UP", "ServerMessageHandler", "ServerState",
+          "ServerTransactionController", "TransactionController", "USER_EVENT_MAX",
+          "USER_EVENT_MIN", "event_ranges"}
+
 PUBLIC: dict[str, set[str]] = {
     "txbroker": {"BrokerError", "Connection", "ConnectionLost", "ErrorCode", "IllegalState",
                  "TransactionRolledBack", "TxBrokerError", "XAError", "Xid", "__version__",
@@ -34,6 +43,10 @@ PUBLIC: dict[str, set[str]] = {
                     "Resource", "RolledBack", "STEPS", "TMError", "TM_FORMAT_ID",
                     "TransactionManager", "branch_xid", "recover"},
     "txbroker.spark": {"register"},
+    "txbroker.router": ROUTER,
+    "txbroker.router.aio": ROUTER | {"AsyncServerMessageHandler",
+                                     "AsyncServerTransactionController",
+                                     "AsyncTransactionController"},
     "txbroker.protocol": {"DEFAULT_MAX_FRAME_SIZE", "Err", "Event", "LocalProtocolError",
                           "NEED_DATA", "NativeConnection", "Ok", "Push", "Request", "Role",
                           "encode_error"},

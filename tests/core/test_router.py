@@ -350,3 +350,73 @@ def test_shadow_gets_the_same_transactions_and_role_events(rig: Rig) -> None:
     assert rig.take(3) == [("ROUTER_EVENT", 260)]  # PRIMARY: the shadow site is primary now
     rig.send(1, client, "t2", 2)
     assert rig.take(3) == [("MSG1", "t2")]  # and serves the partition alone
+
+
+def test_votes_before_the_accept_record_is_durable(tmp_path: Path) -> None:
+    """The commit replaces a VREQ record still on its way to disk: one live record, and a
+    restart in between either state finds exactly one copy of the transaction."""
+    harness = Harness(auto_sync=False)
+    rig = Rig(harness)
+    rig.define()
+    harness.sync()
+    client = rig.client(1)
+    a = rig.server(2, "A")
+    rig.send(1, client, "t1", 1)
+    rig.accept(1, client, "t1")  # the VREQ record is pending
+    rig.vote(2, a, "t1")  # the commit record replaces it before it is written
+    assert rig.take(1) == []
+    harness.sync()
+    assert rig.take(1) == [("ACCEPTED", "t1")]
+    assert rig.journal() == 2
+    restarted = harness.crash()
+    assert [tx.state.value for tx in restarted.broker.router.transactions.values()] == [
+        "COMMITTING"]
+    assert restarted.broker.queues[ROUTER_QUEUE].messages == 2
+
+
+def test_a_restart_before_the_accept_is_durable_forgets_the_transaction() -> None:
+    harness = Harness(auto_sync=False)
+    rig = Rig(harness)
+    rig.define()
+    harness.sync()
+    client = rig.client(1)
+    rig.server(2, "A")
+    rig.send(1, client, "t1", 1)
+    rig.accept(1, client, "t1")
+    restarted = harness.crash()  # the VREQ record was never synced
+    assert restarted.broker.router.transactions == {}
+    assert restarted.broker.router.outcome(9, "t1", None, harness.now)["state"] == "UNKNOWN"
+
+
+def test_concurrent_servers_share_a_partition_one_transaction_each(rig: Rig) -> None:
+    client = rig.client(1)
+    first = rig.server(2, "A", role=Role.CONCURRENT)
+    second = rig.server(3, "A", role=Role.CONCURRENT)
+    for tid in ("t1", "t2", "t3"):
+        rig.send(1, client, tid, 1)
+        rig.accept(1, client, tid)
+    got = {2: rig.take(2), 3: rig.take(3)}
+    assert sorted(len(pushes) for pushes in got.values()) == [1, 1]  # t3 waits
+    holder = {pushes[0][1]: sid for sid, pushes in got.items()}
+    assert sorted(holder) == ["t1", "t2"]
+    ids = {2: first, 3: second}
+    sid = holder["t1"]
+    rig.vote(sid, ids[sid], "t1")
+    assert rig.take(sid) == [("ACCEPTED", "t1")]
+    rig.done(sid, ids[sid], "t1")
+    assert rig.take(sid) == [("MSG1", "t3")]  # the freed server takes the waiting one
+
+
+def test_an_implicit_vote_that_did_not_see_every_message_is_stale(rig: Rig) -> None:
+    """Two legs in one partition, sent with the accept: the server's vote after the
+    first leg must not commit the transaction without the second (the vote race)."""
+    client = rig.client(1)
+    a = rig.server(2, "A")
+    rig.send(1, client, "t1", 1, b"debit")
+    rig.send(1, client, "t1", 2, b"credit")
+    rig.accept(1, client, "t1")
+    assert rig.take(2) == [("MSG1", "t1"), ("MSG", "t1")]
+    assert rig.call("vote", 2, a, "t1", True, "", rig.h.now, 1) == {"stale": True}
+    assert rig.take(1) == []
+    assert rig.call("vote", 2, a, "t1", True, "", rig.h.now, 2) == {}
+    assert rig.take(1) == [("ACCEPTED", "t1")]

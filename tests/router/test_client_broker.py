@@ -17,6 +17,11 @@ from tests.support import ROOT, BrokerProcess
 import txbroker
 from txbroker.errors import BadRequest, IllegalState, NotFound, TransactionRolledBack
 from txbroker.router import (
+    ALL_ROUTER_EVENTS,
+    PARTITION_DOWN,
+    PARTITION_UP,
+    SERVER_DOWN,
+    SERVER_UP,
     ClientState,
     MessageType,
     RouterMessage,
@@ -261,3 +266,32 @@ def test_cli_against_the_broker(broker: BrokerProcess) -> None:
     assert parts["NZ"]["vote_timeout_ms"] == 1500
     missing = txb(broker, "router", "exceptions", "commit", "f" * 32)
     assert missing.returncode == 1 and missing.stderr.startswith("error: ")
+
+
+def test_router_events_for_subscribers(broker: BrokerProcess) -> None:
+    with TransactionController(broker.url) as client:
+        client.register_facility("BANK", events=[ALL_ROUTER_EVENTS])
+        with ServerTransactionController(broker.url) as srv:
+            srv.register_partition("BANK", "B")
+            up = [receive(client), receive(client)]
+            assert [(m.type, m.number, m.facility, m.partition) for m in up] == [
+                (M.ROUTER_EVENT, SERVER_UP, "BANK", "B"),
+                (M.ROUTER_EVENT, PARTITION_UP, "BANK", "B")]
+            assert up[0].detail == {"server": srv.controller_id, "role": "primary"}
+        down = [receive(client), receive(client)]
+        assert [(m.number, m.partition) for m in down] == [(SERVER_DOWN, "B"),
+                                                            (PARTITION_DOWN, "B")]
+        assert client.receive(timeout=0.1) is None
+
+
+def test_the_docs_tour_runs(broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "docs" / "router.md").read_text()
+    tour = text.split("## Five-minute tour", 1)[1].split("\n## ", 1)[0]
+    code = tour.split("```python\n", 1)[1].split("```", 1)[0]
+    done = txb(broker, "router", "define", "BANK", "--partition", "A:0-999",
+               "--partition", "B:1000-1999")
+    assert done.returncode == 0, done.stderr  # BANK redefined while idle
+    monkeypatch.setenv("TXBROKER_URL", broker.url)
+    exec(compile(code, "docs/router.md", "exec"), {"__name__": "tour"})
+    assert capsys.readouterr().out.splitlines() == ["ACCEPTED None", "{'A': 70, 'B': 30}"]

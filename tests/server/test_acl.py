@@ -596,6 +596,25 @@ NATIVE_OPS: dict[str, tuple[str | None, str, dict[str, Any]]] = {
     "sink_status": (None, "", {"sink": "s"}),
     "sink_commit": (None, "", {"sink": "s", "batch": 0, "xids": []}),
     "sink_abort": (None, "", {"sink": "s", "batch": 0}),
+    # the router (docs/security.md): permissions on "router.<facility>"
+    "rtr_register": ("send", "rtr_register", {"facility": "billing.x"}),
+    "rtr_define": ("admin", "router_define", {"facility": "billing.x", "partitions": [
+        {"name": "p", "low": 0, "high": 9}]}),
+    "rtr_set_partition": ("admin", "router_set_partition",
+                          {"facility": "billing.x", "partition": "p", "retry_count": 1}),
+    "rtr_unregister": (None, "", {"controller": 1}),
+    "rtr_send": (None, "", {"controller": 1, "tid": "t", "key": 1, "body": b"x"}),
+    "rtr_accept": (None, "", {"controller": 1, "tid": "t"}),
+    "rtr_reject": (None, "", {"controller": 1, "tid": "t"}),
+    "rtr_ack": (None, "", {"controller": 1, "tids": ["t"]}),
+    "rtr_outcome": (None, "", {"tid": "t"}),
+    "rtr_vote": (None, "", {"controller": 1, "tid": "t", "accept": True}),
+    "rtr_done": (None, "", {"controller": 1, "tid": "t"}),
+    "rtr_event": (None, "", {"controller": 1, "number": 1}),
+    "rtr_show": (None, "", {}),
+    "rtr_exceptions": (None, "", {}),
+    "rtr_exception_commit": (None, "", {"tid": "t"}),  # unknown tid: NOT_FOUND first
+    "rtr_exception_discard": (None, "", {"tid": "t"}),
 }
 
 
@@ -622,7 +641,8 @@ def test_every_native_op_has_its_permission(tmp_path: Path) -> None:
             if action is None:
                 assert refused == [], op
                 continue
-            where = "the broker" if op.startswith(("xa_", "conn_")) else "'billing.x'"
+            where = ("the broker" if op.startswith(("xa_", "conn_")) else
+                     "'router.billing.x'" if op.startswith("rtr_") else "'billing.x'")
             assert refused == [Err(rid, ErrorCode.FORBIDDEN,
                                    forbidden("eve", action, where, name))], op
         assert "billing.x" not in server.broker.queues  # nothing was made

@@ -328,7 +328,7 @@ REQUESTS: dict[str, tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]
     "rtr_ack": ({"controller": ("int", 2**40), "tids": ("list", [])}, {}),
     "rtr_outcome": ({"tid": ("str", "fz-t")}, {"controller": ("int", 2**40)}),
     "rtr_vote": ({"controller": ("int", 2**40), "tid": ("str", "fz-t"),
-                  "accept": ("bool", True)}, {"reason": ("str", "")}),
+                  "accept": ("bool", True)}, {"reason": ("str", ""), "seen": ("int", 1)}),
     "rtr_done": ({"controller": ("int", 2**40), "tid": ("str", "fz-t")}, {}),
     "rtr_event": ({"controller": ("int", 2**40), "number": ("int", 1)},
                   {"body": ("bytes", b""), "recipient": ("str", "*")}),

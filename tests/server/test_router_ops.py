@@ -117,6 +117,9 @@ def test_a_transfer_end_to_end_and_the_journal_is_off_limits(bank: BrokerProcess
     server_b.ok("rtr_done", controller=b, tid="t1")
     client.ok("rtr_ack", controller=c, tids=["t1"])
     assert admin.ok("rtr_outcome", tid="t1")["state"] == "UNKNOWN"  # forgotten
+    counts = admin.ok("stats")["router"]
+    assert (counts["committed"], counts["rejected"], counts["controllers"],
+            counts["transactions"]["COMMITTING"]) == (1, 0, 3, 0)
     # bad input: a clear refusal, nothing changes
     refused = client.do("rtr_send", controller=c, tid="t2", key=5000, body=b"x")
     assert refused[0] == ERR and refused[3]["code"] == BAD_REQUEST

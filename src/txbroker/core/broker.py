@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from txbroker.core import router_admin
 from txbroker.core.admin import Admin
 from txbroker.core.compaction import Compaction
 from txbroker.core.delivery import Delivery
@@ -306,8 +307,8 @@ class Broker:
         return self.admin.queue_list()
 
     def stats(self) -> dict[str, Any]:
-        """Broker-wide counts."""
-        return self.admin.stats()
+        """Broker-wide counts (the router's under ``"router"``)."""
+        return {**self.admin.stats(), "router": router_admin.stats(self.router)}
 
     # ------------------------------------------------------------------ XA
     def xa_start(self, session_id: int, xid_text: Any, flags: int, now: int) -> Any:

@@ -455,10 +455,14 @@ class Router:
         return {}
 
     def collected(self, session_id: int, controller_id: Any, tids: Any, now: int) -> None:
-        """The client collected these outcomes (``rtr_ack``)."""
-        controller = self.controller(session_id, controller_id, server=False)
+        """The client collected these outcomes (``rtr_ack``, sent without a request id:
+        tids the router already forgot, or a controller of an earlier connection, are
+        ignored rather than answered with an error nobody waits for)."""
         if not isinstance(tids, list):
             raise BadRequest("argument 'tids' must be a list of transaction ids")
+        controller = self.controllers.get(controller_id) if type(controller_id) is int else None
+        if controller is None or controller.session != session_id or controller.is_server:
+            return
         for tid in tids:
             tx = self.transactions.get(tid) if isinstance(tid, str) else None
             controller.tids.discard(tid)
@@ -498,8 +502,11 @@ class Router:
         return participant
 
     def vote(self, session_id: int, controller_id: Any, tid: Any, accept: bool, reason: Any,
-             now: int) -> dict[str, Any]:
-        """A server's vote: accept, or reject with a reason."""
+             now: int, seen: int | None = None) -> dict[str, Any]:
+        """A server's vote: accept, or reject with a reason. ``seen``: how many of the
+        transaction's messages the server had received when it voted; an accept that
+        did not see every message already pushed to it is stale (the server votes
+        again after the next one), so a vote never covers a message it never saw."""
         participant = self._held(session_id, controller_id, tid)
         if participant is None:
             return {"ignored": True}
@@ -520,13 +527,18 @@ class Router:
                                "accept after PREPARE")
         if participant.state is PartState.VOTED:
             return {}
+        if seen is not None and seen < participant.sent:
+            return {"stale": True}
         participant.state = part_next(participant.state, PartEvent.VOTE)
         if tx.state is TxState.VREQ and self._all_voted(tx):
             self._decide(tx, TxEvent.ALL_VOTED, None, now)
         return {}
 
     def done(self, session_id: int, controller_id: Any, tid: Any, now: int) -> dict[str, Any]:
-        """A server acknowledges the outcome: it is free for its next transaction."""
+        """A server acknowledges the outcome: it is free for its next transaction. (Sent
+        without a request id: a tid the router already forgot is ignored.)"""
+        if isinstance(tid, str) and tid not in self.transactions:
+            return {"ignored": True}
         participant = self._held(session_id, controller_id, tid)
         if participant is None:
             return {"ignored": True}

@@ -93,6 +93,15 @@ def show(router: Router, facility_name: Any = None) -> dict[str, Any]:
     return {"facilities": result, "counters": dict(router.counters)}
 
 
+def stats(router: Router) -> dict[str, Any]:
+    """The router's counts for ``txbroker stat`` and ``/metrics``."""
+    states: Counter[str] = Counter(tx.state.value for tx in router.transactions.values())
+    return {"facilities": len(router.facilities), "controllers": len(router.controllers),
+            "transactions": {state.value: states[state.value] for state in TxState},
+            "exceptions": sum(1 for tx in router.transactions.values() if tx.exception),
+            **router.counters}
+
+
 def exceptions(router: Router, facility_name: Any = None) -> list[dict[str, Any]]:
     """The exception transactions (of one facility, or all)."""
     if facility_name is not None:
@@ -158,4 +167,4 @@ def discard_exception(router: Router, session_id: int, rid: int, tid: Any, now: 
     return LATER
 
 
-__all__ = ["commit_exception", "discard_exception", "exceptions", "show", "user_event"]
+__all__ = ["commit_exception", "discard_exception", "exceptions", "show", "stats", "user_event"]

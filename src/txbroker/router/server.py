@@ -120,6 +120,8 @@ class AsyncServerTransactionController(AsyncControllerBase):
         self.inactivity_timeout_ms = inactivity_timeout_ms
         self._state = ServerState.IDLE
         self._tid: str | None = None
+        #: messages of the current transaction handed to the application (votes say it)
+        self._seen = 0
         self._explicit = False
         self._partition: str | None = None
         #: a tid whose outcome the new session does not hold (LOST): no rtr_done for it
@@ -202,6 +204,9 @@ class AsyncServerTransactionController(AsyncControllerBase):
             if item.type in (M.MSG1, M.UNCERTAIN):
                 self._state = S.RECEIVING  # a new transaction, whatever came before
                 self._no_done_for = None
+                self._seen = 0
+            if item.type in (M.MSG1, M.UNCERTAIN, M.MSG):
+                self._seen = max(self._seen, (item.index or 0) + 1)
             return item
 
     def _on_message(self, message: RouterMessage) -> None:
@@ -229,7 +234,8 @@ class AsyncServerTransactionController(AsyncControllerBase):
         await self._port_ready()
         self._check_explicit()
         self._state = self._call_step("accept")
-        self._pipeline("rtr_vote", {"tid": self._tid, "accept": True, "reason": ""})
+        self._pipeline("rtr_vote", {"tid": self._tid, "accept": True, "reason": "",
+                                    "seen": self._seen})
 
     async def reject_transaction(self, reason: str = DEFAULT_SERVER_REASON) -> None:
         """Vote to reject (any time before voting accept); every participant gets
@@ -239,7 +245,8 @@ class AsyncServerTransactionController(AsyncControllerBase):
 
     async def _vote(self, accept: bool, reason: str) -> None:
         try:
-            await self._call("rtr_vote", {"tid": self._tid, "accept": accept, "reason": reason})
+            await self._call("rtr_vote", {"tid": self._tid, "accept": accept, "reason": reason,
+                                          "seen": self._seen})
         except ConnectionLost:
             if self._failed is not None or self._closed:
                 raise

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from txbroker.core import router_admin
 from txbroker.core.router_model import Role, check_tid, parse_events, parse_recipient
-from txbroker.errors import BadRequest
+from txbroker.errors import BadRequest, NotFound
 from txbroker.server.acl import CONSUME, SEND
 from txbroker.server.native_args import arg, headers_arg, int_arg
 from txbroker.server.ops import Session
@@ -118,7 +118,8 @@ def rtr_vote(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """A server's vote."""
     controller, tid = int_arg(args, "controller"), _tid_arg(args)
     accept, reason = arg(args, "accept", bool), arg(args, "reason", str, "")
-    return session.core.router.vote(session.id, controller, tid, accept, reason, now)
+    seen = int_arg(args, "seen", None)
+    return session.core.router.vote(session.id, controller, tid, accept, reason, now, seen)
 
 
 def rtr_done(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -162,9 +163,13 @@ def rtr_exceptions(session: Session, rid: int, args: dict[str, Any], now: int) -
     return router_admin.exceptions(session.core.router, arg(args, "facility", str, None))
 
 
-def _exception_facility(session: Session, tid: Any) -> str:
-    tx = session.core.router.transactions.get(tid) if isinstance(tid, str) else None
-    return ACL_PREFIX + (tx.facility if tx is not None else "#")
+def _exception_facility(session: Session, tid: str) -> str:
+    """The ACL destination of an exception transaction's facility (NotFound first for a
+    tid the router does not know: there is nothing to permit)."""
+    tx = session.core.router.transactions.get(tid)
+    if tx is None:
+        raise NotFound(f"no router transaction {tid!r}")
+    return ACL_PREFIX + tx.facility
 
 
 def rtr_exception_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:

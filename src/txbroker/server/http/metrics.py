@@ -120,6 +120,7 @@ class Snapshot(Collector):
             branches.add_metric([state], self.xa_states.get(state, 0))
         yield branches
         yield from self._ha(self.stats.get("ha"))
+        yield from self._router(self.stats.get("router"))
 
     def _queues(self) -> Iterator[Metric]:
         queues = [info for info in self.queues if info["kind"] == "queue"]
@@ -177,6 +178,11 @@ class Snapshot(Collector):
                                             "Work items (records) per group-commit batch.")
 
     @staticmethod
+    def _router(router: Any) -> Iterator[Metric]:
+        if isinstance(router, dict):
+            yield from _router_families(router)
+
+    @staticmethod
     def _ha(status: Any) -> Iterator[Metric]:
         if not isinstance(status, dict):
             return
@@ -184,6 +190,30 @@ class Snapshot(Collector):
                                  labels=["mode", "role"])
         role.add_metric([str(status.get("mode", "")), str(status.get("role", ""))], 1)
         yield role
+
+
+def _router_families(router: dict[str, Any]) -> Iterator[Metric]:
+    states = GaugeMetricFamily("txbroker_router_transactions",
+                               "Transaction router: transactions by router state.",
+                               labels=["state"])
+    for state, count in sorted(router.get("transactions", {}).items()):
+        states.add_metric([state], count)
+    yield states
+    yield GaugeMetricFamily("txbroker_router_exceptions",
+                            "Transaction router: exception transactions waiting for an "
+                            "operator.", value=router.get("exceptions", 0))
+    yield GaugeMetricFamily("txbroker_router_controllers",
+                            "Transaction router: registered client and server controllers.",
+                            value=router.get("controllers", 0))
+    outcomes = CounterMetricFamily("txbroker_router_outcomes",
+                                   "Transaction router: transactions decided since start.",
+                                   labels=["outcome"])
+    outcomes.add_metric(["committed"], router.get("committed", 0))
+    outcomes.add_metric(["rejected"], router.get("rejected", 0))
+    yield outcomes
+    yield CounterMetricFamily("txbroker_router_replays",
+                              "Transaction router: presentations after a server was lost.",
+                              value=router.get("replays", 0))
 
 
 class BrokerCollector(Collector):
