@@ -290,7 +290,7 @@ def replay_round(url: str, dsn: str, root: Path, seed: int) -> dict[str, Any]:
 
 
 def median_of(rounds: list[dict[str, Any]], key: str) -> float:
-    return float(statistics.median(r[key] for r in rounds))
+    return round(float(statistics.median(r[key] for r in rounds)), 4)
 
 
 def main() -> None:

@@ -185,14 +185,12 @@ def test_broker_killed_under_load(rig: BankRig) -> None:
     assert report.exceptions == []
 
 
-@pytest.mark.xfail(reason="broker race: an implicit-prepare server's accept vote after MSG1 "
-                          "that reaches the router after it pushed MSG2 is counted, so a "
-                          "transaction the server then rejects on MSG2 is ACCEPTED "
-                          "(rtr_vote carries no message index)", strict=False)
 def test_two_messages_implicit_prepare(rig: BankRig) -> None:
     """Transfers inside one partition: two messages to one implicit-prepare server,
     which votes after each (the second message voids the first vote). A debit refused
-    on the second message must reject the transfer."""
+    on the second message must reject the transfer: an accept vote that crossed the
+    second message on the wire is stale (it found the broker's vote race, fixed in
+    1a518b4: a vote says how many messages the server had seen)."""
     rig.server("A")
     rig.servers_b(2)
     clients = [rig.client(f"client{i}", TRANSFERS, seed=50 + i, args=accounts(i, 2))
