@@ -9,6 +9,7 @@ import pytest
 
 from tests.etcd_support import EtcdServer, etcd_binary
 from tests.support import BrokerProcess, store_args
+from tests.tm.pg import PostgresServer, pg_bindir
 
 
 @pytest.fixture
@@ -36,6 +37,20 @@ def etcd() -> Iterator[EtcdServer]:
         pytest.fail("etcd is not installed: `make etcd` installs Debian's etcd-server "
                     "(`make test` runs it)", pytrace=False)
     server = EtcdServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server per test session (max_prepared_transactions = 64), shared by
+    the TM tests (tests/tm) and the router's bank example (tests/router)."""
+    if pg_bindir() is None:  # a failure, not a skip: CI must not pass without these tests
+        pytest.fail("PostgreSQL (initdb, pg_ctl) is not installed: `make postgres` installs "
+                    "it (`make test` runs it)", pytrace=False)
+    server = PostgresServer().start()
     try:
         yield server
     finally:

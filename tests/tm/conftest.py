@@ -7,20 +7,7 @@ import psycopg
 import pytest
 
 from tests.support import STORES, BrokerProcess, store_args
-from tests.tm.pg import PostgresServer, pg_bindir
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    """One PostgreSQL server per test session (max_prepared_transactions = 64)."""
-    if pg_bindir() is None:  # a failure, not a skip: CI must not pass without these tests
-        pytest.fail("PostgreSQL (initdb, pg_ctl) is not installed: `make postgres` installs "
-                    "it (`make test` runs it)", pytrace=False)
-    server = PostgresServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
+from tests.tm.pg import PostgresServer
 
 
 @pytest.fixture(params=STORES)
