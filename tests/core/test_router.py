@@ -420,3 +420,14 @@ def test_an_implicit_vote_that_did_not_see_every_message_is_stale(rig: Rig) -> N
     assert rig.take(1) == []
     assert rig.call("vote", 2, a, "t1", True, "", rig.h.now, 2) == {}
     assert rig.take(1) == [("ACCEPTED", "t1")]
+
+
+def test_a_client_that_keeps_going_after_a_server_rejected_gets_the_outcome(rig: Rig) -> None:
+    client = rig.client(1)
+    a = rig.server(2, "A")
+    rig.send(1, client, "t1", 1)
+    rig.vote(2, a, "t1", accept=False, reason="INSUFFICIENT")
+    assert rig.take(1) == [("REJECTED", "t1")]
+    assert rig.send(1, client, "t1", 2) == {"partition": "A", "rejected": "INSUFFICIENT"}
+    assert rig.accept(1, client, "t1") == {"rejected": "INSUFFICIENT"}
+    assert rig.take(1) == [] and rig.take(2) == [("MSG1", "t1"), ("REJECTED", "t1")]

@@ -388,6 +388,11 @@ class Router:
         controller = self.controller(session_id, controller_id, server=False)
         partition = self.facility(controller.facility).route(key)  # before anything changes
         _, tx = self._client_tx(session_id, controller_id, tid, create=True, now=now)
+        if tx.state is TxState.ABORTING:
+            # a server rejected while the client was still sending (the seed's "a
+            # participant can reject ..."): the message goes nowhere, the REJECTED outcome
+            # is on its way to the client
+            return {"partition": partition.name, "rejected": tx.reason}
         tx.state = tx_next(tx.tid, tx.state, TxEvent.SEND)
         tx.messages.append((partition.name, key, body, headers))
         position = len(tx.messages) - 1
@@ -421,6 +426,8 @@ class Router:
     def accept(self, session_id: int, controller_id: Any, tid: Any, now: int) -> dict[str, Any]:
         """The client accepts: journal the transaction and ask for the votes."""
         _, tx = self._client_tx(session_id, controller_id, tid, create=False, now=now)
+        if tx.state is TxState.ABORTING:
+            return {"rejected": tx.reason}  # a server rejected first: the outcome is pushed
         if not tx.messages:
             raise IllegalState(f"transaction {tx.tid} has no message to accept")
         self.outbox.check_writable()
@@ -449,6 +456,8 @@ class Router:
                now: int) -> dict[str, Any]:
         """The client rejects its transaction (only before it accepted)."""
         _, tx = self._client_tx(session_id, controller_id, tid, create=False, now=now)
+        if tx.state is TxState.ABORTING:
+            return {"rejected": tx.reason}  # rejected already: nothing changes
         tx_next(tx.tid, tx.state, TxEvent.CLIENT_REJECT)  # refuses after accept
         self._abort(tx, TxEvent.CLIENT_REJECT, reason if isinstance(reason, str) else CLIENT,
                     now)

@@ -195,6 +195,7 @@ class AsyncTransactionController(AsyncControllerBase):
         next_state = self._step("accept")
         if self._outcome_in == self._tid:  # already decided (a server rejected): receive() it
             self._sends, self._errors = [], []
+            self._state = next_state
             return
         await self._sent()
         self._state = next_state
@@ -215,6 +216,7 @@ class AsyncTransactionController(AsyncControllerBase):
         self._checked_partition(key)
         if self._outcome_in == self._tid:
             self._sends, self._errors = [], []
+            self._state = next_state
             return
         await self._sent()
         self._state = next_state
