@@ -83,6 +83,11 @@ def serve(
              "before it leaves the ready set (default 5)")] = None,
     ha_etcd: Annotated[str | None, typer.Option(
         help="--ha replicated: etcd endpoints for automatic promotion")] = None,
+    ha_cluster: Annotated[str | None, typer.Option(
+        help="--ha replicated with etcd: the group's name (default 'default')")] = None,
+    ha_lease_ttl: Annotated[int | None, typer.Option(
+        help="--ha replicated with etcd: the primary key's lease, seconds (default 10)")
+    ] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Run a broker until SIGTERM / Ctrl-C."""
@@ -97,7 +102,8 @@ def serve(
         sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
         repair=repair or None, ha=ha, ha_port=ha_port, ha_peer=ha_peer,
         heartbeat_interval=heartbeat_interval, activation_interval=activation_interval,
-        ha_peers=ha_peers, ha_node=ha_node, backup_timeout=backup_timeout, ha_etcd=ha_etcd)
+        ha_peers=ha_peers, ha_node=ha_node, backup_timeout=backup_timeout, ha_etcd=ha_etcd,
+        ha_cluster=ha_cluster, ha_lease_ttl=ha_lease_ttl)
     cfg = _load_config(config, **overrides)
     started = False
 

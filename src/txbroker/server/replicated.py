@@ -291,6 +291,7 @@ class ReplicatedNode:
             server = BrokerServer(self.config, lock=self.lock)
             await server.recover()
         self.follower = None
+        self.last_problem = ""
         hub = ReplicationHub(server, self.node, self.config.backup_timeout)
         assert server.store is not None
         server.store = ReplicatingStore(server.store, hub)
