@@ -140,11 +140,13 @@ def _replicated_line(address: str, ha: dict[str, Any]) -> str:
     lines = [head]
     replication = ha.get("replication")
     if replication:
-        lines.append(f"    LSN {replication.get('lsn')}, {replication.get('in_flight')} in flight")
+        lines.append(f"    LSN {replication.get('lsn')} ({replication.get('bytes', 0)} bytes), "
+                     f"{replication.get('in_flight')} in flight")
         for backup in replication.get("backups", []):
             lines.append(f"    backup {backup['node']} {backup['state']}  acked "
                          f"{backup['acked']}  lag {backup['lag_entries']} entries, "
-                         f"{backup['queued_bytes']} bytes queued"
+                         f"{backup.get('lag_bytes', 0)} bytes ({backup['queued_bytes']} "
+                         "queued on its link)"
                          + (f"  ({backup['reason']})" if backup.get("reason") else ""))
     following = ha.get("following")
     if following:

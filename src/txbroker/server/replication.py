@@ -38,6 +38,7 @@ seed's "fail cancels").
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -73,6 +74,8 @@ READY_LAG: Final = 64
 QUIET_TIMEOUT: Final = 10.0
 #: Entries per ``entries`` frame when the stream has a backlog.
 BATCH: Final = 256
+#: Entries whose running byte count is kept (a backup's lag in bytes, ``ha status``).
+HISTORY: Final = 100_000
 #: Bytes a backup's link may have queued before it is dropped (it joins again).
 MAX_QUEUED: Final = 256 * 1024 * 1024
 
@@ -122,6 +125,9 @@ class ReplicationHub:
         self.backup_timeout = backup_timeout
         self.epoch = f"{node}-{time.time_ns()}"
         self.lsn = 0
+        self.bytes = 0  #: bytes of every entry numbered so far (meta and bodies)
+        #: (lsn, bytes up to and with it) of the latest entries: a backup's lag in bytes
+        self.history: deque[tuple[int, int]] = deque(maxlen=HISTORY)
         self.pending: deque[_Pending] = deque()
         self.backups: dict[str, AttachedBackup] = {}
         self.dumps = 0
@@ -135,6 +141,8 @@ class ReplicationHub:
         """A new entry: number it, ship it, remember who must have it."""
         self.lsn += 1
         lsn = self.lsn
+        self.bytes += len(meta) + sum(map(len, bodies))
+        self.history.append((lsn, self.bytes))
         self.pending.append(_Pending(lsn, kind, on_durable, time.monotonic()))
         if self.backups:
             frame = link.encode("entries", [[lsn, kind, meta, bodies]])
@@ -207,10 +215,23 @@ class ReplicationHub:
             del self.backups[backup.node]
         self._completed_by_network()
 
+    def bytes_at(self, lsn: int) -> int:
+        """The bytes of every entry up to ``lsn`` (0 before the known history)."""
+        history = self.history
+        if not history or lsn >= history[-1][0]:
+            return self.bytes if history and lsn >= history[-1][0] else 0
+        position = bisect.bisect_right(history, (lsn, float("inf"))) - 1
+        return history[position][1] if position >= 0 else 0
+
     def status(self) -> dict[str, Any]:
         """The replication part of ``ha status``."""
-        return {"lsn": self.lsn, "in_flight": len(self.pending), "epoch": self.epoch,
-                "backups": [b.info(self.lsn) for b in self.backups.values()]}
+        backups = []
+        for backup in self.backups.values():
+            info = backup.info(self.lsn)
+            info["lag_bytes"] = max(0, self.bytes - self.bytes_at(backup.acked))
+            backups.append(info)
+        return {"lsn": self.lsn, "bytes": self.bytes, "in_flight": len(self.pending),
+                "epoch": self.epoch, "backups": backups}
 
     async def serve_backup(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            hello: dict[str, Any], codec: link.ReplicationCodec) -> None:
