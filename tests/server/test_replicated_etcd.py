@@ -237,3 +237,40 @@ def test_a_primary_cut_off_from_etcd_stops_before_a_backup_takes_over(
     with txbroker.connect(url, failover_timeout=60) as conn:
         message = conn.receive("orders", timeout=10)
         assert message is not None and message.body == b"before"
+
+
+def ready_set(etcd: EtcdServer, cluster: str) -> list[str] | None:
+    async def read() -> list[str] | None:
+        async with EtcdClient([etcd.url], timeout=2.0) as client:
+            kv = await client.get(f"/txbroker/{cluster}/ready")
+            return None if kv is None else list(json.loads(kv.value)["ready"])
+    return asyncio.run(read())
+
+
+def test_after_a_whole_group_loss_only_a_backup_of_the_recorded_ready_set_takes_over(
+        group: tuple[list[Node], list[LinkProxy], Background, str], etcd: EtcdServer) -> None:
+    """A backup frozen while the primary dropped it from the ready set still believes
+    it is ready; the ready set the primary recorded in etcd before it stopped waiting
+    for it is what decides after everybody died."""
+    nodes, _, _, cluster = group
+    first, good, frozen = nodes
+    assert cli("ha", "promote", "--url", f"txb://{HOST}:{first.port}").returncode == 0
+    first.wait_line("txbroker ready on")
+    wait_for(lambda: ready_backups(nodes, first) == 2, "two ready backups")
+    assert sorted(ready_set(etcd, cluster) or []) == sorted([good.node, frozen.node])
+    assert frozen.proc is not None
+    os.kill(frozen.proc.pid, signal.SIGSTOP)
+    with txbroker.connect(f"txb://{HOST}:{first.port}") as conn:
+        conn.send("orders", b"while frozen")  # waits backup_timeout (2 s), then goes on
+    assert ready_set(etcd, cluster) == [good.node]
+    for node in nodes:
+        node.kill9()
+    for node in nodes:
+        node.start()
+    holder = wait_for(lambda: primary_key_holder(etcd, cluster), "a new primary")
+    assert holder == good.node
+    good.wait_line("txbroker ready on")
+    url = "txb://" + ",".join(f"{HOST}:{n.port}" for n in nodes)
+    with txbroker.connect(url, failover_timeout=60) as conn:
+        message = conn.receive("orders", timeout=10)
+        assert message is not None and message.body == b"while frozen"

@@ -25,6 +25,7 @@ When the link breaks, the primary is gone or dropped us: the node joins again
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import shutil
@@ -41,10 +42,15 @@ from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["INCOMPLETE", "Follower", "PrimaryRefused", "incomplete", "wipe"]
+__all__ = ["INCOMPLETE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_standing",
+           "incomplete", "read_standing", "wipe", "write_standing"]
 
 #: The marker of a data directory whose copy of the primary is not whole.
 INCOMPLETE: Final = "REPLICA_INCOMPLETE"
+#: What the backup last knew of its standing: ``{"ready": bool, "primary": name}``,
+#: synced whenever it changes, so that a whole-group restart still knows whether this
+#: copy had every acknowledged entry (a primary's directory has none of it).
+STATE_FILE: Final = "REPLICA_STATE"
 #: A test's fault point (house rule: crash points are steps tests can break on purpose):
 #: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
 #: record kind (``core/records.py``), as a backup whose disk refused it would.
@@ -94,6 +100,42 @@ def wipe(data: Path, keep: Path) -> None:
     for child in data.iterdir():  # directories left with only the lock's ancestors
         if child.is_dir() and child.resolve() not in keep.parents:
             shutil.rmtree(child)
+
+
+def read_standing(data: Path) -> bool | None:
+    """Whether this directory's copy was ready when last written (None: no record, e.g.
+    a primary's directory or a fresh one)."""
+    try:
+        standing = json.loads((data / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return bool(standing.get("ready")) if isinstance(standing, dict) else None
+
+
+def write_standing(data: Path, ready: bool, primary: str) -> None:
+    """Record (synced) whether the primary counts this copy as ready."""
+    path = data / STATE_FILE
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w") as handle:
+        json.dump({"ready": ready, "primary": primary}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    _sync_dir(data)
+
+
+def forget_standing(data: Path) -> None:
+    """This directory is a primary's now: its copy is the authority."""
+    (data / STATE_FILE).unlink(missing_ok=True)
+    _sync_dir(data)
+
+
+def _sync_dir(data: Path) -> None:
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _unmark(data: Path) -> None:
@@ -176,7 +218,10 @@ class Follower:
             self.dumped = True
             self._maybe_whole()
         elif message.type == "state":
-            self.ready = bool(body.get("ready"))
+            ready = bool(body.get("ready"))
+            if ready != self.ready:
+                write_standing(self.config.data, ready, self.primary)
+            self.ready = ready
         elif message.type != "heartbeat":
             raise ProtocolError(f"a primary may not send {message.type!r}")
 
@@ -185,6 +230,7 @@ class Follower:
         self.primary, self.at, self.state = primary, at, "copying"
         log.info("replication: following %s from its dump at LSN %d", primary, at)
         wipe(self.config.data, self.lock_path)
+        write_standing(self.config.data, False, primary)
         server = BrokerServer(self.config, lock=self.lock)
         server.open_store()
         self.server = server

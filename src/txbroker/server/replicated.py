@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import time
@@ -45,7 +46,13 @@ from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.etcd import EtcdClient
 from txbroker.server.etcd_lease import Candidate
 from txbroker.server.ha import StandbyConnection
-from txbroker.server.replica import Follower, PrimaryRefused, incomplete
+from txbroker.server.replica import (
+    Follower,
+    PrimaryRefused,
+    forget_standing,
+    incomplete,
+    read_standing,
+)
 from txbroker.server.replication import ReplicatingStore, ReplicationHub
 from txbroker.storage.store_lock import StoreLock
 
@@ -90,14 +97,16 @@ class ReplicatedNode:
         self._link_server: asyncio.Server | None = None
         self._refuser: asyncio.Server | None = None
         self.last_problem = ""
-        #: whether the primary counted our copy as ready when we last lost it (None: we
-        #: have not followed anybody since we started: a whole-group restart)
-        self.copy_ready: bool | None = None
+        #: whether the primary counted our copy as ready when we last lost it, as synced
+        #: in the data directory (REPLICA_STATE; None: no record — a primary's directory)
+        self.copy_ready: bool | None = read_standing(config.data)
         self.copy_position = -1  #: the LSN our last copy had durable
         #: etcd (``--ha-etcd``): the client, our candidacy, who holds the primary key
         self.etcd: EtcdClient | None = None
         self.candidate: Candidate | None = None
         self.etcd_primary: str | None = None
+        #: the ready set the last primary recorded in etcd (None: none recorded)
+        self.etcd_ready: list[str] | None = None
         self._manual = False  #: an operator asked for promotion (etcd: take the key)
         self.fenced = ""
 
@@ -119,7 +128,7 @@ class ReplicatedNode:
             holder = self.candidate.holder if self.candidate is not None else None
             result["etcd"] = {
                 "endpoints": self.config.ha_etcd, "cluster": self.config.ha_cluster,
-                "primary_key_holder": self.etcd_primary,
+                "primary_key_holder": self.etcd_primary, "ready_set": self.etcd_ready,
                 "lease_ttl": holder.granted_ttl if holder is not None and holder.held
                 else self.config.ha_lease_ttl,
                 "holding": bool(holder is not None and holder.held)}
@@ -163,6 +172,10 @@ class ReplicatedNode:
             if self.etcd_primary not in (None, self.node):
                 raise IllegalState(f"{self.node} cannot be promoted: the etcd key is held by "
                                    f"{self.etcd_primary}")
+            if self.etcd_ready is not None and self.node not in self.etcd_ready and \
+                    self.copy_ready is not None:
+                raise IllegalState(f"{self.node} cannot be promoted: the last primary's ready "
+                                   f"set in etcd is {self.etcd_ready or 'empty'}")
             self._manual = True
             return {"node": self.node, "promoting": True, "via": "etcd"}
         self._promote.set()
@@ -292,7 +305,11 @@ class ReplicatedNode:
             await server.recover()
         self.follower = None
         self.last_problem = ""
+        forget_standing(self.config.data)
         hub = ReplicationHub(server, self.node, self.config.backup_timeout)
+        if self.etcd is not None:
+            hub.on_ready_change = self._record_ready
+            await self._record_ready([])  # until a backup is ready, none may succeed us
         assert server.store is not None
         server.store = ReplicatingStore(server.store, hub)
         self.hub, self.server = hub, server
@@ -325,6 +342,9 @@ class ReplicatedNode:
                     # that has followed nobody since it started waits for `ha promote`)
                     position = self.copy_position
                     ready = self.copy_ready is True and self.promotable() is None
+                self.etcd_ready = await self._read_ready()
+                if self.etcd_ready is not None and self.node not in self.etcd_ready:
+                    ready = False  # the last primary stopped counting on this copy
                 await candidate.board.publish(position, ready=ready)
                 self.etcd_primary = await candidate.primary()
                 taken = False
@@ -341,6 +361,27 @@ class ReplicatedNode:
                 self.last_problem = f"etcd: {exc}"
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), pause)
+
+    def _ready_key(self) -> str:
+        return f"/txbroker/{self.config.ha_cluster}/ready"
+
+    async def _record_ready(self, names: list[str]) -> None:
+        """Record the ready set in etcd (before the primary stops waiting for a backup
+        that left it): after a whole-group loss only these may be promoted."""
+        assert self.etcd is not None
+        await self.etcd.put(self._ready_key(), json.dumps({"primary": self.node,
+                                                          "ready": names}))
+        self.etcd_ready = names
+
+    async def _read_ready(self) -> list[str] | None:
+        assert self.etcd is not None
+        kv = await self.etcd.get(self._ready_key())
+        if kv is None:
+            return None
+        try:
+            return [str(name) for name in json.loads(kv.value)["ready"]]
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def _fence(self, reason: str) -> None:
         """The primary lost its etcd lease: stop serving NOW (before anyone can take the

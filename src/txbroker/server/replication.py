@@ -40,10 +40,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -134,6 +135,10 @@ class ReplicationHub:
         self.deferred: list[BodyRef] = []
         self._waiting_quiet: list[asyncio.Future[None]] = []
         self._watch: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: records a new ready set before the primary stops waiting for a backup that
+        #: left it (etcd's ``/txbroker/<cluster>/ready``; None: nowhere to record)
+        self.on_ready_change: Callable[[list[str]], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------------ the store side
     def begin(self, kind: int, meta: bytes, bodies: list[bytes],
@@ -160,7 +165,56 @@ class ReplicationHub:
         self._complete()
 
     def _ready(self) -> list[AttachedBackup]:
-        return [b for b in self.backups.values() if b.state == "ready"]
+        """The backups entries wait for: ready ones, and ready ones on their way out
+        (until the smaller ready set is recorded, ``on_ready_change``)."""
+        return [b for b in self.backups.values() if b.state in ("ready", "leaving")]
+
+    def ready_names(self) -> list[str]:
+        """The ready set as it stands (without the backups on their way out)."""
+        return sorted(b.node for b in self.backups.values() if b.state == "ready")
+
+    def _leave(self, backup: AttachedBackup, reason: str,
+               then: Callable[[], None]) -> None:
+        """Take a ready backup out of the ready set: entries wait for it until the
+        smaller set is recorded (etcd: a whole-group restart must not promote a copy
+        that missed acknowledged entries), then ``then`` runs."""
+        backup.reason = reason
+        if backup.state != "ready" or self.on_ready_change is None:
+            then()
+            return
+        backup.state = "leaving"
+        record = self.on_ready_change
+
+        async def shrink() -> None:
+            while True:
+                try:
+                    await record(self.ready_names())
+                    break
+                except Exception as exc:  # etcd down: keep waiting for the backup
+                    log.error("replication: cannot record the ready set without %s: %s",
+                              backup.node, exc)
+                    await asyncio.sleep(0.5)
+            then()
+
+        self._spawn(shrink())
+
+    def _grown(self) -> None:
+        record = self.on_ready_change
+        if record is None:
+            return
+
+        async def grow() -> None:
+            try:
+                await record(self.ready_names())
+            except Exception as exc:  # only a missed chance to promote this backup
+                log.warning("replication: cannot record the ready set: %s", exc)
+
+        self._spawn(grow())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _complete(self) -> None:
         ready = self._ready()
@@ -206,14 +260,18 @@ class ReplicationHub:
 
     def drop(self, backup: AttachedBackup, reason: str) -> None:
         """Take a backup out (it joins again with a fresh dump)."""
-        if backup.state == "dropped":
+        if backup.state in ("dropped", "leaving"):
             return
         log.warning("replication: backup %s dropped: %s", backup.node, reason)
-        backup.state, backup.reason = "dropped", reason
         backup.writer.close()
-        if self.backups.get(backup.node) is backup:
-            del self.backups[backup.node]
-        self._completed_by_network()
+
+        def gone() -> None:
+            backup.state = "dropped"
+            if self.backups.get(backup.node) is backup:
+                del self.backups[backup.node]
+            self._completed_by_network()
+
+        self._leave(backup, reason, gone)
 
     def bytes_at(self, lsn: int) -> int:
         """The bytes of every entry up to ``lsn`` (0 before the known history)."""
@@ -269,6 +327,7 @@ class ReplicationHub:
             if backup.state == "catching-up" and self.lsn - backup.acked <= READY_LAG:
                 backup.state, backup.reason = "ready", ""
                 self._send(backup, link.encode("state", {"ready": True}))
+                self._grown()
                 log.info("replication: backup %s is ready (acked %d of %d)", backup.node,
                          backup.acked, self.lsn)
             self._completed_by_network()
@@ -359,14 +418,19 @@ class ReplicationHub:
             oldest = self.pending[0]
             late = time.monotonic() - oldest.appended > self.backup_timeout
             for backup in self._ready():
-                if late and backup.acked < oldest.lsn:
-                    backup.state = "catching-up"
-                    self._send(backup, link.encode("state", {"ready": False}))
-                    backup.reason = (f"no ack of entry {oldest.lsn} within backup_timeout "
-                                     f"({self.backup_timeout:g} s)")
+                if late and backup.acked < oldest.lsn and backup.state == "ready":
+                    reason = (f"no ack of entry {oldest.lsn} within backup_timeout "
+                              f"({self.backup_timeout:g} s)")
                     log.warning("replication: backup %s leaves the ready set: %s",
-                                backup.node, backup.reason)
-            self._completed_by_network()
+                                backup.node, reason)
+                    self._leave(backup, reason, functools.partial(self._demote, backup))
+
+    def _demote(self, backup: AttachedBackup) -> None:
+        """A late backup is out of the ready set: it catches up without being waited for."""
+        if backup.state == "leaving" or backup.state == "ready":
+            backup.state = "catching-up"
+            self._send(backup, link.encode("state", {"ready": False}))
+        self._completed_by_network()
 
     def close(self) -> None:
         """Stop: every backup link closes."""
@@ -375,6 +439,8 @@ class ReplicationHub:
         self.backups.clear()
         if self._watch is not None:
             self._watch.cancel()
+        for task in self._tasks:
+            task.cancel()
 
 
 class ReplicatingStore:
