@@ -53,13 +53,17 @@ INCOMPLETE: Final = "REPLICA_INCOMPLETE"
 STATE_FILE: Final = "REPLICA_STATE"
 #: A test's fault point (house rule: crash points are steps tests can break on purpose):
 #: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
-#: record kind (``core/records.py``), as a backup whose disk refused it would.
+#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would.
 FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
+
+
+#: The fault fires once per process: a backup that rejoins after its failed vote is sound.
+_fault_fired = False
 
 
 def _fault_kind() -> int | None:
     text = os.environ.get(FAULT_ENV, "")
-    if not text.startswith("vote_fail:"):
+    if _fault_fired or not text.startswith("vote_fail:"):
         return None
     return int(text.partition(":")[2])
 
@@ -242,6 +246,8 @@ class Follower:
         if lsn == 0:
             self.dump_entries += 1
         elif self._fault is not None and kind == self._fault:
+            global _fault_fired
+            _fault_fired = True
             self._fault = None
             self._vote_fail(lsn, f"fault injected by {FAULT_ENV}")
             return
