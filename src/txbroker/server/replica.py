@@ -47,6 +47,11 @@ __all__ = ["INCOMPLETE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_sta
 
 #: The marker of a data directory whose copy of the primary is not whole.
 INCOMPLETE: Final = "REPLICA_INCOMPLETE"
+#: The primary's heartbeat period on every link (s; ``server/replication.py``).
+HEARTBEAT_INTERVAL: Final = 0.25
+#: How long a joining backup waits for its ``welcome`` (the primary may first wait
+#: up to 10 s for its clients to be quiet before it takes the dump).
+JOIN_SILENCE: Final = 30.0
 #: What the backup last knew of its standing: ``{"ready": bool, "primary": name}``,
 #: synced whenever it changes, so that a whole-group restart still knows whether this
 #: copy had every acknowledged entry (a primary's directory has none of it).
@@ -175,6 +180,8 @@ class Follower:
         #: the primary counts this backup as ready (it waits for its acks)
         self.ready = False
         self._fault = _fault_kind()
+        #: a primary silent this long (s) is gone: join whoever is primary now
+        self.silence = max(2 * config.backup_timeout, 4 * HEARTBEAT_INTERVAL)
         self._writer: asyncio.StreamWriter | None = None
         self._ack_scheduled = False
         self.failed: str | None = None
@@ -195,7 +202,16 @@ class Follower:
         try:
             writer.write(link.encode("join", {"node": self.node, "version": 1}))
             while True:
-                data = await reader.read(1 << 20)
+                # the primary sends at least a heartbeat every HEARTBEAT_INTERVAL once it
+                # welcomed us; before, it may wait for its clients to be quiet (a dump)
+                silence = JOIN_SILENCE if self.state == "joining" else self.silence
+                try:
+                    data = await asyncio.wait_for(reader.read(1 << 20), silence)
+                except TimeoutError:
+                    log.warning("replication: nothing from the primary %s for %.1f s: "
+                                "looking for the primary again", self.primary_address,
+                                silence)
+                    return
                 if not data:
                     return
                 for message in codec.receive_data(data):

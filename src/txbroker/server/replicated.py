@@ -122,6 +122,8 @@ class ReplicatedNode:
             result["replication"] = self.hub.status()
         if self.follower is not None:
             result["following"] = self.follower.status()
+        elif self.role == Role.BACKUP:  # what this copy had when it last followed a primary
+            result["copy"] = {"lsn": self.copy_position, "ready": self.copy_ready}
         if self.last_problem:
             result["problem"] = self.last_problem
         if self.config.ha_etcd:

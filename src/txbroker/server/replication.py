@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from txbroker.core.records import Kind
 from txbroker.core.replica import DumpEntry, check_quiet, state_entries
+from txbroker.server.replica import HEARTBEAT_INTERVAL
 from txbroker.errors import ProtocolError, ReplicaVoteFailed
 from txbroker.protocol import replication as link
 from txbroker.storage.interface import (
@@ -411,8 +412,16 @@ class ReplicationHub:
             self._watch = asyncio.get_running_loop().create_task(self._watch_backups())
 
     async def _watch_backups(self) -> None:
+        last_beat = 0.0
         while self.backups:
             await asyncio.sleep(min(0.2, self.backup_timeout / 4))
+            now = time.monotonic()
+            if now - last_beat >= HEARTBEAT_INTERVAL:  # a silent primary is a gone one
+                last_beat = now
+                beat = link.encode("heartbeat", {"lsn": self.lsn})
+                for backup in list(self.backups.values()):
+                    if backup.state in ("catching-up", "ready", "leaving"):
+                        self._send(backup, beat)
             if not self.pending:
                 continue
             oldest = self.pending[0]
