@@ -29,19 +29,21 @@ nodes (a backup answers ``Standby``: the client moves on).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any, Self, TypeVar
 
 from tests.ha_support import free_ports
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 HOST = "127.0.0.1"
 #: The line of a node that serves clients (at a promotion).
@@ -88,6 +90,8 @@ class RNode:
         self.log_path = root / f"{name}.log"
         self.args: list[str] = []
         self.env: dict[str, str] = {}
+        #: ``{peer name: "host:port"}`` to reach that peer's HA port elsewhere (a proxy)
+        self.peer_override: dict[str, str] = {}
         self._cursor = 0
 
     def __repr__(self) -> str:
@@ -194,7 +198,8 @@ class RNode:
                "--host", HOST, "--port", str(self.port), "--stomp-port", "0",
                "--ha", "replicated", "--ha-port", str(self.ha_port),
                "--ha-node", self.name,
-               "--ha-peers", ",".join(p.ha_address for p in peers), *common, *self.args]
+               "--ha-peers", ",".join(self.peer_override.get(p.name, p.ha_address)
+                                      for p in peers), *common, *self.args]
         env = {**os.environ, **self.env}
         out: IO[bytes] = open(self.out_path, "wb")  # noqa: SIM115 - the child keeps it
         log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115
@@ -377,3 +382,71 @@ class Group:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class LinkProxy:
+    """A TCP proxy for one HA link (``RNode.peer_override``). ``blocked``: bytes in
+    either direction are swallowed and an end of stream is not passed on — the far
+    side looks silent, like a machine cut off by the network; ``sever()`` closes every
+    proxied connection (the link breaks); ``stop()`` closes the listener too."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = free_port()
+        self.blocked = threading.Event()
+        self.loop = asyncio.new_event_loop()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        assert ready.wait(10), "the proxy did not start"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._server = self.loop.run_until_complete(
+            asyncio.start_server(self._on_client, HOST, self.port))
+        ready.set()
+        self.loop.run_forever()
+
+    async def _on_client(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        self._writers.append(writer)
+        if self.blocked.is_set():
+            return  # accepted, never answered
+        try:
+            up_reader, up_writer = await asyncio.open_connection(HOST, self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.append(up_writer)
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                             return_exceptions=True)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            if not self.blocked.is_set():
+                writer.write(data)
+        if not self.blocked.is_set():
+            writer.close()
+
+    def sever(self) -> None:
+        """Close every proxied connection (both sides see the link end)."""
+        def close() -> None:
+            for writer in self._writers:
+                writer.close()
+            self._writers.clear()
+
+        self.loop.call_soon_threadsafe(close)
+
+    def stop(self) -> None:
+        def close() -> None:
+            for writer in self._writers:
+                writer.close()
+            if self._server is not None:
+                self._server.close()
+            self.loop.stop()
+
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(close)
+            self._thread.join(10)

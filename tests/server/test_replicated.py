@@ -24,7 +24,7 @@ import pytest
 import txbroker
 from tests import native_workload as load
 from tests.ledger import Ledger, check, join_or_explain, verdict
-from tests.replicated_support import BACKUP_PREFIX, Group, wait_for
+from tests.replicated_support import BACKUP_PREFIX, Group, LinkProxy, wait_for
 from tests.tm.conftest import orders, postgres  # noqa: F401 - the PostgreSQL fixtures
 from txbroker.errors import (
     XA_OK,
@@ -541,3 +541,84 @@ def test_stopped_backup_is_dropped_after_backup_timeout(tmp_path: Path) -> None:
         assert a.log_has("replication: backup c leaves the ready set")
         assert a.log_has("replication: backup c is ready")
         assert sorted(drain(g.url, "plain")) == sorted(ledger.acknowledged)
+
+
+# ----------------------------------------------------------------- a backup cut off
+@contextlib.contextmanager
+def group_with_c_behind_a_proxy(tmp_path: Path, timeout: float) -> Iterator[
+        tuple[Group, LinkProxy]]:
+    """a primary, b and c ready backups; c reaches a's HA port through a proxy."""
+    g = Group(tmp_path / "group", 3, backup_timeout=timeout)
+    a, _, c = g.nodes
+    proxy = LinkProxy(a.ha_port)
+    c.peer_override = {"a": f"127.0.0.1:{proxy.port}"}
+    try:
+        g.start()
+        yield g, proxy
+    finally:
+        g.stop()
+        proxy.stop()
+
+
+def cut_c_off_and_send(g: Group, proxy: LinkProxy, timeout: float) -> list[str]:
+    """Silence c's link; five sends, acknowledged once a dropped c (after timeout)."""
+    a = g.a
+    proxy.blocked.set()
+    sent = [f"m-{i}" for i in range(5)]
+    with txbroker.connect(a.url, reconnect=False, timeout=15) as conn:
+        for mid in sent:
+            conn.send("q", mid.encode(), message_id=mid)
+    assert g.backup_states(a) == {"b": "ready", "c": "catching-up"}
+    with _connect(g.url) as conn:
+        assert conn.queue_info("q")["depth"] == 5
+    return sent
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "replicated.py promotable() trusts Follower.ready, which only the primary's 'state' "
+    "frame clears: a backup the primary dropped over a silent link still says promotable "
+    "and takes the promotion, losing the sends acknowledged without it"))
+def test_a_backup_dropped_over_a_silent_link_is_not_promotable(tmp_path: Path) -> None:
+    """c's link goes silent; a drops c from the ready set after backup_timeout and
+    acknowledges five sends c never got; a dies. c must not be promotable (b is)."""
+    timeout = 1.0
+    with group_with_c_behind_a_proxy(tmp_path, timeout) as (g, proxy):
+        a, b, c = g.nodes
+        cut_c_off_and_send(g, proxy, timeout)
+        g.kill9(a)
+        proxy.blocked.clear()
+        proxy.sever()  # c's link ends now
+        wait_for(lambda: c.log_has("replication: lost the primary a"), 10,
+                 "c to notice the end of its link", g.describe)
+        assert b.status()["promotable"] is True
+        assert c.status()["promotable"] is False, c.status()
+        assert "cannot be promoted" in g.promote_fails(c)
+
+
+def test_a_backup_dropped_over_a_silent_link_is_safe_to_skip(tmp_path: Path) -> None:
+    """The same cut-off: promoting b (ready all along) keeps the five sends."""
+    timeout = 1.0
+    with group_with_c_behind_a_proxy(tmp_path, timeout) as (g, proxy):
+        a, b, _ = g.nodes
+        sent = cut_c_off_and_send(g, proxy, timeout)
+        g.kill9(a)
+        proxy.blocked.clear()
+        proxy.sever()
+        g.promote(b)
+        assert drain(g.url, "q") == sent
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the primary sends no heartbeat and replica.py Follower.follow() reads without a "
+    "deadline: a backup whose primary vanished behind a silent link (no FIN, no RST) "
+    "waits forever and never joins the new primary"))
+def test_a_backup_whose_primary_vanished_joins_the_new_primary(tmp_path: Path) -> None:
+    """a dies while c's link to it is silent (a machine cut off: no end of stream
+    reaches c); b is promoted; c must notice within a bound and follow b."""
+    timeout = 1.0
+    with group_with_c_behind_a_proxy(tmp_path, timeout) as (g, proxy):
+        a, b, _ = g.nodes
+        cut_c_off_and_send(g, proxy, timeout)
+        g.kill9(a)
+        g.promote(b)
+        g.wait_ready_backups(2, primary=b, timeout=8 * timeout)
