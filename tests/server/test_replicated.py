@@ -239,7 +239,7 @@ def test_prepared_xa_branches_and_tm_transactions_survive_failover(
             for c in (direct, *tm_conn):
                 with contextlib.suppress(TxBrokerError, OSError, TimeoutError):
                     c.close()
-        assert pg_prepared(orders) >= 1
+        assert pg_prepared(orders) == 2  # PostgreSQL votes first ('postgres' < 'txbroker')
         g.promote(g.b)
         tm2 = TransactionManager(log_path)
         with _connect(g.url) as conn, psycopg.connect(orders, autocommit=True) as pg:
@@ -541,6 +541,35 @@ def test_stopped_backup_is_dropped_after_backup_timeout(tmp_path: Path) -> None:
         assert a.log_has("replication: backup c leaves the ready set")
         assert a.log_has("replication: backup c is ready")
         assert sorted(drain(g.url, "plain")) == sorted(ledger.acknowledged)
+
+
+# ----------------------------------------------------------------- promotable or not
+def test_a_backup_dropped_from_the_ready_set_cannot_be_promoted(tmp_path: Path) -> None:
+    """c is SIGSTOPped and dropped from the ready set (told so on its link); five sends
+    are acknowledged without it; a dies. c may not be promoted (``ha promote`` says
+    why), b may, with every send; c then follows b and is ready."""
+    timeout = 1.0
+    with group(tmp_path, backup_timeout=timeout) as g:
+        a, b, c = g.nodes
+        sent = [f"m-{i}" for i in range(5)]
+        c.send_signal(signal.SIGSTOP)
+        try:
+            with txbroker.connect(a.url, reconnect=False, timeout=15) as conn:
+                for mid in sent:
+                    conn.send("q", mid.encode(), message_id=mid)
+            assert g.backup_states(a) == {"b": "ready", "c": "catching-up"}
+            g.kill9(a)
+        finally:
+            c.send_signal(signal.SIGCONT)
+        wait_for(lambda: c.log_has("replication: lost the primary a"), 10,
+                 "c to notice the end of its link", g.describe)
+        assert c.status()["promotable"] is False
+        assert "did not count it as ready" in g.promote_fails(c)
+        assert b.status()["promotable"] is True
+        g.promote(b)
+        assert drain(g.url, "q") == sent
+        g.wait_ready_backups(1, primary=b)
+        assert g.backup_states(b) == {"c": "ready"}
 
 
 # ----------------------------------------------------------------- a backup cut off
