@@ -60,7 +60,7 @@ POLL = 0.02
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout: float, what: str,
+def wait_for(condition: Callable[[], T | None], timeout: float, what: str,
              explain: Callable[[], str] = lambda: "") -> T:
     """Poll ``condition`` until it returns something true (returned) or fail after
     ``timeout`` seconds saying ``what`` was awaited."""
@@ -245,7 +245,8 @@ class Group:
                        *extra_args]
 
     def __getattr__(self, name: str) -> RNode:
-        for node in self.__dict__.get("nodes", []):
+        nodes: list[RNode] = self.__dict__.get("nodes", [])
+        for node in nodes:
             if node.name == name:
                 return node
         raise AttributeError(name)

@@ -80,7 +80,9 @@ def rows(dsn: str) -> list[str]:
 
 def pg_prepared(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as pg:
-        return int(pg.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()[0])
+        row = pg.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()
+        assert row is not None
+        return int(row[0])
 
 
 class Crash(BaseException):
