@@ -371,6 +371,11 @@ def test_backup_killed_and_restarted_under_load_catches_up(tmp_path: Path) -> No
             g.wait_ready_backups(2, primary=a)
             wait_acks(ledger, 100, g)
         assert g.backup_states(a) == {"b": "ready", "c": "ready"}
+        report = g.status_cli()  # txbroker ha status --url a,b,c --json
+        assert [report[n.address]["role"] for n in g.nodes] == ["primary", "backup", "backup"]
+        assert {x["node"]: x["state"] for x in report[a.address]["replication"]["backups"]} \
+            == {"b": "ready", "c": "ready"}
+        assert report[c.address]["promotable"] is True
         following = c.status()["following"]
         assert following["state"] == "following" and following["ready"] is True
         assert c.log_count("replication: copy of a is whole") == 2  # both starts
