@@ -25,7 +25,7 @@ import txbroker
 from tests import native_workload as load
 from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.replicated_support import BACKUP_PREFIX, Group, LinkProxy, wait_for
-from tests.tm.conftest import orders, postgres  # noqa: F401 - the PostgreSQL fixtures
+from tests.tm.conftest import orders  # noqa: F401 - the PostgreSQL fixture (postgres: tests/conftest.py)
 from txbroker.errors import (
     XA_OK,
     XA_RBROLLBACK,
@@ -420,9 +420,6 @@ def test_backup_voting_fail_rolls_the_prepare_back_and_leaves(tmp_path: Path) ->
         assert drain(g.url, "xq") == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "replica.py: Follower.__init__ reads TXBROKER_REPLICA_FAULT again at every join, so "
-    "the backup that voted fail rejoins armed and fails the next prepare too"))
 def test_the_prepare_after_a_fail_vote_succeeds(tmp_path: Path) -> None:
     """Once the failing backup is back (ready again), the next prepare succeeds."""
     env = {"c": {"TXBROKER_REPLICA_FAULT": "vote_fail:11"}}
@@ -580,9 +577,11 @@ def test_a_backup_dropped_from_the_ready_set_cannot_be_promoted(tmp_path: Path) 
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "replicated.py promotable(): after a restart copy_ready is None and nothing on disk "
-    "says the copy was not ready, so a backup that was dropped from the ready set before "
-    "the whole group died says promotable and loses the sends acknowledged without it"))
+    "a known limit of promotion WITHOUT etcd (docs/replication.md, 'Not done'): a backup "
+    "frozen while the primary dropped it never learns it, and nothing outside the brokers "
+    "records the ready set; with etcd the primary records it first "
+    "(test_replicated_etcd.py::test_after_a_whole_group_loss_only_a_backup_of_the_recorded_"
+    "ready_set_takes_over)"))
 def test_after_a_whole_group_restart_a_stale_backup_is_not_promotable(tmp_path: Path) -> None:
     """c is dropped from the ready set (SIGSTOP); five sends are acknowledged without
     it; the whole group is killed and restarted. c must not be promotable (a is)."""
@@ -637,9 +636,10 @@ def cut_c_off_and_send(g: Group, proxy: LinkProxy, timeout: float) -> list[str]:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "replicated.py promotable() trusts Follower.ready, which only the primary's 'state' "
-    "frame clears: a backup the primary dropped over a silent link still says promotable "
-    "and takes the promotion, losing the sends acknowledged without it"))
+    "a known limit of promotion WITHOUT etcd (docs/replication.md, 'Not done'): over a "
+    "silent link a backup cannot tell a dropped-by-the-primary from a dead primary (a lost "
+    "machine is silent too), so it keeps its last standing; with etcd the recorded ready "
+    "set decides"))
 def test_a_backup_dropped_over_a_silent_link_is_not_promotable(tmp_path: Path) -> None:
     """c's link goes silent; a drops c from the ready set after backup_timeout and
     acknowledges five sends c never got; a dies. c must not be promotable (b is)."""
@@ -670,10 +670,6 @@ def test_a_backup_dropped_over_a_silent_link_is_safe_to_skip(tmp_path: Path) -> 
         assert drain(g.url, "q") == sent
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the primary sends no heartbeat and replica.py Follower.follow() reads without a "
-    "deadline: a backup whose primary vanished behind a silent link (no FIN, no RST) "
-    "waits forever and never joins the new primary"))
 def test_a_backup_whose_primary_vanished_joins_the_new_primary(tmp_path: Path) -> None:
     """a dies while c's link to it is silent (a machine cut off: no end of stream
     reaches c); b is promoted; c must notice within a bound and follow b."""
@@ -683,4 +679,4 @@ def test_a_backup_whose_primary_vanished_joins_the_new_primary(tmp_path: Path) -
         cut_c_off_and_send(g, proxy, timeout)
         g.kill9(a)
         g.promote(b)
-        g.wait_ready_backups(2, primary=b, timeout=8 * timeout)
+        assert g.wait_ready_backups(1, primary=b, timeout=8 * timeout) == {"c": "ready"}

@@ -49,9 +49,6 @@ __all__ = ["INCOMPLETE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_sta
 INCOMPLETE: Final = "REPLICA_INCOMPLETE"
 #: The primary's heartbeat period on every link (s; ``server/replication.py``).
 HEARTBEAT_INTERVAL: Final = 0.25
-#: How long a joining backup waits for its ``welcome`` (the primary may first wait
-#: up to 10 s for its clients to be quiet before it takes the dump).
-JOIN_SILENCE: Final = 30.0
 #: What the backup last knew of its standing: ``{"ready": bool, "primary": name}``,
 #: synced whenever it changes, so that a whole-group restart still knows whether this
 #: copy had every acknowledged entry (a primary's directory has none of it).
@@ -202,9 +199,9 @@ class Follower:
         try:
             writer.write(link.encode("join", {"node": self.node, "version": 1}))
             while True:
-                # the primary sends at least a heartbeat every HEARTBEAT_INTERVAL once it
-                # welcomed us; before, it may wait for its clients to be quiet (a dump)
-                silence = JOIN_SILENCE if self.state == "joining" else self.silence
+                # a primary sends at least a heartbeat every HEARTBEAT_INTERVAL, from the
+                # moment it took our join (a black hole, or a frozen peer, says nothing)
+                silence = self.silence
                 try:
                     data = await asyncio.wait_for(reader.read(1 << 20), silence)
                 except TimeoutError:

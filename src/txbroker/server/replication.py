@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from txbroker.core.records import Kind
 from txbroker.core.replica import DumpEntry, check_quiet, state_entries
-from txbroker.server.replica import HEARTBEAT_INTERVAL
 from txbroker.errors import ProtocolError, ReplicaVoteFailed
 from txbroker.protocol import replication as link
+from txbroker.server.replica import HEARTBEAT_INTERVAL
 from txbroker.storage.interface import (
     BodyRef,
     DurableCallback,
@@ -420,8 +420,7 @@ class ReplicationHub:
                 last_beat = now
                 beat = link.encode("heartbeat", {"lsn": self.lsn})
                 for backup in list(self.backups.values()):
-                    if backup.state in ("catching-up", "ready", "leaving"):
-                        self._send(backup, beat)
+                    self._beat(backup, beat)
             if not self.pending:
                 continue
             oldest = self.pending[0]
@@ -433,6 +432,13 @@ class ReplicationHub:
                     log.warning("replication: backup %s leaves the ready set: %s",
                                 backup.node, reason)
                     self._leave(backup, reason, functools.partial(self._demote, backup))
+
+    def _beat(self, backup: AttachedBackup, beat: bytes) -> None:
+        """A heartbeat, in any state (a joining backup waiting for its dump hears us too:
+        a peer that says nothing is not a primary)."""
+        writer = backup.writer
+        if backup.state != "dropped" and not writer.is_closing():
+            writer.write(beat)
 
     def _demote(self, backup: AttachedBackup) -> None:
         """A late backup is out of the ready set: it catches up without being waited for."""
