@@ -103,6 +103,13 @@ def define(
                                    if isinstance(result, dict) else partitions))
 
 
+def _ask(op: str, facility: str | None, url: str, tls_ca: str | None) -> Any:
+    """One read-only request, of one facility or all."""
+    args = {} if facility is None else {"facility": facility}
+    with common.connect(url, tls_ca) as conn:
+        return conn.request(op, args)
+
+
 @router_app.command()
 def show(
     facility: Annotated[str | None, typer.Argument(help="only this facility")] = None,
@@ -111,9 +118,7 @@ def show(
     json_out: JsonOption = False,
 ) -> None:
     """Facilities: partitions, their servers and roles, transactions by state."""
-    args = {} if facility is None else {"facility": facility}
-    with common.connect(url, tls_ca) as conn:
-        result = conn.request("rtr_show", args)
+    result = _ask("rtr_show", facility, url, tls_ca)
     facilities: list[dict[str, Any]] = result.get("facilities", []) if isinstance(
         result, dict) else []
     if json_out:
@@ -174,9 +179,7 @@ def exceptions_list(
     json_out: JsonOption = False,
 ) -> None:
     """Exception transactions: tid, facility, partitions, strikes, reason, messages."""
-    args = {} if facility is None else {"facility": facility}
-    with common.connect(url, tls_ca) as conn:
-        found = conn.request("rtr_exceptions", args)
+    found = _ask("rtr_exceptions", facility, url, tls_ca)
     found = found if isinstance(found, list) else []
     if json_out:
         print(json.dumps(found, indent=2, sort_keys=True, default=repr))
