@@ -275,3 +275,39 @@ def test_after_a_whole_group_loss_only_a_backup_of_the_recorded_ready_set_takes_
     with txbroker.connect(url, failover_timeout=60) as conn:
         message = conn.receive("orders", timeout=10)
         assert message is not None and message.body == b"while frozen"
+
+
+def test_ten_etcd_failovers_under_load_lose_nothing_acknowledged(
+        group: tuple[list[Node], list[LinkProxy], Background, str], etcd: EtcdServer) -> None:
+    """Ten rounds: persistent sends and local transactions through the failover URL,
+    kill -9 of whoever holds the key, etcd promotes a ready backup, the killed broker
+    comes back as a backup and becomes ready. Every acknowledged message is there once,
+    every committed transaction whole."""
+    nodes, _, _, cluster = group
+    primary = nodes[0]
+    assert cli("ha", "promote", "--url", f"txb://{HOST}:{primary.port}").returncode == 0
+    primary.wait_line("txbroker ready on")
+    url = "txb://" + ",".join(f"{HOST}:{n.port}" for n in nodes)
+    acknowledged: list[bytes] = []
+    for round_ in range(10):
+        wait_for(lambda p=primary: ready_backups(nodes, p) == 2, "two ready backups")
+        with txbroker.connect(url, failover_timeout=60) as conn:
+            for i in range(10):
+                body = f"r{round_}-m{i}".encode()
+                conn.send("orders", body)
+                acknowledged.append(body)
+            with conn.transaction() as tx:
+                for i in range(3):
+                    tx.send("orders", f"r{round_}-tx{i}".encode())
+            acknowledged.extend(f"r{round_}-tx{i}".encode() for i in range(3))
+        primary.kill9()
+        new = successor(nodes, etcd, cluster, primary)
+        new.wait_line("txbroker ready on")
+        primary.start()  # back as a backup of the new primary
+        primary = new
+    with txbroker.connect(url, failover_timeout=60) as conn:
+        got = []
+        while (message := conn.receive("orders", timeout=2)) is not None:
+            got.append(message.body)
+            message.ack()
+    assert sorted(got) == sorted(acknowledged)
