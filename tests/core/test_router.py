@@ -185,9 +185,8 @@ def test_server_dies_before_voting_replays_to_the_standby(rig: Rig) -> None:
     assert rig.take(3) == [("MSG1", "t1")]  # never voted: replayed as a first message
     rig.vote(3, standby, "t1")
     assert rig.take(1) == [("ACCEPTED", "t1")]
-    assert rig.router.transactions["t1"].participants[("A", rig.router.transactions[
-        "t1"].participants[next(iter(rig.router.transactions["t1"].participants))].site)
-    ].strikes == 1
+    [participant] = rig.router.transactions["t1"].participants.values()
+    assert participant.strikes == 1
 
 
 @pytest.mark.parametrize("crash", ["after_vote", "after_outcome"])
@@ -224,8 +223,6 @@ def test_three_strikes_make_an_exception_and_the_partition_carries_on(rig: Rig) 
         assert rig.take(sid) == [("MSG1", "poison")]
         rig.close(sid)
     assert rig.take(1) == [("REJECTED", "poison")]
-    listed = rig.call("exceptions_list") if hasattr(rig.router, "exceptions_list") else None
-    assert listed is None
     from txbroker.core import router_admin
     [entry] = router_admin.exceptions(rig.router)
     assert (entry["tid"], entry["reason"], entry["strikes"], entry["partitions"]) == (

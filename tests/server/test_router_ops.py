@@ -143,8 +143,7 @@ def test_broker_killed_between_accept_and_votes(bank: BrokerProcess) -> None:
     client.ok("rtr_send", controller=c, tid="lost", key=2, body=b"leg")  # never accepted
     assert kinds(server.wait_push()) == [("MSG1", "kept")]
     del s
-    # the accept record is durable before the reply to a later request of the same
-    # connection? No: wait for it the way a test may, through the journal's depth.
+    # the accept record is not waited on by any reply: wait until it is in the journal
     admin = Peer(bank.port)
     deadline = time.monotonic() + 10
     while admin.ok("queue_info", name="$router")["depth"] < 2:  # facility + 'kept'

@@ -27,7 +27,14 @@ from txbroker.core.effects import Fail, Reply
 from txbroker.core.queue_index import LATER
 from txbroker.core.router import Router
 from txbroker.core.router_model import USER_EVENT_MAX, Site, event_matches
-from txbroker.core.router_states import Participant, Transaction, TxEvent, TxState, tx_next
+from txbroker.core.router_states import (
+    Participant,
+    PartState,
+    Transaction,
+    TxEvent,
+    TxState,
+    tx_next,
+)
 from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 
 
@@ -75,9 +82,10 @@ def show(router: Router, facility_name: Any = None) -> dict[str, Any]:
                     "explicit_prepare": server.explicit_prepare,
                     "recipient": server.recipient})
             waiting = router.waiting.get((name, partition.name), {})
+            waiting_now = sum(1 for queue in waiting.values() for p in queue
+                              if p.server is None and p.state is PartState.WAITING)
             partitions.append({**partition.to_dict(), "servers": servers,
-                               "waiting": sum(1 for queue in waiting.values() for p in queue
-                                              if p.server is None and p.state.value == "WAITING")})
+                               "waiting": waiting_now})
         states: Counter[str] = Counter()
         exceptions = 0
         for tx in router.transactions.values():
