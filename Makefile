@@ -9,22 +9,34 @@ DATA   ?= ./txbroker-data
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The hot path (core/, protocol/, the storage encoders) is compiled with mypyc by the
+# install (setup.py): reinstall when one of its sources changes. Without a C compiler,
+# or with TXBROKER_PURE=1, the install is pure Python (docs/performance.md).
+COMPILED_SRC := $(wildcard src/txbroker/core/*.py src/txbroker/protocol/*.py) \
+                src/txbroker/storage/journal_format.py src/txbroker/storage/dirstore_format.py \
+                src/txbroker/_build.py setup.py
+
+$(STAMP): pyproject.toml $(COMPILED_SRC)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,spark]'
+	$(PY) -c 'import txbroker._build as b, txbroker; print("txbroker build:", b.MODE)'
 	touch $(STAMP)
 
 run: venv
 	$(VENV)/bin/txbroker serve --data $(DATA) --http-port 8161
 
 lint: venv
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench setup.py
 	$(VENV)/bin/mypy src
 	$(VENV)/bin/lint-imports pyproject.toml
 
+# The whole suite on the build the install made (compiled where a C compiler is), then
+# the pure-Python modules of the compiled set on their own tests (TXBROKER_PURE=1).
 test: venv lint postgres java chromium openssl etcd
 	$(PY) -m pytest -q
+	TXBROKER_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/core tests/protocol \
+	  tests/storage tests/test_build.py
 
 # The XA tests start their own PostgreSQL (initdb in a temp dir): install the
 # Debian package when it is missing.

@@ -13,6 +13,10 @@ Clients::
 
 from __future__ import annotations
 
+from txbroker import _build
+
+_build.choose()  # compiled or pure hot path: before any module of the compiled set loads
+
 from txbroker import aio
 from txbroker._version import __version__
 from txbroker.client.sync import Connection, connect

@@ -9,6 +9,7 @@ and messages per sync — the figure that shows group commit at work.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
 from collections import deque
 from collections.abc import Callable
@@ -81,21 +82,84 @@ async def _stats(url: str, opts: dict[str, Any]) -> dict[str, Any]:
         await conn.close()
 
 
+def _loop_factory() -> Any:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def _send_process(url: str, opts: dict[str, Any], queue: str, shares: list[int], body: bytes,
+                  window: int, barrier: Any, results: Any) -> None:
+    """One load-generator process: its producers start when every process is ready."""
+
+    async def run() -> None:
+        barrier.wait()
+        await asyncio.gather(*(_producer(url, opts, queue, n, body, window, lambda k: None)
+                               for n in shares))
+
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(run())
+        results.put(("done", time.monotonic()))
+    except BaseException as exc:  # reported to the parent, which fails the run
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _send_in_processes(url: str, opts: dict[str, Any], queue: str, shares: list[int],
+                       body: bytes, window: int, processes: int) -> float:
+    """Run the producers spread over ``processes`` processes; seconds from the common
+    start to the last producer's last acknowledged send."""
+    ctx = multiprocessing.get_context("spawn")
+    groups = [shares[i::processes] for i in range(processes)]
+    groups = [g for g in groups if any(g)]
+    barrier = ctx.Barrier(len(groups) + 1)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_send_process, daemon=True,
+                         args=(url, opts, queue, g, body, window, barrier, results))
+             for g in groups]
+    for proc in procs:
+        proc.start()
+    try:
+        barrier.wait(timeout=120)
+        started = time.monotonic()
+        ends: list[float] = []
+        for _ in procs:
+            kind, value = results.get(timeout=3600)
+            if kind != "done":
+                raise RuntimeError(f"load-generator process failed: {value}")
+            ends.append(value)
+        return max(ends) - started
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
 async def _run(url: str, opts: dict[str, Any], *, queue: str, count: int, size: int,
                producers: int, consumers: int, window: int, prefetch: int, phase: str,
-               tick: Callable[[str, int], None],
+               tick: Callable[[str, int], None], processes: int = 1,
                ) -> dict[str, Any]:
     body = b"x" * size
     summary: dict[str, Any] = {"count": count, "size": size, "producers": producers,
-                               "consumers": consumers, "window": window, "prefetch": prefetch}
+                               "consumers": consumers, "window": window, "prefetch": prefetch,
+                               "processes": processes}
     if phase in ("send", "both"):
         before = (await _stats(url, opts)).get("store", {})
-        started = time.perf_counter()
         share = [count // producers + (1 if i < count % producers else 0)
                  for i in range(producers)]
-        await asyncio.gather(*(_producer(url, opts, queue, n, body, window,
-                                         lambda k: tick("send", k)) for n in share if n))
-        elapsed = time.perf_counter() - started
+        if processes > 1:
+            elapsed = await asyncio.to_thread(_send_in_processes, url, opts, queue, share,
+                                              body, window, processes)
+            tick("send", count)
+        else:
+            started = time.perf_counter()
+            await asyncio.gather(*(_producer(url, opts, queue, n, body, window,
+                                             lambda k: tick("send", k)) for n in share if n))
+            elapsed = time.perf_counter() - started
         after = (await _stats(url, opts)).get("store", {})
         syncs = after.get("syncs", 0) - before.get("syncs", 0)
         summary["send"] = {
@@ -130,18 +194,16 @@ async def _run(url: str, opts: dict[str, Any], *, queue: str, count: int, size: 
 def run_bench(url: str, *, queue: str = "bench", count: int = 100_000, size: int = 1024,
               producers: int = 4, consumers: int = 2, window: int = 256, prefetch: int = 500,
               phase: str = "both", progress: Callable[[], Any] | None = None,
-              connect_options: dict[str, Any] | None = None) -> dict[str, Any]:
+              connect_options: dict[str, Any] | None = None,
+              processes: int = 1) -> dict[str, Any]:
     """Run the benchmark and return its JSON summary; ``connect_options``: keyword
-    options of every connection (``tls_ca=`` for a ``txbs://`` URL, say)."""
+    options of every connection (``tls_ca=`` for a ``txbs://`` URL, say);
+    ``processes`` > 1 spreads the producers over that many load-generator processes, so
+    that the client's CPU is not what the send phase measures."""
     opts = dict(connect_options or {})
     if phase not in ("send", "consume", "both"):
         raise ValueError("phase must be send, consume or both")
-    try:
-        import uvloop
-
-        loop_factory: Any = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover
-        loop_factory = None
+    loop_factory = _loop_factory()
     bar = progress() if progress is not None else None
     tasks: dict[str, Any] = {}
 
@@ -157,7 +219,8 @@ def run_bench(url: str, *, queue: str = "bench", count: int = 100_000, size: int
             with bar:
                 return runner.run(_run(url, opts, queue=queue, count=count, size=size,
                                        producers=producers, consumers=consumers, window=window,
-                                       prefetch=prefetch, phase=phase, tick=tick))
+                                       prefetch=prefetch, phase=phase, tick=tick,
+                                       processes=processes))
         return runner.run(_run(url, opts, queue=queue, count=count, size=size, producers=producers,
                                consumers=consumers, window=window, prefetch=prefetch,
-                               phase=phase, tick=tick))
+                               phase=phase, tick=tick, processes=processes))

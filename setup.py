@@ -1,0 +1,62 @@
+"""Build: compile the hot path with mypyc when this machine can (docs/performance.md).
+
+``txbroker.core``, ``txbroker.protocol`` and the storage encoders are compiled into C
+extensions next to their unchanged ``.py`` sources. Without a C compiler or the
+Python headers, or with ``TXBROKER_PURE=1`` in the environment, nothing is compiled
+and the package is pure Python (``txbroker._build`` also falls back at import time).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+PACKAGE = ROOT / "src" / "txbroker"
+sys.path.insert(0, str(PACKAGE))
+from _build import COMPILED, DIGEST_FILE, PURE_ENV, compiled_sources, sources_digest  # noqa: E402
+
+sys.path.pop(0)
+
+
+def can_compile() -> str:
+    """Why not (an empty string when this machine can build C extensions)."""
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return f"{PURE_ENV} is set"
+    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[:1]
+    if not compiler or shutil.which(compiler[0]) is None:
+        return f"no C compiler ({' '.join(compiler) or 'cc'})"
+    include = sysconfig.get_paths().get("include", "")
+    if not (Path(include) / "Python.h").exists():
+        return f"no Python headers in {include}"
+    try:
+        import mypyc.build  # noqa: F401
+    except ImportError:
+        return "mypyc is not installed"
+    return ""
+
+
+def ext_modules() -> list[Any]:
+    why_not = can_compile()
+    if why_not:
+        print(f"txbroker: building pure Python ({why_not})", file=sys.stderr)
+        (PACKAGE / DIGEST_FILE).unlink(missing_ok=True)
+        return []
+    from mypyc.build import mypycify
+
+    sources = [str(p.relative_to(ROOT)) for p in compiled_sources(PACKAGE)]
+    print(f"txbroker: compiling {len(sources)} modules of {', '.join(COMPILED)} with mypyc",
+          file=sys.stderr)
+    extensions = mypycify(sources, opt_level="3", group_name="txbroker_native")
+    (PACKAGE / DIGEST_FILE).write_text(sources_digest(PACKAGE) + "\n")
+    return list(extensions)
+
+
+setup(ext_modules=ext_modules())
