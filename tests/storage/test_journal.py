@@ -7,6 +7,7 @@ import errno
 import itertools
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from txbroker.storage.journal_format import (
     pack_ref,
     unpack_ref,
 )
+from txbroker.storage.journal_writer import PREALLOCATE_BYTES
 
 from .contract import (
     CORRUPTION,
@@ -603,4 +605,85 @@ def test_any_tail_cut_recovers_a_prefix(tmp_path: Path, data: st.DataObject) -> 
     whole = sum(1 for offset, length in spans if offset + length <= cut)
     store = JournalStore(directory)
     assert contents(store, recover(store)) == entries[:whole]
+    store.close()
+
+
+# -- pre-allocated head segment (journal_writer.py) ------------------------------
+
+
+def data_end(path: Path) -> int:
+    offset, length = entry_spans(path.read_bytes())[-1]
+    return offset + length
+
+
+def test_head_segment_is_preallocated_with_zeros_and_cut_on_close(directory: Path) -> None:
+    store, loop = open_journal(directory)
+    append_all(store, loop, sample_entries(5))
+    (path,) = segment_files(directory)
+    end = data_end(path)
+    data = path.read_bytes()
+    assert end < len(data) <= end + PREALLOCATE_BYTES
+    assert data[end:] == bytes(len(data) - end)
+    assert store.stats().bytes_written == end  # the zeros are not counted as data
+    store.close()
+    assert path.stat().st_size == end
+
+
+def test_crash_leaves_zeros_that_recovery_reads_as_free_space(
+        directory: Path, tmp_path: Path, caplog: Any) -> None:
+    store, loop = open_journal(directory)
+    entries = sample_entries(7)
+    append_all(store, loop, entries)
+    crashed = tmp_path / "crashed"
+    shutil.copytree(directory, crashed)  # the files as a kill -9 leaves them
+    store.close()
+    (path,) = segment_files(crashed)
+    end = data_end(path)
+    assert end < path.stat().st_size <= end + PREALLOCATE_BYTES
+    with caplog.at_level(logging.DEBUG, logger="txbroker.journal"):
+        store = JournalStore(crashed)
+        assert contents(store, recover(store)) == entries
+    assert store.repair_report == []
+    assert not any("torn tail" in r.message for r in caplog.records)
+    assert path.stat().st_size == end  # cut back: appends go on right after the data
+    store.close()
+
+
+def test_zeros_after_a_torn_write_are_a_torn_tail(directory: Path, tmp_path: Path,
+                                                  caplog: Any) -> None:
+    store, loop = open_journal(directory)
+    append_all(store, loop, sample_entries(3))
+    crashed = tmp_path / "crashed"
+    shutil.copytree(directory, crashed)
+    store.close()
+    (path,) = segment_files(crashed)
+    end = data_end(path)
+    with open(path, "r+b") as file:  # half an entry header, then the zeros
+        file.seek(end)
+        file.write(b"TXBE\x40\x00")
+    with caplog.at_level(logging.WARNING, logger="txbroker.journal"):
+        store = JournalStore(crashed)
+        assert contents(store, recover(store)) == sample_entries(3)
+    assert any("torn tail" in r.message and f"offset {end}" in r.message
+               for r in caplog.records)
+    store.close()
+
+
+def test_sealed_segments_carry_no_zeros(directory: Path) -> None:
+    store, loop = open_journal(directory, segment_size=SMALL_SEGMENT)
+    append_all(store, loop, sample_entries(200))
+    *sealed, head = segment_files(directory)
+    assert len(sealed) >= 2
+    for path in sealed:
+        assert path.stat().st_size == data_end(path) <= 2 * SMALL_SEGMENT
+    assert data_end(head) < head.stat().st_size <= data_end(head) + PREALLOCATE_BYTES
+    store.close()
+    assert head.stat().st_size == data_end(head)
+
+
+def test_no_preallocation_without_sync(directory: Path) -> None:
+    store, loop = open_journal(directory, sync=SyncMode.NONE)
+    append_all(store, loop, sample_entries(5))
+    (path,) = segment_files(directory)
+    assert path.stat().st_size == data_end(path)
     store.close()

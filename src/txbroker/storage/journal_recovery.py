@@ -14,7 +14,8 @@ When the scan stops at damage, recovery looks for any valid entry *after* it:
 
 * nothing valid follows and this is the **last** segment — a torn tail left by
   a crash during a write that was never acknowledged: the file is truncated at
-  the damage, fsynced, and the cut is logged;
+  the damage, fsynced, and the cut is logged (quietly when everything from the
+  damage on is zeros: the writer's pre-allocated free space, journal_writer.py);
 * otherwise (valid data follows, or an older segment) — :class:`CorruptStore`
   naming the file and offset, unless ``repair`` is on. Repair covers the
   damaged region with a *pad* (so the next start skips it quietly), keeps
@@ -248,10 +249,15 @@ class Recovery:
                     return size, pads
                 following = find_next_entry(mapped, damage.offset + 1, size)
                 if following is None and last:
-                    self._note(
-                        f"{path}: cut torn tail at offset {damage.offset} "
-                        f"({size - damage.offset} bytes dropped): {damage.reason}"
-                    )
+                    if not mapped[damage.offset:size].strip(b"\0"):
+                        # the writer's pre-allocated zeros (journal_writer.py): free space
+                        log.debug("%s: %d pre-allocated bytes after offset %d", path,
+                                  size - damage.offset, damage.offset)
+                    else:
+                        self._note(
+                            f"{path}: cut torn tail at offset {damage.offset} "
+                            f"({size - damage.offset} bytes dropped): {damage.reason}"
+                        )
                     return damage.offset, pads
                 if not self.repair:
                     where = (

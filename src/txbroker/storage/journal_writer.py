@@ -25,6 +25,18 @@ The work items, in queue order:
 * :class:`Barrier` — set an event once everything before it is done
   (``JournalStore.flush``).
 
+Pre-allocation: in sync modes ``fdatasync`` and ``fsync`` the head segment is kept
+zeros ahead of its writes (the zeros go out in the same ``pwrite`` as the entries
+that cross the allocated end): 256 KiB at first, doubling at every extension up to
+:data:`PREALLOCATE_BYTES`, so an idle broker writes few zeros and a busy one extends
+rarely. An append inside the
+file's size changes no metadata, so its ``fdatasync`` is one device flush instead of
+two (data, then the filesystem's journal commit for the new size: bench/peers.md).
+A roll first cuts the sealed segment back to its data (``ftruncate`` + sync, before
+the next segment file exists), and a clean close does the same, so only the head
+segment of a crashed broker can end in zeros; recovery and the readers treat that
+tail as free space (journal_recovery.py).
+
 Crash points are replaceable steps: ``write_at``, ``sync_file``, ``sync_dir``,
 ``open_segment`` and ``unlink`` are plain attributes that tests swap for
 functions that raise. An ``OSError`` from a write or sync poisons the store:
@@ -58,6 +70,10 @@ EntryItem = tuple[int, int, int, int, bytes, Sequence[bytes], list[BodyRef], Dur
 
 #: Permission bits of new segment files (before the umask).
 SEGMENT_FILE_MODE = 0o640
+#: Most zeros written ahead of the head segment's data at once (see the module doc).
+PREALLOCATE_BYTES = 8 * 1024 * 1024
+#: The first extension's zeros.
+PREALLOCATE_FIRST = 256 * 1024
 
 
 class Roll:
@@ -136,6 +152,10 @@ class GroupCommitWriter(WriterThread):
         self.pending_dir_syncs: list[Path] = []
         self._fd = head_fd
         self._offset = head_offset
+        #: Pre-allocate only where appends are synced (mode ``none`` never flushes).
+        self.preallocate = PREALLOCATE_FIRST if sync != SyncMode.NONE else 0
+        #: The head segment file's size: data up to ``_offset``, zeros after it.
+        self._allocated = os.fstat(head_fd).st_size if head_fd is not None else 0
         self._dir_fd = os.open(journal_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._deletes_broken = False
 
@@ -164,12 +184,14 @@ class GroupCommitWriter(WriterThread):
                         callbacks.append(on_durable)
                 elif isinstance(item, Roll):
                     if self._fd is not None:
-                        if self._write(parts, start):
+                        written = self._write(parts, start)
+                        if self._cut_zeros() or written:
                             self._sync_segment()
                         os.close(self._fd)
                         self._fd = None
                     path = self.journal_dir / segment_name(item.segment_id)
                     self._fd = self.open_segment(path)
+                    self._allocated = 0
                     self.current_segment = item.segment_id
                     header = encode_segment_header(item.segment_id)
                     parts = [header]
@@ -201,6 +223,13 @@ class GroupCommitWriter(WriterThread):
         if not parts:
             return False
         assert self._fd is not None
+        data_bytes = sum(len(part) for part in parts)
+        end = offset + data_bytes
+        if self.preallocate and end > self._allocated:
+            # the zeros ahead ride on this write: one syscall, synced with the data
+            parts.append(bytes(self.preallocate))
+            self._allocated = end + self.preallocate
+            self.preallocate = min(2 * self.preallocate, PREALLOCATE_BYTES)
         data = b"".join(parts)
         parts.clear()
         view = memoryview(data)
@@ -210,7 +239,15 @@ class GroupCommitWriter(WriterThread):
                 raise OSError(errno.EIO, "write returned 0")
             view = view[written:]
             offset += written
-        self.bytes_written += len(data)
+        self.bytes_written += data_bytes
+        return True
+
+    def _cut_zeros(self) -> bool:
+        """Cut the head segment's pre-allocated zeros (before a roll or a close)."""
+        if self._fd is None or self._allocated <= self._offset:
+            return False
+        os.ftruncate(self._fd, self._offset)
+        self._allocated = self._offset
         return True
 
     def _sync_segment(self) -> None:
@@ -268,6 +305,12 @@ class GroupCommitWriter(WriterThread):
 
     def _close_files(self) -> None:
         if self._fd is not None:
+            if self.queue.failure is None:
+                try:
+                    if self._cut_zeros():
+                        self.sync_file(self._fd)
+                except OSError as exc:  # the zeros stay: recovery reads them as free space
+                    log.warning("could not cut the journal head's pre-allocated tail: %s", exc)
             os.close(self._fd)
             self._fd = None
         if self._dir_fd >= 0:
