@@ -126,6 +126,8 @@ _LOW = (1 << 32) - 1
 #: ``COMPACT_SIZE_LIMIT`` (array item ranges).
 COMPACT_REF_LIMIT = 1 << 63
 COMPACT_SIZE_LIMIT = 1 << 32
+#: The ordinal of a message added after the restart (``MessageIndex.values`` order).
+NO_ORDINAL = (1 << 32) - 1
 
 
 def compactable(message: Message) -> bool:
@@ -148,7 +150,7 @@ class Chunk:
     the slot only keeps its place in the queue (stale once the object leaves).
     """
 
-    __slots__ = ("counts", "head", "home", "ids", "live", "marks", "priority", "queue",
+    __slots__ = ("counts", "head", "home", "ids", "live", "marks", "ords", "priority", "queue",
                  "ref_hi", "ref_lo", "seqs", "sizes", "stamps")
 
     def __init__(self, home: MessageIndex, queue: str, priority: int) -> None:
@@ -162,6 +164,8 @@ class Chunk:
         self.sizes: array[int] = array("L")
         self.stamps: array[int] = array("q")
         self.counts: array[int] = array("H")
+        #: log order of messages restored by a restart (``NO_ORDINAL``: added later)
+        self.ords: array[int] = array("I")
         self.marks = bytearray()
         self.head = 0  #: slots below are taken
         self.live = 0  #: slots not taken
@@ -172,7 +176,7 @@ class Chunk:
         return len(ids) < CHUNK_SIZE and (not ids or ids[-1] < message_id)
 
     def append(self, message_id: int, seq: int, ref: int, size: int, stamp: int,
-               count: int) -> None:
+               count: int, ordinal: int = -1) -> None:
         """Append one compact slot (the caller checked :meth:`takes`)."""
         ids = self.ids
         if not ids or (ids[-1] >> BLOCK_SHIFT) != (message_id >> BLOCK_SHIFT):
@@ -184,9 +188,32 @@ class Chunk:
         self.sizes.append(size)
         self.stamps.append(stamp)
         self.counts.append(count)
+        self.ords.append(NO_ORDINAL if ordinal < 0 else ordinal)
         self.marks.append(COMPACT)
         self.live += 1
         self.home.compact += 1
+
+    def extend(self, ids: list[int], seqs: list[int], refs: list[int], sizes: list[int],
+               stamps: list[int], counts: list[int], ords: list[int]) -> None:
+        """Append many compact slots (ascending ids above this chunk's, room for all)."""
+        mine = self.ids
+        blocks = self.home.blocks
+        first = ids[0] >> BLOCK_SHIFT
+        if mine and mine[-1] >> BLOCK_SHIFT == first:
+            first += 1  # (registered already)
+        for block in range(first, (ids[-1] >> BLOCK_SHIFT) + 1):
+            blocks.setdefault(block, []).append(self)
+        mine.extend(ids)
+        self.seqs.extend(seqs)
+        self.ref_hi.extend([ref >> 32 for ref in refs])
+        self.ref_lo.extend([ref & _LOW for ref in refs])
+        self.sizes.extend(sizes)
+        self.stamps.extend(stamps)
+        self.counts.extend(counts)
+        self.ords.extend(ords)
+        self.marks.extend(bytes([COMPACT]) * len(ids))
+        self.live += len(ids)
+        self.home.compact += len(ids)
 
     def find(self, message_id: int) -> int:
         """The slot of ``message_id`` (-1: not here)."""
@@ -211,8 +238,11 @@ class Chunk:
         if mark == COMPACT:
             message = self.build(slot)
             self.marks[slot] = PROMOTED
-            self.home.compact -= 1
-            self.home.objects[message.id] = message
+            home = self.home
+            home.compact -= 1
+            home.objects[message.id] = message
+            if self.ords[slot] != NO_ORDINAL:
+                home.restored[message.id] = self.ords[slot]
             return message
         if mark == PROMOTED:
             found = self.home.objects.get(self.ids[slot])
@@ -289,6 +319,9 @@ class MessageIndex:
         #: chunks by ``id >> BLOCK_SHIFT`` of the ids they hold
         self.blocks: dict[int, list[Chunk]] = {}
         self.compact = 0  #: compact (not promoted) slots
+        #: log order (an ordinal) of the objects a restart restored, while compact slots
+        #: restored with them remain: ``values()`` keeps the log order of a restart
+        self.restored: dict[int, int] = {}
 
     def _promote(self, message_id: int) -> Message | None:
         for chunk in self.blocks.get(message_id >> BLOCK_SHIFT, ()):
@@ -336,12 +369,22 @@ class MessageIndex:
         return list(seen.values())
 
     def promote_all(self) -> None:
-        """Make every compact slot an object (streams, dumps: rare)."""
-        if self.compact:
-            for chunk in self.chunks():
-                for slot in range(chunk.head, len(chunk.ids)):
-                    if chunk.marks[slot] == COMPACT:
-                        chunk.message_at(slot)
+        """Make every compact slot an object (streams, dumps: rare). The objects end up
+        in the order a plain dict would have: a restart's survivors in log order,
+        then the rest as they were added."""
+        if not self.compact:
+            return
+        order: dict[int, int] = self.restored
+        for chunk in self.chunks():
+            for slot in range(chunk.head, len(chunk.ids)):
+                if chunk.marks[slot] == COMPACT:
+                    chunk.message_at(slot)
+                    order[chunk.ids[slot]] = chunk.ords[slot]
+        objects = self.objects
+        ordered = [(i, objects[i]) for i in sorted(objects, key=lambda i: order.get(i, NO_ORDINAL))]
+        objects.clear()
+        objects.update(ordered)
+        self.restored = {}
 
     def values(self) -> list[Message]:
         """Every message (compact slots promoted first)."""

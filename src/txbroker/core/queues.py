@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from txbroker.core.effects import Deliver
-from txbroker.core.messages import Chunk, Message, MessageIndex, State
+from txbroker.core.messages import CHUNK_SIZE, Chunk, Message, MessageIndex, State
 from txbroker.errors import BadRequest
 
 #: Priorities are 0–9 as in JMS; 4 is the JMS default.
@@ -207,6 +207,36 @@ class Queue:
             level.append(last)
         last.append(message_id, seq, ref, size, stamp, count)
         self.ready_count += 1
+
+    def extend_compact(self, home: MessageIndex, priority: int, columns: list[list[int]]
+                       ) -> None:
+        """:meth:`put_compact` for many (a restart): ``columns`` are the lists of ids,
+        seqs, refs, sizes, timestamps, delivery counts and ordinals, in queue order."""
+        ids, seqs, refs, sizes, stamps, counts, ords = columns
+        total = len(ids)
+        if not total:
+            return
+        level = self._ready[priority]
+        last = level[-1] if level else None
+        if ids != sorted(ids):
+            for i in range(total):  # (rare: ids not ascending) one at a time
+                self.put_compact(home, ids[i], priority, seqs[i], refs[i], sizes[i], stamps[i],
+                                 counts[i])
+                chunk = self._ready[priority][-1]
+                assert isinstance(chunk, Chunk)
+                chunk.ords[-1] = ords[i]
+            return
+        start = 0
+        while start < total:
+            if not isinstance(last, Chunk) or len(last.ids) >= CHUNK_SIZE \
+                    or not last.takes(ids[start]):
+                last = Chunk(home, self.name, priority)
+                level.append(last)
+            stop = min(total, start + CHUNK_SIZE - len(last.ids))
+            last.extend(ids[start:stop], seqs[start:stop], refs[start:stop], sizes[start:stop],
+                        stamps[start:stop], counts[start:stop], ords[start:stop])
+            start = stop
+        self.ready_count += total
 
     def count_in(self, message: Message) -> None:
         """Account a message that now belongs to this queue."""

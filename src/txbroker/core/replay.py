@@ -388,6 +388,12 @@ class Replay:
         body_size_of = self.body_size_of
         name, queue = "", None
         raw, self.raw = self.raw, {}
+        restored = home.restored
+        #: compact survivors not yet in their level, by (queue, priority): the columns
+        #: of ``Queue.extend_compact`` (a level is flushed before an object joins it)
+        batches: dict[tuple[str, int], tuple[Queue, list[list[int]]]] = {}
+        batch: list[list[int]] = []
+        ordinal = 0
         for msg in raw.values():  # (the hottest loop of a restart: all in locals)
             (message_id, qname, client_id, headers, priority, timestamp, expires,
              deliver_at, count, seq, ref) = msg
@@ -395,6 +401,7 @@ class Replay:
                 name = qname
                 queue = queues.get(name) or self._queue(name)
             assert queue is not None
+            ordinal += 1
             size = body_size_of(ref) if ref is not None and body_size_of is not None else 0
             queue.messages += 1  # count_in + put, inlined: this loop runs per message
             if seq >= queue.next_seq:
@@ -408,13 +415,33 @@ class Replay:
                   and 0 <= priority < 10 and 0 <= ref >> 32 < COMPACT_REF_LIMIT
                   and 0 <= size < COMPACT_SIZE_LIMIT and 0 <= count < 65536
                   and message_id > 0 and seq >= 0):
-                queue.put_compact(home, message_id, priority, seq, ref, size, timestamp, count)
+                key = (name, priority)
+                found = batches.get(key)
+                if found is None:
+                    batch = [[], [], [], [], [], [], []]
+                    batches[key] = (queue, batch)
+                else:
+                    batch = found[1]
+                batch[0].append(message_id)
+                batch[1].append(seq)
+                batch[2].append(ref)
+                batch[3].append(size)
+                batch[4].append(timestamp)
+                batch[5].append(count)
+                batch[6].append(ordinal)
                 continue
+            if 0 <= priority < 10:
+                pending = batches.pop((name, priority), None)
+                if pending is not None:  # keep the level's order
+                    queue.extend_compact(home, priority, pending[1])
             message = Message(message_id, qname, size, client_id, headers, priority,
                               timestamp, expires, deliver_at, count, True, None, ref)
             message.seq = seq
             objects[message_id] = message
+            restored[message_id] = ordinal
             queue.put(message, now)
+        for (_, priority), (owner, columns) in batches.items():
+            owner.extend_compact(home, priority, columns)
         raw.clear()
         if self.xa.branches:
             self._finish_branches(held)
