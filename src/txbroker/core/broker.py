@@ -47,7 +47,7 @@ from txbroker.core.delivery import Delivery
 from txbroker.core.effects import Effect
 from txbroker.core.limits import Limits
 from txbroker.core.local_tx import LocalTransactions
-from txbroker.core.messages import Message
+from txbroker.core.messages import Message, MessageIndex
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.queues import Queue
@@ -105,7 +105,7 @@ class Broker:
         return self.index.topics
 
     @property
-    def messages(self) -> dict[int, Message]:
+    def messages(self) -> MessageIndex:
         """The index of stored (or pending) messages by id."""
         return self.index.messages
 

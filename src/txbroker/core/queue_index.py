@@ -58,7 +58,7 @@ from typing import Any
 
 from txbroker.core.effects import Deliver, Fail, Persist, Release, Reply
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
-from txbroker.core.messages import Message, State
+from txbroker.core.messages import Message, MessageIndex, State, compactable
 from txbroker.core.outbox import Outbox, RecordGroup
 from txbroker.core.queues import MARK_AHEAD, Consumer, Queue
 from txbroker.core.records import Kind, pack
@@ -74,6 +74,9 @@ SUBSCRIPTION_SEPARATOR = "::"
 #: redelivered without need after a crash).
 MAX_MARK_CREDIT = 1000
 MAX_MARK_REACH = 16 * MARK_AHEAD
+#: Ready messages in a queue with consumers past which new plain messages are kept
+#: as compact chunk slots (below, they are about to be delivered: kept as objects).
+COMPACT_BACKLOG = 1024
 
 
 def check_name(name: object, what: str = "queue") -> str:
@@ -94,7 +97,8 @@ class QueueIndex:
         outbox.close_group = self.close_group
         self.queues: dict[str, Queue] = {}
         self.topics: dict[str, Topic] = {}
-        self.messages: dict[int, Message] = {}  #: stored or pending messages by id
+        #: stored or pending messages by id (plain READY ones as compact chunk slots)
+        self.messages = MessageIndex()
         self.sessions: dict[int, Session] = {}
         self.next_id = 1
         self.counters = {"sent": 0, "delivered": 0, "acked": 0, "expired": 0, "dead_lettered": 0,
@@ -263,6 +267,7 @@ class QueueIndex:
         """:meth:`apply_add` for many (hot: a group commit, a transaction, a branch):
         each queue is looked up once per run of messages and dispatched once."""
         queues, index = self.queues, self.messages
+        objects = index.objects
         touched: dict[str, Queue] = {}
         start, count = 0, len(messages)
         while start < count:  # runs of messages of one queue (usually one run)
@@ -284,6 +289,9 @@ class QueueIndex:
                         queue.id_settled(message.message_id, durable=True)
             size = 0
             first_seq, seqs = run[0].seq, 0
+            # a backlog (or nobody to take them): plain messages become compact slots
+            compact = queue.seq_keys is None and (
+                not queue.consumers or queue.ready_count >= COMPACT_BACKLOG)
             for message in run:
                 size += message.size
                 if message.seq:
@@ -293,9 +301,16 @@ class QueueIndex:
                         queue.settle(message.seq)
                 if message.persistent:
                     message.body = None  # read back from the store on delivery
-                index[message.id] = message
                 if message.expires_ms:
                     queue.expiring += 1
+                if compact and message.deliver_at_ms <= now and compactable(message):
+                    message.state = State.READY
+                    objects.pop(message.id, None)
+                    queue.put_compact(index, message.id, message.priority, message.seq,
+                                      message.ref or 0, message.size, message.timestamp_ms,
+                                      message.delivery_count)
+                    continue
+                objects[message.id] = message
                 queue.put(message, now)
             if seqs:
                 queue.settle(first_seq, seqs)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from txbroker.core.effects import Deliver
-from txbroker.core.messages import Message, State
+from txbroker.core.messages import CHUNK_SIZE, Chunk, Message, MessageIndex, State
 from txbroker.errors import BadRequest
 
 #: Priorities are 0–9 as in JMS; 4 is the JMS default.
@@ -140,7 +140,9 @@ class Queue:
         self.topic = topic  #: the topic this subscription queue belongs to, if any
         self.durable = True  #: non-durable subscription queues are never stored
         self.owner = 0  #: session owning a non-durable subscription queue
-        self._ready: list[deque[Message]] = [deque() for _ in range(PRIORITIES)]
+        #: per priority: messages and :class:`~txbroker.core.messages.Chunk` s of plain
+        #: ones (the compact index), in queue order
+        self._ready: list[deque[Message | Chunk]] = [deque() for _ in range(PRIORITIES)]
         self._scheduled: list[tuple[int, int, Message]] = []
         self.ready_count = 0
         self.messages = 0  #: stored messages: ready + scheduled + delivered + held
@@ -194,6 +196,48 @@ class Queue:
             self._ready[message.priority].append(message)
         self.ready_count += 1
 
+    def put_compact(self, home: MessageIndex, message_id: int, priority: int, seq: int,
+                    ref: int, size: int, stamp: int, count: int) -> None:
+        """Make a plain READY message visible as a compact chunk slot (no object:
+        ``messages.compactable`` holds; the caller counts it in)."""
+        level = self._ready[priority]
+        last = level[-1] if level else None
+        if not isinstance(last, Chunk) or not last.takes(message_id):
+            last = Chunk(home, self.name, priority)
+            level.append(last)
+        last.append(message_id, seq, ref, size, stamp, count)
+        self.ready_count += 1
+
+    def extend_compact(self, home: MessageIndex, priority: int, columns: list[list[int]]
+                       ) -> None:
+        """:meth:`put_compact` for many (a restart): ``columns`` are the lists of ids,
+        seqs, refs, sizes, timestamps, delivery counts and ordinals, in queue order."""
+        ids, seqs, refs, sizes, stamps, counts, ords = columns
+        total = len(ids)
+        if not total:
+            return
+        level = self._ready[priority]
+        last = level[-1] if level else None
+        if ids != sorted(ids):
+            for i in range(total):  # (rare: ids not ascending) one at a time
+                self.put_compact(home, ids[i], priority, seqs[i], refs[i], sizes[i], stamps[i],
+                                 counts[i])
+                chunk = self._ready[priority][-1]
+                assert isinstance(chunk, Chunk)
+                chunk.ords[-1] = ords[i]
+            return
+        start = 0
+        while start < total:
+            if not isinstance(last, Chunk) or len(last.ids) >= CHUNK_SIZE \
+                    or not last.takes(ids[start]):
+                last = Chunk(home, self.name, priority)
+                level.append(last)
+            stop = min(total, start + CHUNK_SIZE - len(last.ids))
+            last.extend(ids[start:stop], seqs[start:stop], refs[start:stop], sizes[start:stop],
+                        stamps[start:stop], counts[start:stop], ords[start:stop])
+            start = stop
+        self.ready_count += total
+
     def count_in(self, message: Message) -> None:
         """Account a message that now belongs to this queue."""
         self.messages += 1
@@ -212,12 +256,24 @@ class Queue:
         """The next ready message: highest priority first, FIFO within one."""
         if self.ready_count == 0:
             return None
+        name = self.name
         for level in range(PRIORITIES - 1, -1, -1):
             ready = self._ready[level]
             while ready:
-                message = ready.popleft()
+                item = ready[0]
+                if isinstance(item, Chunk):
+                    found = item.take_front()
+                    if item.drained:
+                        ready.popleft()
+                        item.retire()
+                    if found is None:
+                        continue
+                    message = found
+                else:
+                    message = item
+                    ready.popleft()
                 # slots left by discard() or a move to another queue are stale
-                if message.state is State.READY and message.queue == self.name:
+                if message.state is State.READY and message.queue == name:
                     self.ready_count -= 1
                     return message
         return None
@@ -233,8 +289,20 @@ class Queue:
         consumes (the router's journal, ``core/router_log.py``) never pops them."""
         name = self.name
         for ready in self._ready:
-            while ready and (ready[0].state is not State.READY or ready[0].queue != name):
-                ready.popleft()
+            while ready:
+                item = ready[0]
+                if isinstance(item, Chunk):
+                    while not item.drained and item.marks[item.head] != 1 \
+                            and item.message_at(item.head) is None:
+                        item.head += 1  # (a taken or stale slot)
+                    if not item.drained:
+                        break
+                    ready.popleft()
+                    item.retire()
+                elif item.state is not State.READY or item.queue != name:
+                    ready.popleft()
+                else:
+                    break
 
     def due(self, now_ms: int) -> Iterator[Message]:
         """Move scheduled messages whose time has come to ready; yield them."""
@@ -262,7 +330,7 @@ class Queue:
     def ready_messages(self) -> list[Message]:
         """Every visible message (ready and scheduled), e.g. for purge."""
         name = self.name
-        found = [m for level in self._ready for m in level
+        found = [m for level in self._ready for m in _walk(level)
                  if m.state is State.READY and m.queue == name]
         found.extend(m for _, _, m in self._scheduled if m.state is State.READY and m.queue == name)
         return found
@@ -275,7 +343,7 @@ class Queue:
             return found
         name = self.name
         for level in reversed(self._ready):
-            for message in level:
+            for message in _walk(level):
                 if message.state is State.READY and message.queue == name:
                     found.append(message)
                     if len(found) == limit:
@@ -297,11 +365,15 @@ class Queue:
         self.ready_count = 0
         return self._visible_in(ready, scheduled)
 
-    def _visible_in(self, ready: list[deque[Message]],
+    def _visible_in(self, ready: list[deque[Message | Chunk]],
                     scheduled: list[tuple[int, int, Message]]) -> Iterator[Message]:
         name = self.name
+        for level in ready:
+            for item in level:
+                if isinstance(item, Chunk):
+                    item.drop()  # (promotes its compact slots: found by id meanwhile)
         for level in reversed(ready):
-            for message in level:
+            for message in _walk(level):
                 if message.state is State.READY and message.queue == name:
                     yield message
         for _, _, message in scheduled:
@@ -364,6 +436,13 @@ class Queue:
     def readable_seq(self) -> int:
         """One past the highest seq a reader may read: every lower one is durable."""
         return self.unsettled[0][0] if self.unsettled else self.next_seq
+
+    def promote(self) -> None:
+        """Make every compact slot of this queue an object (the seq index needs them)."""
+        for level in self._ready:
+            for item in level:
+                if isinstance(item, Chunk):
+                    item.messages()
 
     def build_index(self, messages: Iterator[Message]) -> None:
         """Build the seq index from the queue's messages (any order)."""
@@ -528,3 +607,16 @@ class Queue:
             "next_seq": self.next_seq,
             "stream_reader": self.stream_owner[0] if self.stream_owner else None,
         }
+
+
+def _walk(level: deque[Message | Chunk]) -> Iterator[Message]:
+    """The messages of a ready level in order, compact slots promoted as they are
+    reached (stale ones included: the caller checks state and queue)."""
+    for item in level:
+        if isinstance(item, Chunk):
+            for slot in range(item.head, len(item.ids)):
+                message = item.message_at(slot)
+                if message is not None:
+                    yield message
+        else:
+            yield item

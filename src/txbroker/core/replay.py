@@ -4,10 +4,13 @@ Theory of operation
 -------------------
 On start the edge feeds every stored entry, in log order, to
 :meth:`Replay.replay`, then calls :meth:`Replay.finish`. Replay keeps
-messages only in the index (not yet in queues): acks, drops and moves of
-later records are cheap dict operations. ``finish`` then puts the survivors
-into their queues in log order (commit order), and releases the bodies of
-everything that died.
+messages only as their decoded ``msg`` lists (``core/records.py``, with the
+seq and the body ref appended: :data:`RAW_SEQ`, :data:`RAW_REF`) in a dict by
+id, in log order — no object per message: acks, drops and moves of later
+records are cheap dict operations, and the bodies of everything that died are
+released as they die. ``finish`` then puts the survivors into their queues in
+log order (commit order): plain ones as compact chunk slots
+(``core/messages.py``), the others as :class:`Message` objects.
 
 :meth:`Replay.snapshot` is the metadata state (queues, topics, duplicate-id
 windows, the next message id, durable XA branches a body does not keep, the
@@ -29,7 +32,7 @@ from typing import Any
 
 from txbroker.core import records
 from txbroker.core.effects import Release
-from txbroker.core.messages import Message, State
+from txbroker.core.messages import COMPACT_REF_LIMIT, COMPACT_SIZE_LIMIT, Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.queues import Queue, QueueSettings
@@ -44,6 +47,8 @@ from txbroker.xid import Xid
 S = BranchState
 #: The store's ``body_size``: the edge sets it before replaying.
 BodySize = Callable[[int], int]
+#: A replayed message: its ``msg`` list, seq at RAW_SEQ, body ref at RAW_REF.
+RAW_SEQ, RAW_REF = 9, 10
 
 
 def pack_ref(ref: int | None) -> bytes | None:
@@ -68,6 +73,8 @@ class Replay:
         #: Xids completed by a record during replay: a later snapshot (taken while the
         #: completion was on its way to disk) must not bring such a branch back.
         self._completed: set[Xid] = set()
+        #: replayed messages by id, in log order (see the module docstring)
+        self.raw: dict[int, list[Any]] = {}
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> tuple[int, bytes]:
@@ -142,9 +149,9 @@ class Replay:
         elif kind == Kind.MOVE:
             self._move(meta)
         elif kind == Kind.UPDATE:
-            message = self.index.messages.get(meta[0])
-            if message is not None:
-                message.delivery_count, message.deliver_at_ms = meta[1], meta[2]
+            msg = self.raw.get(meta[0])
+            if msg is not None:
+                msg[records.MSG_DELIVERY_COUNT], msg[records.MSG_DELIVER_AT] = meta[1], meta[2]
         elif kind == Kind.RELOCATE_MANY:
             if len(meta) != len(refs):
                 raise ValueError(f"{len(meta)} messages but {len(refs)} bodies")
@@ -168,48 +175,44 @@ class Replay:
         """Index replayed messages, ``msg`` tuples with their body refs (the hottest loop
         of a restart: one pass per message, everything it touches in locals)."""
         index = self.index
-        messages, emit, body_size_of = index.messages, self.outbox.emit, self.body_size_of
+        raw, emit = self.raw, self.outbox.emit
         next_id = index.next_id
         for msg, ref in zip(msgs, refs, strict=True):
-            size = body_size_of(ref) if ref is not None and body_size_of is not None else 0
-            if len(msg) > MSG_FIELDS:
-                (message_id, queue, client_id, headers, priority, timestamp, expires,
-                 deliver_at, count, seq) = msg
-            else:  # written before seqs
-                (message_id, queue, client_id, headers, priority, timestamp, expires,
-                 deliver_at, count) = msg
-                seq = 0
-            message = Message(message_id, queue, size, client_id, headers, priority, timestamp,
-                              expires, deliver_at, count, True, None, ref)
-            message.seq = seq
-            old = messages.get(message_id)
-            if old is not None and old.ref is not None:  # a relocated copy replaces it
-                emit(Release(old.ref))
-            messages[message_id] = message
+            if len(msg) == MSG_FIELDS:  # written before seqs
+                msg.append(0)
+            elif len(msg) > RAW_REF:
+                del msg[RAW_REF:]
+            msg.append(ref)
+            message_id = msg[0]
+            old = raw.get(message_id)
+            if old is not None and old[RAW_REF] is not None:  # a relocated copy replaces
+                emit(Release(old[RAW_REF]))  # it (and keeps the old one's place)
+            raw[message_id] = msg
             if message_id >= next_id:
                 next_id = message_id + 1
-            if client_id is not None:
-                self._queue(queue).remember(client_id)
+            if msg[2] is not None:
+                self._queue(msg[1]).remember(msg[2])
         index.next_id = next_id
 
     def _gone(self, ids: Iterable[int]) -> None:
-        messages = self.index.messages
+        raw = self.raw
         for message_id in ids:
-            message = messages.pop(message_id, None)
-            if message is not None and message.ref is not None:
-                self.outbox.emit(Release(message.ref))
+            msg = raw.pop(message_id, None)
+            if msg is not None and msg[RAW_REF] is not None:
+                self.outbox.emit(Release(msg[RAW_REF]))
 
     def _move(self, meta: list[Any]) -> None:
         ids, target = meta[0], meta[1]
         seqs = meta[3] if len(meta) > 3 else [0] * len(ids)
         self._queue(target)
+        raw = self.raw
         for message_id, seq in zip(ids, seqs, strict=True):
-            message = self.index.messages.get(message_id)
-            if message is not None:
-                message.queue = target
-                message.expires_ms = 0
-                message.deliver_at_ms = 0
-                message.seq = seq
+            msg = raw.get(message_id)
+            if msg is not None:
+                msg[records.MSG_QUEUE] = target
+                msg[records.MSG_EXPIRES] = 0
+                msg[records.MSG_DELIVER_AT] = 0
+                msg[RAW_SEQ] = seq
 
     def _queue(self, name: str) -> Queue:
         queues = self.index.queues
@@ -244,7 +247,7 @@ class Replay:
         if queue is not None and queue.topic and queue.topic in index.topics:
             index.topics[queue.topic].subscriptions.discard(name)
         # queues are created lazily during replay: drop its messages either way
-        self._gone([m.id for m in index.messages.values() if m.queue == name])
+        self._gone([i for i, msg in self.raw.items() if msg[records.MSG_QUEUE] == name])
 
     def _snapshot(self, meta: dict[str, Any]) -> None:
         index = self.index
@@ -353,17 +356,14 @@ class Replay:
         return branch
 
     def _outcome(self, branch: Branch, *, commit: bool) -> None:
-        messages = self.index.messages
+        raw = self.raw
         for message in branch.work.sends:
             if commit and message.id not in branch.discards:
-                messages[message.id] = message
+                raw[message.id] = [*message.to_record(), message.ref]
             elif message.ref is not None:
                 self.outbox.emit(Release(message.ref))
         if commit:
-            for message_id, _ in branch.ref_ids:
-                consumed = messages.pop(message_id, None)
-                if consumed is not None and consumed.ref is not None:
-                    self.outbox.emit(Release(consumed.ref))
+            self._gone([message_id for message_id, _ in branch.ref_ids])
         branch.work.sends = []
         branch.ref_ids = []
         branch.discards = set()
@@ -383,22 +383,66 @@ class Replay:
         by prepared XA branches stay held)."""
         held = self._hold_consumed() if self.xa.branches else []
         index = self.index
-        queues = index.queues
+        queues, home = index.queues, index.messages
+        objects = home.objects
+        body_size_of = self.body_size_of
         name, queue = "", None
-        for message in index.messages.values():
-            if message.queue != name:
-                name = message.queue
+        raw, self.raw = self.raw, {}
+        restored = home.restored
+        #: compact survivors not yet in their level, by (queue, priority): the columns
+        #: of ``Queue.extend_compact`` (a level is flushed before an object joins it)
+        batches: dict[tuple[str, int], tuple[Queue, list[list[int]]]] = {}
+        batch: list[list[int]] = []
+        ordinal = 0
+        for msg in raw.values():  # (the hottest loop of a restart: all in locals)
+            (message_id, qname, client_id, headers, priority, timestamp, expires,
+             deliver_at, count, seq, ref) = msg
+            if qname != name:
+                name = qname
                 queue = queues.get(name) or self._queue(name)
             assert queue is not None
+            ordinal += 1
+            size = body_size_of(ref) if ref is not None and body_size_of is not None else 0
             queue.messages += 1  # count_in + put, inlined: this loop runs per message
-            if message.seq >= queue.next_seq:
-                queue.next_seq = message.seq + 1
-            if message.seq <= queue.delivered_seq and not message.delivery_count:
-                message.delivery_count = 1  # may have been delivered before the crash
-            queue.bytes += message.size
-            if message.expires_ms:
+            if seq >= queue.next_seq:
+                queue.next_seq = seq + 1
+            if seq <= queue.delivered_seq and not count:
+                count = 1  # may have been delivered before the crash
+            queue.bytes += size
+            if expires:
                 queue.expiring += 1
+            elif (client_id is None and not headers and deliver_at <= now and ref is not None
+                  and 0 <= priority < 10 and 0 <= ref >> 32 < COMPACT_REF_LIMIT
+                  and 0 <= size < COMPACT_SIZE_LIMIT and 0 <= count < 65536
+                  and message_id > 0 and seq >= 0):
+                key = (name, priority)
+                found = batches.get(key)
+                if found is None:
+                    batch = [[], [], [], [], [], [], []]
+                    batches[key] = (queue, batch)
+                else:
+                    batch = found[1]
+                batch[0].append(message_id)
+                batch[1].append(seq)
+                batch[2].append(ref)
+                batch[3].append(size)
+                batch[4].append(timestamp)
+                batch[5].append(count)
+                batch[6].append(ordinal)
+                continue
+            if 0 <= priority < 10:
+                pending = batches.pop((name, priority), None)
+                if pending is not None:  # keep the level's order
+                    queue.extend_compact(home, priority, pending[1])
+            message = Message(message_id, qname, size, client_id, headers, priority,
+                              timestamp, expires, deliver_at, count, True, None, ref)
+            message.seq = seq
+            objects[message_id] = message
+            restored[message_id] = ordinal
             queue.put(message, now)
+        for (_, priority), (owner, columns) in batches.items():
+            owner.extend_compact(home, priority, columns)
+        raw.clear()
         if self.xa.branches:
             self._finish_branches(held)
         self.outbox.set_now(now)
@@ -407,11 +451,14 @@ class Replay:
         """Before the survivors go into their queues: take out the messages consumed by
         prepared branches (they stay HELD). Returns them for :meth:`_finish_branches`."""
         held: list[Message] = []
-        messages = self.index.messages
+        raw, body_size_of = self.raw, self.body_size_of
         for branch in self.xa.branches.values():
             for message_id, delivery_count in branch.ref_ids:
-                message = messages.pop(message_id, None)
-                if message is not None:
+                msg = raw.pop(message_id, None)
+                if msg is not None:
+                    ref = msg[RAW_REF]
+                    size = body_size_of(ref) if ref is not None and body_size_of else 0
+                    message = Message.from_record(msg[:RAW_REF], size, ref)
                     message.delivery_count = max(message.delivery_count, delivery_count)
                     held.append(message)
                     branch.work.acks[message_id] = message

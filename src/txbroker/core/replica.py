@@ -65,7 +65,7 @@ def check_quiet(broker: Broker) -> str | None:
         if branch.state in (BranchState.PREPARING, BranchState.COMMITTING,
                             BranchState.ROLLING_BACK):
             return f"XA branch {branch.xid} is on its way to disk"
-    for message in broker.index.messages.values():
+    for message in broker.index.messages.objects.values():  # (pending ones are objects)
         if message.persistent and message.state is State.PENDING:
             return f"message {message.id} is on its way to disk"
     return None

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Restart time and memory per stored message (issue 12), one command.
+
+Starts a broker (journal store, default settings, ``--sync fdatasync``), loads
+``--stored`` persistent 1 KiB messages with ``--loaders`` parallel
+``txbroker bench --phase send`` processes (so the client is not what is
+measured), then ``--reps`` times: restart after SIGTERM and after kill -9,
+timing start → the "txbroker ready" line and reading the recovered count from
+that line and the RSS after the restart. RSS per message is (RSS − RSS of the
+empty broker) / stored, after the load and after each restart. At the end the
+queue is drained and counted exactly (every message once).
+
+Run under the bench lock: ``flock /tmp/txb-bench.lock .venv/bin/python
+bench/restart_bench.py [--stored 1000000]``. Results:
+``bench/results/restart-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support import BrokerProcess  # noqa: E402
+
+READY = re.compile(r"recovered (\d+) messages in ([0-9.]+) s")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def load(url: str, queue: str, count: int, loaders: int, producers: int) -> float:
+    """Send ``count`` persistent 1 KiB messages with ``loaders`` processes; seconds taken."""
+    started = time.monotonic()
+    shares = [count // loaders + (1 if i < count % loaders else 0) for i in range(loaders)]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "txbroker.cli", "bench", "--url", url, "--queue", queue,
+         "--count", str(share), "--phase", "send", "--producers", str(producers)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        for share in shares if share]
+    for proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"loader failed: {err[-2000:]}")
+    return time.monotonic() - started
+
+
+def drain(url: str, queue: str, expected: int) -> dict[str, Any]:
+    """Consume and ack the whole queue; the count received (``txbroker bench``)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "txbroker.cli", "bench", "--url", url, "--queue", queue,
+         "--count", str(expected), "--phase", "consume", "--consumers", "2"],
+        capture_output=True, text=True, cwd=ROOT)
+    summary: dict[str, Any] = json.loads(out.stdout)
+    return summary["consume"]
+
+
+def restart(proc: BrokerProcess, sig: int) -> dict[str, Any]:
+    proc.kill(sig)
+    started = time.monotonic()
+    proc.start(timeout=600)
+    ready = time.monotonic() - started
+    assert proc.proc is not None
+    found = READY.search(proc.ready_line)
+    return {"signal": signal.Signals(sig).name, "ready_seconds": round(ready, 3),
+            "recovered": int(found.group(1)) if found else None,
+            "recovery_seconds": float(found.group(2)) if found else None,
+            "rss": rss_bytes(proc.proc.pid)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--stored", type=int, default=1_000_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--loaders", type=int, default=3)
+    parser.add_argument("--producers", type=int, default=2, help="connections per loader")
+    parser.add_argument("--sync", default="fdatasync")
+    parser.add_argument("--label", default="")
+    parser.add_argument("--no-drain", action="store_true")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args),
+                              "loadavg_start": os.getloadavg()}
+    queue = "stored"
+    with tempfile.TemporaryDirectory(prefix="txb-restart-") as tmp:
+        proc = BrokerProcess(Path(tmp) / "data", "--sync", args.sync).start()
+        try:
+            assert proc.proc is not None
+            empty = rss_bytes(proc.proc.pid)
+            print(f"loading {args.stored:,} messages …", flush=True)
+            seconds = load(proc.url, queue, args.stored, args.loaders, args.producers)
+            loaded = rss_bytes(proc.proc.pid)
+            report["load"] = {"seconds": round(seconds, 2),
+                              "msg_per_s": round(args.stored / seconds),
+                              "rss_empty": empty, "rss_after_load": loaded,
+                              "bytes_per_message": round((loaded - empty) / args.stored, 1)}
+            print(json.dumps(report["load"]), flush=True)
+            runs = []
+            for rep in range(args.reps):
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    run = restart(proc, sig)
+                    run["rep"] = rep
+                    run["bytes_per_message"] = round((run["rss"] - empty) / args.stored, 1)
+                    print(json.dumps(run), flush=True)
+                    runs.append(run)
+            report["restarts"] = runs
+            for name in ("SIGTERM", "SIGKILL"):
+                mine = [r for r in runs if r["signal"] == name]
+                report[f"median_{name}"] = {
+                    key: statistics.median(r[key] for r in mine)
+                    for key in ("ready_seconds", "recovery_seconds", "bytes_per_message")}
+            report["all_recovered"] = all(r["recovered"] == args.stored for r in runs)
+            if not args.no_drain:
+                consumed = drain(proc.url, queue, args.stored)
+                report["drain"] = consumed
+                stats = proc_stats(proc.url)
+                report["drain_ok"] = consumed["received"] == args.stored and stats == 0
+                print(f"drained {consumed['received']:,} (left in queue: {stats})", flush=True)
+        finally:
+            proc.kill()
+    report["loadavg_end"] = os.getloadavg()
+    out_dir = ROOT / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    label = f"-{args.label}" if args.label else ""
+    path = out_dir / f"restart-{time.strftime('%Y%m%d-%H%M%S')}{label}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k.startswith("median")}, indent=2))
+    print(f"written to {path}")
+
+
+def proc_stats(url: str) -> int:
+    """Messages left in the queue after the drain (0 when every one was consumed)."""
+    from txbroker.client.sync import connect
+
+    with connect(url) as conn:
+        return int(conn.queue_info("stored")["messages"])
+
+
+if __name__ == "__main__":
+    main()
