@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE = ROOT / "src" / "txbroker"
@@ -43,20 +44,36 @@ def can_compile() -> str:
     return ""
 
 
+class BuildExtWithDigest(build_ext):
+    """build_ext that records, once every extension is built, which sources they were
+    built from (txbroker._build falls back to the sources when they differ)."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.extensions:
+            return
+        digest = sources_digest(PACKAGE) + "\n"
+        (PACKAGE / DIGEST_FILE).write_text(digest)
+        if not self.inplace:
+            built = Path(self.build_lib) / "txbroker"
+            built.mkdir(parents=True, exist_ok=True)
+            (built / DIGEST_FILE).write_text(digest)
+
+
 def ext_modules() -> list[Any]:
+    # No digest until the build succeeds: extensions left from an older build count
+    # as stale meanwhile, and a failed build leaves them so.
+    (PACKAGE / DIGEST_FILE).unlink(missing_ok=True)
     why_not = can_compile()
     if why_not:
         print(f"txbroker: building pure Python ({why_not})", file=sys.stderr)
-        (PACKAGE / DIGEST_FILE).unlink(missing_ok=True)
         return []
     from mypyc.build import mypycify
 
     sources = [str(p.relative_to(ROOT)) for p in compiled_sources(PACKAGE)]
     print(f"txbroker: compiling {len(sources)} modules of {', '.join(COMPILED)} with mypyc",
           file=sys.stderr)
-    extensions = mypycify(sources, opt_level="3", group_name="txbroker_native")
-    (PACKAGE / DIGEST_FILE).write_text(sources_digest(PACKAGE) + "\n")
-    return list(extensions)
+    return list(mypycify(sources, opt_level="3", group_name="txbroker_native"))
 
 
-setup(ext_modules=ext_modules())
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExtWithDigest})

@@ -20,12 +20,16 @@ TICK_EVERY = 1024
 
 
 async def _producer(url: str, opts: dict[str, Any], queue: str, count: int, body: bytes,
-                    window: int, tick: Callable[[int], None]) -> None:
-    """Send ``count`` messages keeping ``window`` sends in flight."""
+                    window: int, tick: Callable[[int], None], batch: int = 1) -> None:
+    """Send ``count`` messages keeping ``window`` sends in flight (``batch`` > 1: as
+    ``send_batch`` requests of that many messages, ``window`` requests in flight)."""
     from txbroker.aio import connect
 
     conn = await connect(url, reconnect=False, **opts)
     try:
+        if batch > 1:
+            await _batch_producer(conn, queue, count, body, window, tick, batch)
+            return
         in_flight: deque[asyncio.Future[Any]] = deque()
         done = 0
         for _ in range(count):
@@ -40,6 +44,20 @@ async def _producer(url: str, opts: dict[str, Any], queue: str, count: int, body
         tick(count - done // TICK_EVERY * TICK_EVERY)
     finally:
         await conn.close()
+
+
+async def _batch_producer(conn: Any, queue: str, count: int, body: bytes, window: int,
+                          tick: Callable[[int], None], batch: int) -> None:
+    in_flight: deque[asyncio.Task[int]] = deque()
+    sent = 0
+    while sent < count:
+        n = min(batch, count - sent)
+        if len(in_flight) >= window:
+            tick(await in_flight.popleft())
+        in_flight.append(asyncio.ensure_future(conn.send_batch(queue, [body] * n)))
+        sent += n
+    for task in in_flight:
+        tick(await task)
 
 
 async def _consumer(url: str, opts: dict[str, Any], queue: str, quota: list[int], prefetch: int,
@@ -92,13 +110,13 @@ def _loop_factory() -> Any:
 
 
 def _send_process(url: str, opts: dict[str, Any], queue: str, shares: list[int], body: bytes,
-                  window: int, barrier: Any, results: Any) -> None:
+                  window: int, barrier: Any, results: Any, batch: int) -> None:
     """One load-generator process: its producers start when every process is ready."""
 
     async def run() -> None:
         barrier.wait()
-        await asyncio.gather(*(_producer(url, opts, queue, n, body, window, lambda k: None)
-                               for n in shares))
+        await asyncio.gather(*(_producer(url, opts, queue, n, body, window, lambda k: None,
+                                         batch) for n in shares))
 
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
@@ -109,7 +127,7 @@ def _send_process(url: str, opts: dict[str, Any], queue: str, shares: list[int],
 
 
 def _send_in_processes(url: str, opts: dict[str, Any], queue: str, shares: list[int],
-                       body: bytes, window: int, processes: int) -> float:
+                       body: bytes, window: int, processes: int, batch: int) -> float:
     """Run the producers spread over ``processes`` processes; seconds from the common
     start to the last producer's last acknowledged send."""
     ctx = multiprocessing.get_context("spawn")
@@ -118,7 +136,7 @@ def _send_in_processes(url: str, opts: dict[str, Any], queue: str, shares: list[
     barrier = ctx.Barrier(len(groups) + 1)
     results = ctx.Queue()
     procs = [ctx.Process(target=_send_process, daemon=True,
-                         args=(url, opts, queue, g, body, window, barrier, results))
+                         args=(url, opts, queue, g, body, window, barrier, results, batch))
              for g in groups]
     for proc in procs:
         proc.start()
@@ -141,24 +159,25 @@ def _send_in_processes(url: str, opts: dict[str, Any], queue: str, shares: list[
 
 async def _run(url: str, opts: dict[str, Any], *, queue: str, count: int, size: int,
                producers: int, consumers: int, window: int, prefetch: int, phase: str,
-               tick: Callable[[str, int], None], processes: int = 1,
+               tick: Callable[[str, int], None], processes: int = 1, batch: int = 1,
                ) -> dict[str, Any]:
     body = b"x" * size
     summary: dict[str, Any] = {"count": count, "size": size, "producers": producers,
                                "consumers": consumers, "window": window, "prefetch": prefetch,
-                               "processes": processes}
+                               "processes": processes, "batch": batch}
     if phase in ("send", "both"):
         before = (await _stats(url, opts)).get("store", {})
         share = [count // producers + (1 if i < count % producers else 0)
                  for i in range(producers)]
         if processes > 1:
             elapsed = await asyncio.to_thread(_send_in_processes, url, opts, queue, share,
-                                              body, window, processes)
+                                              body, window, processes, batch)
             tick("send", count)
         else:
             started = time.perf_counter()
             await asyncio.gather(*(_producer(url, opts, queue, n, body, window,
-                                             lambda k: tick("send", k)) for n in share if n))
+                                             lambda k: tick("send", k), batch)
+                                   for n in share if n))
             elapsed = time.perf_counter() - started
         after = (await _stats(url, opts)).get("store", {})
         syncs = after.get("syncs", 0) - before.get("syncs", 0)
@@ -195,11 +214,12 @@ def run_bench(url: str, *, queue: str = "bench", count: int = 100_000, size: int
               producers: int = 4, consumers: int = 2, window: int = 256, prefetch: int = 500,
               phase: str = "both", progress: Callable[[], Any] | None = None,
               connect_options: dict[str, Any] | None = None,
-              processes: int = 1) -> dict[str, Any]:
+              processes: int = 1, batch: int = 1) -> dict[str, Any]:
     """Run the benchmark and return its JSON summary; ``connect_options``: keyword
     options of every connection (``tls_ca=`` for a ``txbs://`` URL, say);
     ``processes`` > 1 spreads the producers over that many load-generator processes, so
-    that the client's CPU is not what the send phase measures."""
+    that the client's CPU is not what the send phase measures; ``batch`` > 1 makes each
+    producer send ``send_batch`` requests of that many messages."""
     opts = dict(connect_options or {})
     if phase not in ("send", "consume", "both"):
         raise ValueError("phase must be send, consume or both")
@@ -220,7 +240,7 @@ def run_bench(url: str, *, queue: str = "bench", count: int = 100_000, size: int
                 return runner.run(_run(url, opts, queue=queue, count=count, size=size,
                                        producers=producers, consumers=consumers, window=window,
                                        prefetch=prefetch, phase=phase, tick=tick,
-                                       processes=processes))
+                                       processes=processes, batch=batch))
         return runner.run(_run(url, opts, queue=queue, count=count, size=size, producers=producers,
                                consumers=consumers, window=window, prefetch=prefetch,
-                               phase=phase, tick=tick, processes=processes))
+                               phase=phase, tick=tick, processes=processes, batch=batch))

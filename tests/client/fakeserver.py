@@ -289,6 +289,28 @@ class FakeConnection:
             return {"duplicate": False}
         return {"duplicate": self.broker.enqueue(args)}
 
+    def op_send_batch(self, rid: int, args: dict[str, Any]) -> Any:
+        """Many bodies to one destination; like the real broker's, all or nothing
+        (duplicates by message id are not stored, and not counted)."""
+        bodies = args["bodies"]
+        if not isinstance(args["dest"], str) or not all(isinstance(b, bytes) for b in bodies):
+            raise TypeError("dest must be str and bodies bin")
+        headers = args.get("headers") or [None] * len(bodies)
+        ids = args.get("message_ids") or [None] * len(bodies)
+        queue = self.broker.queue(args["dest"])
+        limit = queue.settings.get("max_messages", 0)
+        if limit and len(queue.ready) + len(bodies) > limit:
+            raise Refused(ErrorCode.QUOTA_EXCEEDED, f"queue {queue.name!r} is full")
+        stored = 0
+        for body, header, message_id in zip(bodies, headers, ids, strict=True):
+            one: dict[str, Any] = {"dest": args["dest"], "body": body}
+            if header is not None:
+                one["headers"] = header
+            if message_id is not None:
+                one["message_id"] = message_id
+            stored += not self.broker.enqueue(one)
+        return {"count": stored}
+
     def op_subscribe(self, rid: int, args: dict[str, Any]) -> Any:
         sub_id = int(args["sub"])
         if sub_id in self.subs:

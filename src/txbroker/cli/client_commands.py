@@ -194,6 +194,8 @@ def bench(
     phase: Annotated[Phase, typer.Option()] = Phase.BOTH,
     processes: Annotated[int, typer.Option(
         min=1, help="load-generator processes the producers are spread over")] = 1,
+    batch: Annotated[int, typer.Option(
+        min=1, help="messages per send_batch request (1: one send per message)")] = 1,
     json_out: Annotated[Path | None, typer.Option("--json", help="write summary here")] = None,
 ) -> None:
     """Native-protocol load generator: persistent sends, then consume + ack.
@@ -206,7 +208,8 @@ def bench(
     summary = run_bench(url, queue=queue, count=count, size=size, producers=producers,
                         consumers=consumers, window=window, prefetch=prefetch,
                         phase=phase.value, progress=progress_bar,
-                        connect_options=common.connect_options(tls_ca), processes=processes)
+                        connect_options=common.connect_options(tls_ca), processes=processes,
+                        batch=batch)
     text = json.dumps(summary, indent=2)
     if json_out is not None:
         json_out.write_text(text + "\n")

@@ -48,6 +48,7 @@ import asyncio
 import logging
 from typing import Any, Final
 
+from txbroker.client._coalesce import SendBatch, batchable
 from txbroker.client._failover import Failover, describe_refusal
 from txbroker.client._session import ConnectionExtension, Pending, Session, SubscriptionSink
 from txbroker.client._xa_state import XaBranchState
@@ -172,6 +173,8 @@ class Engine:
         resend: bool = False,
         discard_result: bool = False,
     ) -> Pending:
+        if self._send_batch is not None:  # sends made earlier go out first: call order
+            self._flush_sends()
         rid = self._next_rid
         self._next_rid = rid + 1
         try:
@@ -242,6 +245,51 @@ class Engine:
             return None if discard_result else result
 
         return asyncio.ensure_future(later())
+
+    def submit_send(self, args: dict[str, Any], resend: bool) -> asyncio.Future[None]:
+        """A pipelined ``send``: coalesced with the other sends of this loop iteration to
+        the same destination into one ``send_batch`` (``_coalesce.py``)."""
+        session = self.session
+        if session is None or self.xa.broken is not None or not batchable(args):
+            future: asyncio.Future[None] = self.submit("send", args, resend=resend,
+                                                       discard_result=True)
+            return future
+        self._raise_if_unusable()
+        key = (session, args["dest"], args.get("persistent", True))
+        batch = self._send_batch
+        if batch is None or batch.key != key:
+            if batch is not None:
+                self._flush_sends()
+            self._send_batch = batch = SendBatch(key)
+            asyncio.get_running_loop().call_soon(self._flush_sends)
+        future = batch.add(args, resend, asyncio.get_running_loop())
+        if batch.full:
+            self._flush_sends()
+        return future
+
+    def _flush_sends(self) -> None:
+        batch, self._send_batch = self._send_batch, None
+        if batch is None:
+            return
+        session = self.session
+        if session is None or batch.key[0] is not session or self._closed:
+            batch.chain_each(lambda args: self.submit("send", args, resend=batch.resend,
+                                                      discard_result=True))
+            return
+        try:
+            if len(batch.args) == 1:
+                request = self._submit_on(session, "send", batch.args[0], batch.resend,
+                                          discard_result=True).future
+            else:
+                request = self._submit_on(session, "send_batch", batch.wire_args(),
+                                          batch.resend, discard_result=True).future
+        except Exception as exc:  # e.g. MessageTooLarge: every message of it fails
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            request = failed
+        batch.settle_with(request)
+
+    _send_batch: SendBatch | None = None
 
     def pipeline(self, session: Session, op: str, args: dict[str, Any]) -> asyncio.Future[Any]:
         """Send on ``session`` without waiting; a broker error is raised by the next call."""

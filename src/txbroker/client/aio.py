@@ -111,9 +111,7 @@ class AsyncConnection(TpcMixin, AsyncStreamMixin):
         return self._send_nowait(request)
 
     def _send_nowait(self, request: SendRequest) -> asyncio.Future[None]:
-        return self._engine.submit(
-            "send", request.wire_args(), resend=request.resendable, discard_result=True
-        )
+        return self._engine.submit_send(request.wire_args(), request.resendable)
 
     @receive_face
     async def receive(self, request: ReceiveRequest) -> AsyncMessage | None:
