@@ -37,9 +37,11 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +63,33 @@ INSERT = f"INSERT INTO {TABLE} (id, body) VALUES (%s, %s)"
 BODY = b"x" * 100
 
 
+#: The only PostgreSQL settings the bench changes: two-phase commit needs prepared
+#: transactions (default 0), and every in-flight transaction has its own connection.
+PG_SETTINGS = {"max_prepared_transactions": 250, "max_connections": 250}
+
+
+def bench_postgres(settings: dict[str, int]) -> Any:
+    """tests/tm/pg.py's throw-away server (initdb in a temp dir, a free port) with
+    ``settings``."""
+    from tests.tm.pg import PostgresServer
+
+    class BenchPostgres(PostgresServer):
+        def pg_ctl_start(self) -> None:
+            options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 " + \
+                " ".join(f"-c {k}={v}" for k, v in settings.items())
+            self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l",
+                      str(self.root / "log"), "-w", "start")
+
+    return BenchPostgres().start()
+
+
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
 async def _xa_slot(tm: AsyncTransactionManager, url: str, dsn: str, queue: str, todo: int,
-                   ready: list[Any], go: asyncio.Event, latencies: list[float]) -> None:
+                   ready: list[Any], go: asyncio.Event, latencies: list[float],
+                   spent: dict[str, float]) -> None:
     conn = await open_connection(url, timeout=30)
     pg = await psycopg.AsyncConnection.connect(dsn)
     try:
@@ -75,14 +98,25 @@ async def _xa_slot(tm: AsyncTransactionManager, url: str, dsn: str, queue: str, 
         await go.wait()
         for _ in range(todo):
             start = time.monotonic()
-            gtx = await tm.begin([broker, db])
-            message = await conn.receive(queue, timeout=10)
+            # the receive overlaps the branches' begin (PostgreSQL's BEGIN round trip);
+            # the ack, sent after xa_start, is what puts the message in the branch
+            message, gtx = await asyncio.gather(conn.receive(queue, timeout=10),
+                                                tm.begin([broker, db]))
+            t1 = time.monotonic()
             if message is None:
                 raise RuntimeError("the queue ran dry before the count was reached")
             await message.ack()
+            t2 = time.monotonic()
             await pg.execute(INSERT, (message.message_id, message.body))
+            t3 = time.monotonic()
             await gtx.commit()
-            latencies.append(time.monotonic() - start)
+            end = time.monotonic()
+            latencies.append(end - start)
+            spent["begin+receive"] += t1 - start
+            spent["ack"] += t2 - t1
+            spent["insert"] += t3 - t2
+            for phase, seconds in gtx.timings.items():
+                spent[f"commit.{phase}"] += seconds
     finally:
         await pg.close()
         await conn.close()
@@ -109,11 +143,13 @@ async def _pg_slot(dsn: str, worker: int, slot: int, todo: int, ready: list[Any]
 async def _worker_main(kind: str, worker: int, url: str, dsn: str, queue: str, slots: list[int],
                        log_dir: str, ready_q: Any, go_ev: Any) -> dict[str, Any]:
     latencies: list[float] = []
+    spent: dict[str, float] = defaultdict(float)
     ready: list[Any] = []
     go = asyncio.Event()
     tm = AsyncTransactionManager(Path(log_dir) / f"tm-{worker}.log")
     if kind == "xa":
-        tasks = [asyncio.create_task(_xa_slot(tm, url, dsn, queue, n, ready, go, latencies))
+        tasks = [asyncio.create_task(_xa_slot(tm, url, dsn, queue, n, ready, go, latencies,
+                                                  spent))
                  for n in slots]
     else:
         tasks = [asyncio.create_task(_pg_slot(dsn, worker, i, n, ready, go, latencies))
@@ -125,14 +161,14 @@ async def _worker_main(kind: str, worker: int, url: str, dsn: str, queue: str, s
         await asyncio.sleep(0.01)
     ready_q.put(worker)
     await asyncio.to_thread(go_ev.wait)
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     go.set()
     await asyncio.gather(*tasks)
-    end = time.monotonic()
+    end, cpu = time.monotonic(), time.process_time() - cpu
     tm.close()
-    return {"start": start, "end": end, "latencies": latencies,
+    return {"start": start, "end": end, "latencies": latencies, "cpu": cpu,
             "counters": tm.counters, "decision_batches": tm.decisions.batches,
-            "decisions": tm.decisions.decided}
+            "decisions": tm.decisions.decided, "spent": dict(spent)}
 
 
 def _worker(kind: str, worker: int, url: str, dsn: str, queue: str, slots: list[int],
@@ -152,14 +188,49 @@ def _worker(kind: str, worker: int, url: str, dsn: str, queue: str, slots: list[
         out_q.put(("error", worker, repr(exc)))
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+_NEXT_TO_PYTHON = Path(sys.executable).parent / "py-spy"
+PY_SPY = str(_NEXT_TO_PYTHON) if _NEXT_TO_PYTHON.exists() else "py-spy"
+
+
+def _proc_cpu(pid: int, children: bool = False) -> float:
+    """CPU seconds of ``pid`` (user + system; ``children``: plus its reaped children)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / TICK
+
+
+def _pg_cpu(postmaster: int | None) -> float:
+    """CPU seconds of a PostgreSQL cluster: the postmaster with its reaped backends, and
+    the processes still running under it."""
+    if postmaster is None:
+        return 0.0
+    total = _proc_cpu(postmaster, children=True)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == postmaster:
+            total += _proc_cpu(int(stat.parent.name))
+    return total
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: str) -> dict[
-        str, Any]:
-    """Run ``--workers`` processes once; the rate, latencies and the TM's counters."""
+def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: str,
+              pids: dict[str, int | None], profile: Path | None = None) -> dict[str, Any]:
+    """Run ``--workers`` processes once: the rate, latencies, the CPU each component
+    spent per transaction, and the TM's counters. ``profile``: py-spy the broker and the
+    first worker meanwhile (raw stacks into that directory)."""
     ctx = multiprocessing.get_context("spawn")
     ready_q, out_q, go_ev = ctx.Queue(), ctx.Queue(), ctx.Event()
     per_worker = _split(args.count, args.workers)
@@ -172,10 +243,28 @@ def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: 
     for _ in procs:
         ready_q.get(timeout=120)
     load_before = os.getloadavg()
+    cpu_before = (_proc_cpu(pids["broker"] or 0), _pg_cpu(pids["postgres"]),
+                  time.monotonic())
+    spies = []
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        targets = {"worker": procs[0].pid, "broker": pids["broker"]}
+        spies = [subprocess.Popen(
+            [PY_SPY, "record", "-f", "raw", "-r", "250", "-d", str(args.profile_seconds),
+             "-o", str(profile / f"{kind}-{name}.raw"), "--pid", str(pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, pid in targets.items() if pid]
     go_ev.set()
     results = [out_q.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
+    for spy in spies:
+        spy.wait(timeout=120)
+    wall = time.monotonic() - cpu_before[2]
+    data = [r[2] for r in results if r[0] == "ok"]
+    cpu = {"broker": _proc_cpu(pids["broker"] or 0) - cpu_before[0],
+           "postgres": _pg_cpu(pids["postgres"]) - cpu_before[1],
+           "workers": sum(d["cpu"] for d in data)}
     errors = [r for r in results if r[0] != "ok"]
     if errors:
         raise RuntimeError(f"{kind} workers failed: {errors}")
@@ -190,6 +279,10 @@ def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: 
         "p99_ms": round(1000 * _percentile(latencies, 0.99), 2),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        # CPU milliseconds per transaction, per component (workers: the client processes
+        # from the start signal to their last transaction); cpu_busy: of the machine's CPUs
+        "cpu_ms_per_tx": {k: round(1000 * v / args.count, 3) for k, v in cpu.items()},
+        "cpu_busy": round(sum(cpu.values()) / wall / (os.cpu_count() or 1), 3),
     }
     if kind == "xa":
         counters: dict[str, int] = {}
@@ -197,6 +290,12 @@ def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: 
             for key, value in d["counters"].items():
                 counters[key] = counters.get(key, 0) + value
         out["counters"] = counters
+        spent: dict[str, float] = defaultdict(float)
+        for d in data:
+            for key, value in d["spent"].items():
+                spent[key] += value
+        # mean milliseconds one transaction spends in each phase (wall clock)
+        out["ms_per_tx"] = {k: round(1000 * v / args.count, 3) for k, v in spent.items()}
         batches = sum(d["decision_batches"] for d in data)
         out["decisions_per_log_sync"] = round(sum(d["decisions"] for d in data)
                                               / max(1, batches), 2)
@@ -257,22 +356,25 @@ def main() -> None:
     parser.add_argument("--url", help="a running broker (default: start one)")
     parser.add_argument("--dsn", help="a running PostgreSQL (default: start one)")
     parser.add_argument("--json", type=Path, help="result file (default bench/results/xa-<ts>)")
+    parser.add_argument("--profile", type=Path,
+                        help="py-spy the broker and one worker during rep 1 (raw stacks here)")
+    parser.add_argument("--profile-seconds", type=int, default=5)
     args = parser.parse_args()
-    if args.workers * args.inflight > 60:
-        parser.error("workers × inflight must stay ≤ 60 (max_prepared_transactions = 64)")
+    if args.workers * args.inflight > 240:
+        parser.error("workers × inflight must stay ≤ 240 (max_connections = 250)")
 
     work = Path(tempfile.mkdtemp(prefix="txb-xa-bench-"))
     stack: list[Any] = []
     try:
         url, dsn = args.url, args.dsn
         broker_pid = None
+        postmaster = None
         if dsn is None:
-            from tests.tm.pg import MAX_PREPARED_TRANSACTIONS, PostgresServer
-            server = PostgresServer().start()
+            server = bench_postgres(PG_SETTINGS)
             stack.append(server.stop)
             dsn = server.dsn
-            pg_settings = {"max_prepared_transactions": MAX_PREPARED_TRANSACTIONS,
-                           "max_connections": 100, "others": "initdb defaults"}
+            postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+            pg_settings = {**PG_SETTINGS, "others": "initdb defaults"}
         else:
             pg_settings = {"external": dsn}
         if url is None:
@@ -291,11 +393,13 @@ def main() -> None:
             log_dir = work / f"tm-{rep}"
             log_dir.mkdir()
             prepare_rep(args, url, dsn)
-            xa = run_phase("xa", args, url, dsn, str(log_dir))
+            pids = {"broker": broker_pid, "postgres": postmaster}
+            profile = args.profile if rep == 0 else None
+            xa = run_phase("xa", args, url, dsn, str(log_dir), pids, profile)
             xa["checked"] = verify("xa", args, url, dsn)
             with psycopg.connect(dsn, autocommit=True) as pg:
                 pg.execute(f"TRUNCATE {TABLE}")
-            pg2pc = run_phase("pg", args, url, dsn, str(log_dir))
+            pg2pc = run_phase("pg", args, url, dsn, str(log_dir), pids, profile)
             pg2pc["checked"] = verify("pg", args, url, dsn)
             ratio = round(xa["tx_per_s"] / pg2pc["tx_per_s"], 3)
             reps.append({"xa": xa, "pg_2pc": pg2pc, "ratio": ratio})

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
@@ -157,6 +158,8 @@ class AsyncGlobalTransaction:
             raise TMError(f"participants need distinct names, got {names}")
         self.xids = [branch_xid(self.gtrid, p.sort_key) for p in self.participants]
         self.done = False
+        #: seconds the commit spent voting, deciding (the log sync) and finishing
+        self.timings: dict[str, float] = {}
 
     async def _begin(self) -> None:
         started = 0
@@ -192,7 +195,10 @@ class AsyncGlobalTransaction:
             manager.counters["one_phase"] += 1
             return
         hook("before_prepare")
+        started = time.monotonic()
         votes = await asyncio.gather(*(p.vote(x) for p, x in pairs), return_exceptions=True)
+        voted = time.monotonic()
+        self.timings["votes"] = voted - started
         failed = [(p, v) for (p, _), v in zip(pairs, votes, strict=True)
                   if isinstance(v, BaseException)]
         if failed:
@@ -213,8 +219,11 @@ class AsyncGlobalTransaction:
             manager.counters["committed"] += 1
             return
         await manager.decisions.decide(self.gtrid)
+        decided = time.monotonic()
+        self.timings["decision"] = decided - voted
         hook("after_decision")
         finished = await asyncio.gather(*(p.finish(x, True) for p, x in voters))
+        self.timings["finishes"] = time.monotonic() - decided
         if all(finished):
             manager.decisions.forget(self.gtrid)
         else:
