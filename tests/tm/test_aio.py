@@ -291,3 +291,51 @@ def test_insert_failure_rolls_back_the_dequeue(broker: BrokerProcess, orders: st
         assert conn.xa_branches() == []
         again = conn.receive("orders", timeout=5)
         assert again is not None and again.message_id == "order-1"
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["commit", "rollback"])
+def test_receive_before_begin_the_ack_joins_the_branch(broker: BrokerProcess, orders: str,
+                                                       log_path: Path, fail: bool) -> None:
+    """The bench's overlap: the receive runs alongside ``tm.begin`` (it may reach the
+    broker before ``xa_start``); the ack, sent after it, stages the consumption in the
+    branch: consumed exactly when the row is committed."""
+    with txbroker.connect(broker.url) as conn:
+        conn.send("orders", b"order-7", message_id="order-7")
+    if fail:
+        with psycopg.connect(orders, autocommit=True) as pg:
+            pg.execute("INSERT INTO orders (id, body) VALUES ('order-7', 'taken')")
+
+    async def main() -> AsyncTransactionManager:
+        tm = AsyncTransactionManager(log_path)
+        conn = await open_connection(broker.url)
+        pg = await psycopg.AsyncConnection.connect(orders)
+        parts = [AsyncBrokerParticipant(conn), AsyncPostgresParticipant(pg)]
+        try:
+            message, gtx = await asyncio.gather(conn.receive("orders", timeout=5),
+                                                tm.begin(parts))
+            assert message is not None
+            await message.ack()
+            try:
+                await pg.execute("INSERT INTO orders (id, body) VALUES (%s, %s)",
+                                 (message.message_id, message.body))
+            except psycopg.errors.UniqueViolation:
+                await gtx.rollback()
+            else:
+                await gtx.commit()
+        finally:
+            await pg.close()
+            await conn.close()
+        tm.close()
+        return tm
+
+    tm = asyncio.run(main())
+    assert tm.counters["rolled_back" if fail else "committed"] == 1
+    with txbroker.connect(broker.url) as conn, psycopg.connect(orders, autocommit=True) as pg:
+        body = pg.execute("SELECT body FROM orders WHERE id = 'order-7'").fetchone()
+        assert body == ((b"taken",) if fail else (b"order-7",))
+        assert pg.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
+        assert conn.xa_branches() == []
+        again = conn.receive("orders", timeout=2)
+        assert (again is not None) == fail
+        if again is not None:
+            assert again.message_id == "order-7" and again.redelivered
