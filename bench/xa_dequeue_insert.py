@@ -302,15 +302,16 @@ def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: 
     return out
 
 
-def prepare_rep(args: argparse.Namespace, url: str, dsn: str) -> None:
-    """An empty table, no prepared transactions, ``--count`` messages in the queue."""
+def prepare_rep(args: argparse.Namespace, url: str, dsn: str, rep: int = 0) -> None:
+    """An empty table, no prepared transactions, ``--count`` messages in the queue (ids
+    unique per rep: the broker drops a message id it saw recently as a duplicate)."""
     with psycopg.connect(dsn, autocommit=True) as pg:
         pg.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (id text PRIMARY KEY, body bytea)")
         pg.execute(f"TRUNCATE {TABLE}")
     with txbroker.connect(url) as conn:
         conn.declare_queue(args.queue)
         conn.purge_queue(args.queue)
-        futures = [conn.send_nowait(args.queue, BODY, message_id=f"m{i}")
+        futures = [conn.send_nowait(args.queue, BODY, message_id=f"r{rep}-m{i}")
                    for i in range(args.count)]
         for future in futures:
             future.result(timeout=120)
@@ -392,7 +393,7 @@ def main() -> None:
         for rep in range(args.reps):
             log_dir = work / f"tm-{rep}"
             log_dir.mkdir()
-            prepare_rep(args, url, dsn)
+            prepare_rep(args, url, dsn, rep)
             pids = {"broker": broker_pid, "postgres": postmaster}
             profile = args.profile if rep == 0 else None
             xa = run_phase("xa", args, url, dsn, str(log_dir), pids, profile)
