@@ -144,6 +144,24 @@ def test_no_vote_rolls_back_the_yes_voters_and_logs_nothing(log_path: Path) -> N
     assert tm.counters["rolled_back"] == 1
 
 
+def test_a_failed_begin_aborts_the_started_branches(log_path: Path) -> None:
+    class NoBegin(AsyncFake):
+        async def begin(self, xid: Xid) -> None:
+            self.journal.append(f"begin {self.name}")
+            raise RuntimeError("resource down")
+
+    async def main() -> list[str]:
+        tm = AsyncTransactionManager(log_path)
+        journal: list[str] = []
+        with pytest.raises(RuntimeError, match="resource down"):
+            await tm.begin([NoBegin("b", journal, log_path), AsyncFake("a", journal, log_path)])
+        tm.close()
+        return journal
+
+    assert asyncio.run(main()) == ["begin a", "begin b", "abort a"]
+    assert log_path.read_bytes() == b""
+
+
 def test_read_only_and_one_phase(log_path: Path) -> None:
     async def main() -> tuple[list[str], AsyncTransactionManager]:
         tm = AsyncTransactionManager(log_path)

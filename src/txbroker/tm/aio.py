@@ -81,23 +81,33 @@ class AsyncParticipant(Protocol):
         """Roll back a branch that did not vote yes (never raises)."""
 
 
-async def _together(calls: list[Coroutine[Any, Any, T]]) -> list[T | BaseException]:
-    """Run ``calls`` concurrently and return their results or exceptions, in order. The
-    first runs in the current task (one task fewer than ``asyncio.gather``) and starts
-    first: the participants' requests go out in ``sort_key`` order."""
+async def _together(calls: list[Coroutine[Any, Any, T]], *,
+                    inline_first: bool = True) -> list[T | BaseException]:
+    """Run ``calls`` concurrently and return their results or exceptions, in order.
+    ``inline_first``: the first runs in the current task at once (one task fewer than
+    ``asyncio.gather``); otherwise every call is a task, and they all start in order on
+    the next loop iteration (so requests that other tasks queue now join theirs in one
+    write). Either way the participants' requests go out in ``sort_key`` order."""
     first, *rest = calls
+    if not inline_first:
+        rest = calls
     tasks = [asyncio.ensure_future(call) for call in rest]
     results: list[T | BaseException] = []
-    try:
-        results.append(await first)
-    except Exception as exc:
-        results.append(exc)
+    if inline_first:
+        try:
+            results.append(await first)
+        except Exception as exc:
+            results.append(exc)
     for task in tasks:
         try:
             results.append(await task)
         except Exception as exc:
             results.append(exc)
     return results
+
+
+async def _nothing() -> None:
+    return None
 
 
 class AsyncDecisionLog:
@@ -183,17 +193,17 @@ class AsyncGlobalTransaction:
         self.timings: dict[str, float] = {}
 
     async def _begin(self) -> None:
-        started = 0
-        try:
-            for participant, xid in zip(self.participants, self.xids, strict=True):
-                await participant.begin(xid)
-                started += 1
-        except BaseException:
-            for participant, xid in list(zip(self.participants, self.xids, strict=True))[
-                    :started]:
-                await participant.abort(xid)
+        # every branch begins at once, on the next loop iteration (the broker's pipelined
+        # xa_start then shares a write with what the application queues meanwhile, e.g.
+        # a receive)
+        pairs = list(zip(self.participants, self.xids, strict=True))
+        outcomes = await _together([p.begin(x) for p, x in pairs], inline_first=False)
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if failed:
             self.done = True
-            raise
+            await _together([p.abort(x) for (p, x), o in zip(pairs, outcomes, strict=True)
+                             if not isinstance(o, BaseException)] or [_nothing()])
+            raise failed[0]
 
     def xid_of(self, participant: AsyncParticipant) -> Xid:
         """The branch Xid of one participant."""
