@@ -13,7 +13,8 @@
 
 After a crash, :func:`recover` with the same log and a resource per resource
 manager (``BrokerResource``, ``PostgresResource``) finishes what was decided.
-See docs/tm.md.
+:mod:`txbroker.tm.aio` is the asyncio form (many global transactions in flight on
+one event loop, one decision-log sync per batch of them). See docs/tm.md.
 """
 
 from txbroker.tm.log import DecisionLog
