@@ -26,8 +26,6 @@ Theory of operation (see docs/spark.md for the whole story):
 from __future__ import annotations
 
 import logging
-import queue as queue_mod
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -66,7 +64,6 @@ from txbroker.spark._common import (
 )
 
 if TYPE_CHECKING:
-    from txbroker.client.streams import StreamChunk
     from txbroker.client.sync import Connection
 
 log = logging.getLogger(__name__)
@@ -119,122 +116,44 @@ def share_rows(backlog: dict[str, int], budget: int) -> dict[str, int]:
 
 
 def read_range(options: ReadOptions, schema: StructType, part: SeqRange) -> Iterator[Any]:
-    """Arrow record batches of the messages of one range (runs in a worker).
-
-    The pages are fetched one ahead by a thread (:class:`PageFetcher`): while
-    this generator turns page ``k`` into Arrow (``pyarrow.json`` and numpy
-    release the GIL), the broker already serves page ``k + 1``. The pages,
-    their order and what is released are the same as fetching in line.
-    """
+    """Arrow record batches of the messages of one range (runs in a worker)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from txbroker.spark.schema import BatchBuilder  # pyarrow: only the workers need it
 
     builder = BatchBuilder(to_arrow_schema(schema, timezone="UTC"), options.body_format)
-    fetcher = PageFetcher(options, part)
+    conn = open_connection(options.url)
     try:
-        if part.consume:
-            _attach(fetcher.conn, part.queue, options.name)
-        for chunk in fetcher.pages():
-            yield builder.build(part.queue, chunk)
-            faults.point("source.read", _batch_id())  # mid-batch, rows handed over
-        if part.consume:  # every page was handed to Spark: release the range
-            fetcher.conn.stream_commit(part.queue, options.name, part.end)
-            fetcher.conn.stream_close(part.queue, options.name)
-    finally:
-        fetcher.close()
-
-
-#: Pages a read task fetches ahead of the one being turned into Arrow.
-PAGES_AHEAD = 1
-
-
-class PageFetcher:
-    """The ``stream_read`` pages of one range, in order, fetched ahead by a thread.
-
-    ``pages()`` starts a daemon thread that pages through the range and hands
-    each page over through a queue of :data:`PAGES_AHEAD` places; an error in
-    the thread is raised by ``pages()`` at that point of the sequence. ``conn``
-    is the task's connection (replaced after a lost connection when the range
-    is not being consumed; reads are repeatable, so fetching goes on from the
-    last page received). ``close()`` stops the thread and closes the
-    connection; it is safe to call at any point.
-    """
-
-    def __init__(self, options: ReadOptions, part: SeqRange) -> None:
-        self.options = options
-        self.part = part
-        self.conn = open_connection(options.url)
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def pages(self) -> Iterator[StreamChunk]:
-        """Every page of the range with at least one message, in seq order."""
-        handover: queue_mod.Queue[tuple[str, Any]] = queue_mod.Queue(maxsize=PAGES_AHEAD)
-        self._thread = threading.Thread(target=self._run, args=(handover,), daemon=True,
-                                        name=f"txbroker-pages-{self.part.queue}")
-        self._thread.start()
-        while True:
-            kind, value = handover.get()
-            if kind == "page":
-                yield value
-            elif kind == "error":
-                raise value
-            else:
-                return
-
-    def _run(self, handover: queue_mod.Queue[tuple[str, Any]]) -> None:
-        try:
-            for chunk in self._fetch():
-                if not self._put(handover, ("page", chunk)):
-                    return
-            self._put(handover, ("end", None))
-        except BaseException as exc:  # handed to the consumer, which raises it
-            self._put(handover, ("error", exc))
-
-    def _put(self, handover: queue_mod.Queue[tuple[str, Any]], item: tuple[str, Any]) -> bool:
-        """Wait for room in the queue; False once the consumer stopped."""
-        while not self._stopping.is_set():
-            try:
-                handover.put(item, timeout=0.1)
-                return True
-            except queue_mod.Full:
-                continue
-        return False
-
-    def _fetch(self) -> Iterator[StreamChunk]:
-        part, options = self.part, self.options
         name = options.name if part.consume or part.streaming else None
+        if part.consume:
+            _attach(conn, part.queue, options.name)
         position = part.start
-        while position < part.end and not self._stopping.is_set():
+        while position < part.end:
             try:
-                chunk = self.conn.stream_read(part.queue, position, part.end, name=name,
-                                              max_messages=READ_PAGE_MESSAGES,
-                                              max_bytes=READ_PAGE_BYTES)
+                chunk = conn.stream_read(part.queue, position, part.end, name=name,
+                                         max_messages=READ_PAGE_MESSAGES,
+                                         max_bytes=READ_PAGE_BYTES)
             except NotFound as exc:
                 raise queue_error("queues", part.queue, exc) from exc
             except ConnectionLost:
-                if part.consume or self._stopping.is_set():  # consume: the attachment
-                    raise                                     # went with the connection
+                if part.consume:  # the attachment went with the connection
+                    raise
                 # Reads are repeatable: continue from ``position`` on a new connection.
-                close_quietly(self.conn)
-                self.conn = open_connection(options.url)
+                close_quietly(conn)
+                conn = open_connection(options.url)
                 continue
-            if chunk.count:
-                yield chunk
+            if chunk.seqs:
+                yield builder.build(part.queue, chunk)
+                faults.point("source.read", _batch_id())  # mid-batch, rows handed over
             if chunk.next <= position:
                 raise SparkConnectorError(
                     f"queue {part.queue!r}: stream_read made no progress at seq {position}")
             position = chunk.next
-
-    def close(self) -> None:
-        """Stop fetching, close the connection (which ends a read in flight), wait for
-        the thread."""
-        self._stopping.set()
-        close_quietly(self.conn)
-        if self._thread is not None:
-            self._thread.join()
-        close_quietly(self.conn)  # one the thread opened meanwhile
+        if part.consume:
+            conn.stream_commit(part.queue, options.name, part.end)
+            conn.stream_close(part.queue, options.name)
+    finally:
+        close_quietly(conn)
 
 
 def _batch_id() -> int | None:
