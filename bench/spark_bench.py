@@ -11,7 +11,15 @@
 Each is run ``--reps`` times; the median is reported, with every figure, as
 JSON in ``bench/results/spark-<time>.json``::
 
-    .venv/bin/python bench/spark_bench.py --count 1000000 --reps 3
+    flock /tmp/txb-bench.lock .venv/bin/python bench/spark_bench.py --count 1000000 --reps 3
+
+What is the broker's and what is Spark's: before an ingest is timed, one
+``stream_info`` builds the broker's per-queue seq index (done once per queue
+and broker run, on its first stream use; timed apart as ``broker_index_s``);
+``broker_read_s`` is one plain client paging through the same queue (the
+broker's pages plus the client, without Spark); ``broker_cpu_s`` is the
+broker process's CPU seconds during each ingest. The machine's load average
+(``os.getloadavg()``) is recorded at the start and after every rep.
 """
 
 from __future__ import annotations
@@ -59,10 +67,38 @@ def session(cores: int):  # type: ignore[no-untyped-def]
     return spark
 
 
-def fill(url: str, queue: str, count: int) -> None:
+def fill(url: str, queue: str, count: int) -> float:
+    """Send the rows; returns the seconds of the queue's first stream use (the broker
+    builds its seq index of the queue then), which no ingest should be timed with."""
     with txbroker.connect(url) as conn:
         for start in range(0, count, 20_000):
             conn.send_batch(queue, [row(i) for i in range(start, min(count, start + 20_000))])
+        started = time.perf_counter()
+        conn.stream_info(queue)
+        return time.perf_counter() - started
+
+
+def broker_read(url: str, queue: str, count: int) -> float:
+    """Seconds for one plain client to page through the queue as a read task does."""
+    from txbroker.spark._common import READ_PAGE_BYTES, READ_PAGE_MESSAGES
+
+    started = time.perf_counter()
+    with txbroker.connect(url) as conn:
+        info = conn.stream_info(queue)
+        position, got = info.first, 0
+        while position < info.next:
+            chunk = conn.stream_read(queue, position, info.next, max_messages=READ_PAGE_MESSAGES,
+                                     max_bytes=READ_PAGE_BYTES)
+            got += chunk.count
+            position = chunk.next
+    assert got == count, f"read {got} of {count}"
+    return time.perf_counter() - started
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ingest_broker(spark, url: str, queue: str, work: Path, count: int,  # type: ignore[no-untyped-def]
@@ -125,7 +161,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="txb-spark-bench-"))
     broker = BrokerProcess(work / "data").start()
     figures: dict[str, list[float]] = {"ingest_broker_s": [], "ingest_broker_pruned_s": [],
-                                       "ingest_files_s": [], "stream_write_s": []}
+                                       "ingest_files_s": [], "stream_write_s": [],
+                                       "broker_index_s": [], "broker_read_s": [],
+                                       "broker_cpu_s": [], "broker_cpu_pruned_s": []}
+    load = {"start": os.getloadavg()[0], "reps": [], "end": 0.0}
     try:
         spark = session(args.cores)
         lines = work / "jsonl"
@@ -152,20 +191,33 @@ def main() -> None:
         shutil.rmtree(warm, ignore_errors=True)
         for rep in range(args.reps):
             queue = f"ingest-{rep}"
-            fill(broker.url, queue, args.count)
+            figures["broker_index_s"].append(fill(broker.url, queue, args.count))
+            figures["broker_read_s"].append(broker_read(broker.url, queue, args.count))
             run = work / f"run-{rep}"
             figures["ingest_files_s"].append(ingest_files(spark, lines, run, args.count))
+            # Spark ends a Python worker idle for a minute, and filling the queue takes
+            # about that: a few rows through the source start them again (not counted;
+            # a cold worker's first task costs about a second more)
+            fill(broker.url, "warm-up", 100)
+            ingest_broker(spark, broker.url, "warm-up", run / "warm", 100, 50)
+            with txbroker.connect(broker.url) as conn:
+                conn.delete_queue("warm-up")
+            before = cpu_seconds(broker.proc.pid)
             figures["ingest_broker_s"].append(
                 ingest_broker(spark, broker.url, queue, run, args.count, args.partition_size))
+            figures["broker_cpu_s"].append(cpu_seconds(broker.proc.pid) - before)
             # the same query with option columns=seq,body (no JVM work for unused columns);
             # a new stream reader name reads the queue again from its start
+            before = cpu_seconds(broker.proc.pid)
             figures["ingest_broker_pruned_s"].append(
                 ingest_broker(spark, broker.url, queue, run, args.count, args.partition_size,
                               columns="seq,body"))
+            figures["broker_cpu_pruned_s"].append(cpu_seconds(broker.proc.pid) - before)
             figures["stream_write_s"].append(
                 stream_write(spark, broker.url, bodies, run, args.count, f"written-{rep}"))
-            print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in figures.items()),
-                  flush=True)
+            load["reps"].append(os.getloadavg()[0])
+            print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in figures.items())
+                  + f", load {load['reps'][-1]:.2f}", flush=True)
             with txbroker.connect(broker.url) as conn:
                 conn.delete_queue(queue)
                 conn.delete_queue(f"written-{rep}")
@@ -173,15 +225,19 @@ def main() -> None:
         spark.stop()
     finally:
         broker.kill()
+    load["end"] = os.getloadavg()[0]
     median = {k: statistics.median(v) for k, v in figures.items()}
     result = {
-        "count": args.count, "reps": args.reps, "cores": args.cores, "figures": figures,
+        "count": args.count, "reps": args.reps, "cores": args.cores,
+        "partition_size": args.partition_size, "load_average": load, "figures": figures,
+        "medians_s": median,
         "ingest_broker_rows_s": args.count / median["ingest_broker_s"],
         "ingest_files_rows_s": args.count / median["ingest_files_s"],
         "ingest_ratio": median["ingest_files_s"] / median["ingest_broker_s"],
         "ingest_pruned_rows_s": args.count / median["ingest_broker_pruned_s"],
         "ingest_pruned_ratio": median["ingest_files_s"] / median["ingest_broker_pruned_s"],
         "stream_write_rows_s": args.count / median["stream_write_s"],
+        "broker_read_rows_s": args.count / median["broker_read_s"],
     }
     print(json.dumps(result, indent=2))
     results = ROOT / "bench" / "results"
