@@ -52,7 +52,9 @@ def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
 
 
 def receive(ctl: TransactionController | ServerTransactionController,
-            timeout: float = 10) -> RouterMessage:
+            timeout: float = 30) -> RouterMessage:
+    """The next message; bounded generously: after a broker restart on a loaded CI
+    machine, the restart, the failover back-off and the re-registration come first."""
     message = ctl.receive(timeout=timeout)
     assert message is not None, "nothing received in time"
     return message

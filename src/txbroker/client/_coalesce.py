@@ -54,6 +54,7 @@ class SendBatch:
 
     def add(self, args: dict[str, Any], resend: bool,
             loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        """Add one message; return its future."""
         future: asyncio.Future[None] = loop.create_future()
         self.args.append(args)
         self.futures.append(future)
@@ -63,6 +64,7 @@ class SendBatch:
 
     @property
     def full(self) -> bool:
+        """True when the batch holds as many messages or bytes as one may."""
         return len(self.args) >= MAX_MESSAGES or self.body_bytes >= MAX_BYTES
 
     def wire_args(self) -> dict[str, Any]:
