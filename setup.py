@@ -31,7 +31,9 @@ def can_compile() -> str:
     """Why not (an empty string when this machine can build C extensions)."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return f"{PURE_ENV} is set"
-    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")[:1]
+    # setuptools compiles with $CC when it is set, else with the compiler Python was
+    # built with: check the one it will use.
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")[:1]
     if not compiler or shutil.which(compiler[0]) is None:
         return f"no C compiler ({' '.join(compiler) or 'cc'})"
     include = sysconfig.get_paths().get("include", "")

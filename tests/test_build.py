@@ -96,3 +96,34 @@ def test_digest_covers_exactly_the_compiled_set() -> None:
     assert not any(n.startswith(("server/", "client/")) for n in names)
     assert "storage/journal.py" not in names
     assert len(_build.sources_digest()) == 64
+
+
+def test_an_install_without_a_c_compiler_is_pure_python(tmp_path: Path) -> None:
+    """setup.py on a machine whose C compiler is missing ($CC names nothing) builds a
+    pure-Python wheel, and that wheel's ``txbroker`` runs the sources."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    root = PACKAGE.parent.parent
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(root / name, tree / name)
+    shutil.copytree(PACKAGE.parent, tree / "src", ignore=shutil.ignore_patterns(
+        "*.so", "*.pyd", "__pycache__", _build.DIGEST_FILE, "*.egg-info",
+        "txbroker_native__mypyc*"))
+    env = {k: v for k, v in os.environ.items() if k != _build.PURE_ENV}
+    env["CC"] = str(tmp_path / "no-such-compiler")
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", str(tmp_path / "out"),
+         str(tree)], env=env, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "txbroker: building pure Python (no C compiler" in built.stdout + built.stderr
+    (wheel,) = (tmp_path / "out").glob("txbroker-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl")
+    installed = tmp_path / "installed"
+    shutil.unpack_archive(wheel, installed, "zip")
+    names = {p.relative_to(installed).as_posix() for p in installed.rglob("*")}
+    assert "txbroker/core/queues.py" in names and "txbroker/protocol/native.py" in names
+    assert not [n for n in names if n.endswith(EXT) or n.endswith(_build.DIGEST_FILE)]
+    mode, queues, native = probe({}, installed)
+    assert mode == "pure"
+    assert queues == str(installed / "txbroker" / "core" / "queues.py")
+    assert native == str(installed / "txbroker" / "protocol" / "native.py")
