@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -21,9 +22,9 @@ from txbroker.tm import RolledBack, TransactionManager
 from txbroker.tm.example import dequeue_and_insert
 
 
-def main() -> None:
-    url, dsn, log_path, step, mode, broker_pid = sys.argv[1:7]
-    pg_data = sys.argv[7] if len(sys.argv) > 7 else ""
+def crash_hook(step: str, mode: str, broker_pid: str, pg_data: str) -> Callable[[str], None]:
+    """The TM hook that, at ``step``, kills what ``mode`` names (see the module's doc);
+    shared with the asyncio coordinator (tests/tm/coordinator_aio.py)."""
 
     def hook(at: str) -> None:
         if at != step:
@@ -38,6 +39,13 @@ def main() -> None:
             server.as_root = os.geteuid() == 0
             server.kill()
 
+    return hook
+
+
+def main() -> None:
+    url, dsn, log_path, step, mode, broker_pid = sys.argv[1:7]
+    pg_data = sys.argv[7] if len(sys.argv) > 7 else ""
+    hook = crash_hook(step, mode, broker_pid, pg_data)
     tm = TransactionManager(log_path, hook=hook)
     conn = txbroker.connect(url, reconnect=False, timeout=5)
     pg = psycopg.connect(dsn)

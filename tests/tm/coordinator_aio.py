@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
-from pathlib import Path
 
 import psycopg
 
-from tests.tm.pg import PostgresServer, pg_bindir
+from tests.tm.coordinator import crash_hook
 from txbroker.client.aio import open_connection
 from txbroker.tm import RolledBack
 from txbroker.tm.aio import (
@@ -30,19 +28,7 @@ from txbroker.tm.aio import (
 
 async def run(url: str, dsn: str, log_path: str, step: str, mode: str, broker_pid: str,
               pg_data: str) -> None:
-    def hook(at: str) -> None:
-        if at != step:
-            return
-        if mode == "coordinator":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif mode == "broker":
-            os.kill(int(broker_pid), signal.SIGKILL)
-        elif mode == "postgres":
-            server = PostgresServer.__new__(PostgresServer)
-            server.data, server.bindir = Path(pg_data), pg_bindir() or Path()
-            server.as_root = os.geteuid() == 0
-            server.kill()
-
+    hook = crash_hook(step, mode, broker_pid, pg_data)
     tm = AsyncTransactionManager(log_path, hook=hook)
     conn = await open_connection(url, reconnect=False, timeout=5)
     pg = await psycopg.AsyncConnection.connect(dsn)

@@ -43,10 +43,10 @@ from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
 from txbroker.client.xa import TMFAIL, TMSUCCESS, XA_RDONLY
-from txbroker.errors import XAER_NOTA, XAError
+from txbroker.errors import XAError
 from txbroker.tm.log import DecisionLog
-from txbroker.tm.manager import RolledBack, TMError
-from txbroker.tm.participants import _pg_xid, branch_xid
+from txbroker.tm.manager import RolledBack, TMError, in_branch_order
+from txbroker.tm.participants import _pg_xid, branch_xid, finish_failed
 from txbroker.xid import Xid
 
 log = logging.getLogger("txbroker.tm")
@@ -183,10 +183,7 @@ class AsyncGlobalTransaction:
                  participants: list[AsyncParticipant]) -> None:
         self.manager = manager
         self.gtrid = os.urandom(16)
-        self.participants = sorted(participants, key=lambda p: p.sort_key)
-        names = [p.sort_key for p in self.participants]
-        if len(set(names)) != len(names):
-            raise TMError(f"participants need distinct names, got {names}")
+        self.participants = in_branch_order(participants)
         self.xids = [branch_xid(self.gtrid, p.sort_key) for p in self.participants]
         self.done = False
         #: seconds the commit spent voting, deciding (the log sync) and finishing
@@ -324,16 +321,8 @@ class AsyncBrokerParticipant:
                 await self._xa.commit(xid, False)
             else:
                 await self._xa.rollback(xid)
-        except XAError as exc:
-            if exc.errcode == XAER_NOTA:  # already completed (e.g. by recovery)
-                return True
-            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
-                        "commit" if commit else "rollback", xid, exc)
-            return False
         except Exception as exc:  # finish must not fail
-            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
-                        "commit" if commit else "rollback", xid, exc)
-            return False
+            return finish_failed(self.name, xid, commit, exc)
         return True
 
     async def abort(self, xid: Xid) -> None:
@@ -387,8 +376,7 @@ class AsyncPostgresParticipant:
             else:
                 await self.connection.tpc_rollback()
         except Exception as exc:  # finish must not fail
-            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
-                        "commit" if commit else "rollback", xid, exc)
+            finish_failed(self.name, xid, commit, exc)
             await self._reset()
             return False
         return True

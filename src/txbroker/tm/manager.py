@@ -31,6 +31,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Protocol, TypeVar
 
 from txbroker.errors import TxBrokerError
 from txbroker.tm.log import DecisionLog
@@ -38,6 +39,25 @@ from txbroker.tm.participants import Participant, branch_xid
 from txbroker.xid import Xid
 
 log = logging.getLogger("txbroker.tm")
+
+
+class _Named(Protocol):
+    @property
+    def sort_key(self) -> str: ...
+
+
+_P = TypeVar("_P", bound=_Named)
+
+
+def in_branch_order(participants: Sequence[_P]) -> list[_P]:
+    """The participants of one global transaction in ``sort_key`` order (every TM
+    opens, votes and finishes branches in it); raises :class:`TMError` when two share
+    a name. Shared by the sync and async TMs."""
+    ordered = sorted(participants, key=lambda p: p.sort_key)
+    names = [p.sort_key for p in ordered]
+    if len(set(names)) != len(names):
+        raise TMError(f"participants need distinct names, got {names}")
+    return ordered
 
 #: The crash points, in the order a two-phase commit passes them.
 STEPS = ("before_prepare", "between_prepares", "after_decision", "between_commits")
@@ -75,10 +95,7 @@ class GlobalTransaction:
     def __init__(self, manager: TransactionManager, participants: list[Participant]) -> None:
         self.manager = manager
         self.gtrid = os.urandom(16)
-        self.participants = sorted(participants, key=lambda p: p.sort_key)
-        names = [p.sort_key for p in self.participants]
-        if len(set(names)) != len(names):
-            raise TMError(f"participants need distinct names, got {names}")
+        self.participants = in_branch_order(participants)
         self.xids: dict[int, Xid] = {}
         self.done = False
         started: list[Participant] = []

@@ -36,6 +36,17 @@ from txbroker.xid import Xid
 
 log = logging.getLogger("txbroker.tm")
 
+
+def finish_failed(name: str, xid: Xid, commit: bool, exc: Exception) -> bool:
+    """What a participant's failed commit or rollback of a prepared branch means: True
+    when the branch is already complete (``XAER_NOTA``, e.g. finished by recovery),
+    else False, logged: recovery will finish it. Shared by the sync and async TMs."""
+    if isinstance(exc, XAError) and exc.errcode == XAER_NOTA:
+        return True
+    log.warning("%s: %s of %s failed, recovery will finish it: %s", name,
+                "commit" if commit else "rollback", xid, exc)
+    return False
+
 #: The format id of every branch this transaction manager creates ("TXBM").
 TM_FORMAT_ID = 0x5458424D
 
@@ -121,16 +132,8 @@ class BrokerParticipant:
                 self._xa.commit(xid, False)
             else:
                 self._xa.rollback(xid)
-        except XAError as exc:
-            if exc.errcode == XAER_NOTA:  # already completed (e.g. by recovery)
-                return True
-            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
-                        "commit" if commit else "rollback", xid, exc)
-            return False
         except Exception as exc:  # finish must not fail
-            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
-                        "commit" if commit else "rollback", xid, exc)
-            return False
+            return finish_failed(self.name, xid, commit, exc)
         return True
 
     def abort(self, xid: Xid) -> None:
@@ -207,8 +210,7 @@ class PostgresParticipant:
             else:
                 self.connection.tpc_rollback()
         except Exception as exc:  # finish must not fail
-            log.warning("%s: %s of %s failed, recovery will finish it: %s", self.name,
-                        "commit" if commit else "rollback", xid, exc)
+            finish_failed(self.name, xid, commit, exc)
             self._reset()
             return False
         return True
