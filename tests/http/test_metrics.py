@@ -94,6 +94,7 @@ def test_metrics_match_known_traffic(fresh: HttpBroker) -> None:
         assert samples[("txbroker_store_appends_total", ())] == store["appends"]
         assert samples[("txbroker_store_syncs_total", ())] == store["syncs"]
         assert samples[("txbroker_store_written_bytes_total", ())] == store["bytes_written"]
+        assert samples[("txbroker_store_body_cache_bytes", ())] == store["body_cache_bytes"]
         batches = samples[("txbroker_store_batch_seconds_count", ())]
         assert batches >= 1
         assert samples[("txbroker_store_batch_seconds_bucket", (("le", "+Inf"),))] == batches

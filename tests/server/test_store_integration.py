@@ -57,6 +57,31 @@ def test_compaction_keeps_disk_proportional_to_live_data(tmp_path: Path) -> None
         proc.kill()
 
 
+@pytest.mark.parametrize("store", ["journal", "dir"])
+def test_body_cache_setting_and_its_size_in_stats(tmp_path: Path, store: str) -> None:
+    """``--body-cache-bytes`` bounds the bodies a broker keeps in memory; ``stats()``
+    reports what the cache holds (the default: every recent body; 0: none)."""
+    for setting, expected in ((None, 10 * 1000), ("2500", 2 * 1000), ("0", 0)):
+        args = ["--store", store] + (["--body-cache-bytes", setting] if setting else [])
+        proc = BrokerProcess(tmp_path / f"data-{setting}", *args).start()
+        try:
+            with txbroker.connect(proc.url) as conn:
+                for i in range(10):
+                    conn.send("cached", bytes([65 + i]) * 1000)
+                assert conn.stats()["store"]["body_cache_bytes"] == expected
+                got = [conn.receive("cached", timeout=10) for _ in range(10)]
+                assert [m.body[:1] for m in got if m is not None] == \
+                    [bytes([65 + i]) for i in range(10)]  # read from disk past the cache
+        finally:
+            proc.kill()
+
+
+def test_a_negative_body_cache_is_refused(tmp_path: Path) -> None:
+    proc = BrokerProcess(tmp_path / "data", "--body-cache-bytes", "-1")
+    with pytest.raises(RuntimeError, match="body_cache_bytes must be >= 0"):
+        proc.start()
+
+
 def test_max_connections(tmp_path: Path) -> None:
     config = tmp_path / "broker.toml"
     config.write_text("[server]\nmax_connections = 2\n")

@@ -495,6 +495,7 @@ def test_reads_fall_back_to_the_queue_and_the_file(tmp_path: Path) -> None:
     store, loop, _ = open_store(tmp_path, body_cache_bytes=10_000)
     refs = append_all(store, loop, [add_entry(n, body) for n, body in enumerate(bodies, 2)])
     assert store._cache_bytes <= 10_000
+    assert store.stats().body_cache_bytes == store._cache_bytes == 9000  # the last three
     assert [store.read_body(r) for (r,) in refs] == bodies
     flip_bit(tmp_path / COMMITTED / message_name(2), 60)
     store._cache.clear()

@@ -551,6 +551,7 @@ def test_body_cache_is_bounded_and_reads_fall_back_to_disk(directory: Path) -> N
     bodies = [bytes([n]) * 3000 for n in range(30)]
     refs = append_all(store, loop, [(4, b"m", [body]) for body in bodies])
     assert store._cache_bytes <= 10_000  # the bound itself
+    assert store.stats().body_cache_bytes == store._cache_bytes == 9000  # the last three
     assert [store.read_body(r) for (r,) in refs] == bodies
     store.close()
     store, loop = open_journal(directory, body_cache_bytes=0)

@@ -61,6 +61,9 @@ def serve(
     dir_flags: Annotated[str | None, typer.Option(
         help="dir store sync flags: FSYNC or FDATASYNC, plus DSYNC (default: none)")] = None,
     segment_size: Annotated[int | None, typer.Option(help="journal segment bytes")] = None,
+    body_cache_bytes: Annotated[int | None, typer.Option(
+        help="bytes of recent bodies the store keeps in memory (default 32 MiB; 0 = none)")
+    ] = None,
     repair: Annotated[bool, typer.Option(
         "--repair", help="skip corrupt journal regions (reports what is dropped)")] = False,
     ha: Annotated[str | None, typer.Option(
@@ -100,7 +103,8 @@ def serve(
         tls_port=tls_port, stomp_tls_port=stomp_tls_port, https_port=https_port,
         tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
-        repair=repair or None, ha=ha, ha_port=ha_port, ha_peer=ha_peer,
+        body_cache_bytes=body_cache_bytes, repair=repair or None, ha=ha, ha_port=ha_port,
+        ha_peer=ha_peer,
         heartbeat_interval=heartbeat_interval, activation_interval=activation_interval,
         ha_peers=ha_peers, ha_node=ha_node, backup_timeout=backup_timeout, ha_etcd=ha_etcd,
         ha_cluster=ha_cluster, ha_lease_ttl=ha_lease_ttl)

@@ -86,13 +86,15 @@ def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], No
         from txbroker.storage.dirstore import DirStore
 
         return DirStore(config.data, flags=config.dir_flags, dispatch=dispatch,
-                        snapshot_provider=snapshot, lock=lock)
+                        snapshot_provider=snapshot, lock=lock,
+                        body_cache_bytes=config.body_cache_bytes)
     from txbroker.storage.journal import JournalStore
 
     return JournalStore(
         config.data,
         sync=config.sync,
         segment_size=config.segment_size,
+        body_cache_bytes=config.body_cache_bytes,
         dispatch=dispatch,
         snapshot_provider=snapshot,
         repair=config.repair,
@@ -503,6 +505,7 @@ class BrokerServer:
                 "appends": s.appends, "syncs": s.syncs, "bytes_written": s.bytes_written,
                 "segments": s.segments, "disk_bytes": s.disk_bytes,
                 "live_bodies": s.live_bodies, "live_body_bytes": s.live_body_bytes,
+                "body_cache_bytes": s.body_cache_bytes,
             }
         return result
 

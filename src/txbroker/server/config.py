@@ -11,6 +11,7 @@ Config file (all keys optional)::
     sync = "fdatasync"          # none | fdatasync | fsync
     store = "journal"
     segment_size = 67108864
+    body_cache_bytes = 33554432  # recent bodies kept in memory; 0 = none
     max_frame_size = 8388608
     max_connections = 1024
 
@@ -73,6 +74,9 @@ DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 1000
 #: Journal segments of 64 MiB (Artemis uses 10 MiB files, Kafka 1 GiB segments).
 DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
+#: The store's LRU cache of recent bodies (both stores' default): a consumer that keeps
+#: up is served from memory, without a ``pread``.
+DEFAULT_BODY_CACHE_BYTES = 32 * 1024 * 1024
 #: Requests a connection may have waiting for durability before we stop reading it.
 DEFAULT_MAX_PENDING_REQUESTS = 10_000
 #: How often the store is asked to drop dead segments / compact (seconds).
@@ -117,6 +121,8 @@ class ServerConfig:
     #: seed's default, flush to the OS only (docs/dirstore.md says what that risks).
     dir_flags: str = ""
     segment_size: int = DEFAULT_SEGMENT_SIZE
+    #: bound of the store's body cache (bytes; 0 = every delivery reads from disk)
+    body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
@@ -173,6 +179,8 @@ class ServerConfig:
                 raise ValueError(f"{name} and {taken[value]} are both {value}: each listener "
                                  "needs its own port")
             taken[value] = name
+        if self.body_cache_bytes < 0:
+            raise ValueError("body_cache_bytes must be >= 0 (0 = no body cache)")
         if self.max_frame_size < 1024:
             raise ValueError("max_frame_size must be at least 1024")
         self._validate_tls()

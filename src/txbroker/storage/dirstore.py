@@ -353,6 +353,7 @@ class DirStore:
             disk_bytes=index.stored_bytes,
             live_bodies=index.live_bodies,
             live_body_bytes=index.live_bytes,
+            body_cache_bytes=self._cache_bytes,
             batch_seconds=self.writer.batch_seconds if self.writer else None,
             batch_entries=self.writer.batch_entries if self.writer else None,
         )

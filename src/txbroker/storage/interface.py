@@ -142,6 +142,8 @@ class StoreStats:
     disk_bytes: int
     live_bodies: int
     live_body_bytes: int
+    #: bytes of bodies held in the store's LRU body cache now (bounded by its setting)
+    body_cache_bytes: int = 0
     #: seconds to write and sync each group-commit batch (None: not measured)
     batch_seconds: Histogram | None = None
     #: work items (records) per batch: the group commit's size

@@ -419,6 +419,7 @@ class JournalStore:
             writer.syncs if writer else 0,
             writer.bytes_written if writer else 0,
         )
+        stats = replace(stats, body_cache_bytes=self._bodies.cache_bytes)
         if writer is None:
             return stats
         return replace(stats, batch_seconds=writer.batch_seconds,

@@ -169,6 +169,9 @@ class Snapshot(Collector):
                                 value=store.segments)
         yield GaugeMetricFamily("txbroker_store_live_body_bytes", "Bytes of live bodies.",
                                 value=store.live_body_bytes)
+        yield GaugeMetricFamily("txbroker_store_body_cache_bytes",
+                                "Bytes of bodies in the store's LRU body cache.",
+                                value=store.body_cache_bytes)
         if self.batch_seconds is not None:
             yield self.batch_seconds.family(
                 "txbroker_store_batch_seconds",
