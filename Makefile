@@ -14,6 +14,7 @@ venv: $(STAMP)
 # or with TXBROKER_PURE=1, the install is pure Python (docs/performance.md).
 COMPILED_SRC := $(wildcard src/txbroker/core/*.py src/txbroker/protocol/*.py) \
                 src/txbroker/storage/journal_format.py src/txbroker/storage/dirstore_format.py \
+                src/txbroker/server/ops.py src/txbroker/server/stomp_frames.py \
                 src/txbroker/_build.py setup.py
 
 $(STAMP): pyproject.toml $(COMPILED_SRC)
@@ -36,7 +37,8 @@ lint: venv
 test: venv lint postgres java chromium openssl etcd
 	$(PY) -m pytest -q
 	TXBROKER_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/core tests/protocol \
-	  tests/storage tests/test_build.py
+	  tests/storage tests/server/test_ops.py tests/stomp/test_listener.py \
+	  tests/stomp/test_stomppy.py tests/test_build.py
 
 # The XA tests start their own PostgreSQL (initdb in a temp dir): install the
 # Debian package when it is missing.

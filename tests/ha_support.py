@@ -81,21 +81,24 @@ def free_ports(count: int) -> list[int]:
         return [int(sock.getsockname()[1]) for sock in socks]
 
 
-class HaNode:
-    """One broker of the pair: its ports (fixed across restarts) and its process."""
+class BrokerNode:
+    """One broker process of an HA harness (shared-store here, replicated in
+    tests/replicated_support.py): its native port, fixed across restarts, its output
+    (one file per start) and log, its role from the last role line, process control
+    by pid. Subclasses build the command line and name the roles."""
 
-    def __init__(self, name: str, root: Path, ports: list[int]) -> None:
+    #: ``(first-line prefix, role)``: the last such line the process printed wins
+    ROLES: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, name: str, root: Path, port: int) -> None:
         self.name = name
         self.root = root
-        self.port, self.stomp_port, self.ha_port = ports
+        self.port = port
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.out_path = root / f"{name}-0.out"
         self.log_path = root / f"{name}.log"
         self._cursor = 0  # wait_line's position in the current output
-        #: the ``--ha-peer`` to give instead of the peer node's HA port (a proxy, or
-        #: something that is not a txbroker)
-        self.peer_address: str | None = None
 
     @property
     def pid(self) -> int:
@@ -122,14 +125,14 @@ class HaNode:
 
     @property
     def role(self) -> str:
-        """``"active"``, ``"standby"``, ``"starting"`` (no role line yet) or ``"dead"``."""
+        """The role of the last role line (:attr:`ROLES`), ``"starting"`` before one,
+        ``"dead"`` when the process does not run."""
         if not self.alive():
             return "dead"
         for line in reversed(self.lines()):
-            if line.startswith(READY_PREFIX):
-                return "active"
-            if line.startswith(STANDBY_PREFIX):
-                return "standby"
+            for prefix, role in self.ROLES:
+                if line.startswith(prefix):
+                    return role
         return "starting"
 
     def wait_line(self, *prefixes: str, timeout: float = START_TIMEOUT) -> str:
@@ -152,12 +155,13 @@ class HaNode:
                                      f"{timeout} s:\n{self.describe()}")
             time.sleep(POLL)
 
-    def status(self) -> dict[str, Any]:
-        """The node's ``ha`` status, asked on its native port (``txbroker ha status``)."""
+    def status(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The node's ``ha`` status (what ``txbroker ha status --json`` prints for it),
+        asked on its native port."""
         from txbroker.cli.ha_commands import probe
         from txbroker.client.url import HostPort
 
-        return dict(probe(HostPort(HOST, self.port), None, None)["ha"])
+        return dict(probe(HostPort(HOST, self.port), None, None, timeout=timeout)["ha"])
 
     def log_has(self, text: str) -> bool:
         """``text`` is in the node's log (every start of it)."""
@@ -167,9 +171,20 @@ class HaNode:
         """Send ``sig`` to the current process (SIGSTOP, SIGCONT …) without waiting."""
         os.kill(self.pid, sig)
 
-    def stop(self) -> None:
-        """SIGTERM (a clean shutdown, which hands over), then wait."""
-        self._signal(signal.SIGTERM, STOP_TIMEOUT)
+    def signal_and_wait(self, sig: int, timeout: float = STOP_TIMEOUT) -> None:
+        """Send ``sig`` by pid and reap the process (SIGKILL after ``timeout``); a
+        SIGTERM is preceded by SIGCONT, since a stopped process must run to stop."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        if sig == signal.SIGTERM:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+        os.kill(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=timeout)
 
     def describe(self, tail: int = 3000) -> str:
         """The current output and the end of the log, for failure messages."""
@@ -182,39 +197,48 @@ class HaNode:
         code = self.proc.poll() if self.proc is not None else None
         return "not started" if code is None and self.proc is None else f"exit code {code}"
 
-    # -- process control -------------------------------------------------
-    def spawn(self, peer: HaNode, args: list[str]) -> None:
-        """Start the process (``HaPair`` calls this; a test may, for a third broker)."""
+    def _launch(self, cmd: list[str], env: dict[str, str] | None = None,
+                note: str = "") -> None:
+        """Start ``cmd`` as this node's next process: stdout to a new output file, stderr
+        appended to the log after a line saying what started."""
         assert not self.alive(), f"node {self.name} is running"
         self.starts += 1
         self.out_path = self.root / f"{self.name}-{self.starts}.out"
         self._cursor = 0
-        cmd = [sys.executable, "-m", "txbroker.cli", "serve",
-               "--host", HOST, "--port", str(self.port), "--stomp-port", str(self.stomp_port),
-               "--ha", "shared-store", "--ha-port", str(self.ha_port),
-               "--ha-peer", self.peer_address or f"{HOST}:{peer.ha_port}", *args]
         out: IO[bytes] = open(self.out_path, "wb")  # noqa: SIM115 - the child keeps it
         log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115
-        log.write(f"==== start {self.starts}: {' '.join(cmd[2:])}\n".encode())
+        log.write(f"==== start {self.starts}: {' '.join(cmd[2:])}{note}\n".encode())
         log.flush()
         try:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=log, cwd=ROOT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=log, cwd=ROOT, env=env)
         finally:
             out.close()
             log.close()
 
-    def _signal(self, sig: int, timeout: float) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        if sig == signal.SIGTERM:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process must run to stop
-        os.kill(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=timeout)
+
+class HaNode(BrokerNode):
+    """One broker of the pair: its ports (fixed across restarts) and its process."""
+
+    ROLES = ((READY_PREFIX, "active"), (STANDBY_PREFIX, "standby"))
+
+    def __init__(self, name: str, root: Path, ports: list[int]) -> None:
+        super().__init__(name, root, ports[0])
+        self.stomp_port, self.ha_port = ports[1:]
+        #: the ``--ha-peer`` to give instead of the peer node's HA port (a proxy, or
+        #: something that is not a txbroker)
+        self.peer_address: str | None = None
+
+    def stop(self) -> None:
+        """SIGTERM (a clean shutdown, which hands over), then wait."""
+        self.signal_and_wait(signal.SIGTERM)
+
+    def spawn(self, peer: HaNode, args: list[str]) -> None:
+        """Start the process (``HaPair`` calls this; a test may, for a third broker)."""
+        self._launch([sys.executable, "-m", "txbroker.cli", "serve",
+                      "--host", HOST, "--port", str(self.port),
+                      "--stomp-port", str(self.stomp_port),
+                      "--ha", "shared-store", "--ha-port", str(self.ha_port),
+                      "--ha-peer", self.peer_address or f"{HOST}:{peer.ha_port}", *args])
 
 
 class HaPair:
@@ -275,14 +299,14 @@ class HaPair:
     def stop(self) -> None:
         """SIGTERM each live node by pid (SIGKILL if it does not stop in time)."""
         for node in self.nodes:
-            node._signal(signal.SIGTERM, STOP_TIMEOUT)
+            node.signal_and_wait(signal.SIGTERM)
 
     def kill9(self, which: HaNode | str) -> HaNode:
         """SIGKILL the node and reap it; returns it. Does not wait for a takeover
         (``active()`` does)."""
         node = self.node(which)
         assert node.alive(), f"node {node.name} is not running"
-        node._signal(signal.SIGKILL, STOP_TIMEOUT)
+        node.signal_and_wait(signal.SIGKILL)
         return node
 
     def restart(self, which: HaNode | str, timeout: float = START_TIMEOUT) -> HaNode:

@@ -30,7 +30,6 @@ nodes (a backup answers ``Standby``: the client moves on).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -40,22 +39,22 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import IO, Any, Self, TypeVar
+from typing import Any, Self, TypeVar
 
-from tests.ha_support import free_ports
+# the node's process handling, the ready line, timeouts and poll period are the
+# shared-store harness's
+from tests.ha_support import (
+    HOST,
+    POLL,
+    READY_PREFIX,
+    START_TIMEOUT,
+    BrokerNode,
+    free_ports,
+)
 from tests.support import ROOT, free_port
 
-HOST = "127.0.0.1"
-#: The line of a node that serves clients (at a promotion).
-READY_PREFIX = "txbroker ready on"
 #: The line of a node that starts as a backup.
 BACKUP_PREFIX = "txbroker backup on HA"
-#: Seconds a node may take to print its first line (a cold CLI start is ~1 s on 2 cores).
-START_TIMEOUT = 30.0
-#: Seconds a SIGTERMed node may take to stop before it is killed.
-STOP_TIMEOUT = 10.0
-#: Poll period of the waits (s).
-POLL = 0.02
 
 T = TypeVar("T")
 
@@ -75,37 +74,23 @@ def wait_for(condition: Callable[[], T | None], timeout: float, what: str,
         time.sleep(POLL)
 
 
-class RNode:
+class RNode(BrokerNode):
     """One broker of the group: its ports and data directory (fixed across restarts),
     its process, its own extra arguments and environment."""
 
+    ROLES = ((READY_PREFIX, "primary"), (BACKUP_PREFIX, "backup"))
+
     def __init__(self, name: str, root: Path, port: int, ha_port: int) -> None:
-        self.name = name
-        self.root = root
-        self.port, self.ha_port = port, ha_port
+        super().__init__(name, root, port)
+        self.ha_port = ha_port
         self.data = root / f"{name}-data"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        self.out_path = root / f"{name}-0.out"
-        self.log_path = root / f"{name}.log"
         self.args: list[str] = []
         self.env: dict[str, str] = {}
         #: ``{peer name: "host:port"}`` to reach that peer's HA port elsewhere (a proxy)
         self.peer_override: dict[str, str] = {}
-        self._cursor = 0
 
     def __repr__(self) -> str:
         return f"RNode({self.name}, port {self.port}, HA {self.ha_port})"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, f"node {self.name} was never started"
-        return self.proc.pid
-
-    @property
-    def address(self) -> str:
-        """``host:port`` of the native port."""
-        return f"{HOST}:{self.port}"
 
     @property
     def ha_address(self) -> str:
@@ -116,56 +101,6 @@ class RNode:
         """This node alone (no failover)."""
         return f"txb://{self.address}"
 
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def lines(self) -> list[str]:
-        try:
-            text = self.out_path.read_text()
-        except FileNotFoundError:
-            return []
-        return text.splitlines()[: text.count("\n")]
-
-    @property
-    def role(self) -> str:
-        """``primary``, ``backup``, ``starting`` (no role line yet) or ``dead``, from the
-        last role line of the current process."""
-        if not self.alive():
-            return "dead"
-        for line in reversed(self.lines()):
-            if line.startswith(READY_PREFIX):
-                return "primary"
-            if line.startswith(BACKUP_PREFIX):
-                return "backup"
-        return "starting"
-
-    def wait_line(self, *prefixes: str, timeout: float = START_TIMEOUT) -> str:
-        """The next line of the current process starting with one of ``prefixes``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            lines = self.lines()
-            for index in range(self._cursor, len(lines)):
-                if lines[index].startswith(prefixes):
-                    self._cursor = index + 1
-                    return lines[index]
-            self._cursor = max(self._cursor, len(lines))
-            if not self.alive():
-                raise AssertionError(f"node {self.name} exited "
-                                     f"({self.proc.poll() if self.proc else '-'}) before "
-                                     f"printing {prefixes}:\n{self.describe()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"node {self.name} printed none of {prefixes} in "
-                                     f"{timeout} s:\n{self.describe()}")
-            time.sleep(POLL)
-
-    def status(self, timeout: float = 5.0) -> dict[str, Any]:
-        """The node's ``ha`` status (what ``txbroker ha status --json`` prints for it),
-        asked on its native port."""
-        from txbroker.cli.ha_commands import probe
-        from txbroker.client.url import HostPort
-
-        return dict(probe(HostPort(HOST, self.port), None, None, timeout=timeout)["ha"])
-
     def try_status(self) -> dict[str, Any] | None:
         """``status()``, or None when the node does not answer."""
         try:
@@ -173,57 +108,18 @@ class RNode:
         except Exception:  # a dead, stopped or starting node
             return None
 
-    def log_has(self, text: str) -> bool:
-        return self.log_path.exists() and text in self.log_path.read_text()
-
     def log_count(self, text: str) -> int:
         return self.log_path.read_text().count(text) if self.log_path.exists() else 0
 
-    def send_signal(self, sig: int) -> None:
-        os.kill(self.pid, sig)
-
-    def describe(self, tail: int = 3000) -> str:
-        log = self.log_path.read_text() if self.log_path.exists() else ""
-        return (f"--- {self.name} (pid {self.proc.pid if self.proc else '-'}, {self.role}) "
-                f"{self.out_path.name}:\n" + "\n".join(self.lines()) +
-                f"\n--- {self.log_path.name} (end):\n{log[-tail:]}")
-
     # -- process control -------------------------------------------------
     def spawn(self, peers: Iterable[RNode], common: list[str]) -> None:
-        assert not self.alive(), f"node {self.name} is running"
-        self.starts += 1
-        self.out_path = self.root / f"{self.name}-{self.starts}.out"
-        self._cursor = 0
         cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                "--host", HOST, "--port", str(self.port), "--stomp-port", "0",
                "--ha", "replicated", "--ha-port", str(self.ha_port),
                "--ha-node", self.name,
                "--ha-peers", ",".join(self.peer_override.get(p.name, p.ha_address)
                                       for p in peers), *common, *self.args]
-        env = {**os.environ, **self.env}
-        out: IO[bytes] = open(self.out_path, "wb")  # noqa: SIM115 - the child keeps it
-        log: IO[bytes] = open(self.log_path, "ab")  # noqa: SIM115
-        log.write(f"==== start {self.starts}: {' '.join(cmd[2:])} env {self.env}\n".encode())
-        log.flush()
-        try:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=log, cwd=ROOT, env=env)
-        finally:
-            out.close()
-            log.close()
-
-    def signal_and_wait(self, sig: int, timeout: float = STOP_TIMEOUT) -> None:
-        """Send ``sig`` by pid and reap the process (SIGKILL after ``timeout``)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        if sig == signal.SIGTERM:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGCONT)
-        os.kill(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=timeout)
+        self._launch(cmd, {**os.environ, **self.env}, f" env {self.env}")
 
 
 class Group:

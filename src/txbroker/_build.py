@@ -31,9 +31,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-#: The sources mypyc compiles, relative to the package directory (setup.py reads this).
+#: The sources mypyc compiles, relative to the package directory (setup.py reads this):
+#: the pure core and codecs, the storage encoders, and the request path every protocol
+#: edge shares (the operations layer) with the STOMP edge's frame handler.
 COMPILED: Final = ("core", "protocol", "storage/journal_format.py",
-                   "storage/dirstore_format.py")
+                   "storage/dirstore_format.py", "server/ops.py", "server/stomp_frames.py")
 #: The file setup.py writes next to this one: the digest of the sources compiled.
 DIGEST_FILE: Final = "_compiled_from.txt"
 #: The environment variable that asks for the pure-Python build.
