@@ -63,6 +63,7 @@ from txbroker.errors import BadRequest
 from txbroker.server.acl import AclConfig, parse_acl
 from txbroker.server.tls import check_files
 from txbroker.storage.interface import SyncMode
+from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own default
 
 #: The native protocol's port (Artemis' core protocol default).
 DEFAULT_PORT = 5445
@@ -74,9 +75,6 @@ DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 1000
 #: Journal segments of 64 MiB (Artemis uses 10 MiB files, Kafka 1 GiB segments).
 DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
-#: The store's LRU cache of recent bodies (both stores' default): a consumer that keeps
-#: up is served from memory, without a ``pread``.
-DEFAULT_BODY_CACHE_BYTES = 32 * 1024 * 1024
 #: Requests a connection may have waiting for durability before we stop reading it.
 DEFAULT_MAX_PENDING_REQUESTS = 10_000
 #: How often the store is asked to drop dead segments / compact (seconds).

@@ -59,6 +59,7 @@ def in_branch_order(participants: Sequence[_P]) -> list[_P]:
         raise TMError(f"participants need distinct names, got {names}")
     return ordered
 
+
 #: The crash points, in the order a two-phase commit passes them.
 STEPS = ("before_prepare", "between_prepares", "after_decision", "between_commits")
 

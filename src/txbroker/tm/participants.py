@@ -47,6 +47,7 @@ def finish_failed(name: str, xid: Xid, commit: bool, exc: Exception) -> bool:
                 "commit" if commit else "rollback", xid, exc)
     return False
 
+
 #: The format id of every branch this transaction manager creates ("TXBM").
 TM_FORMAT_ID = 0x5458424D
 
