@@ -32,8 +32,8 @@ ROUTER = {"ALL_ROUTER_EVENTS", "ALL_USER_EVENTS", "ClientState", "EXCEPTION", "E
 
 PUBLIC: dict[str, set[str]] = {
     "txbroker": {"BrokerError", "Connection", "ConnectionLost", "ErrorCode", "IllegalState",
-                 "TransactionRolledBack", "TxBrokerError", "XAError", "Xid", "__version__",
-                 "aio", "connect"},
+                 "TransactionInDoubt", "TransactionRolledBack", "TxBrokerError", "XAError",
+                 "Xid", "__version__", "aio", "connect"},
     "txbroker.aio": {"AsyncConnection", "AsyncMessage", "AsyncSubscription",
                      "AsyncTransaction", "Connection", "Message", "Subscription", "Transaction",
                      "connect", "open_connection"},
@@ -44,7 +44,7 @@ PUBLIC: dict[str, set[str]] = {
                         "Transaction", "Transport", "connect", "parse_url"},
     "txbroker.tm": {"BrokerParticipant", "BrokerResource", "DecisionLog", "GlobalTransaction",
                     "Participant", "PostgresParticipant", "PostgresResource", "RecoveryReport",
-                    "Resource", "RolledBack", "STEPS", "TMError", "TM_FORMAT_ID",
+                    "InDoubt", "Resource", "RolledBack", "STEPS", "TMError", "TM_FORMAT_ID",
                     "TransactionManager", "branch_xid", "recover"},
     "txbroker.spark": {"register"},
     "txbroker.router": ROUTER,

@@ -25,6 +25,7 @@
     │   ├── CorruptStore          checksum / format failure in the middle of the log
     │   └── StoreLocked           another process holds the data directory
     ├── ConnectionLost            the client lost its connection and could not fail over
+    │   └── TransactionInDoubt    the connection broke while a commit was on its way
     ├── ReplicaVoteFailed         a ready backup could not write an entry (--ha replicated)
     └── EtcdError                 etcd refused a request (server/etcd.py)
         └── EtcdUnavailable       no etcd endpoint answered (refused, timeout, 5xx)
@@ -301,6 +302,12 @@ class StoreLocked(StoreError):
 
 class ConnectionLost(TxBrokerError):
     """The connection broke and no broker of the failover list answered."""
+
+
+class TransactionInDoubt(ConnectionLost):
+    """The connection broke after a commit was sent and before its answer came: the
+    transaction may have committed or not. Never "rolled back": resending its work
+    could apply it twice (check the effect, or make the work idempotent)."""
 
 
 class ReplicaVoteFailed(TxBrokerError):

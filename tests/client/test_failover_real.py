@@ -12,6 +12,8 @@ durable; the failover is awaited through ``on_failover``; each wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,13 @@ from tests.support import BrokerProcess, free_port
 import txbroker
 import txbroker.aio
 from txbroker.client.xa import TMSUCCESS, XA_OK
-from txbroker.errors import XA_RBCOMMFAIL, IllegalState, TransactionRolledBack, XAError
+from txbroker.errors import (
+    XA_RBCOMMFAIL,
+    IllegalState,
+    TransactionError,
+    TransactionRolledBack,
+    XAError,
+)
 from txbroker.xid import Xid
 
 pytestmark = pytest.mark.timeout(180)
@@ -241,3 +249,32 @@ def test_a_message_delivered_before_a_kill_comes_back_flagged_redelivered(
         again = [conn.receive("q", timeout=5) for _ in range(2)]
         assert [(m.body, m.redelivered) for m in again if m] == [
             (b"in a transaction", True), (b"plain", True)]
+
+
+def test_a_commit_cut_off_by_a_failover_is_in_doubt_never_rolled_back(
+        tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+    """Issue 25's audit: the commit went out and the connection broke before its
+    answer. The broker may have committed, so the client must not hear
+    TransactionRolledBack — resending would apply the work twice. It hears
+    TransactionInDoubt. (Here the broker was stopped before it read the commit,
+    then killed: the queue shows it did not commit.)"""
+    proc = BrokerProcess(tmp_path / "data").start()
+    brokers.append(proc)
+    moves = Moves()
+    with txbroker.connect(proc.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+        tx = conn.transaction()
+        tx.send("out", b"once")
+        assert proc.proc is not None
+        os.kill(proc.proc.pid, signal.SIGSTOP)  # the commit is written, never read
+        timer = threading.Timer(0.3, proc.kill)  # ... while commit() waits for its answer
+        timer.start()
+        try:
+            with pytest.raises(txbroker.TransactionInDoubt, match="may have committed"):
+                tx.commit()
+        finally:
+            timer.join()
+        proc.start()
+        moves.wait(1)
+        with pytest.raises(TransactionError, match="in doubt"):
+            tx.send("out", b"more")
+        assert drain(conn, "out") == []

@@ -60,6 +60,13 @@ class Rig:
     def done(self, sid: int, ctl: int, tid: str) -> Any:
         return self.call("done", sid, ctl, tid, self.h.now)
 
+    def outcome(self, sid: int, tid: str, ctl: int | None = None) -> Any:
+        """``rtr_outcome``: the answer, once it is durable (an UNKNOWN answer waits
+        for its tombstone)."""
+        self.rid += 1
+        result = self.call("outcome", sid, self.rid, tid, ctl, self.h.now)
+        return self.h.replies.get((sid, self.rid), LATER) if result is LATER else result
+
     def close(self, sid: int) -> None:
         self.h.call("close_session", sid, self.h.now)
 
@@ -291,16 +298,18 @@ def test_restart_replays_accepted_and_decided_transactions(rig: Rig) -> None:
     assert rig.take(12) == [("UNCERTAIN", "undecided")]
     assert rig.take(13) == [("UNCERTAIN", "decided"), ("ACCEPTED", "decided")]
     client2 = rig.client(11)
-    assert rig.call("outcome", 11, "decided", client2, rig.h.now)["state"] == "ACCEPTED"
-    assert rig.call("outcome", 11, "undecided", client2, rig.h.now)["state"] == "PENDING"
-    assert rig.call("outcome", 11, "unaccepted", None, rig.h.now)["state"] == "UNKNOWN"
+    assert rig.outcome(11, "decided", client2)["state"] == "ACCEPTED"
+    assert rig.outcome(11, "undecided", client2)["state"] == "PENDING"
+    assert rig.outcome(11, "unaccepted")["state"] == "UNKNOWN"
     rig.vote(12, a2, "undecided")
     assert rig.take(11) == [("ACCEPTED", "undecided")]
     rig.done(12, a2, "undecided")
     rig.done(13, b2, "decided")
     rig.call("collected", 11, client2, ["decided", "undecided"], rig.h.now)
     assert rig.router.transactions == {}
-    assert rig.journal() == 1
+    # the facility, and the tombstones of the three tids asked about (issue 25)
+    assert rig.journal() == 4
+    assert sorted(rig.router.tombstones.by_tid) == ["decided", "unaccepted", "undecided"]
 
 
 def test_events_named_unnamed_and_router_events(rig: Rig) -> None:
@@ -382,7 +391,10 @@ def test_a_restart_before_the_accept_is_durable_forgets_the_transaction() -> Non
     rig.accept(1, client, "t1")
     restarted = harness.crash()  # the VREQ record was never synced
     assert restarted.broker.router.transactions == {}
-    assert restarted.broker.router.outcome(9, "t1", None, harness.now)["state"] == "UNKNOWN"
+    rig.h = restarted
+    assert rig.outcome(9, "t1") is LATER  # the UNKNOWN answer waits for its tombstone
+    restarted.sync()
+    assert restarted.replies[(9, rig.rid)]["state"] == "UNKNOWN"
 
 
 def test_concurrent_servers_share_a_partition_one_transaction_each(rig: Rig) -> None:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.support import ROOT, BrokerProcess
@@ -297,3 +298,58 @@ def test_the_docs_tour_runs(broker: BrokerProcess, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("TXBROKER_URL", broker.url)
     exec(compile(code, "docs/router.md", "exec"), {"__name__": "tour"})
     assert capsys.readouterr().out.splitlines() == ["ACCEPTED None", "{'A': 70, 'B': 30}"]
+
+
+def test_tid_answered_never_begins_again(broker: BrokerProcess) -> None:
+    """Presumed abort with a tombstone (issue 25): once the router answered a tid's
+    outcome — UNKNOWN for a tid it has no record of, or the outcome of a transaction
+    that was asked about and then forgotten — a client that sends with that tid gets
+    a clear error and no server receives anything, across a kill -9 and restart too.
+    A message after the first never begins a transaction."""
+    with ServerTransactionController(broker.url) as a, \
+            txbroker.connect(broker.url) as conn:
+        a.register_partition("BANK", "A")
+        client = conn.request("rtr_register", {"facility": "BANK", "kind": "client"})
+        ctl = client["controller"]
+
+        def send(tid: str, index: int, accept: bool = True) -> Any:
+            return conn.request("rtr_send", {"controller": ctl, "tid": tid, "key": 5,
+                                             "body": b"x", "accept": accept,
+                                             "index": index})
+
+        assert conn.request("rtr_outcome", {"tid": "never-seen"}) == {
+            "tid": "never-seen", "state": "UNKNOWN", "reason": "UNKNOWN"}
+        with pytest.raises(TransactionRolledBack, match="never begins again"):
+            send("never-seen", 0)
+        with pytest.raises(TransactionRolledBack, match="the earlier ones were lost"):
+            send("second-message-first", 1)
+        # a transaction asked about, decided, acknowledged and forgotten
+        send("asked", 0)
+        assert receive(a).type is M.MSG1
+        assert conn.request("rtr_outcome", {"tid": "asked", "controller": ctl})["state"] in (
+            "PENDING", "ACCEPTED")
+        a.accept_transaction()
+        assert receive(a).type is M.ACCEPTED
+        a.acknowledge_outcome()
+        conn.request("rtr_ack", {"controller": ctl, "tids": ["asked"]})
+
+        def refused_by_tombstone() -> bool:  # decided, then forgotten (once both acked)
+            with pytest.raises(IllegalState) as refused:
+                send("asked", 0)
+            return "never begins again" in str(refused.value)
+
+        until(refused_by_tombstone)
+    broker.kill()
+    broker.start()
+    with txbroker.connect(broker.url) as conn:
+        ctl = conn.request("rtr_register", {"facility": "BANK", "kind": "client"})[
+            "controller"]
+        for tid, error in (("never-seen", TransactionRolledBack), ("asked", IllegalState)):
+            with pytest.raises(error, match="never begins again"):
+                conn.request("rtr_send", {"controller": ctl, "tid": tid, "key": 5,
+                                          "body": b"x", "accept": True, "index": 0})
+        assert conn.request("rtr_outcome", {"tid": "never-seen"})["state"] == "UNKNOWN"
+        assert conn.request("rtr_outcome", {"tid": "asked"})["state"] == "ACCEPTED"
+        with ServerTransactionController(broker.url) as a:
+            a.register_partition("BANK", "A")
+            assert a.receive(timeout=0.5) is None  # nothing was presented

@@ -123,3 +123,23 @@ def test_recovery_presumes_abort_without_a_decision(tmp_path: Path) -> None:
     a.prepared.add(Xid(0x5458424D, b"00" * 16, b"a"))
     report = recover(tm.log, [a])
     assert report.rolled_back and not a.prepared and not a.committed
+
+
+def test_a_one_phase_commit_cut_off_is_in_doubt_never_rolled_back() -> None:
+    """Issue 25's audit: a one-phase commit whose connection broke before the answer
+    may have committed: InDoubt, not RolledBack (the caller would redo the work)."""
+    from txbroker.errors import XA_RBCOMMFAIL, XAER_RMFAIL, ConnectionLost, XAError
+    from txbroker.tm.manager import InDoubt, RolledBack, one_phase_failure
+
+    class PgError(Exception):  # psycopg's shape: an SQLSTATE from the server, or None
+        def __init__(self, sqlstate: str | None) -> None:
+            super().__init__(sqlstate)
+            self.sqlstate = sqlstate
+
+    in_doubt = [ConnectionLost("lost"), TimeoutError(), ConnectionResetError(),
+                PgError(None)]
+    rolled_back = [XAError(XA_RBCOMMFAIL, "rolled back"), PgError("40001"),
+                   PgError("23505"), ValueError("refused")]
+    assert [type(one_phase_failure(e)) for e in in_doubt] == [InDoubt] * 4
+    assert [type(one_phase_failure(e)) for e in rolled_back] == [RolledBack] * 4
+    assert type(one_phase_failure(XAError(XAER_RMFAIL, "rm failed"))) is InDoubt

@@ -499,6 +499,8 @@ class Engine:
         pending = [p for p in session.pending.values() if not p.future.done()]
         session.pending.clear()
         current = session is self.session
+        if current:
+            self._branch_work_lost(session, pending)
         reason = f"connection to {session.host} lost" + (f": {error}" if error else "")
         if current:
             for extension in list(self.extensions.values()):
@@ -520,6 +522,22 @@ class Engine:
                 p.future.set_exception(ConnectionLost(reason + " (request not retried)"))
         log.warning("txbroker: %s; failing over", reason)
         self._failover.start(session)
+
+    def _branch_work_lost(self, session: Session, pending: list[Pending]) -> None:
+        """The associated XA branch had work on ``session`` that the broker may not have
+        got — an ack (never re-sent) or a send without a message id — unanswered, or
+        acks still batched: resuming the branch on the next session would commit it
+        without that work, and the message whose ack was lost would come again (applied
+        twice). The branch is lost instead: its end, prepare and commit raise
+        ``XA_RBCOMMFAIL`` (issue 25's audit)."""
+        xa = self.xa
+        if xa.associated is None or xa.broken is not None:
+            return
+        unconfirmed = any(p.op in XA_WORK_OPS and "tx" not in p.args and not p.resend
+                          for p in pending)
+        batch = self._ack_batch
+        if unconfirmed or (batch is not None and batch[0] is session and batch[1]):
+            xa.resume_failed("work of the branch was in flight when the connection broke")
 
     def resubmit(self, session: Session, pending: Pending) -> None:
         """Send a request carried over a failover again, on ``session`` with a new id."""

@@ -23,16 +23,21 @@ new session.
                                                 (its next operation, commit)  (failed over)
     ACTIVE       commit()                       tx_commit                    COMMITTED, or
                                                                              ROLLED_BACK
+    ACTIVE       commit(), the session breaks   raise TransactionInDoubt     IN_DOUBT
+                 after tx_commit went out       (it may have committed)
     ACTIVE       rollback()                     tx_rollback (nothing after   ROLLED_BACK
                                                 a failover)
     ROLLED_BACK  any operation, commit()        TransactionRolledBack if a   ROLLED_BACK
                                                 failover did it, else
                                                 TransactionError
     COMMITTED    any operation                  TransactionError             COMMITTED
+    IN_DOUBT     any operation                  TransactionError             IN_DOUBT
 
 A failover is noticed when the operation runs (the connection's session
 epoch is not the transaction's), so the table's "failover" rows are applied
-by :meth:`AsyncTransaction._check` before each operation.
+by :meth:`AsyncTransaction._check` before each operation — and again after every
+await inside one (``commit`` awaits the staged acks first), so that a commit is
+only ever sent on the transaction's own session.
 """
 
 from __future__ import annotations
@@ -54,7 +59,14 @@ from txbroker.client.operations import (
     send_face,
     settle_args,
 )
-from txbroker.errors import IllegalState, TransactionError, TransactionRolledBack, TxBrokerError
+from txbroker.errors import (
+    ConnectionLost,
+    IllegalState,
+    TransactionError,
+    TransactionInDoubt,
+    TransactionRolledBack,
+    TxBrokerError,
+)
 
 if TYPE_CHECKING:
     from txbroker.client.aio import AsyncConnection
@@ -72,6 +84,7 @@ class TxState(enum.Enum):
     ACTIVE = "active"
     COMMITTED = "committed"
     ROLLED_BACK = "rolled back"
+    IN_DOUBT = "in doubt"  # the session broke while its commit was on its way
 
 
 class AsyncTransaction:
@@ -133,12 +146,14 @@ class AsyncTransaction:
         assert session is not None and session.epoch == self._epoch
         return session
 
-    async def _call(self, op: str, args: dict[str, Any]) -> Any:
+    async def _call(self, op: str, args: dict[str, Any], *, commit: bool = False) -> Any:
         try:
             result, epoch = await self._engine.call(
                 op, args, timeout=self._engine.options.timeout, resend=False
             )
         except TxBrokerError as exc:
+            if commit and isinstance(exc, ConnectionLost):
+                raise  # the commit went out: in doubt, not rolled back (commit())
             if self._doomed() and self._worked and self.state is TxState.ACTIVE:
                 raise self._rolled_back_by_failover() from exc
             raise
@@ -239,11 +254,24 @@ class AsyncTransaction:
                     raise self._rolled_back_by_failover() from errors[0]
                 await self.rollback()
                 raise errors[0]
+        self._check()  # a failover while the acks were awaited: never commit elsewhere
+        if self.tx_id is None:  # _check began it anew (it had done nothing): no commit
+            self.state = TxState.COMMITTED
+            return
+        # _check saw the transaction's session live: tx_commit goes out on it now (no
+        # await before the write), so a ConnectionLost of it means "sent, no answer"
         try:
-            await self._call("tx_commit", {"tx": tx})
+            await self._call("tx_commit", {"tx": tx}, commit=True)
         except TransactionRolledBack:
             self.state = TxState.ROLLED_BACK
             raise
+        except ConnectionLost as exc:
+            if self.state is TxState.ROLLED_BACK:
+                raise
+            self.state = TxState.IN_DOUBT
+            raise TransactionInDoubt(
+                "the connection broke after the commit was sent and before its answer: "
+                "the transaction may have committed") from exc
         self.state = TxState.COMMITTED
 
     async def rollback(self) -> None:

@@ -43,6 +43,7 @@ outcome.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections import deque
 from typing import Any, Final
@@ -78,7 +79,15 @@ from txbroker.core.router_states import (
     part_next,
     tx_next,
 )
-from txbroker.errors import AlreadyExists, BadRequest, IllegalState, NotFound, StorageFailed
+from txbroker.core.router_tombstones import Tombstones
+from txbroker.errors import (
+    AlreadyExists,
+    BadRequest,
+    IllegalState,
+    NotFound,
+    StorageFailed,
+    TransactionRolledBack,
+)
 
 #: The push event name of every router message (``docs/router.md``).
 PUSH: Final = "rtr"
@@ -100,6 +109,8 @@ class Router:
         #: (facility, partition) -> its server controllers, in registration order
         self.partition_servers: dict[tuple[str, str], list[Controller]] = {}
         self.transactions: dict[str, Transaction] = {}
+        #: tids whose outcome was answered: they never begin again (router_tombstones.py)
+        self.tombstones = Tombstones(log, outbox)
         #: (facility, partition) -> {site: participants waiting for a server}
         self.waiting: dict[tuple[str, str], dict[Site, deque[Participant]]] = {}
         self._next_controller = 1
@@ -373,6 +384,7 @@ class Router:
         tid = check_tid(tid)
         tx = self.transactions.get(tid)
         if tx is None:
+            self.tombstones.check(tid)  # answered already: it never begins again
             if not create:
                 raise NotFound(f"no router transaction {tid!r}")
             tx = Transaction(tid, controller.facility, controller, now)
@@ -383,16 +395,31 @@ class Router:
         return controller, tx
 
     def send(self, session_id: int, controller_id: Any, tid: Any, key: Any, body: bytes,
-             headers: dict[str, str] | None, now: int) -> dict[str, Any]:
-        """A client's message: routed by ``key``; the first one starts the transaction."""
+             headers: dict[str, str] | None, now: int, index: int | None = None
+             ) -> dict[str, Any]:
+        """A client's message: routed by ``key``; the first one starts the transaction.
+
+        ``index`` (the message's position in its transaction, as the client counts) keeps
+        a transaction whole: a message after the first never begins one (its earlier
+        messages were lost, e.g. with a broker restart) and a message out of its place
+        is refused."""
         controller = self.controller(session_id, controller_id, server=False)
         partition = self.facility(controller.facility).route(key)  # before anything changes
+        if index and isinstance(tid, str) and tid not in self.transactions:
+            self.tombstones.check(tid)
+            raise TransactionRolledBack(
+                f"transaction {tid}: message {index} came with no transaction: the earlier "
+                "ones were lost (a broker restart or a lost connection); it is applied "
+                "nowhere")
         _, tx = self._client_tx(session_id, controller_id, tid, create=True, now=now)
         if tx.state is TxState.ABORTING:
             # a server rejected while the client was still sending (the seed's "a
             # participant can reject ..."): the message goes nowhere, the REJECTED outcome
             # is on its way to the client
             return {"partition": partition.name, "rejected": tx.reason}
+        if index is not None and index != len(tx.messages):
+            raise IllegalState(f"transaction {tx.tid}: message {index} arrived where message "
+                               f"{len(tx.messages)} was due")
         tx.state = tx_next(tx.tid, tx.state, TxEvent.SEND)
         tx.messages.append((partition.name, key, body, headers))
         position = len(tx.messages) - 1
@@ -479,16 +506,26 @@ class Router:
                 tx.client_acked = True
                 self._maybe_forget(tx, now)
 
-    def outcome(self, session_id: int, tid: Any, controller_id: Any, now: int
-                ) -> dict[str, Any]:
+    def outcome(self, session_id: int, rid: int, tid: Any, controller_id: Any, now: int
+                ) -> Any:
         """What became of ``tid``; a client controller given here gets the outcome
-        pushed when it is decided (a client that reconnected)."""
+        pushed when it is decided (a client that reconnected). An UNKNOWN answer (no
+        record: never durably accepted, presumed aborted) is given once its tombstone
+        is durable, so that the tid can never begin afterwards; a transaction asked
+        about leaves a tombstone when it is forgotten (``core/router_tombstones.py``)."""
         tid = check_tid(tid)
+        controller = (None if controller_id is None
+                      else self.controller(session_id, controller_id, server=False))
         tx = self.transactions.get(tid)
         if tx is None:
-            return {"tid": tid, "state": "UNKNOWN", "reason": "UNKNOWN"}
-        if controller_id is not None:
-            controller = self.controller(session_id, controller_id, server=False)
+            tomb = self.tombstones.get(tid)
+            if tomb is None:
+                self.outbox.check_writable()
+                tomb = self.tombstones.lay(tid, controller.facility if controller else None,
+                                           "UNKNOWN", "UNKNOWN", now)
+            return self.tombstones.answer(tomb, session_id, rid)
+        tx.inquired = True
+        if controller is not None:
             if tx.facility != controller.facility:
                 raise BadRequest(f"transaction {tid} is not of facility {controller.facility!r}")
             tx.client = controller
@@ -662,14 +699,20 @@ class Router:
         if not tx.client_acked and not (client_gone and tx.deadline_ms
                                         and tx.deadline_ms <= now):
             return
-        self.forget(tx)
+        self.forget(tx, now)
 
-    def forget(self, tx: Transaction) -> None:
-        """Drop a finished transaction and its journal record."""
+    def forget(self, tx: Transaction, now: int) -> None:
+        """Drop a finished transaction and its journal record; one whose outcome was
+        asked for leaves its tombstone in the record's place."""
         self.transactions.pop(tx.tid, None)
         if tx.client is not None:
             tx.client.tids.discard(tx.tid)
-        self.log.remove(tx.record)
+        if tx.inquired:
+            state = "ACCEPTED" if tx.state is TxState.COMMITTING else "REJECTED"
+            with contextlib.suppress(StorageFailed):  # failed: nothing more is written
+                self.tombstones.lay(tx.tid, tx.facility, state, tx.reason, now, tx.record)
+        else:
+            self.log.remove(tx.record)
         tx.record = None
 
     def journal_record(self, tx: Transaction) -> dict[str, Any]:
@@ -694,10 +737,13 @@ class Router:
                 self._abort(tx, TxEvent.VOTE_TIMEOUT, TIMEOUT, now)
             else:
                 self._maybe_forget(tx, now)
+        self.tombstones.expire(now)
 
     def next_wakeup(self) -> int | None:
         """When :meth:`tick` has something to do."""
-        return self._timers[0][0] if self._timers else None
+        wakeups = [w for w in (self._timers[0][0] if self._timers else None,
+                               self.tombstones.next_wakeup()) if w is not None]
+        return min(wakeups, default=None)
 
     # ------------------------------------------------------------------ events
     def router_event(self, facility: str, number: RouterEvent, partition: str,

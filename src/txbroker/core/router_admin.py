@@ -167,7 +167,7 @@ def discard_exception(router: Router, session_id: int, rid: int, tid: Any, now: 
     """An operator discards an exception transaction: it is forgotten."""
     tx = _exception(router, tid)
     router.outbox.check_writable()
-    router.forget(tx)
+    router.forget(tx, now)
     result = {"tid": tx.tid, "state": "DISCARDED"}
     if not router.outbox.group:  # nothing to write (its record never reached the disk)
         return result

@@ -48,6 +48,8 @@ def restore(router: Router, records: list[tuple[Message, bytes]], now: int) -> l
                 facility = parse_facility(record["name"], record["partitions"])
                 router.facilities[facility.name] = facility
                 router.facility_records[facility.name] = message
+            elif record["r"] == "tomb":
+                router.tombstones.restore(record, message)
             else:
                 _restore_tx(router, record, message, now)
         except (KeyError, TypeError, ValueError, BadRequest) as exc:
@@ -55,7 +57,9 @@ def restore(router: Router, records: list[tuple[Message, bytes]], now: int) -> l
     for tx in list(router.transactions.values()):
         if tx.facility not in router.facilities:
             problems.append(f"transaction {tx.tid}: no facility {tx.facility!r}")
+    router.tombstones.expire(now)
     return problems
+
 
 def _restore_tx(router: Router, record: dict[str, Any], message: Message, now: int) -> None:
     state = TxState(record["state"])

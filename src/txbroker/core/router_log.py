@@ -31,6 +31,7 @@ Record bodies (msgpack map, ``use_bin_type``)::
      "reason": str|nil, "exception": bool, "strikes": {partition: n},
      "messages": [[partition, key, body: bin, headers|nil]…], "created_ms": int,
      "decided_ms": int, "shadowed": [partition…]}
+    {"r": "tomb", …}   a tid that never begins again (core/router_tombstones.py)
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def decode(body: bytes) -> dict[str, Any]:
         record = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:
         raise ValueError(f"not a router record: {exc}") from exc
-    if not isinstance(record, dict) or record.get("r") not in ("facility", "tx"):
+    if not isinstance(record, dict) or record.get("r") not in ("facility", "tx", "tomb"):
         raise ValueError("not a router record")
     return record
 

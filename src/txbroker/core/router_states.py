@@ -233,6 +233,8 @@ class Transaction:
     decided_ms: int = 0
     deadline_ms: int = 0  #: vote timeout (VREQ) or outcome retention (decided)
     flagged_ms: int = 0
+    #: its outcome was asked for (``rtr_outcome``): forgotten, it leaves a tombstone
+    inquired: bool = False
 
 
 __all__ = ["PART_RULES", "TX_RULES", "Controller", "PartEvent", "PartState", "Participant",

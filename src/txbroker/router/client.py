@@ -19,8 +19,17 @@ it was in, asks ``rtr_outcome``. One that was still being sent is first
 rejected (reason LOST) — its messages may be half gone; further sends and
 accepts of it raise TransactionRolledBack. The outcome is delivered by
 ``receive()``: ACCEPTED, REJECTED, or REJECTED with reason UNKNOWN when the
-router has no record of it (never durably accepted: applied nowhere). While the
-answer is PENDING (accepted, not decided yet) the library asks again.
+router has no record of it (never durably accepted: applied nowhere; the router
+keeps a tombstone so that the tid never begins again). While the answer is
+PENDING (accepted, not decided yet) the library asks again.
+
+**A transaction lives on one session.** Every call that awaits (``accept`` and
+``set_accept`` wait for the earlier sends' replies) checks the state again after
+the await: a session lost meanwhile made the transaction LOST, and nothing more
+of it is ever sent — in particular never the accept, on the new session, of a
+transaction whose first messages died with the old one (issue 25). Each message
+carries its ``index`` in the transaction, so that a router never begins a
+transaction from a message that is not its first.
 """
 
 from __future__ import annotations
@@ -32,7 +41,13 @@ from enum import Enum
 from typing import Any, Final
 
 from txbroker.client.aio import AsyncConnection
-from txbroker.errors import BrokerError, ConnectionLost, IllegalState, TransactionRolledBack
+from txbroker.errors import (
+    BrokerError,
+    ConnectionLost,
+    IllegalState,
+    NotFound,
+    TransactionRolledBack,
+)
 from txbroker.router._base import AsyncControllerBase
 from txbroker.router.constants import (
     REASON_CLIENT,
@@ -106,6 +121,7 @@ class AsyncTransactionController(AsyncControllerBase):
         self._state = ClientState.IDLE
         self._tid: str | None = None
         self._sends: list[asyncio.Future[Any]] = []
+        self._sent_count = 0  #: messages of the current transaction sent so far
         self._reason: str = REASON_CLIENT
         self._ask: str | None = None  # the tid to ask rtr_outcome for after a failover
         self._outcome_in: str | None = None  # tid whose outcome is in the inbox
@@ -157,6 +173,7 @@ class AsyncTransactionController(AsyncControllerBase):
         self._state = self._step("start")
         self._tid = uuid.uuid4().hex
         self._sends, self._errors, self._reason = [], [], REASON_CLIENT
+        self._sent_count = 0
         return self._tid
 
     async def send(self, body: bytes, *, key: Key, headers: dict[str, Any] | None = None) -> str:
@@ -168,6 +185,7 @@ class AsyncTransactionController(AsyncControllerBase):
         next_state = self._step("send")
         partition = self._checked_partition(key)
         self._sends.append(self._pipeline("rtr_send", self._send_args(body, key, headers)))
+        self._sent_count += 1
         self._state = next_state
         return partition
 
@@ -178,7 +196,7 @@ class AsyncTransactionController(AsyncControllerBase):
     def _send_args(self, body: bytes, key: Key, headers: dict[str, Any] | None,
                    accept: bool = False) -> dict[str, Any]:
         return {"tid": self._tid, "key": key, "body": bytes(body), "accept": accept,
-                "headers": headers}
+                "headers": headers, "index": self._sent_count}
 
     async def _sent(self) -> None:
         """Wait for the pipelined sends; raise the first broker error of them."""
@@ -198,6 +216,9 @@ class AsyncTransactionController(AsyncControllerBase):
             self._state = next_state
             return
         await self._sent()
+        # the session may have been lost while the sends were awaited: then the
+        # transaction is LOST (its messages may be gone) and is never accepted
+        self._check_not_lost("accept")
         self._state = next_state
         await self._lossy(self._call("rtr_accept", {"tid": self._tid}))
 
@@ -219,8 +240,11 @@ class AsyncTransactionController(AsyncControllerBase):
             self._state = next_state
             return
         await self._sent()
+        self._check_not_lost("set_accept")  # as in accept(): lost meanwhile, never accepted
         self._state = next_state
-        await self._lossy(self._call("rtr_send", self._send_args(body, key, headers, True)))
+        args = self._send_args(body, key, headers, True)
+        self._sent_count += 1
+        await self._lossy(self._call("rtr_send", args))
 
     async def _lossy(self, request: Any) -> None:
         """Await a request whose loss with the connection is not final: the outcome is
@@ -247,10 +271,13 @@ class AsyncTransactionController(AsyncControllerBase):
         if previous is not S.SENDING:
             return
         self._sends, self._errors = [], []
+        assert self._port is not None
+        if not self._port.ready.is_set():
+            return  # the session is lost: the restore rejects it with this reason
         try:
             await self._call("rtr_reject", {"tid": tid, "reason": reason})
-        except IllegalState:  # decided meanwhile: its outcome comes anyway
-            pass
+        except (IllegalState, NotFound, TransactionRolledBack):
+            pass  # decided or gone meanwhile: its outcome comes anyway
         except ConnectionLost:
             if self._failed is not None or self._closed:
                 raise

@@ -234,6 +234,8 @@ class AsyncServerTransactionController(AsyncControllerBase):
         await self._port_ready()
         self._check_explicit()
         self._state = self._call_step("accept")
+        if self._presented_on_lost_session():
+            return
         self._pipeline("rtr_vote", {"tid": self._tid, "accept": True, "reason": "",
                                     "seen": self._seen})
 
@@ -243,9 +245,20 @@ class AsyncServerTransactionController(AsyncControllerBase):
         self._state = self._call_step("reject")
         await self._vote(False, reason)
 
+    def _presented_on_lost_session(self) -> bool:
+        """The current transaction came on a session that broke: a vote for it is void
+        (receive() gives its REJECTED reason LOST, and the router presents it again,
+        maybe to this server, where the application votes on the replay). Sent on the
+        new session, the old vote would count for the replay (issue 25's audit)."""
+        return self._tid is not None and self._no_done_for == self._tid
+
     async def _vote(self, accept: bool, reason: str) -> None:
+        tid = self._tid
+        await self._port_ready()  # a session lost meanwhile: the checks below see it
+        if self._presented_on_lost_session() or self._tid != tid:
+            return
         try:
-            await self._call("rtr_vote", {"tid": self._tid, "accept": accept, "reason": reason,
+            await self._call("rtr_vote", {"tid": tid, "accept": accept, "reason": reason,
                                           "seen": self._seen})
         except ConnectionLost:
             if self._failed is not None or self._closed:

@@ -82,7 +82,8 @@ def rtr_send(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
                          f"({limit})")
     controller, tid, key = int_arg(args, "controller"), _tid_arg(args), _key_arg(args)
     headers, accept = headers_arg(args), arg(args, "accept", bool, False)
-    result = router.send(session.id, controller, tid, key, body, headers, now)
+    index = int_arg(args, "index", None)
+    result = router.send(session.id, controller, tid, key, body, headers, now, index)
     if accept:
         router.accept(session.id, controller, tid, now)
     return result
@@ -111,7 +112,7 @@ def rtr_ack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
 def rtr_outcome(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """What became of a transaction (a reconnected client asks)."""
     tid, controller = _tid_arg(args), int_arg(args, "controller", None)
-    return session.core.router.outcome(session.id, tid, controller, now)
+    return session.core.router.outcome(session.id, rid, tid, controller, now)
 
 
 def rtr_vote(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:

@@ -18,7 +18,14 @@ one event loop, one decision-log sync per batch of them). See docs/tm.md.
 """
 
 from txbroker.tm.log import DecisionLog
-from txbroker.tm.manager import STEPS, GlobalTransaction, RolledBack, TMError, TransactionManager
+from txbroker.tm.manager import (
+    STEPS,
+    GlobalTransaction,
+    InDoubt,
+    RolledBack,
+    TMError,
+    TransactionManager,
+)
 from txbroker.tm.participants import (
     TM_FORMAT_ID,
     BrokerParticipant,
@@ -38,6 +45,7 @@ __all__ = [
     "BrokerResource",
     "DecisionLog",
     "GlobalTransaction",
+    "InDoubt",
     "Participant",
     "PostgresParticipant",
     "PostgresResource",

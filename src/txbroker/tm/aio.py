@@ -45,7 +45,7 @@ from typing import Any, Protocol, TypeVar
 from txbroker.client.xa import TMFAIL, TMSUCCESS, XA_RDONLY
 from txbroker.errors import XAError
 from txbroker.tm.log import DecisionLog
-from txbroker.tm.manager import RolledBack, TMError, in_branch_order
+from txbroker.tm.manager import InDoubt, RolledBack, TMError, in_branch_order, one_phase_failure
 from txbroker.tm.participants import _pg_xid, branch_xid, finish_failed
 from txbroker.xid import Xid
 
@@ -218,8 +218,10 @@ class AsyncGlobalTransaction:
             try:
                 await participant.commit_one_phase(xid)
             except Exception as exc:
-                manager.counters["rolled_back"] += 1
-                raise RolledBack(f"one-phase commit failed: {exc}") from exc
+                failure = one_phase_failure(exc)
+                manager.counters["in_doubt" if isinstance(failure, InDoubt)
+                                 else "rolled_back"] += 1
+                raise failure from exc
             manager.counters["one_phase"] += 1
             return
         hook("before_prepare")

@@ -33,7 +33,14 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Protocol, TypeVar
 
-from txbroker.errors import TxBrokerError
+from txbroker.errors import (
+    XAER_RMERR,
+    XAER_RMFAIL,
+    ConnectionLost,
+    TransactionRolledBack,
+    TxBrokerError,
+    XAError,
+)
 from txbroker.tm.log import DecisionLog
 from txbroker.tm.participants import Participant, branch_xid
 from txbroker.xid import Xid
@@ -70,6 +77,31 @@ class TMError(TxBrokerError):
 
 class RolledBack(TMError):
     """A participant voted no (or failed before the decision): everything rolled back."""
+
+
+class InDoubt(TMError):
+    """The only participant's one-phase commit lost its connection before the answer:
+    it may have committed. Never reported as RolledBack, since redoing the work could
+    apply it twice."""
+
+
+def one_phase_failure(exc: BaseException) -> TMError:
+    """What a failed one-phase commit means: RolledBack when the participant said it
+    rolled back (an XA error, TransactionRolledBack, a refusal by the database);
+    InDoubt when the connection or the resource manager failed while it committed
+    (ConnectionLost, TimeoutError, OSError, XAER_RMFAIL/XAER_RMERR, or a psycopg error
+    without an SQLSTATE: the connection)."""
+    if isinstance(exc, XAError):  # the resource manager failed in the commit: unknown
+        rolled_back = exc.errcode not in (XAER_RMFAIL, XAER_RMERR)
+    elif isinstance(exc, TransactionRolledBack):
+        rolled_back = True
+    elif isinstance(exc, ConnectionLost | TimeoutError | OSError):
+        rolled_back = False
+    else:  # psycopg: an error from the server has an SQLSTATE; a broken connection not
+        rolled_back = not (hasattr(exc, "sqlstate") and exc.sqlstate is None)
+    if rolled_back:
+        return RolledBack(f"one-phase commit failed: {exc}")
+    return InDoubt(f"one-phase commit lost its connection, it may have committed: {exc}")
 
 
 class TransactionManager:
@@ -127,8 +159,10 @@ class GlobalTransaction:
             try:
                 participant.commit_one_phase(self.xid_of(participant))
             except Exception as exc:
-                manager.counters["rolled_back"] += 1
-                raise RolledBack(f"one-phase commit failed: {exc}") from exc
+                failure = one_phase_failure(exc)
+                manager.counters["in_doubt" if isinstance(failure, InDoubt)
+                                 else "rolled_back"] += 1
+                raise failure from exc
             manager.counters["one_phase"] += 1
             return
         hook("before_prepare")
