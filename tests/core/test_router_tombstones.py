@@ -114,3 +114,21 @@ def test_tombstones_expire_and_are_bounded(rig: Rig, monkeypatch: pytest.MonkeyP
         rig.outcome(1, tid)
     assert list(rig.router.tombstones.by_tid) == ["a", "b"]  # "young", the oldest, went
     assert rig.journal() == 3
+
+
+def test_the_accept_is_answered_once_it_is_on_disk() -> None:
+    """An accept that returned survives a broker crash (the test of a kill -9 right
+    after accept() relied on it, and was flaky while the answer came first)."""
+    rig = Rig(Harness(auto_sync=False))
+    rig.define()
+    rig.h.sync()
+    client = rig.client(1)
+    rig.server(2, "A")
+    rig.send(1, client, "t1", 5)
+    rig.rid += 1
+    assert rig.call("accept", 1, client, "t1", rig.h.now, rig.rid) is LATER
+    assert (1, rig.rid) not in rig.h.replies
+    rig.h.sync()
+    assert rig.h.replies[(1, rig.rid)] == {}
+    restarted = rig.h.crash()
+    assert list(restarted.broker.router.transactions) == ["t1"]

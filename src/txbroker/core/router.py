@@ -450,8 +450,11 @@ class Router:
         return (any(s.role is Role.SHADOW for s in servers)
                 and any(s.role is not Role.SHADOW for s in servers))
 
-    def accept(self, session_id: int, controller_id: Any, tid: Any, now: int) -> dict[str, Any]:
-        """The client accepts: journal the transaction and ask for the votes."""
+    def accept(self, session_id: int, controller_id: Any, tid: Any, now: int,
+               rid: int | None = None, result: dict[str, Any] | None = None) -> Any:
+        """The client accepts: journal the transaction and ask for the votes. With
+        ``rid``, the answer (``result``, or ``{}``) goes once the accepted transaction
+        is on disk (LATER): an accept that returned survives a broker crash."""
         _, tx = self._client_tx(session_id, controller_id, tid, create=False, now=now)
         if tx.state is TxState.ABORTING:
             return {"rejected": tx.reason}  # a server rejected first: the outcome is pushed
@@ -465,17 +468,22 @@ class Router:
         if limit:
             tx.deadline_ms = now + limit
             self.arm(tx)
-        if self._all_voted(tx):
+        answer = {} if result is None else result
+        if self._all_voted(tx):  # decided at once: its decision is made durable first
             self._decide(tx, TxEvent.ALL_VOTED, None, now)
-            return {}
-        tx.record = self.log.write(self.journal_record(tx), tx.record, now, self._journaled(tx))
+            return answer
+        reply = None if rid is None else self.outbox.reply_when_durable(session_id, rid, answer)
+        tx.record = self.log.write(self.journal_record(tx), tx.record, now,
+                                   self._journaled(reply))
         for participant in tx.participants.values():
             self._ask(participant)
-        return {}
+        return answer if reply is None else LATER
 
-    def _journaled(self, tx: Transaction) -> Any:
+    def _journaled(self, reply: Any) -> Any:
         def durable(error: BaseException | None) -> None:
-            if error is not None:  # the store failed: the broker takes no more writes
+            if reply is not None:
+                reply(error)
+            elif error is not None:  # the store failed: the broker takes no more writes
                 self.outbox.storage_failed(error)
         return durable
 

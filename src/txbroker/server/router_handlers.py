@@ -84,15 +84,15 @@ def rtr_send(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     headers, accept = headers_arg(args), arg(args, "accept", bool, False)
     index = int_arg(args, "index", None)
     result = router.send(session.id, controller, tid, key, body, headers, now, index)
-    if accept:
-        router.accept(session.id, controller, tid, now)
+    if accept and "rejected" not in result:  # answered once the accept is durable
+        return router.accept(session.id, controller, tid, now, rid, result)
     return result
 
 
 def rtr_accept(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """The client accepts its transaction (the outcome comes as a push)."""
     controller, tid = int_arg(args, "controller"), _tid_arg(args)
-    return session.core.router.accept(session.id, controller, tid, now)
+    return session.core.router.accept(session.id, controller, tid, now, rid)
 
 
 def rtr_reject(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
