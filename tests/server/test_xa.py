@@ -291,3 +291,38 @@ def test_branch_lost_in_a_broker_restart_is_reported_as_rolled_back(
             conn.tpc_prepare()
         assert info.value.rolled_back
         assert conn.receive("out", timeout=0.2) is None
+
+
+def test_branch_with_work_in_flight_at_a_network_break_is_not_resumed(
+        broker: BrokerProcess) -> None:
+    """Issue 25's audit: an ack of the branch was on its way when the connection broke
+    (the broker stopped, so it was not answered). Resuming the branch could commit it
+    without that ack, and the message would come again: applied twice. The branch is
+    lost instead: prepare raises a rollback error."""
+    import os
+    import signal
+
+    proxy = CuttableProxy(broker.port)
+    try:
+        with txbroker.connect(f"txb://127.0.0.1:{proxy.port}", failover_timeout=10) as conn:
+            conn.send("in", b"consumed")
+            conn.tpc_begin(conn.xid(0, "inflight", "b"))
+            msg = conn.receive("in", timeout=5)
+            assert msg is not None
+            session = conn.server_info["session"]
+            assert broker.proc is not None
+            os.kill(broker.proc.pid, signal.SIGSTOP)
+            try:
+                msg.ack()  # pipelined: never answered before the break
+                proxy.cut()
+            finally:
+                os.kill(broker.proc.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 10
+            while conn.server_info["session"] == session and time.monotonic() < deadline:
+                time.sleep(0.02)  # the client notices the break and fails over
+            assert conn.server_info["session"] != session
+            with pytest.raises(XAError) as info:
+                conn.tpc_prepare()
+            assert info.value.rolled_back and "in flight" in str(info.value)
+    finally:
+        proxy.close()

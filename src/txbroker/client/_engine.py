@@ -184,6 +184,8 @@ class Engine:
                 raise MessageTooLarge(str(exc)) from None
             raise
         pending = Pending(session, rid, op, args, resend, discard_result)
+        if op in XA_WORK_OPS and "tx" not in args:
+            pending.branch = self.xa.associated
         session.pending[rid] = pending
         session.write(data)
         return pending

@@ -34,11 +34,12 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from txbroker.client._session import ConnectionExtension, Pending, Session, SubscriptionSink
-from txbroker.client._xa_state import XaBranchState
+from txbroker.client._xa_state import LOST_IN_FAILOVER, XaBranchState
 from txbroker.client.options import ConnectOptions
 from txbroker.client.url import ClientURL
 from txbroker.core.xa import TMRESUME
 from txbroker.errors import (
+    XA_RBCOMMFAIL,
     XAER_PROTO,
     BrokerError,
     ConnectionLost,
@@ -224,7 +225,10 @@ class Failover:
                 host.subs.pop(sub.sub_id, None)
                 sub.on_end(exc)
         xa = host.xa
-        if xa.associated is not None and xa.broken is None:
+        # a start still waiting for a session (no epoch yet) goes out on this one:
+        # resuming a branch the broker never had would lose it (issue 25's audit)
+        if (xa.associated is not None and xa.broken is None
+                and xa.unprepared.get(xa.associated) is not None):
             await self._resume_branch(session, xa.associated)
         for extension in list(host.extensions.values()):
 
@@ -236,8 +240,17 @@ class Failover:
             raise ConnectionLost(f"{session.host} closed the connection")
         carried, self._carried = self._carried, []
         for pending in carried:
-            if not pending.future.done():
-                host.resubmit(session, pending)
+            if pending.future.done():
+                continue
+            branch = pending.branch
+            if branch is not None and (xa.broken is not None or xa.associated != branch
+                                       or xa.unprepared.get(branch) != session.epoch):
+                # work of a branch that was not resumed on this session: sent again, it
+                # would be done outside the branch (issue 25's audit)
+                pending.future.set_exception(XAError(XA_RBCOMMFAIL, LOST_IN_FAILOVER.format(
+                    xid=branch, reason="its work could not be carried over")))
+                continue
+            host.resubmit(session, pending)
 
     def _notify(self, old_host: str, new_host: str) -> None:
         log.warning("txbroker: failed over from %s to %s", old_host, new_host)

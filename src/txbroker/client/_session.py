@@ -73,7 +73,7 @@ class ConnectionExtension(Protocol):
 class Pending:
     """A request waiting for its reply."""
 
-    __slots__ = ("args", "discard_result", "future", "op", "resend", "rid", "session")
+    __slots__ = ("args", "branch", "discard_result", "future", "op", "resend", "rid", "session")
 
     def __init__(
         self,
@@ -90,6 +90,8 @@ class Pending:
         self.args = args
         self.resend = resend  # send again on the next session after a failover
         self.discard_result = discard_result  # resolve the future with None
+        #: the XA branch (Xid text) this request is work of (re-sent only into it)
+        self.branch: str | None = None
         self.future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
 
