@@ -116,6 +116,9 @@ class Router:
         self._next_controller = 1
         self._round_robin = 0
         self._timers: list[tuple[int, str]] = []  #: (deadline, tid), lazily stale
+        #: (facility, partition) a shadow server ever registered for (this run): its
+        #: transactions get a secondary-site participant even while the shadows are down
+        self.shadowed: set[tuple[str, str]] = set()
         self.counters = {"committed": 0, "rejected": 0, "replays": 0, "exceptions": 0}
 
     # ------------------------------------------------------------------ helpers
@@ -223,6 +226,8 @@ class Router:
 
     def _server_up(self, controller: Controller, partition: Partition) -> None:
         servers = self.servers_of(controller.facility, partition.name)
+        if controller.role is Role.SHADOW:
+            self.shadowed.add((controller.facility, partition.name))
         self.router_event(controller.facility, RouterEvent.SERVER_UP, partition.name,
                           {"server": controller.id, "role": controller.role.value
                            if controller.role else None})
@@ -286,16 +291,27 @@ class Router:
             self.router_event(controller.facility, RouterEvent.PRIMARY, partition, {},
                               only=shadows)
         self.pump(controller.facility, partition)
+        self._site_down_decisions(controller.facility, partition, now)
+
+    def _site_down_decisions(self, facility: str, partition: str, now: int) -> None:
+        """A server left: a transaction waiting for votes may now have every vote it
+        needs (the left site's participant waits for the site's return instead)."""
+        for tx in list(self.transactions.values()):
+            if (tx.facility == facility and tx.state is TxState.VREQ and not tx.deciding
+                    and (partition, Site.PRIMARY) in tx.participants
+                    and self._all_voted(tx)):
+                self._decide(tx, TxEvent.ALL_VOTED, None, now)
 
     # ------------------------------------------------------------------ presenting
     def _candidates(self, facility: str, partition: str, site: Site) -> list[Controller]:
+        """The servers a participant of ``site`` may go to: the primary site's (primary
+        and concurrent servers, else standbys) or the shadows. Never the other site's:
+        each site applies a transaction once (seed 000, shadowing)."""
         servers = self.servers_of(facility, partition)
-        active = [s for s in servers if s.role in _ACTIVE_ROLES]
-        standby = [s for s in servers if s.role is Role.STANDBY]
-        shadows = [s for s in servers if s.role is Role.SHADOW]
         if site is Site.SECONDARY:
-            return shadows
-        return active or standby or shadows
+            return [s for s in servers if s.role is Role.SHADOW]
+        active = [s for s in servers if s.role in _ACTIVE_ROLES]
+        return active or [s for s in servers if s.role is Role.STANDBY]
 
     def pump(self, facility: str, partition: str) -> None:
         """Present waiting participants of a partition to its free servers."""
@@ -446,9 +462,9 @@ class Router:
         return {"partition": partition.name}
 
     def _shadowed(self, facility: str, partition: str) -> bool:
-        servers = self.servers_of(facility, partition)
-        return (any(s.role is Role.SHADOW for s in servers)
-                and any(s.role is not Role.SHADOW for s in servers))
+        """Transactions of the partition go to both sites: shadows registered for it
+        (now, or earlier in this run: a down site replays what it missed)."""
+        return (facility, partition) in self.shadowed
 
     def accept(self, session_id: int, controller_id: Any, tid: Any, now: int,
                rid: int | None = None, result: dict[str, Any] | None = None) -> Any:
@@ -638,7 +654,20 @@ class Router:
 
     # ------------------------------------------------------------------ deciding
     def _all_voted(self, tx: Transaction) -> bool:
-        return all(p.state is PartState.VOTED for p in tx.participants.values())
+        """Every participant whose site is up voted accept, and each partition has at
+        least one such vote. A site with no server (down) does not hold the decision:
+        its participant waits, in the journal, to be replayed when the site returns
+        (RTR's shadow recovery); while no site of a partition is up, nothing is decided
+        but by the vote timeout."""
+        voted: dict[str, bool] = {}
+        for (name, site), participant in tx.participants.items():
+            if not self._candidates(tx.facility, name, site):
+                voted.setdefault(name, False)
+                continue  # the site is down
+            if participant.state is not PartState.VOTED:
+                return False
+            voted[name] = True
+        return all(voted.values())
 
     def _abort(self, tx: Transaction, event: TxEvent, reason: str, now: int) -> None:
         self._decide(tx, event, reason, now)

@@ -1,0 +1,92 @@
+"""Shadow servers as seed 000 defines them (issue 28 §1): each site applies a
+transaction once; a site that is down does not stall the other; what a down site
+missed is replayed to it when it returns (RTR's shadow recovery)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.core.harness import Harness, StoreOpener
+from tests.core.test_router import Rig
+from txbroker.core.router_model import Role
+
+
+@pytest.fixture(params=["memory", "journal"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    opener = None if request.param == "memory" else StoreOpener(request.param, tmp_path / "s")
+    rig = Rig(Harness(store=opener))
+    rig.define()
+    yield rig
+    if opener is not None:
+        opener.close()
+
+
+def test_primary_dies_before_voting_the_shadow_site_goes_on_at_once(rig: Rig) -> None:
+    """Measured before: the transaction sat until the 30 s vote timeout and was
+    REJECTED although the shadow site was up."""
+    client = rig.client(1)
+    rig.server(2, "A")
+    shadow = rig.server(3, "A", role=Role.SHADOW)
+    rig.send(1, client, "t1", 1)
+    rig.accept(1, client, "t1")
+    assert rig.take(2) == [("MSG1", "t1")] and rig.take(3) == [("MSG1", "t1")]
+    rig.close(2)  # the primary site is gone before it voted
+    rig.vote(3, shadow, "t1")
+    assert rig.take(1) == [("ACCEPTED", "t1")]  # no stall
+    assert rig.take(3) == [("ACCEPTED", "t1")]
+    rig.done(3, shadow, "t1")
+    assert "t1" in rig.router.transactions  # the primary site must still replay it
+    back = rig.server(4, "A")  # the primary site returns: it gets what it missed
+    assert rig.take(4) == [("MSG1", "t1"), ("ACCEPTED", "t1")]
+    rig.done(4, back, "t1")
+    rig.call("collected", 1, client, ["t1"], rig.h.now)
+    assert "t1" not in rig.router.transactions
+
+
+def test_shadow_dies_after_the_primary_voted_the_primary_goes_on_alone(rig: Rig) -> None:
+    client = rig.client(1)
+    primary = rig.server(2, "A")
+    rig.server(3, "A", role=Role.SHADOW)
+    rig.send(1, client, "t1", 1)
+    rig.vote(2, primary, "t1")
+    rig.accept(1, client, "t1")
+    rig.take(2), rig.take(3)
+    rig.close(3)  # the secondary site dies mid-transaction
+    assert rig.take(1) == [("ACCEPTED", "t1")]  # decided at once, no 30 s stall
+    assert rig.take(2) == [("ACCEPTED", "t1")]
+    rig.done(2, primary, "t1")
+    rig.send(1, client, "t2", 2)  # committed while the shadow is away: kept for it
+    rig.vote(2, primary, "t2")
+    rig.accept(1, client, "t2")
+    assert rig.take(1) == [("ACCEPTED", "t2")]
+    rig.done(2, primary, "t2")
+    if rig.h.durable_store is not None:  # what the shadow must replay survives a restart
+        rig.h = rig.h.crash()
+        rig.define()
+    shadow = rig.server(5, "A", role=Role.SHADOW)
+    kind = "UNCERTAIN" if rig.h.durable_store is not None else "MSG1"
+    assert rig.take(5)[-2:] == [(kind, "t1"), ("ACCEPTED", "t1")]
+    rig.done(5, shadow, "t1")
+    assert rig.take(5)[-2:] == [(kind, "t2"), ("ACCEPTED", "t2")]
+    rig.done(5, shadow, "t2")
+
+
+def test_two_shadows_the_secondary_site_applies_once(rig: Rig) -> None:
+    """Measured before: with the primary down before its vote, the transaction went as
+    MSG1 to both shadows — the one secondary site applied it twice."""
+    client = rig.client(1)
+    rig.server(2, "A")
+    first = rig.server(3, "A", role=Role.SHADOW)
+    second = rig.server(4, "A", role=Role.SHADOW)
+    rig.send(1, client, "t1", 1)
+    rig.accept(1, client, "t1")
+    rig.close(2)
+    got = {sid: rig.take(sid) for sid in (3, 4)}
+    assert sorted(len(v) for v in got.values()) == [0, 1]  # one shadow, once
+    holder, ctl = (3, first) if got[3] else (4, second)
+    rig.vote(holder, ctl, "t1")
+    assert rig.take(1) == [("ACCEPTED", "t1")]
+    assert rig.take(3) + rig.take(4) == [("ACCEPTED", "t1")]
