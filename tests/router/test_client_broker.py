@@ -353,3 +353,40 @@ def test_tid_answered_never_begins_again(broker: BrokerProcess) -> None:
         with ServerTransactionController(broker.url) as a:
             a.register_partition("BANK", "A")
             assert a.receive(timeout=0.5) is None  # nothing was presented
+
+
+def test_crossing_transactions_one_server_each_both_commit(broker: BrokerProcess) -> None:
+    """Issue 28 §2, through the libraries and a real broker: t1 holds A and asks for B,
+    t2 holds B and asks for A — a wait cycle that used to last the 30 s vote timeout.
+    The younger, t2, makes way: its B server gets REJECTED PREEMPTED, rolls back and
+    acknowledges; t1 commits; t2 is presented again and commits too."""
+    with TransactionController(broker.url) as c1, TransactionController(broker.url) as c2, \
+            ServerTransactionController(broker.url) as a, \
+            ServerTransactionController(broker.url) as b:
+        c1.register_facility("BANK")
+        c2.register_facility("BANK")
+        a.register_partition("BANK", "A")
+        b.register_partition("BANK", "B")
+        t1, t2 = c1.start_transaction(), c2.start_transaction()
+        c1.send(b"t1-a", key=1)
+        assert (receive(a).type, a.tid) == (M.MSG1, t1)
+        c2.send(b"t2-b", key=101)
+        assert (receive(b).type, b.tid) == (M.MSG1, t2)
+        c1.send(b"t1-b", key=102)
+        c2.send(b"t2-a", key=2)
+        preempted = receive(b)
+        assert (preempted.type, preempted.tid, preempted.reason) == (M.REJECTED, t2,
+                                                                     "PREEMPTED")
+        again = receive(b)  # acknowledged by receive(): B is free for t1
+        assert (again.type, again.tid, again.body) == (M.MSG1, t1, b"t1-b")
+        c1.accept()
+        c2.accept()
+        a.accept_transaction()
+        b.accept_transaction()
+        assert (receive(c1).type, receive(a).type, receive(b).type) == (
+            M.ACCEPTED, M.ACCEPTED, M.ACCEPTED)
+        got = {(m.type, m.tid, m.body) for m in (receive(a), receive(b))}
+        assert got == {(M.MSG1, t2, b"t2-a"), (M.MSG1, t2, b"t2-b")}
+        a.accept_transaction()
+        b.accept_transaction()
+        assert receive(c2).type is M.ACCEPTED

@@ -52,11 +52,13 @@ from txbroker.core.effects import Notify
 from txbroker.core.messages import Message
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER
+from txbroker.core.router_deadlock import victims
 from txbroker.core.router_journal import journal_record, restore
 from txbroker.core.router_log import RouterLog
 from txbroker.core.router_model import (
     CLIENT,
     OUTCOME_RETENTION_MS,
+    PREEMPTED,
     SRVDIED,
     TIMEOUT,
     Facility,
@@ -119,7 +121,14 @@ class Router:
         #: (facility, partition) a shadow server ever registered for (this run): its
         #: transactions get a secondary-site participant even while the shadows are down
         self.shadowed: set[tuple[str, str]] = set()
-        self.counters = {"committed": 0, "rejected": 0, "replays": 0, "exceptions": 0}
+        self.counters = {"committed": 0, "rejected": 0, "replays": 0, "exceptions": 0,
+                         "preempted": 0}
+        self._next_seq = 1
+
+    def next_seq(self) -> int:
+        """The age of a transaction coming into flight (core/router_deadlock.py)."""
+        self._next_seq += 1
+        return self._next_seq - 1
 
     # ------------------------------------------------------------------ helpers
     def facility(self, name: Any) -> Facility:
@@ -318,6 +327,7 @@ class Router:
         queues = self.waiting.get((facility, partition))
         if not queues:
             return
+        blocked = False
         for site, waiting in queues.items():
             while waiting:
                 participant = waiting[0]
@@ -327,10 +337,27 @@ class Router:
                 free = [s for s in self._candidates(facility, partition, site)
                         if s.current is None]
                 if not free:
+                    blocked = True
                     break
                 self._round_robin += 1
                 waiting.popleft()
                 self._present(participant, free[self._round_robin % len(free)])
+        if blocked:
+            self._break_wait_cycle()
+
+    def _break_wait_cycle(self) -> None:
+        """A participant waits for busy servers: if that closes a wait cycle, the
+        youngest transaction of the cycle makes way (core/router_deadlock.py)."""
+        waiting = [p for queues in self.waiting.values() for queue in queues.values()
+                   for p in queue]
+        for participant in victims(waiting, lambda p: self._candidates(
+                p.tx.facility, p.partition, p.site)):
+            server = participant.server
+            assert server is not None
+            participant.state = part_next(participant.state, PartEvent.YIELD)
+            self.counters["preempted"] += 1
+            self.push(server, {"type": "REJECTED", "tid": participant.tx.tid,
+                               "partition": participant.partition, "reason": PREEMPTED})
 
     def enqueue(self, participant: Participant, *, front: bool = False) -> None:
         """Queue a participant for its partition's next free server (``front``: a replay)."""
@@ -385,6 +412,9 @@ class Router:
             if not commit:
                 participant.state = part_next(participant.state, PartEvent.FORGET)
             return  # a commit waits in WAITING: presented with UNCERTAIN, then ACCEPTED
+        if participant.state is PartState.YIELDING:  # told REJECTED (PREEMPTED) already
+            participant.state = part_next(participant.state, PartEvent.ABORT)
+            return
         participant.state = part_next(participant.state,
                                       PartEvent.COMMIT if commit else PartEvent.ABORT)
         body: dict[str, Any] = {"type": "ACCEPTED" if commit else "REJECTED", "tid": tx.tid,
@@ -404,6 +434,7 @@ class Router:
             if not create:
                 raise NotFound(f"no router transaction {tid!r}")
             tx = Transaction(tid, controller.facility, controller, now)
+            tx.seq = self.next_seq()
             self.transactions[tid] = tx
             controller.tids.add(tid)
         elif tx.client is not controller:
@@ -454,7 +485,7 @@ class Router:
                 continue
             participant.indexes.append(position)
             participant.state = part_next(participant.state, PartEvent.MORE)
-            if participant.server is not None:
+            if participant.server is not None and participant.state is not PartState.YIELDING:
                 kind = "MSG1" if participant.sent == 0 else "MSG"
                 self.push(participant.server, self._message_body(
                     participant, len(participant.indexes) - 1, kind))
@@ -583,6 +614,8 @@ class Router:
         tx = participant.tx
         if tx.state in (TxState.COMMITTING, TxState.ABORTING):
             return {"ignored": True}  # decided already (Rule 5 of the tx table)
+        if participant.state is PartState.YIELDING:
+            return {"ignored": True}  # preempted: it votes again when presented again
         if not accept:
             if participant.state is PartState.VOTED:
                 raise IllegalState(f"transaction {tx.tid}: this server voted accept; it can "
@@ -612,6 +645,14 @@ class Router:
         participant = self._held(session_id, controller_id, tid)
         if participant is None:
             return {"ignored": True}
+        if participant.state is PartState.YIELDING:  # the server rolled back: requeue
+            participant.state = part_next(participant.state, PartEvent.ACK)
+            server = participant.server
+            assert server is not None
+            participant.server, server.current = None, None
+            self.enqueue(participant)
+            self.pump(server.facility, participant.partition)
+            return {}
         if participant.state not in (PartState.COMMIT, PartState.ABORT):
             raise IllegalState(f"transaction {participant.tx.tid} has no outcome to "
                                "acknowledge yet")
@@ -632,6 +673,9 @@ class Router:
         participant.state = part_next(before, PartEvent.LOST)
         if participant.state is PartState.DONE:
             self._maybe_forget(tx, now)
+            return
+        if before is PartState.YIELDING:  # it was making way: no strike, not uncertain
+            self.enqueue(participant, front=True)
             return
         if before in (PartState.RECEIVING, PartState.VOTING):
             participant.strikes += 1

@@ -64,6 +64,7 @@ def restore(router: Router, records: list[tuple[Message, bytes]], now: int) -> l
 def _restore_tx(router: Router, record: dict[str, Any], message: Message, now: int) -> None:
     state = TxState(record["state"])
     tx = Transaction(record["tid"], record["facility"], None, record["created_ms"])
+    tx.seq = router.next_seq()
     tx.state, tx.reason, tx.record = state, record["reason"], message
     tx.exception = bool(record["exception"])
     tx.decided_ms, tx.flagged_ms = record["decided_ms"], record.get("flagged_ms", 0)

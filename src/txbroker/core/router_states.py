@@ -110,6 +110,9 @@ class PartState(Enum):
     COMMIT = "COMMIT"  #: told ACCEPTED; not yet acknowledged
     ABORT = "ABORT"  #: told REJECTED; not yet acknowledged
     DONE = "DONE"  #: the server acknowledged the outcome (or never needs to)
+    #: told REJECTED (reason PREEMPTED) to free its server for an older transaction in
+    #: a wait cycle; back to WAITING once the server acknowledged (core/router_deadlock.py)
+    YIELDING = "YIELDING"
 
 
 class PartEvent(Enum):
@@ -124,6 +127,7 @@ class PartEvent(Enum):
     LOST = "lost"  #: its server died or unregistered
     ACK = "acknowledge"  #: the server acknowledged the outcome
     FORGET = "forget"  #: nothing to tell this participant (aborted before it voted)
+    YIELD = "yield"  #: its server is taken back for an older transaction (deadlock)
 
 
 #: (state, event) -> next state.
@@ -167,6 +171,18 @@ PART_RULES: dict[tuple[PartState, PartEvent], PartState] = {
     (PartState.ABORT, PartEvent.ACK): PartState.DONE,
     # Rule 8: an aborted transaction's waiting participants have nothing to learn.
     (PartState.WAITING, PartEvent.FORGET): PartState.DONE,
+    # Rule 9: a wait cycle (core/router_deadlock.py): an undecided participant of the
+    # youngest transaction in it gives its server back — told REJECTED PREEMPTED, its
+    # vote void — and is presented again (MSG1) once the server acknowledged. Messages
+    # and the client's accept meanwhile wait for that; the decision (an abort) takes it.
+    (PartState.RECEIVING, PartEvent.YIELD): PartState.YIELDING,
+    (PartState.VOTING, PartEvent.YIELD): PartState.YIELDING,
+    (PartState.VOTED, PartEvent.YIELD): PartState.YIELDING,
+    (PartState.YIELDING, PartEvent.MORE): PartState.YIELDING,
+    (PartState.YIELDING, PartEvent.ASK): PartState.YIELDING,
+    (PartState.YIELDING, PartEvent.ACK): PartState.WAITING,
+    (PartState.YIELDING, PartEvent.LOST): PartState.WAITING,  # no strike: it was told
+    (PartState.YIELDING, PartEvent.ABORT): PartState.ABORT,  # told REJECTED already
 }
 
 
@@ -233,6 +249,9 @@ class Transaction:
     decided_ms: int = 0
     deadline_ms: int = 0  #: vote timeout (VREQ) or outcome retention (decided)
     flagged_ms: int = 0
+    #: the transaction's age among those in flight (smaller: older; a wait cycle's
+    #: youngest makes way, so the oldest always goes on: core/router_deadlock.py)
+    seq: int = 0
     #: its outcome was asked for (``rtr_outcome``): forgotten, it leaves a tombstone
     inquired: bool = False
 
