@@ -440,3 +440,18 @@ def test_a_client_that_keeps_going_after_a_server_rejected_gets_the_outcome(rig:
     assert rig.send(1, client, "t1", 2) == {"partition": "A", "rejected": "INSUFFICIENT"}
     assert rig.accept(1, client, "t1") == {"rejected": "INSUFFICIENT"}
     assert rig.take(1) == [] and rig.take(2) == [("MSG1", "t1"), ("REJECTED", "t1")]
+
+
+def test_strikes_of_an_accepted_transaction_survive_a_restart(rig: Rig) -> None:
+    """Issue 28 §2: a poison transaction gets no more presentations than its retry count
+    however often the broker restarts: its strikes are journaled as they happen."""
+    client = rig.client(1)
+    rig.server(2, "A")
+    rig.send(1, client, "poison", 1)
+    rig.accept(1, client, "poison")
+    assert rig.take(2) == [("MSG1", "poison")]
+    rig.close(2)  # lost before its vote: strike 1
+    rig.h = rig.h.crash()
+    rig.define()
+    tx = rig.router.transactions["poison"]
+    assert [p.strikes for p in tx.participants.values()] == [1]

@@ -390,3 +390,21 @@ def test_crossing_transactions_one_server_each_both_commit(broker: BrokerProcess
         a.accept_transaction()
         b.accept_transaction()
         assert receive(c2).type is M.ACCEPTED
+
+
+def test_set_recovery_retry_count_from_the_partition_api(broker: BrokerProcess) -> None:
+    """Issue 28 §2: the seed's SetRecoveryRetryCount on the server's partition: with 0,
+    the first server death before a vote rejects the transaction (SRVDIED)."""
+    with TransactionController(broker.url) as client:
+        client.register_facility("BANK")
+        with ServerTransactionController(broker.url) as srv:
+            srv.register_partition("BANK", "A")
+            assert srv.set_recovery_retry_count(0)["retry_count"] == 0
+            with pytest.raises(ValueError):
+                srv.set_recovery_retry_count(-1)
+            tid = client.start_transaction()
+            client.send(b"poison", key=1)
+            client.accept()
+            assert receive(srv).type is M.MSG1
+        # the server left before its vote: one strike is one too many
+        assert receive(client) == RouterMessage(M.REJECTED, tid=tid, reason="SRVDIED")

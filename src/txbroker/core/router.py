@@ -683,6 +683,11 @@ class Router:
             if participant.strikes > retry and tx.state in (TxState.SENDING, TxState.VREQ):
                 self._strike_out(tx, now)
                 return
+            if tx.record is not None and not tx.deciding:
+                # journaled: so is the strike, or a restart would give the transaction
+                # more presentations than its partition's retry count
+                tx.record = self.log.write(self.journal_record(tx), tx.record, now,
+                                           self._journaled(None))
         else:  # it voted, or had the outcome: it may have committed
             participant.uncertain = True
         self.enqueue(participant, front=True)

@@ -158,6 +158,23 @@ class AsyncServerTransactionController(AsyncControllerBase):
         self._partition = reply.get("partition")
         return reply
 
+    async def set_recovery_retry_count(self, count: int) -> dict[str, Any]:
+        """Set how many presentations lost before a vote (server deaths) a transaction
+        of this server's partition survives before it is rejected with SRVDIED and
+        flagged an exception (the seed's SetRecoveryRetryCount; default 3). Durable and
+        for every server of the partition; needs the admin permission on the facility.
+        Returns the partition's settings."""
+        if type(count) is not int or count < 0:
+            raise ValueError(f"a recovery retry count is an integer >= 0, not {count!r}")
+        self._check_usable()
+        if self._partition is None:
+            raise IllegalState("register_partition first")
+        assert self._register_args is not None
+        reply: dict[str, Any] = await self._call("rtr_set_partition", {
+            "facility": self._register_args["facility"], "partition": self._partition,
+            "retry_count": count})
+        return reply
+
     def _call_step(self, call: str) -> ServerState:
         rule = CALLS.get((self._state, call))
         if rule is None:

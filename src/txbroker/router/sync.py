@@ -215,3 +215,7 @@ class ServerTransactionController(_SyncController[AsyncServerTransactionControll
     def acknowledge_outcome(self) -> None:
         """The outcome is applied: the router may forget the transaction."""
         self._run(self._inner.acknowledge_outcome())
+
+    def set_recovery_retry_count(self, count: int) -> dict[str, Any]:
+        """Set the partition's recovery retry count (the seed's SetRecoveryRetryCount)."""
+        return self._run(self._inner.set_recovery_retry_count(count))
