@@ -165,3 +165,18 @@ def test_broker_killed_between_accept_and_votes(bank: BrokerProcess) -> None:
     assert kinds(server.wait_push()) == [("ACCEPTED", "kept")]
     server.close()
     client.close()
+
+
+def test_the_routers_journal_queue_is_not_among_the_users_queues(broker: BrokerProcess) -> None:
+    """Issue 28 §2: ``$router`` holds the router's journal; it is not listed with the
+    user's queues, nor counted in the broker's queues and messages."""
+    peer = Peer(broker.port)
+    try:
+        peer.ok("rtr_define", facility="F", partitions=[{"name": "P", "low": 0, "high": 9}])
+        peer.ok("send", dest="mine", body=b"x")
+        assert [q["name"] for q in peer.ok("queue_list")] == ["mine"]
+        stats = peer.ok("stats")
+        assert (stats["queues"], stats["messages"], stats["router_records"]) == (1, 1, 1)
+        assert peer.ok("queue_info", name="$router")["depth"] == 1
+    finally:
+        peer.close()

@@ -24,6 +24,7 @@ from txbroker.core.queue_index import (
 )
 from txbroker.core.queues import Queue, QueueSettings
 from txbroker.core.records import Kind
+from txbroker.core.router_log import RESERVED_PREFIX
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import AlreadyExists, BadRequest, NotFound
 
@@ -215,18 +216,23 @@ class Admin:
         return index.existing_queue(name).info()
 
     def queue_list(self) -> list[dict[str, Any]]:
-        """Every queue's and topic's info, by name."""
-        found = [q.info() for q in self.index.queues.values()]
+        """Every queue's and topic's info, by name — the user's: the router's internal
+        journal queue (``$router``) belongs to the router (``txbroker router show``),
+        not among the user's queues (``queue_info`` still shows it by name)."""
+        found = [q.info() for name, q in self.index.queues.items()
+                 if not name.startswith(RESERVED_PREFIX)]
         found.extend(t.info() for t in self.index.topics.values())
         return sorted(found, key=lambda info: str(info["name"]))
 
     def stats(self) -> dict[str, Any]:
         """Broker-wide counts for ``txbroker stat``."""
         index = self.index
+        internal = [q for name, q in index.queues.items() if name.startswith(RESERVED_PREFIX)]
         return {
-            "queues": len(index.queues),
+            "queues": len(index.queues) - len(internal),
             "topics": len(index.topics),
-            "messages": len(index.messages),
+            "messages": len(index.messages) - sum(q.messages for q in internal),
+            "router_records": sum(q.messages for q in internal),
             "sessions": len(index.sessions),
             "storage_failed": None if self.outbox.failed is None else str(self.outbox.failed),
             **index.counters,
