@@ -367,3 +367,16 @@ def test_serve_listens_for_http_on_the_flag_or_config_port(tmp_path: Path) -> No
         assert not _listens(port)
     shown = " ".join(txb("serve", "--help").stdout.split())
     assert "--http-port <int> HTTP port: REST API, /api/openapi.json, /metrics" in shown
+
+
+def test_recv_many_uses_a_window_and_takes_exactly_count(broker: BrokerProcess) -> None:
+    """Issue 30: ``recv --count N`` consumes through a prefetch window (not one request a
+    message) and never takes more than N: the rest stay in the queue, not redelivered."""
+    url = ["--url", broker.url]
+    txb("send", "many", "m", "--count", "1300", *url)
+    got = txb("recv", "many", "--count", "1000", "--quiet", *url)
+    assert got.returncode == 0
+    info = json.loads(txb("queues", "--json", *url).stdout)
+    assert [(q["name"], q["depth"], q["in_flight"]) for q in info] == [("many", 300, 0)]
+    rest = txb("recv", "many", "--count", "300", *url).stdout.splitlines()
+    assert len(rest) == 300 and not any("redelivered" in line for line in rest)

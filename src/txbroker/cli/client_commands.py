@@ -13,9 +13,12 @@ messages were sent or received before an error, the error line says how many;
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import sys
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -137,20 +140,26 @@ def recv(
     "error: timed out: received N of COUNT message(s)" on stderr: exit code 3.
     """
     got = 0
+
+    def show(msg: Any) -> None:
+        if not quiet:
+            line = Text.assemble((str(msg.seq), "dim"), " ", msg.body.decode(errors="replace"),
+                                 " (redelivered)" if msg.redelivered else "")
+            console.print(line, soft_wrap=True, highlight=False)
+
     try:
         with common.connect(url, tls_ca) as conn:
-            while got < count:
-                msg = conn.receive(queue, timeout=timeout)
-                if msg is None:
-                    break
-                got += 1
-                if not quiet:
-                    line = Text.assemble((str(msg.seq), "dim"), " ",
-                                         msg.body.decode(errors="replace"),
-                                         " (redelivered)" if msg.redelivered else "")
-                    console.print(line, soft_wrap=True, highlight=False)
-                if not no_ack:
-                    msg.ack(wait=True)
+            if no_ack or count == 1:  # one request a message: nothing is held back
+                while got < count:
+                    msg = conn.receive(queue, timeout=timeout)
+                    if msg is None:
+                        break
+                    got += 1
+                    show(msg)
+                    if not no_ack:
+                        msg.ack(wait=True)
+            else:
+                got = _recv_windowed(conn, queue, count, timeout, show)
     except (TxBrokerError, OSError) as exc:
         if not got:
             raise
@@ -158,6 +167,45 @@ def recv(
     if got < count:
         raise fail(f"timed out: received {got} of {count} message(s) "
                    f"(none came within {timeout:g} s)", EXIT_INCOMPLETE)
+
+
+#: How many ``receive`` requests ``recv`` keeps in flight.
+RECV_WINDOW = 256
+
+
+def _recv_windowed(conn: Any, queue: str, count: int, timeout: float,
+                   show: Callable[[Any], None]) -> int:
+    """Receive up to ``count`` messages with up to :data:`RECV_WINDOW` ``receive``
+    requests in flight (not one round trip a message), acknowledging them pipelined;
+    the last ack is waited for (acks are ordered: all are durable then). Exactly
+    ``count`` receives are asked for, so the broker never hands out more (a
+    subscription's prefetch would push ahead, and what it pushed past ``count`` would
+    go back to the queue flagged redelivered). Returns how many came."""
+
+    async def run() -> int:
+        aconn = conn.async_connection
+        pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+        issued = got = 0
+        timed_out = False
+        last: Any = None
+        while pending or (issued < count and not timed_out):
+            while issued < count and not timed_out and len(pending) < RECV_WINDOW:
+                pending.append(asyncio.ensure_future(aconn.receive(queue, timeout=timeout)))
+                issued += 1
+            msg = await pending.popleft()
+            if msg is None:
+                timed_out = True  # ask no more; those in flight may still bring one
+                continue
+            got += 1
+            show(msg)
+            if last is not None:
+                await last.ack()
+            last = msg
+        if last is not None:
+            await last.ack(wait=True)
+        return got
+
+    return int(conn.run_async(run()))
 
 
 def queues(url: UrlOption = DEFAULT_URL, tls_ca: TlsCaOption = None,
