@@ -22,7 +22,8 @@ import txbroker
 from txbroker import _build
 
 #: The transaction router's client API (docs/router.md), the same in both flavours.
-ROUTER = {"ALL_ROUTER_EVENTS", "ALL_USER_EVENTS", "ClientState", "EXCEPTION", "EventRanges",
+ROUTER = {"ALL_ROUTER_EVENTS", "ALL_USER_EVENTS", "CLIENT_PLAN", "ClientMessageHandler",
+          "ClientState", "EXCEPTION", "EventRanges", "REASON_PREEMPTED",
           "Key", "MessageType", "PARTITION_DOWN", "PARTITION_UP", "PLAN", "PRIMARY",
           "PartitionMap", "REASON_CLIENT", "REASON_LOST", "REASON_SRVDIED", "REASON_TIMEOUT",
           "REASON_UNKNOWN", "ROUTER_EVENT_MAX", "ROUTER_EVENT_MIN", "Role", "RouterMessage",
@@ -48,7 +49,7 @@ PUBLIC: dict[str, set[str]] = {
                     "TransactionManager", "branch_xid", "recover"},
     "txbroker.spark": {"register"},
     "txbroker.router": ROUTER,
-    "txbroker.router.aio": ROUTER | {"AsyncServerMessageHandler",
+    "txbroker.router.aio": ROUTER | {"AsyncClientMessageHandler", "AsyncServerMessageHandler",
                                      "AsyncServerTransactionController",
                                      "AsyncTransactionController"},
     "txbroker.protocol": {"DEFAULT_MAX_FRAME_SIZE", "Err", "Event", "LocalProtocolError",

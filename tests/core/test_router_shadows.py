@@ -90,3 +90,32 @@ def test_two_shadows_the_secondary_site_applies_once(rig: Rig) -> None:
     rig.vote(holder, ctl, "t1")
     assert rig.take(1) == [("ACCEPTED", "t1")]
     assert rig.take(3) + rig.take(4) == [("ACCEPTED", "t1")]
+
+
+def test_role_and_exception_events_carry_the_key_range(rig: Rig) -> None:
+    """Issue 28 §2: PRIMARY when the primary site is gone, SECONDARY when it returns,
+    EXCEPTION (262) when a transaction strikes out; each with the partition's key
+    range."""
+    client = rig.client(1)
+    rig.server(2, "A")
+    shadow = rig.server(3, "A", role=Role.SHADOW, events=((260, 262),))
+
+    def events(sid: int) -> list[tuple[int, str, list[int]]]:
+        mine = [b for s, b in rig.h.pushes if s == sid and b["type"] == "ROUTER_EVENT"]
+        rig.take(sid)
+        return [(b["number"], b["partition"], b["key_range"]) for b in mine]
+
+    assert events(3) == [(261, "A", [0, 999])]  # SECONDARY: a primary site exists
+    rig.close(2)
+    assert events(3) == [(260, "A", [0, 999])]  # PRIMARY: the shadow site is primary
+    rig.server(4, "A")
+    assert events(3) == [(261, "A", [0, 999])]  # SECONDARY again: the primary returned
+    rig.call("set_partition", 9, 1, "BANK", "A", 0, None, rig.h.now)
+    rig.send(1, client, "poison", 1)
+    rig.accept(1, client, "poison")
+    rig.take(4)
+    rig.close(4)  # lost before its vote, retry count 0: SRVDIED, an exception
+    assert events(3) == [(262, "A", [0, 999]), (260, "A", [0, 999])]  # EXCEPTION, PRIMARY
+    assert rig.take(1) == [("REJECTED", "poison")]
+    assert rig.router.transactions["poison"].exception
+    del shadow

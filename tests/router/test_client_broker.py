@@ -408,3 +408,34 @@ def test_set_recovery_retry_count_from_the_partition_api(broker: BrokerProcess) 
             assert receive(srv).type is M.MSG1
         # the server left before its vote: one strike is one too many
         assert receive(client) == RouterMessage(M.REJECTED, tid=tid, reason="SRVDIED")
+
+
+def test_client_message_handler_gets_outcomes_and_events(broker: BrokerProcess) -> None:
+    """Issue 28 §2: the client-side event model: outcomes to on_accepted/on_rejected,
+    router events (with the partition's key range) to on_event."""
+    from txbroker.router import ClientMessageHandler
+
+    seen: list[tuple[str, Any]] = []
+
+    class Handler(ClientMessageHandler):
+        def on_accepted(self, message: RouterMessage, controller: Any) -> None:
+            seen.append(("accepted", message.tid))
+
+        def on_rejected(self, message: RouterMessage, controller: Any) -> None:
+            seen.append(("rejected", message.reason))
+
+        def on_event(self, message: RouterMessage, controller: Any) -> None:
+            seen.append((message.type.name, (message.number, message.key_range)))
+
+    with TransactionController(broker.url) as client, \
+            ServerTransactionController(broker.url) as srv:
+        client.register_facility("BANK", events=[ALL_ROUTER_EVENTS])
+        srv.register_partition("BANK", "A")
+        tid = client.start_transaction()
+        client.send(b"x", key=1)
+        client.accept()
+        assert receive(srv).type is M.MSG1
+        srv.accept_transaction()
+        Handler().run(client, stop=lambda: any(s[0] == "accepted" for s in seen))
+        assert seen[-1] == ("accepted", tid)
+        assert (M.ROUTER_EVENT.name, (SERVER_UP, (0, 99))) in seen

@@ -838,11 +838,16 @@ class Router:
         targets = only if only is not None else [
             c for c in self.controllers.values() if c.facility == facility]
         count = 0
+        found = self.facilities.get(facility)
+        part = next((p for p in found.partitions if p.name == partition), None
+                    ) if found is not None else None
+        key_range = None if part is None else [part.low, part.high]
         for controller in targets:
             if event_matches(int(number), None, controller.events, controller.recipient):
                 self.push(controller, {"type": "ROUTER_EVENT", "number": int(number),
                                        "name": number.name, "facility": facility,
-                                       "partition": partition, "detail": detail})
+                                       "partition": partition, "key_range": key_range,
+                                       "detail": detail})
                 count += 1
         return count
 

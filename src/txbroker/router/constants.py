@@ -24,6 +24,7 @@ __all__ = [
     "PRIMARY",
     "REASON_CLIENT",
     "REASON_LOST",
+    "REASON_PREEMPTED",
     "REASON_SRVDIED",
     "REASON_TIMEOUT",
     "REASON_UNKNOWN",
@@ -115,6 +116,9 @@ REASON_TIMEOUT: Final = "TIMEOUT"
 REASON_CLIENT: Final = "CLIENT"
 #: Server side: the connection to the broker was lost before the outcome; roll back.
 REASON_LOST: Final = "LOST"
+#: Server side, never an outcome: make way for an older transaction in a wait cycle —
+#: roll back and acknowledge; the transaction comes again later (MSG1).
+REASON_PREEMPTED: Final = "PREEMPTED"
 #: Client side, after a lost connection: the router has no record of it — it was
 #: never durably accepted, so it was never applied anywhere.
 REASON_UNKNOWN: Final = "UNKNOWN"
@@ -144,8 +148,9 @@ class RouterMessage:
     ``tid`` is the transaction's id (None for events); ``body``, ``key``, ``index``
     (0-based number of the message for this server), ``headers`` and ``replay``
     (presentations so far) belong to MSG1/MSG/UNCERTAIN; ``reason`` to REJECTED;
-    ``number``, ``recipient`` to events; ``facility``, ``partition``, ``detail`` to
-    router events (``partition`` also names the partition of a server's messages).
+    ``number``, ``recipient`` to events; ``facility``, ``partition``, ``key_range``
+    (the partition's ``(low, high)``) and ``detail`` to router events (``partition``
+    also names the partition of a server's messages).
     """
 
     type: MessageType
@@ -161,6 +166,7 @@ class RouterMessage:
     headers: dict[str, Any] = field(default_factory=dict)
     facility: str | None = None
     detail: Any = None
+    key_range: tuple[Key, Key] | None = None
 
     @property
     def is_outcome(self) -> bool:
@@ -192,9 +198,17 @@ class RouterMessage:
                 headers=dict(data.get("headers") or {}),
                 facility=data.get("facility"),
                 detail=data.get("detail"),
+                key_range=_key_range(data.get("key_range")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed rtr push: {exc!r}") from exc
+
+
+def _key_range(value: Any) -> tuple[Key, Key] | None:
+    if value is None:
+        return None
+    low, high = value  # a pair, or the push is malformed (ValueError, TypeError)
+    return (low, high)
 
 
 @dataclass(frozen=True, slots=True)

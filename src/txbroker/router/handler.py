@@ -15,6 +15,12 @@ prepare). The plan is decided here once, for both faces.
 ``run`` returns when ``stop()`` returns true (checked between messages and at
 least every ``poll_interval`` seconds) or when the controller is closed
 (ConnectionLost is not raised then).
+
+The client side has the same model (:class:`ClientMessageHandler`,
+:class:`AsyncClientMessageHandler`): ``on_accepted`` / ``on_rejected`` for the
+outcomes of its transactions and ``on_event`` for user and router events
+(:data:`CLIENT_PLAN`), for applications that send from one place and react to
+outcomes and events in another.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ from txbroker.errors import ConnectionLost
 from txbroker.router.constants import MessageType, RouterMessage
 
 if TYPE_CHECKING:
+    from txbroker.router.client import AsyncTransactionController
     from txbroker.router.server import AsyncServerTransactionController
-    from txbroker.router.sync import ServerTransactionController
+    from txbroker.router.sync import ServerTransactionController, TransactionController
 
-__all__ = ["PLAN", "AsyncServerMessageHandler", "ServerMessageHandler"]
+__all__ = ["CLIENT_PLAN", "PLAN", "AsyncClientMessageHandler", "AsyncServerMessageHandler",
+           "ClientMessageHandler", "ServerMessageHandler"]
 
 M = MessageType
 #: The callbacks each received type calls, in order; ``"acknowledge"`` is the
@@ -44,6 +52,13 @@ PLAN: Final[dict[MessageType, tuple[str, ...]]] = {
     M.REJECTED: ("on_rejected", "acknowledge"),
     M.USER_EVENT: ("on_event",),
     M.ROUTER_EVENT: ("on_event",),
+}
+#: The callback of each type a client receives.
+CLIENT_PLAN: Final[dict[MessageType, str]] = {
+    M.ACCEPTED: "on_accepted",
+    M.REJECTED: "on_rejected",
+    M.USER_EVENT: "on_event",
+    M.ROUTER_EVENT: "on_event",
 }
 #: Seconds between two checks of ``stop`` while no message comes.
 DEFAULT_POLL_INTERVAL: Final = 0.1
@@ -147,6 +162,72 @@ class AsyncServerMessageHandler:
                 await getattr(self, step)(message, controller)
 
     async def run(self, controller: AsyncServerTransactionController, *,
+                  stop: Callable[[], bool] | None = None,
+                  poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        """Receive and dispatch until ``stop()`` or the controller is closed."""
+        while stop is None or not stop():
+            try:
+                message = await controller.receive(None if stop is None else poll_interval)
+            except ConnectionLost:
+                if controller.closed:
+                    return
+                raise
+            if message is not None:
+                await self.dispatch(message, controller)
+
+
+class ClientMessageHandler:
+    """Callbacks of a client (sync): the outcomes of its transactions and the events it
+    subscribed to. Override what you need; the defaults do nothing."""
+
+    def on_accepted(self, message: RouterMessage, controller: TransactionController) -> None:
+        """The transaction ``message.tid`` is accepted: applied on every partition."""
+
+    def on_rejected(self, message: RouterMessage, controller: TransactionController) -> None:
+        """The transaction ``message.tid`` is rejected (``message.reason``)."""
+
+    def on_event(self, message: RouterMessage, controller: TransactionController) -> None:
+        """A user or router event."""
+
+    def dispatch(self, message: RouterMessage, controller: TransactionController) -> None:
+        """Call the callback of ``message`` (:data:`CLIENT_PLAN`)."""
+        getattr(self, CLIENT_PLAN[message.type])(message, controller)
+
+    def run(self, controller: TransactionController, *, stop: Callable[[], bool] | None = None,
+            poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        """Receive and dispatch until ``stop()`` or the controller is closed."""
+        while stop is None or not stop():
+            try:
+                message = controller.receive(None if stop is None else poll_interval)
+            except ConnectionLost:
+                if controller.closed:
+                    return
+                raise
+            if message is not None:
+                self.dispatch(message, controller)
+
+
+class AsyncClientMessageHandler:
+    """Callbacks of a client (async): like :class:`ClientMessageHandler`, coroutines."""
+
+    async def on_accepted(self, message: RouterMessage,
+                          controller: AsyncTransactionController) -> None:
+        """The transaction ``message.tid`` is accepted: applied on every partition."""
+
+    async def on_rejected(self, message: RouterMessage,
+                          controller: AsyncTransactionController) -> None:
+        """The transaction ``message.tid`` is rejected (``message.reason``)."""
+
+    async def on_event(self, message: RouterMessage,
+                       controller: AsyncTransactionController) -> None:
+        """A user or router event."""
+
+    async def dispatch(self, message: RouterMessage,
+                       controller: AsyncTransactionController) -> None:
+        """Call the callback of ``message`` (:data:`CLIENT_PLAN`)."""
+        await getattr(self, CLIENT_PLAN[message.type])(message, controller)
+
+    async def run(self, controller: AsyncTransactionController, *,
                   stop: Callable[[], bool] | None = None,
                   poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
         """Receive and dispatch until ``stop()`` or the controller is closed."""
