@@ -339,3 +339,37 @@ def test_a_page_of_queues(broker: HttpBroker) -> None:
                 {"limit": "x"}, {"limit": 5, "sort": "colour"},
                 {"limit": 5, "order": "up"}):
         error(http.get("/api/queues", params=bad), 400, "BAD_REQUEST")
+
+
+def test_router_show_and_exceptions(broker: HttpBroker) -> None:
+    """Issue 28 §2: the router in the REST API — facilities, partitions and their
+    servers, transactions by state, exception transactions with discard."""
+    from txbroker.router import ServerTransactionController, TransactionController
+
+    http = broker.http
+    with txbroker.connect(broker.url) as conn:
+        conn.request("rtr_define", {"facility": "HTTPBANK", "partitions": [
+            {"name": "A", "low": 0, "high": 99, "retry_count": 0}]})
+    with TransactionController(broker.url) as client:
+        client.register_facility("HTTPBANK")
+        with ServerTransactionController(broker.url) as server:
+            server.register_partition("HTTPBANK", "A")
+            shown = http.get("/api/router", params={"facility": "HTTPBANK"}).json()
+            [facility] = shown["facilities"]
+            [partition] = facility["partitions"]
+            assert (partition["name"], [s["role"] for s in partition["servers"]]) == (
+                "A", ["primary"])
+            tid = client.start_transaction()
+            client.send(b"poison", key=1)
+            client.accept()
+            assert server.receive(timeout=30) is not None
+        message = client.receive(timeout=30)  # the server left before voting: SRVDIED
+        assert message is not None and message.reason == "SRVDIED"
+    listed = http.get("/api/router/exceptions", params={"facility": "HTTPBANK"}).json()
+    assert [e["tid"] for e in listed] == [tid]
+    assert http.get("/api/router").json()["stats"]["exceptions"] == 1
+    assert http.delete(f"/api/router/exceptions/{tid}").json() == {
+        "tid": tid, "state": "DISCARDED"}
+    error(http.delete(f"/api/router/exceptions/{tid}"), 404, "NOT_FOUND")
+    error(http.get("/api/router", params={"facility": "NOPE"}), 404, "NOT_FOUND")
+    assert http.get("/api/router/exceptions").json() == []

@@ -28,7 +28,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from txbroker._version import __version__
+from txbroker.core import router_admin
 from txbroker.errors import BadRequest, BrokerError
+from txbroker.server import router_handlers
 from txbroker.server.http.calls import REALM, Gate, HttpServerPort, error_code, http_status
 from txbroker.server.http.console import console_routes
 from txbroker.server.http.metrics import BrokerCollector
@@ -304,6 +306,38 @@ class HttpApi:
         await self._run(request, lambda s, rid, now: s.xa_forget(rid, xid, now))
         return JSONResponse({"xid": str(xid), "forgotten": True})
 
+    # ------------------------------------------------------------- router
+    async def router_show(self, request: Request) -> Response:
+        """What ``txbroker router show`` prints — facilities, partitions with their
+        servers and roles, transactions by state (``?facility=`` for one), the
+        counters — and ``stats`` (transactions in flight by state, exceptions)."""
+        facility = request.query_params.get("facility")
+
+        def run(session: Session, rid: int, now: int) -> Any:
+            shown = router_handlers.rtr_show(
+                session, rid, {} if facility is None else {"facility": facility}, now)
+            return {**shown, "stats": router_admin.stats(session.core.router)}
+        return JSONResponse(await self._run(request, run))
+
+    async def router_exceptions(self, request: Request) -> Response:
+        """The exception transactions (``?facility=`` for one facility's)."""
+        facility = request.query_params.get("facility")
+        args = {} if facility is None else {"facility": facility}
+        return JSONResponse(await self._run(
+            request, lambda s, rid, now: router_handlers.rtr_exceptions(s, rid, args, now)))
+
+    async def router_exception_commit(self, request: Request) -> Response:
+        """Commit an exception transaction by hand (admin)."""
+        args = {"tid": request.path_params["tid"]}
+        return JSONResponse(await self._run(
+            request, lambda s, rid, now: router_handlers.rtr_exception_commit(s, rid, args, now)))
+
+    async def router_exception_discard(self, request: Request) -> Response:
+        """Discard an exception transaction (admin)."""
+        args = {"tid": request.path_params["tid"]}
+        return JSONResponse(await self._run(
+            request, lambda s, rid, now: router_handlers.rtr_exception_discard(s, rid, args, now)))
+
     # ------------------------------------------------------------- documents
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI 3 document of this API (no authentication: it is public)."""
@@ -338,6 +372,12 @@ def routes(api: HttpApi) -> list[Route]:
         Route("/api/xa/{xid}/commit", api.xa_commit, methods=["POST"]),
         Route("/api/xa/{xid}/rollback", api.xa_rollback, methods=["POST"]),
         Route("/api/xa/{xid}", api.xa_forget, methods=["DELETE"]),
+        Route("/api/router", api.router_show, methods=["GET"]),
+        Route("/api/router/exceptions", api.router_exceptions, methods=["GET"]),
+        Route("/api/router/exceptions/{tid}/commit", api.router_exception_commit,
+              methods=["POST"]),
+        Route("/api/router/exceptions/{tid}", api.router_exception_discard,
+              methods=["DELETE"]),
         Route("/api/openapi.json", api.openapi, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
     ]

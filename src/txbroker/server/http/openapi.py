@@ -25,7 +25,8 @@ def _ok(description: str, schema: dict[str, Any] | None = None) -> dict[str, Any
 def _op(summary: str, ok: dict[str, Any], *errors: int, body: dict[str, Any] | None = None,
         params: list[dict[str, Any]] | None = None, status: str = "200") -> dict[str, Any]:
     responses: dict[str, Any] = {status: ok, "401": _error("no or wrong credentials")}
-    texts = {400: "bad JSON or arguments", 404: "unknown queue, branch or connection",
+    texts = {400: "bad JSON or arguments", 403: "not permitted (admin)",
+             404: "unknown queue, branch, connection, facility or transaction",
              409: "refused in the current state", 415: "the body is not application/json"}
     for code in errors:
         responses[str(code)] = _error(texts[code])
@@ -43,9 +44,9 @@ def _path(name: str, description: str, kind: str = "string") -> dict[str, Any]:
             "schema": {"type": kind}}
 
 
-def _query(name: str, description: str) -> dict[str, Any]:
+def _query(name: str, description: str, kind: str = "integer") -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "description": description,
-            "schema": {"type": "integer"}}
+            "schema": {"type": kind}}
 
 
 QUEUE = _path("name", "queue or topic name (a '/' in it may be sent as %2F)")
@@ -157,6 +158,24 @@ OPENAPI: Final[dict[str, Any]] = {
         "/api/xa/{xid}": {
             "delete": _op("Forget a heuristically completed branch", _ok("forgotten"),
                           400, 404, 409, params=[XID]),
+        },
+        "/api/router": {
+            "get": _op("The router: facilities, partitions, servers and roles, transactions "
+                       "by state, counts", _ok("{facilities, stats}"), 404,
+                       params=[_query("facility", "one facility only", "string")]),
+        },
+        "/api/router/exceptions": {
+            "get": _op("The exception transactions", _ok("exception transactions"), 404,
+                       params=[_query("facility", "one facility only", "string")]),
+        },
+        "/api/router/exceptions/{tid}/commit": {
+            "post": _op("Commit an exception transaction by hand (admin)",
+                        _ok("{tid, state}"), 400, 403, 404, 409,
+                        params=[_path("tid", "transaction id", "string")]),
+        },
+        "/api/router/exceptions/{tid}": {
+            "delete": _op("Discard an exception transaction (admin)", _ok("{tid, state}"),
+                          400, 403, 404, 409, params=[_path("tid", "transaction id", "string")]),
         },
         "/api/openapi.json": {"get": {"summary": "This document", "security": [],
                                       "responses": {"200": _ok("OpenAPI 3")}}},
