@@ -346,7 +346,8 @@ class Broker:
         return self.xa.recover(session_id, flags)
 
     def xa_set_timeout(self, session_id: int, seconds: int) -> Any:
-        """The transaction timeout of branches this session starts; 0 = the default."""
+        """The transaction timeout (seed 002's idle timeout, from ``end``) of branches
+        this session starts; 0 = the default."""
         return self.xa.set_timeout(self.index.session(session_id), seconds)
 
     def xa_get_timeout(self, session_id: int) -> Any:
