@@ -532,6 +532,14 @@ class Session:
             self._acked(tags)
         return result
 
+    def ack_by_id(self, rid: int, queue: str, message_id: int, now: int, *,
+                  tx: int | None = None) -> Any:
+        """Acknowledge a message delivered on an earlier connection of the client (seed
+        004: an ack after a failover), named by its queue and id: IllegalState when it
+        was sent to another receiver meanwhile (``core/delivery.py``)."""
+        self.authorize(CONSUME, queue, "ack_by_id")
+        return self.core.ack_by_id(self.id, rid, queue, message_id, now, tx=tx)
+
     def ack_groups(self, rid: int, groups: Sequence[Sequence[int]], now: int) -> GroupsAcked:
         """Several ack requests in a row (no transaction) as ONE core ack, hence
         one record. If it is refused, the requests are acknowledged one by one up
