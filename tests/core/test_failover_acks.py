@@ -137,3 +137,22 @@ def test_naming_a_missing_subscription_never_creates_a_queue(h: Harness, how: st
     h.call("subscribe", s, 1, "ev::mine", h.now)
     h.send(s, 6, "ev", b"after")
     assert h.deliveries[-1].body == b"after"
+
+
+def test_a_reconnected_client_takes_its_non_durable_subscription_over(h: Harness) -> None:
+    """A client whose connection broke makes its non-durable subscription again
+    (``topic_subscribe``) and may do so before the broker noticed the old connection
+    ended: the subscription passes to the new session, so the old one's end does
+    not delete it under the new subscriber."""
+    old = h.session(1)
+    h.call("queue_declare", old, 1, "ev", h.now, kind="topic")
+    h.call("topic_subscribe", old, 2, "ev", "mine", h.now, durable=False)
+    new = h.session(2)
+    h.call("topic_subscribe", new, 1, "ev", "mine", h.now, durable=False)
+    h.call("subscribe", new, 1, "ev::mine", h.now)
+    h.call("close_session", old, h.now)  # the broker notices the old connection now
+    assert "ev::mine" in h.broker.queues
+    h.send(new, 2, "ev", b"still")
+    assert h.deliveries[-1].body == b"still"
+    h.call("close_session", new, h.now)
+    assert "ev::mine" not in h.broker.queues
