@@ -162,8 +162,10 @@ class AsyncMessage(MessageBase):
         try:
             await engine.call("ack_by_id", {"queue": self.queue, "id": self.seq},
                               timeout=engine.options.timeout, resend=False)
-        except XAError:  # refused before it was sent (a lost XA branch): it may be retried
-            self._settled = False
+        except IllegalState:  # another receiver has it (or it is gone): settled for good
+            raise
+        except BaseException:  # refused before it was sent (a lost XA branch), or the
+            self._settled = False  # outcome is unknown (another failover): may be retried
             raise
         for sub in list(engine.subs.values()):  # a copy delivered again is acked now
             sub.on_acked_by_id(self.queue, self.seq)
