@@ -703,14 +703,15 @@ class Session:
         return self.ops.server.stats()
 
 
-def _check_tags(tags: Sequence[int]) -> None:
+def _check_tags(tags: Sequence[object]) -> None:
     """Tags must be integers; a tag named twice is, the second time, not an unacked
-    delivery any more."""
+    delivery any more. (``object``, not ``int``: compiled by mypyc, a loop over a
+    ``Sequence[int]`` raises TypeError at a non-int item before this check runs.)"""
     if len(tags) == 1:
         if type(tags[0]) is not int:
             raise BadRequest("delivery tags must be integers")
         return
-    seen: set[int] = set()
+    seen: set[object] = set()
     for tag in tags:
         if type(tag) is not int:
             raise BadRequest("delivery tags must be integers")
