@@ -375,6 +375,23 @@ class FakeConnection:
                 self.broker.pump(queue)
         return {}
 
+    def op_ack_by_id(self, rid: int, args: dict[str, Any]) -> Any:
+        """Seed 004's ack after a failover (the real broker's rules, core/delivery.py):
+        a message still ready is taken, one delivered again to this connection has
+        that delivery acked; anything else is ILLEGAL_STATE."""
+        queue = self.broker.queue(args["queue"])
+        seq = int(args["id"])
+        for tag, (_, message, _) in self.inflight.items():
+            if message.seq == seq and message.queue == queue.name:
+                return self.op_ack(rid, {"tags": [tag]})
+        for entry in queue.ready:
+            if entry[2].seq == seq:
+                queue.ready.remove(entry)
+                heapq.heapify(queue.ready)
+                return {}
+        raise Refused(ErrorCode.ILLEGAL_STATE, f"message {seq} was sent to another receiver "
+                                               "or is gone")
+
     def op_nack(self, rid: int, args: dict[str, Any]) -> Any:
         taken = self._take(list(args["tags"]))
         for queue, message, sub in taken:

@@ -203,6 +203,12 @@ EXPECTED_TABLE: dict[tuple[str, str], tuple[str, int]] = {
     ("heuristic_committed", "FORGET"): ("gone", XA_OK),
     ("heuristic_rolled_back", "FORGET"): ("gone", XA_OK),
     ("active", "SESSION_LOST"): ("suspended", XA_OK),
+    # seed 002: the IDLE state ("idle", "idle, rollback-only", "idle, suspended") is
+    # rolled back after the idle timeout; an ACTIVE branch "persists as long as the XA
+    # session is open": no ("active", "TIMEOUT") row
+    ("idle", "TIMEOUT"): ("gone", XA_RBTIMEOUT),
+    ("rollback_only", "TIMEOUT"): ("gone", XA_RBTIMEOUT),
+    ("suspended", "TIMEOUT"): ("gone", XA_RBTIMEOUT),
     ("none", "RECOVER"): ("prepared", XA_OK),
 }
 ALL_PAIRS = [(s, r) for s in BranchState for r in Request]
@@ -391,32 +397,108 @@ def test_heuristic_commit_rollback_and_forget(h: Harness) -> None:
     assert XA(h2.crash()).recover() == []
 
 
-def test_transaction_timeout_rolls_back(h: Harness) -> None:
+#: Far past any timer a branch could have: an ACTIVE branch must still be there (seed 002).
+AN_HOUR_MS = 3_600_000
+
+
+def test_active_branch_persists_while_its_session_is_open(h: Harness) -> None:
+    """Seed 002: an ACTIVE branch "persists as long as the XA session is open"; the
+    transaction timeout of the XAResource is an idle timeout, not a deadline from start."""
     XA(h, 2).send("in", b"m")
     x = XA(h)
     assert h.call("xa_get_timeout", 1) == {"seconds": 180}
     h.call("xa_set_timeout", 1, 5)
     x.start()
     x.take("in")
-    assert h.broker.next_wakeup() is not None
-    h.tick(5_001)
-    assert x.state() == "gone"
-    assert code_of(lambda: x.end()) == XA_RBTIMEOUT
-    assert bodies(h, "in") == [b"m"]
-    assert h.call("xa_set_timeout", 1, 0) == {"seconds": 180}  # 0 restores the default
-
-
-def test_idle_branch_rolls_back_after_idle_timeout(store: StoreOpener | None) -> None:
-    h = Harness(Limits(xa_idle_timeout_ms=1_000), store=store)
-    x = XA(h)
-    x.start()
-    x.send("out", b"m")
+    assert h.broker.next_wakeup() is None  # no timer on an ACTIVE branch
+    h.tick(AN_HOUR_MS)
+    assert x.state() == "active"
     x.end()
-    h.tick(999)
+    assert x.state() == "idle"
+    x.prepare()
+    x.commit()
+    assert bodies(h, "in") == []
+
+
+def test_transaction_timeout_is_the_idle_timeout(h: Harness) -> None:
+    """The timeout set by set_transaction_timeout runs from ``end``: an IDLE branch not
+    prepared, committed or rolled back within it is rolled back (XA_RBTIMEOUT next)."""
+    XA(h, 2).send("in", b"m")
+    x = XA(h)
+    h.call("xa_set_timeout", 1, 5)
+    x.start()
+    x.take("in")
+    h.tick(60_000)  # ACTIVE for a minute: the idle clock has not started
+    x.end()
+    h.tick(4_999)
     assert x.state() == "idle"
     h.tick(2)
     assert x.state() == "gone"
     assert code_of(lambda: x.prepare()) == XA_RBTIMEOUT
+    assert bodies(h, "in") == [b"m"]
+    assert h.call("xa_set_timeout", 1, 0) == {"seconds": 180}  # 0 restores the default
+
+
+def test_default_idle_timeout_is_180_seconds(h: Harness) -> None:
+    x = XA(h)
+    x.start()
+    x.send("out", b"m")
+    h.tick(AN_HOUR_MS)
+    x.end()
+    h.tick(179_999)
+    assert x.state() == "idle"
+    h.tick(2)
+    assert x.state() == "gone"
+    assert code_of(lambda: x.commit(one_phase=True)) == XA_RBTIMEOUT
+    assert bodies(h, "out") == []
+
+
+@pytest.mark.parametrize(("flags", "state"), [(TMFAIL, "rollback_only"),
+                                              (TMSUSPEND, "suspended")])
+def test_every_idle_state_has_the_idle_timeout(h: Harness, flags: int, state: str) -> None:
+    """Seed 002's IDLE covers end(TMFAIL) ("idle, rollback-only") and end(TMSUSPEND)
+    ("idle, suspended"): both are rolled back after the idle timeout."""
+    x = XA(h)
+    h.call("xa_set_timeout", 1, 2)
+    x.start()
+    x.send("out", b"m")
+    h.tick(1_500)  # ACTIVE: not counted
+    x.end(flags=flags)
+    h.tick(1_999)
+    assert x.state() == state
+    h.tick(2)
+    assert x.state() == "gone"
+    assert code_of(lambda: x.rollback()) == XA_RBTIMEOUT
+
+
+def test_resumed_branch_is_active_again_without_a_timer(h: Harness) -> None:
+    x = XA(h)
+    h.call("xa_set_timeout", 1, 2)
+    x.start()
+    x.end(flags=TMSUSPEND)
+    h.tick(1_500)
+    x.start(flags=TMRESUME)
+    h.tick(AN_HOUR_MS)
+    assert x.state() == "active"
+    x.end()
+    h.tick(1_999)
+    assert x.state() == "idle"
+
+
+def test_broken_session_keeps_the_reattach_window_whatever_the_timeout(
+        store: StoreOpener | None) -> None:
+    """The reattach window (3 minutes) is not the transaction timeout: a branch whose
+    session broke waits for it even when its idle timeout is shorter."""
+    h = Harness(Limits(xa_reattach_ms=180_000), store=store)
+    x = XA(h)
+    h.call("xa_set_timeout", 1, 1)
+    x.start()
+    x.send("out", b"m")
+    h.call("close_session", 1, h.now)
+    h.tick(179_999)
+    assert x.state() == "suspended"
+    h.tick(2)
+    assert x.state() == "gone"
 
 
 def test_broken_session_may_reattach_within_the_reattach_time(

@@ -556,6 +556,7 @@ NATIVE_OPS: dict[str, tuple[str | None, str, dict[str, Any]]] = {
     "send_batch": ("send", "send_batch", {"dest": "billing.x", "bodies": [b"x"]}),
     "subscribe": ("consume", "subscribe", {"sub": 1, "queue": "billing.x"}),
     "receive": ("consume", "receive", {"queue": "billing.x", "timeout_ms": 0}),
+    "ack_by_id": ("consume", "ack_by_id", {"queue": "billing.x", "id": 1}),
     "topic_subscribe": ("consume", "topic_subscribe", {"topic": "billing.x", "name": "s"}),
     "stream_open": ("consume", "stream_open", {"queue": "billing.x", "name": "r"}),
     "stream_commit": ("consume", "stream_commit", {"queue": "billing.x", "name": "r",

@@ -48,7 +48,7 @@ XAER_INVAL_WIRE = 2000 - 5
 
 #: Every op of docs/protocol.md's table (test_the_fuzzed_ops_are_the_documented_ops).
 ALL_OPS = [
-    "hello", "ping", "send", "subscribe", "unsubscribe", "receive", "ack", "nack",
+    "hello", "ping", "send", "subscribe", "unsubscribe", "receive", "ack", "ack_by_id", "nack",
     "tx_begin", "tx_commit", "tx_rollback", "queue_declare", "queue_update", "queue_delete",
     "queue_purge", "queue_list", "queue_info", "topic_subscribe", "stats",
     "xa_start", "xa_end", "xa_prepare", "xa_commit", "xa_rollback", "xa_recover",
@@ -274,6 +274,7 @@ REQUESTS: dict[str, tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]
     "unsubscribe": ({"sub": ("int", 1)}, {}),
     "receive": ({"queue": ("str", QUEUE)}, {"timeout_ms": ("int", 0)}),
     "ack": ({"tags": ("tags", [1])}, {"tx": ("int", 1)}),
+    "ack_by_id": ({"queue": ("str", QUEUE), "id": ("int", 2**40)}, {"tx": ("int", 1)}),
     "nack": ({"tags": ("tags", [1])}, {"requeue": ("bool", True), "tx": ("int", 1)}),
     "tx_commit": ({"tx": ("int", 1)}, {}),
     "tx_rollback": ({"tx": ("int", 1)}, {}),

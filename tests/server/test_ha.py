@@ -28,7 +28,7 @@ from tests import native_workload as load
 from tests.ha_support import READY_PREFIX, HaNode, HaPair, free_ports
 from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.support import ROOT, free_port
-from txbroker.errors import IllegalState, Standby, TransactionRolledBack, TxBrokerError
+from txbroker.errors import IllegalState, NotFound, Standby, TransactionRolledBack, TxBrokerError
 
 #: Fast settings for tests (the defaults are 3 s and 10 s).
 HEARTBEAT = 0.5
@@ -424,6 +424,74 @@ def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path) -> None:
             assert shipped is not None and shipped.body == b"o1"
             assert conn.receive("shipped", timeout=0.2) is None  # o2's send rolled back
             assert conn.queue_info("orders")["depth"] == 0
+
+
+def test_acks_after_a_takeover_fail_only_for_another_receiver(tmp_path: Path) -> None:
+    """Seed 004 (issue 28 §5): after a failover an ack raises IllegalState only when the
+    message "has already been sent to another queue receiver"; "this cannot occur if
+    there is only one receiver". The ack names the message by its id: one taken by a
+    receive and one pushed to a subscription (restored after the failover) are acked
+    and never come back; one meanwhile received by another connection is refused."""
+    with pair(tmp_path) as ha:
+        a, b = ha.nodes
+        url = url_of(a, b)
+        with txbroker.connect(url, timeout=10, failover_timeout=60) as conn, \
+                txbroker.connect(url, timeout=10, failover_timeout=60) as other:
+            for queue, body in (("acks", b"r1"), ("acks", b"r2"), ("subs", b"s1"),
+                                ("shared", b"x1")):
+                conn.send(queue, body)
+            taken = conn.receive("acks", timeout=5)
+            shared = conn.receive("shared", timeout=5)
+            sub = conn.subscribe("subs", prefetch=1)
+            pushed = sub.get(timeout=5)
+            assert taken is not None and taken.body == b"r1"
+            assert shared is not None and pushed is not None and pushed.body == b"s1"
+            ha.kill9(a)
+            b.wait_line(READY_PREFIX)
+            taken.ack(wait=True)  # one receiver: accepted
+            pushed.ack(wait=True)
+            elsewhere = other.receive("shared", timeout=10)
+            assert elsewhere is not None and (elsewhere.body, elsewhere.redelivered) == (
+                b"x1", True)
+            with pytest.raises(IllegalState, match="another receiver"):
+                shared.ack(wait=True)
+            elsewhere.ack(wait=True)
+            second = conn.receive("acks", timeout=5)
+            assert second is not None and second.body == b"r2"  # r1 is not redelivered
+            second.ack(wait=True)
+            assert sub.get(timeout=0.5) is None  # s1 neither
+            for queue in ("acks", "subs", "shared"):
+                info = conn.queue_info(queue)
+                assert (queue, info["messages"]) == (queue, 0)
+
+
+def test_a_non_durable_topic_subscriber_carries_on_after_a_takeover(tmp_path: Path) -> None:
+    """Seed 004: "All topic subscribers continue normal operation after a failover." A
+    non-durable subscription is not in the store: the client makes it again on the new
+    active before it subscribes again; naming ``topic::name`` never creates a plain
+    queue."""
+    with pair(tmp_path) as ha:
+        a, b = ha.nodes
+        with txbroker.connect(url_of(a, b), timeout=10, failover_timeout=60) as conn:
+            conn.declare_topic("news")
+            name = conn.subscribe_topic("news", "mine", durable=False)["name"]
+            sub = conn.subscribe(name, prefetch=10)
+            conn.send("news", b"n1")
+            got = sub.get(timeout=5)
+            assert got is not None and got.body == b"n1"
+            got.ack(wait=True)
+            ha.kill9(a)
+            b.wait_line(READY_PREFIX)
+            conn.send("news", b"n2")  # sent once the subscription is back
+            got = sub.get(timeout=10)
+            assert got is not None and got.body == b"n2"
+            got.ack(wait=True)
+            info = conn.queue_info(name)
+            assert (info["topic"], info["durable"]) == ("news", False)
+            assert conn.queue_info("news")["subscriptions"] == [name]
+            with pytest.raises(NotFound):
+                conn.receive("news::nobody", timeout=0)
+            assert "news::nobody" not in {q["name"] for q in conn.queues()}
 
 
 def test_a_pair_on_the_directory_store(tmp_path: Path) -> None:

@@ -15,7 +15,14 @@ import pytest
 import txbroker
 from tests.support import STORES, BrokerProcess, store_args
 from txbroker.client.xa import TMNOFLAGS, TMSUCCESS, XA_OK
-from txbroker.errors import XA_RBROLLBACK, XAER_DUPID, XAER_NOTA, XAER_PROTO, XAError
+from txbroker.errors import (
+    XA_RBROLLBACK,
+    XA_RBTIMEOUT,
+    XAER_DUPID,
+    XAER_NOTA,
+    XAER_PROTO,
+    XAError,
+)
 from txbroker.xid import Xid
 
 
@@ -103,6 +110,29 @@ def test_xa_errors_carry_the_xa_code(broker: BrokerProcess) -> None:
         assert a.xa_resource().get_transaction_timeout() == 180
         a.xa_resource().set_transaction_timeout(30)
         assert a.xa_resource().get_transaction_timeout() == 30
+
+
+def test_transaction_timeout_is_an_idle_timeout(broker: BrokerProcess) -> None:
+    """Seed 002 through a real broker (issue 28 §4): a branch ACTIVE for longer than its
+    transaction timeout is not rolled back; once ended, it is rolled back when the
+    timeout runs out (XA_RBTIMEOUT on the next request)."""
+    with txbroker.connect(broker.url) as conn:
+        xa = conn.xa_resource()
+        xa.set_transaction_timeout(1)
+        xid = Xid(3, "idle", "b")
+        xa.start(xid)
+        conn.send("idle-out", b"x")
+        time.sleep(1.5)  # ACTIVE past its timeout: it stays
+        xa.end(xid, TMSUCCESS)
+        assert [b["state"] for b in conn.xa_branches()] == ["idle"]
+        deadline = time.monotonic() + 10
+        while conn.xa_branches():  # the idle timeout (1 s) rolls it back
+            assert time.monotonic() < deadline, "the IDLE branch was not rolled back"
+            time.sleep(0.05)
+        with pytest.raises(XAError) as info:
+            xa.prepare(xid)
+        assert info.value.errcode == XA_RBTIMEOUT
+        assert conn.receive("idle-out", timeout=0.2) is None
 
 
 def test_one_phase_tpc_commit_and_async_client(broker: BrokerProcess) -> None:

@@ -799,3 +799,56 @@ def test_stompman_server_list_across_kill9_failovers(tmp_path: Path) -> None:
     check(report)
     assert all(n >= KILLS for n in book.reconnections.values()), book.reconnections
 
+
+
+def test_stompman_topic_subscriber_carries_on_across_a_takeover(tmp_path: Path) -> None:
+    """Seed 004: "All topic subscribers continue normal operation after a failover."
+    stompman subscribes to ``/topic/news`` (non-durable) and, after a kill -9, sends
+    its SUBSCRIBE again on the new active, which makes a new subscription: messages
+    published from then on reach it, and no plain queue appears in the topic's place
+    (issue 28 §5)."""
+    with HaPair(tmp_path / "pair") as pair:
+        got: list[bytes] = []
+        book = Book()
+
+        async def main() -> None:
+            async def handle(frame: Any) -> None:
+                got.append(frame.body)
+
+            async with stompman_client(pair.stomp_hosts, book, "sm-topic") as client:
+                subscription = await client.subscribe(
+                    "/topic/news", handle, ack="auto",
+                    on_suppressed_exception=lambda exc, _: book.problem(repr(exc)))
+                await barrier(client)  # the SUBSCRIBE was handled
+                async with txbroker.aio.connect(pair.url, timeout=10,
+                                                failover_timeout=60) as conn:
+                    await conn.send("news", b"before")
+                    await wait_for(lambda: got == [b"before"], "the first message")
+                    before = epoch(client)
+                    pair.kill9(pair.active())
+                    pair.active(TAKEOVER_TIMEOUT)
+                    await barrier_until_ok(client, book, "sm-topic")
+                    assert epoch(client) > before  # stompman reconnected
+                    # stompman re-sends its SUBSCRIBE after it reconnected: publish until
+                    # one arrives (earlier ones had no subscription to go to)
+                    n = 0
+                    deadline = time.monotonic() + RECONNECT_TIMEOUT
+                    while not any(body.startswith(b"after") for body in got):
+                        assert time.monotonic() < deadline, f"nothing after the takeover: {got}"
+                        await conn.send("news", b"after-%d" % n)
+                        n += 1
+                        await asyncio.sleep(0.1)
+                    subscriptions = (await conn.queue_info("news"))["subscriptions"]
+                    assert len(subscriptions) == 1 and subscriptions[0].startswith("news::")
+                    assert {q["name"] for q in await conn.queues()
+                            if q.get("topic") is None and "::" in q["name"]} == set()
+                await subscription.unsubscribe()
+
+        async def wait_for(condition: Any, what: str) -> None:
+            deadline = time.monotonic() + RECEIPT_TIMEOUT
+            while not condition():
+                assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                await asyncio.sleep(POLL)
+
+        asyncio.run(asyncio.wait_for(main(), 90))
+        assert not book.worker_errors, book.worker_errors

@@ -84,7 +84,7 @@ RESENDABLE_OPS: Final = frozenset({"receive", "ping", "queue_info", "queue_list"
 #: Ops whose frame too large for the broker means a body too large (MessageTooLarge).
 SIZED_OPS: Final = frozenset({"send", "send_batch"})
 #: Ops whose work goes into the associated XA branch when they name no local transaction.
-XA_WORK_OPS: Final = frozenset({"send", "send_batch", "ack"})
+XA_WORK_OPS: Final = frozenset({"send", "send_batch", "ack", "ack_by_id"})
 
 
 class Engine:
@@ -94,6 +94,10 @@ class Engine:
         self.url = url
         self.options = options
         self.subs: dict[int, SubscriptionSink] = {}
+        #: non-durable topic subscriptions this connection made (queue name ->
+        #: ``topic_subscribe`` arguments): the broker drops them with the session, so a
+        #: failover makes them again before the subscriptions (seed 004)
+        self.topic_subscriptions: dict[str, dict[str, Any]] = {}
         self.session: Session | None = None
         self.server_info: dict[str, Any] = {}
         self._ready = asyncio.Event()

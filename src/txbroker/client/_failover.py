@@ -11,7 +11,9 @@ until ``failover_timeout``. A host that is down, refuses ``hello`` as a
 standby (``Standby``: it has not taken over, or it never will) or is stopping
 (``ShuttingDown``) is left at once for the next one; during a shared-store
 takeover the client thus keeps going round the list until the standby
-has become active. On a new session it restores, in this order: the open
+has become active. On a new session it restores, in this order: the
+non-durable topic subscriptions it made (``topic_subscribe``: the broker
+keeps none across a failover; seed 004 says topic subscribers carry on), the open
 subscriptions, the associated XA branch (``start(TMRESUME)``; if that fails,
 the branch is lost: ``_xa_state.py``), the extensions (the router's
 registrations, ``ConnectionExtension.restore``), then the carried requests (with new
@@ -88,6 +90,8 @@ class FailoverHost(Protocol):
     url: ClientURL
     options: ConnectOptions
     subs: dict[int, SubscriptionSink]
+    #: non-durable topic subscriptions to make again (queue name -> their arguments)
+    topic_subscriptions: dict[str, dict[str, Any]]
     #: the XA branches of the connection (the associated one is resumed)
     xa: XaBranchState
     #: parts with pushes of their own (the router), restored after the XA branch
@@ -215,6 +219,13 @@ class Failover:
     async def _restore(self, session: Session) -> None:
         """Subscribe again, resume the XA branch and re-send the carried requests."""
         host = self._host
+        for queue, args in list(host.topic_subscriptions.items()):
+            try:  # seed 004: topic subscribers carry on; a non-durable one is made again
+                await host.call_on(session, "topic_subscribe", args)
+            except BrokerError as exc:  # the topic is gone: its subscribers end below
+                host.topic_subscriptions.pop(queue, None)
+                log.warning("txbroker: subscription %s could not be made again: %s",
+                            queue, exc)
         for sub in list(host.subs.values()):
             sub.on_failover(session.epoch)
             if not sub.active:

@@ -42,6 +42,11 @@ class SubscriptionSink(Protocol):
         """``recover()`` gave back every unacked delivery of the session."""
         ...
 
+    def on_acked_by_id(self, queue: str, seq: int) -> None:
+        """A message delivered before a failover was acknowledged by its queue and id
+        (``ack_by_id``): a copy delivered again meanwhile is acknowledged too."""
+        ...
+
 
 #: ``call(op, args)`` on one given session (used while restoring it after a failover).
 SessionCall = Callable[[str, dict[str, Any]], Awaitable[Any]]

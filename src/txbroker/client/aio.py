@@ -212,9 +212,10 @@ class AsyncConnection(TpcMixin, AsyncStreamMixin):
 
     async def subscribe_topic(self, topic: str, name: str, durable: bool = True) -> dict[str, Any]:
         """Create the subscription queue ``"{topic}::{name}"``; returns its info."""
-        result: dict[str, Any] = await self._admin(
-            "topic_subscribe", {"topic": topic, "name": name, "durable": durable}
-        )
+        args = {"topic": topic, "name": name, "durable": durable}
+        result: dict[str, Any] = await self._admin("topic_subscribe", args)
+        if not durable:  # made again after a failover (the broker does not keep it)
+            self._engine.topic_subscriptions[str(result["name"])] = args
         return result
 
     async def update_queue(self, name: str, **settings: Any) -> dict[str, Any]:
@@ -225,6 +226,7 @@ class AsyncConnection(TpcMixin, AsyncStreamMixin):
     async def delete_queue(self, name: str) -> int:
         """Delete a queue; returns how many messages were dropped."""
         result = await self._admin("queue_delete", {"name": name})
+        self._engine.topic_subscriptions.pop(name, None)
         return int(result.get("deleted", 0)) if isinstance(result, dict) else 0
 
     async def purge_queue(self, name: str) -> int:

@@ -1,11 +1,15 @@
 """Messages and subscriptions of the async client.
 
 A message remembers the session epoch it was delivered on (see
-``_engine.py``): acking it after a failover raises IllegalState, because the
-broker has meanwhile put it back for redelivery. The same holds for a message
+``_engine.py``). After a failover the broker has put it back in its queue;
+acking it then is seed 004's case: the ack names the message by its queue and
+id (``ack_by_id``) and succeeds unless the message was sent to another
+receiver meanwhile (IllegalState). If the broker had delivered it again to
+this connection (a restored subscription), that copy is dropped from the
+subscription's buffer. Nacking it after a failover, or settling a message
 that ``recover()`` gave back (its tag is below the session's
-``recovered_below``). Subscriptions drop such messages from their buffers:
-the broker delivers them again.
+``recovered_below``), raises IllegalState. Subscriptions drop client-ack
+messages of an old session from their buffers: the broker delivers them again.
 """
 
 from __future__ import annotations
@@ -150,7 +154,28 @@ class AsyncMessage(MessageBase):
         self._settled = True
         return session
 
+    async def _ack_after_failover(self) -> None:
+        """Seed 004: the ack of a message delivered before a failover names it by its
+        queue and id; IllegalState if it went to another receiver meanwhile."""
+        engine = self._engine
+        self._settled = True
+        try:
+            await engine.call("ack_by_id", {"queue": self.queue, "id": self.seq},
+                              timeout=engine.options.timeout, resend=False)
+        except IllegalState:  # another receiver has it (or it is gone): settled for good
+            raise
+        except BaseException:  # refused before it was sent (a lost XA branch), or the
+            self._settled = False  # outcome is unknown (another failover): may be retried
+            raise
+        for sub in list(engine.subs.values()):  # a copy delivered again is acked now
+            sub.on_acked_by_id(self.queue, self.seq)
+
     async def _settle_with(self, op: str, args: dict[str, Any], wait: bool) -> None:
+        if op == "ack" and not self._settled and not self._auto:
+            session = await self._engine.wait_ready()
+            if session.epoch != self._epoch:
+                await self._ack_after_failover()
+                return
         session = await self._settle()
         try:
             if wait:
@@ -241,6 +266,12 @@ class AsyncSubscription:
         """Drop client-ack messages of the old session: the broker redelivers them."""
         if self.ack_mode == "client":
             self._buffer = deque(m for m in self._buffer if m._epoch == new_epoch)
+
+    def on_acked_by_id(self, queue: str, seq: int) -> None:
+        """A message delivered before a failover was acknowledged by its id: drop the
+        copy the broker delivered again to this subscription, if it is buffered."""
+        if self.ack_mode == "client" and queue == self.queue:
+            self._buffer = deque(m for m in self._buffer if m.seq != seq)
 
     def on_recover(self) -> None:
         """Drop client-ack messages ``recover()`` gave back: the broker redelivers them."""

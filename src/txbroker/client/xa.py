@@ -168,7 +168,10 @@ class AsyncXAResource:
         await self._call("xa_forget", {"xid": _text(xid)})
 
     async def set_transaction_timeout(self, seconds: int) -> bool:
-        """Timeout of branches started from now on; 0 restores the default (180 s)."""
+        """The transaction timeout of branches started from now on; 0 restores the
+        default (180 s). Seed 002: it is an idle timeout — a branch ended and not
+        prepared, committed or rolled back within it is rolled back; an ACTIVE branch
+        has no timeout while this connection is open."""
         await self._call("xa_set_timeout", {"seconds": seconds})
         return True
 

@@ -94,6 +94,15 @@ class Admin:
         queue_name = check_name(f"{topic_name}{SUBSCRIPTION_SEPARATOR}{check_name(name)}")
         queue = index.queues.get(queue_name)
         if queue is not None:
+            if not durable and not queue.durable and queue.owner != session.id:
+                # the last session to make it owns it: a client that reconnected before
+                # the broker noticed its old connection ended keeps its subscription
+                # (seed 004: topic subscribers carry on after a failover)
+                previous = index.sessions.get(queue.owner)
+                if previous is not None:
+                    previous.owned_queues.discard(queue_name)
+                queue.owner = session.id
+                session.owned_queues.add(queue_name)
             return queue.info()
         queue = Queue(queue_name, QueueSettings().updated(settings or {}), topic=topic_name)
         index.queues[queue_name] = queue

@@ -234,6 +234,16 @@ class Broker:
             self._check_work_room(work, len(tags))
         return self.delivery.ack(session, rid, tags, now, work)
 
+    def ack_by_id(self, session_id: int, rid: int, queue: Any, message_id: Any, now: int,
+                  tx: int | None = None) -> Any:
+        """Acknowledge a message delivered on an earlier session of the client (seed 004:
+        an ack after a failover), named by its queue and id (``core/delivery.py``)."""
+        session = self.index.session(session_id)
+        work = self._work(session, tx)
+        if work is not None:
+            self._check_work_room(work, 1)
+        return self.delivery.ack_by_id(session, rid, queue, message_id, now, work)
+
     def nack(self, session_id: int, tags: Iterable[int], now: int, *, requeue: bool = True,
              tx: int | None = None) -> Any:
         """Reject deliveries: redeliver them, or dead-letter them (``requeue=False``);
@@ -346,7 +356,8 @@ class Broker:
         return self.xa.recover(session_id, flags)
 
     def xa_set_timeout(self, session_id: int, seconds: int) -> Any:
-        """The transaction timeout of branches this session starts; 0 = the default."""
+        """The transaction timeout (seed 002's idle timeout, from ``end``) of branches
+        this session starts; 0 = the default."""
         return self.xa.set_timeout(self.index.session(session_id), seconds)
 
     def xa_get_timeout(self, session_id: int) -> Any:

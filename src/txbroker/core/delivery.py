@@ -171,6 +171,41 @@ class Delivery:
             self.index.dispatch_name(name, now)
         return result
 
+    def ack_by_id(self, session: Session, rid: int, queue_name: Any, message_id: Any,
+                  now: int, work: LocalTransaction | None) -> Any:
+        """Acknowledge a message the client was delivered on an *earlier* session (seed
+        004: an ack after a failover; that session's deliveries went back to their
+        queues), named by its queue and id. Seed 004: the ack fails with IllegalState
+        only when the message "has already been sent to another queue receiver"
+        (delivered to, or consumed by, another session) or is gone (acknowledged,
+        expired, moved); with one receiver it succeeds. A message still READY (or
+        waiting for its redelivery delay) is taken and acknowledged; one delivered
+        again to *this* session (a restored subscription) has that delivery
+        acknowledged. Replies as ``ack`` does. Inside a transaction or XA branch only
+        the second kind is staged: a READY message must be acknowledged outside."""
+        if not isinstance(queue_name, str) or type(message_id) is not int:
+            raise BadRequest("ack_by_id names a queue (string) and a message id (integer)")
+        message = self.index.messages.get(message_id)
+        if message is None or message.queue != queue_name or message.state in (
+                State.PENDING, State.GONE):
+            raise IllegalState(f"message {message_id} is no longer in {queue_name!r}: "
+                               "acknowledged, expired, moved, or consumed by another receiver")
+        if message.state is State.DELIVERED:
+            for tag, consumer in session.deliveries.items():
+                if consumer.unacked.get(tag) is message:
+                    return self.ack(session, rid, [tag], now, work)
+        if message.state is not State.READY:  # DELIVERED elsewhere, or HELD by a transaction
+            raise IllegalState(f"message {message_id} of {queue_name!r} was sent to another "
+                               "receiver after the failover")
+        queue = self.index.queues.get(queue_name)
+        if queue is None:
+            raise IllegalState(f"queue {queue_name!r} is gone")
+        if work is not None:
+            raise IllegalState(f"message {message_id} was delivered before a failover: "
+                               "acknowledge it outside a transaction or XA branch")
+        queue.discard(message)
+        return self.index.consume([message], (session.id, rid) if rid else None)
+
     def nack(self, session: Session, tags: Iterable[int], now: int, *, requeue: bool,
              work: LocalTransaction | None) -> Any:
         """Reject deliveries: redeliver them, or dead-letter them (``requeue=False``).

@@ -28,11 +28,10 @@ DEFAULT_MAX_SINK_BRANCH_MESSAGES = 50_000
 DEFAULT_MAX_STREAM_READ = 50_000
 DEFAULT_MAX_STREAM_READ_BYTES = 4 * 1024 * 1024
 #: XA transaction timeout (seed 002: 180 s by default; set_transaction_timeout(0)
-#: restores it).
+#: restores it). Seed 002 makes it an *idle* timeout: an ended branch (IDLE, and
+#: rollback-only or suspended) not prepared, committed or rolled back within it is
+#: rolled back; an ACTIVE branch has no timeout while its session is open.
 DEFAULT_XA_TRANSACTION_TIMEOUT_MS = 180_000
-#: An IDLE branch (ended, not prepared) is rolled back after this long (seed 002 names
-#: the idle timeout without a number; we use the transaction timeout's default).
-DEFAULT_XA_IDLE_TIMEOUT_MS = 180_000
 #: A branch whose session broke may be reattached within this time (seed 002: 3 minutes).
 DEFAULT_XA_REATTACH_MS = 180_000
 
@@ -51,6 +50,5 @@ class Limits:
     max_stream_read: int = DEFAULT_MAX_STREAM_READ
     max_stream_read_bytes: int = DEFAULT_MAX_STREAM_READ_BYTES
     xa_transaction_timeout_ms: int = DEFAULT_XA_TRANSACTION_TIMEOUT_MS
-    xa_idle_timeout_ms: int = DEFAULT_XA_IDLE_TIMEOUT_MS
     xa_reattach_ms: int = DEFAULT_XA_REATTACH_MS
     auto_create: bool = True  #: sending or subscribing to an unknown name creates a queue

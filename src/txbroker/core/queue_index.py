@@ -137,6 +137,14 @@ class QueueIndex:
             return queue
         if name in self.topics:
             raise BadRequest(f"{name!r} is a topic: consume from one of its subscriptions")
+        topic, separator, _ = check_name(name).partition(SUBSCRIPTION_SEPARATOR)
+        if separator:  # seed 004: never a plain queue in a topic's place (issue 28)
+            raise NotFound(f"no subscription {name!r}: a topic's subscription queue is made "
+                           f"by topic_subscribe (of topic {topic!r}), never by naming it")
+        return self.create_queue(name)
+
+    def create_queue(self, name: str) -> Queue:
+        """Create plain queue ``name`` and write its definition (auto_create permitting)."""
         if not self.limits.auto_create:
             raise NotFound(f"no queue {name!r} (auto_create is off)")
         check_name(name)
@@ -518,7 +526,9 @@ class QueueIndex:
             queue.dead_lettered += 1
         target = None
         if target_name and target_name != queue.name:
-            target = self.queue_or_create(target_name, now)
+            # an operator's setting, not a client naming a destination: a missing
+            # dead-letter queue is created even when its name has "::"
+            target = self.queues.get(target_name) or self.create_queue(target_name)
         if target is None:
             message.state = State.GONE
             if message.persistent:

@@ -27,8 +27,12 @@ own reason, e.g. XA_RBOTHER over the message limit, when it has one).
 
 Rules that are not about one branch's state are the named checks below the
 table: which session may work on a branch (:func:`check_association`), which
-kind of prepare a branch gets (:func:`prepare_request`) and when its timers
-run out (:func:`timeout_at`). Endpoint checks (seed 002: queues shut, deleted
+kind of prepare a branch gets (:func:`prepare_request`) and when its timer
+runs out (:func:`timeout_at`). Seed 002's timers: an ACTIVE branch has none (it
+"persists as long as the XA session is open"); the transaction timeout of the
+XAResource (``set_transaction_timeout``, 180 s by default) is an *idle* timeout
+that starts at ``end``; a branch whose session broke waits the 3-minute reattach
+window. Endpoint checks (seed 002: queues shut, deleted
 or over quota at ``end``, ``prepare`` and ``commit``) look at the queues, so
 they are the branch part's (``core/xa_branches.py``); a failed one rolls the
 branch back with XA_RBROLLBACK.
@@ -46,6 +50,7 @@ from txbroker.errors import (
     XA_RBBASE,
     XA_RBEND,
     XA_RBROLLBACK,
+    XA_RBTIMEOUT,
     XA_RDONLY,
     XAER_NOTA,
     XAER_PROTO,
@@ -109,6 +114,7 @@ class Request(Enum):
     HEURISTIC_ROLLBACK = "heuristic rollback"
     FORGET = "forget"
     SESSION_LOST = "session lost"
+    TIMEOUT = "timeout (the broker's timer ran out)"
     RECOVER = "recover (replay)"
 
 
@@ -126,7 +132,7 @@ TRANSITIONS: dict[tuple[BranchState, Request], tuple[BranchState, int]] = {
     (S.IDLE, R.JOIN): (S.ACTIVE, XA_OK),
     # Rule 4: an ACTIVE branch takes work (sends, acks) up to the branch message limit;
     # that is staged work, not a request (the branch part checks the limit).
-    # Rule 5: end TMSUCCESS ends the work: IDLE (the idle timeout starts). The seed allows
+    # Rule 5: end TMSUCCESS ends the work: IDLE (the idle timeout starts, rule 19). The seed allows
     # it on ACTIVE or IDLE (a repeated end is harmless); from SUSPENDED it ends a
     # suspended association (XA allows that; DESIGN.md lists it).
     (S.ACTIVE, R.END_SUCCESS): (S.IDLE, XA_OK),
@@ -179,6 +185,16 @@ TRANSITIONS: dict[tuple[BranchState, Request], tuple[BranchState, int]] = {
     # Rule 15: the session of an ACTIVE branch broke: the branch waits SUSPENDED for the
     # client to reattach (start TMRESUME) within the reattach timeout, else it rolls back.
     (S.ACTIVE, R.SESSION_LOST): (S.SUSPENDED, XA_OK),
+    # Rule 19: a branch whose timer ran out (see timeout_at) is rolled back; the next
+    # request on it gets XA_RBTIMEOUT. Seed 002: the seed's IDLE state (not associated
+    # with a session: end TMSUCCESS, TMFAIL "idle, rollback-only", TMSUSPEND "idle,
+    # suspended") is rolled back when not prepared, committed or rolled back within the
+    # idle timeout; a SUSPENDED branch whose session broke, after the reattach window
+    # (rule 15). There is NO row for ACTIVE: an ACTIVE branch "persists as long as the
+    # XA session is open" — it never times out.
+    (S.IDLE, R.TIMEOUT): (S.GONE, XA_RBTIMEOUT),
+    (S.ROLLBACK_ONLY, R.TIMEOUT): (S.GONE, XA_RBTIMEOUT),
+    (S.SUSPENDED, R.TIMEOUT): (S.GONE, XA_RBTIMEOUT),
     # Rule 16: replay of an XA_PREPARE record (or of a snapshot's branch) brings a durable
     # branch back PREPARED; a replayed heuristic decision then moves it by rule 12.
     (S.NONE, R.RECOVER): (S.PREPARED, XA_OK),
@@ -186,8 +202,10 @@ TRANSITIONS: dict[tuple[BranchState, Request], tuple[BranchState, int]] = {
 
 #: States a branch has survived a restart in (and ``recover`` lists).
 RECOVERABLE = frozenset({S.PREPARED, S.HEURISTIC_COMMITTED, S.HEURISTIC_ROLLED_BACK})
-#: States in which a branch is still being worked on (the transaction timeout applies).
+#: States in which a branch is not prepared yet (a rollback needs no record).
 UNPREPARED = frozenset({S.ACTIVE, S.SUSPENDED, S.IDLE, S.ROLLBACK_ONLY})
+#: States with a timer (rule 19): those the table lets time out.
+TIMED = frozenset(state for state, request in TRANSITIONS if request is R.TIMEOUT)
 
 
 def rolls_back(code: int) -> bool:
@@ -218,20 +236,15 @@ def prepare_request(branch: Branch) -> Request:
     return Request.PREPARE if work.sends or work.acks else Request.PREPARE_READ_ONLY
 
 
-def timeout_at(branch: Branch, idle_timeout_ms: int, reattach_ms: int) -> int:
-    """Rule 19 (seed 002's timers): when an unprepared branch is rolled back with
-    XA_RBTIMEOUT, or 0 for never: its transaction timeout; an IDLE branch's idle
-    timeout; a SUSPENDED branch whose session broke: the reattach timeout."""
-    if branch.state not in UNPREPARED:
+def timeout_at(branch: Branch, reattach_ms: int) -> int:
+    """Rule 19 (seed 002's timers): when a branch is rolled back with XA_RBTIMEOUT, or
+    0 for never. A branch in a state the table lets time out (IDLE, ROLLBACK_ONLY,
+    SUSPENDED) is timed from when it left its session: by its transaction timeout (the
+    idle timeout, ``set_transaction_timeout``) after ``end``, by the reattach window
+    after its session broke. ACTIVE and prepared branches have no timer."""
+    if branch.state not in TIMED or not branch.idle_since_ms:
         return 0
-    times = [branch.deadline_ms] if branch.deadline_ms else []
-    if branch.idle_since_ms:
-        if branch.state is S.IDLE:
-            times.append(branch.idle_since_ms + idle_timeout_ms)
-        elif branch.state is S.SUSPENDED and branch.session is None:
-            times.append(branch.idle_since_ms + reattach_ms)
-    return min(times) if times else 0
-
+    return branch.idle_since_ms + (reattach_ms if branch.session_lost else branch.timeout_ms)
 
 
 def next_state(state: BranchState, request: Request, xid: Xid | str = "") -> tuple[
@@ -250,17 +263,20 @@ def next_state(state: BranchState, request: Request, xid: Xid | str = "") -> tup
 class Branch:
     """One XA branch: its state, association, timers and staged work."""
 
-    __slots__ = ("created_ms", "deadline_ms", "discards", "error", "idle_since_ms", "ref_ids",
-                 "session", "state", "timeout_ms", "work", "xid")
+    __slots__ = ("created_ms", "discards", "error", "idle_since_ms", "ref_ids", "session",
+                 "session_lost", "state", "timeout_ms", "work", "xid")
 
     def __init__(self, xid: Xid, session: int, now: int, timeout_ms: int) -> None:
         self.xid = xid
         self.state = S.NONE
         self.session: int | None = session  #: the associated session (ACTIVE), else None
         self.created_ms = now
+        #: the transaction timeout of the XAResource that started it: seed 002's idle
+        #: timeout, counted from ``end`` (0: none, a replayed prepared branch)
         self.timeout_ms = timeout_ms
-        self.deadline_ms = now + timeout_ms if timeout_ms else 0  #: transaction timeout
-        self.idle_since_ms = 0  #: when it became IDLE (idle timeout) or lost its session
+        #: when it left its session (``end``, or the session broke); 0 while ACTIVE
+        self.idle_since_ms = 0
+        self.session_lost = False  #: it left by its session breaking: the reattach window
         self.work = LocalTransaction(session, 0, is_xa=True)  #: staged sends and acks
         self.discards: set[int] = set()  #: ids of sends not to add at commit (seed rules)
         #: replay: ``[id, delivery count]`` of consumed messages (resolved after replay)

@@ -69,7 +69,6 @@ from txbroker.errors import (
     XA_OK,
     XA_RBOTHER,
     XA_RBROLLBACK,
-    XA_RBTIMEOUT,
     XAER_DUPID,
     XAER_INVAL,
     XAER_NOTA,
@@ -172,7 +171,8 @@ class XaBranches:
             branch = self.find(xid)
             check_owner(branch, session.id, self._owner_alive(branch))
         branch.fire(request)
-        branch.idle_since_ms = 0
+        branch.idle_since_ms = 0  # ACTIVE: no timer (rule 19)
+        branch.session_lost = False
         self._associate(branch, session)
         return {}
 
@@ -195,8 +195,7 @@ class XaBranches:
                 raise XAError(branch.error or XA_RBROLLBACK,
                               f"branch {xid} is rollback-only: {problem}")
         branch.fire(request)
-        if request is not Request.END_SUSPEND:
-            branch.idle_since_ms = now
+        branch.idle_since_ms = now  # the idle timeout starts (rule 19), TMSUSPEND too
         self._dissociate(branch)
         return {}
 
@@ -452,7 +451,8 @@ class XaBranches:
         return found
 
     def set_timeout(self, session: Session, seconds: int) -> Any:
-        """The transaction timeout of branches this session starts; 0 = the default."""
+        """The transaction timeout of branches this session starts — seed 002's idle
+        timeout, counted from ``end`` (rule 19); 0 = the default."""
         if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0:
             raise XAError(XAER_INVAL, "the transaction timeout is an integer >= 0 seconds")
         session.xa_timeout_ms = seconds * 1000
@@ -473,21 +473,23 @@ class XaBranches:
             branch = self.branches.get(session.xa_xid)
             if branch is not None and branch.state is S.ACTIVE:
                 branch.fire(Request.SESSION_LOST)
-                branch.idle_since_ms = now  # the reattach timer starts
+                branch.idle_since_ms = now  # the reattach window starts (rule 19)
+                branch.session_lost = True
             if branch is not None:
                 self._dissociate(branch)
         self.scans.discard(session.id)
 
     def _timeout_at(self, branch: Branch) -> int:
-        return timeout_at(branch, self.limits.xa_idle_timeout_ms, self.limits.xa_reattach_ms)
+        return timeout_at(branch, self.limits.xa_reattach_ms)
 
     def tick(self, now: int) -> None:
         """Roll back the branches whose timer ran out (rule 19)."""
         for branch in list(self.branches.values()):
             at = self._timeout_at(branch)
             if at and now >= at:
+                code = branch.fire(Request.TIMEOUT)
                 self.undo(branch, now)
-                self.timed_out[branch.xid] = XA_RBTIMEOUT
+                self.timed_out[branch.xid] = code
                 while len(self.timed_out) > TIMED_OUT_MEMORY:
                     self.timed_out.popitem(last=False)
 

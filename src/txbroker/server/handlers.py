@@ -84,6 +84,12 @@ def ack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     return session.ack(rid, tags_arg(args), now, tx=int_arg(args, "tx", None))
 
 
+def ack_by_id(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Acknowledge a message delivered before a failover, by its queue and id."""
+    return session.ack_by_id(rid, arg(args, "queue", str), int_arg(args, "id"), now,
+                             tx=int_arg(args, "tx", None))
+
+
 def nack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Reject delivery tags."""
     return session.nack(tags_arg(args), now, requeue=arg(args, "requeue", bool, True),
@@ -250,6 +256,7 @@ HANDLERS: Final[dict[str, Handler]] = {
     "unsubscribe": unsubscribe,
     "receive": receive,
     "ack": ack,
+    "ack_by_id": ack_by_id,
     "nack": nack,
     "recover": recover,
     "tx_begin": tx_begin,

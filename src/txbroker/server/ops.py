@@ -532,6 +532,14 @@ class Session:
             self._acked(tags)
         return result
 
+    def ack_by_id(self, rid: int, queue: str, message_id: int, now: int, *,
+                  tx: int | None = None) -> Any:
+        """Acknowledge a message delivered on an earlier connection of the client (seed
+        004: an ack after a failover), named by its queue and id: IllegalState when it
+        was sent to another receiver meanwhile (``core/delivery.py``)."""
+        self.authorize(CONSUME, queue, "ack_by_id")
+        return self.core.ack_by_id(self.id, rid, queue, message_id, now, tx=tx)
+
     def ack_groups(self, rid: int, groups: Sequence[Sequence[int]], now: int) -> GroupsAcked:
         """Several ack requests in a row (no transaction) as ONE core ack, hence
         one record. If it is refused, the requests are acknowledged one by one up
@@ -695,14 +703,15 @@ class Session:
         return self.ops.server.stats()
 
 
-def _check_tags(tags: Sequence[int]) -> None:
+def _check_tags(tags: Sequence[object]) -> None:
     """Tags must be integers; a tag named twice is, the second time, not an unacked
-    delivery any more."""
+    delivery any more. (``object``, not ``int``: compiled by mypyc, a loop over a
+    ``Sequence[int]`` raises TypeError at a non-int item before this check runs.)"""
     if len(tags) == 1:
         if type(tags[0]) is not int:
             raise BadRequest("delivery tags must be integers")
         return
-    seen: set[int] = set()
+    seen: set[object] = set()
     for tag in tags:
         if type(tag) is not int:
             raise BadRequest("delivery tags must be integers")
