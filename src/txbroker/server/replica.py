@@ -38,6 +38,7 @@ from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
+from txbroker.server.ha_link import LinkSecurity
 from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.ha")
@@ -158,8 +159,10 @@ class Follower:
     """One backup following one primary over one link (module docstring)."""
 
     def __init__(self, config: ServerConfig, lock: StoreLock, lock_path: Path,
-                 node: str) -> None:
+                 node: str, security: LinkSecurity | None = None) -> None:
         self.config = config
+        #: TLS and the handshake on the link (server/ha_link.py)
+        self.security = security if security is not None else LinkSecurity.from_config(config)
         self.lock = lock
         self.lock_path = lock_path
         self.node = node
@@ -192,7 +195,7 @@ class Follower:
     async def follow(self, host: str, port: int) -> None:
         """Join the primary at ``host:port`` and follow it until the link breaks
         (returns) or it refuses us (PrimaryRefused)."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+        reader, writer = await self.security.connect(host, port, 2.0)
         self._writer = writer
         self.primary_address = f"{host}:{port}"
         codec = link.ReplicationCodec()
