@@ -186,23 +186,36 @@ class LinkSecurity:
         the initiator. OSError / TimeoutError when the peer cannot be reached or says
         nothing, :class:`LinkAuthFailed` when it fails TLS or the handshake."""
         tls = self.connector_tls
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
         try:
-            async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(
-                    host, port, ssl=tls, server_hostname=host if tls is not None else None)
-        except ssl.SSLCertVerificationError as exc:
-            raise LinkAuthFailed(f"TLS: the peer's certificate is refused: "
-                                 f"{exc.verify_message}", None) from None
-        except ssl.SSLError as exc:
-            raise LinkAuthFailed(f"TLS handshake with the peer failed: {exc.reason or exc} "
-                                 "(is its HA link over TLS too, and does it trust our "
-                                 "certificate?)", None) from None
-        try:
+            if tls is not None:
+                await self._start_tls(writer, tls, host, timeout)
             await self._initiate(reader, writer, timeout)
         except BaseException:
             writer.close()
             raise
         return reader, writer
+
+    @staticmethod
+    async def _start_tls(writer: asyncio.StreamWriter, tls: ssl.SSLContext, host: str,
+                         timeout: float) -> None:
+        """TLS on the connected stream, verifying the peer (its certificate and name)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await writer.start_tls(tls, server_hostname=host)
+        except TimeoutError:
+            raise TimeoutError(f"connected, but no answer to the HA handshake (TLS) within "
+                               f"{timeout:g} s (a stopped peer, or not a txbroker HA port)"
+                               ) from None
+        except ssl.SSLCertVerificationError as exc:
+            raise LinkAuthFailed(f"TLS: the peer's certificate is refused: "
+                                 f"{exc.verify_message}", None) from None
+        except (ssl.SSLError, ConnectionError) as exc:
+            reason = exc.reason if isinstance(exc, ssl.SSLError) else None
+            raise LinkAuthFailed(f"TLS handshake with the peer failed: {reason or exc} "
+                                 "(is its HA link over TLS too, and does it trust our "
+                                 "certificate?)", None) from None
 
     async def _initiate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         timeout: float) -> None:
@@ -213,11 +226,11 @@ class LinkSecurity:
             async with asyncio.timeout(timeout):
                 while not (handshake.done or handshake.failed):
                     data = await reader.read(READ_CHUNK)
-                    if not data:
-                        raise ConnectionResetError(
+                    if not data:  # a refusal by its TLS layer, or a peer going away
+                        raise LinkAuthFailed(
                             "the peer closed the HA link during the handshake"
                             + (" (is its HA link over TLS?)" if self.connector_tls is None
-                               else ""))
+                               else " (does it trust our certificate?)"), None)
                     out = handshake.receive_data(data)
                     if out:
                         writer.write(out)
