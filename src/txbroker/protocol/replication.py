@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-A backup connects to the primary's HA port and the two exchange *messages*.
+A backup connects to the primary's HA port, the two run the handshake of
+``protocol/ha_auth.py`` (each proves the HA secret; over TLS when configured),
+and then exchange *messages*.
 The primary streams its store entries, each numbered by a **log sequence
 number** (LSN, 1, 2, 3 … in append order); the backup writes them to its own
 store and acknowledges the highest LSN that is durable there. A joining backup
