@@ -239,15 +239,20 @@ class ReplicatedNode:
                 if self._stopping.is_set():
                     return False
                 assert self.lock is not None
-                follower = Follower(self.config, self.lock, self.lock_path, self.node,
-                                    self.security)
+                follower = self.follower
+                if follower is None:  # else: a whole copy kept to resume (replica.py)
+                    follower = Follower(self.config, self.lock, self.lock_path, self.node,
+                                        self.security)
                 self.follower = follower
                 outcome = await self._follow(follower, host, port)
+                self.lock = follower.lock  # it takes the lock again when it replaces a copy
                 if outcome == "promote" and follower.state == "following":
                     return True  # promoted from the copy it replayed
                 if follower.server is not None:
                     self.copy_ready = follower.state == "following" and follower.ready
                     self.copy_position = follower.durable_lsn
+                if outcome == "ended" and follower.resumable() and self.config.ha_catchup_bytes:
+                    continue  # keep the copy: the next primary may send just the suffix
                 self._drop_copy(follower)
                 if outcome == "promote":
                     return True  # promoted from its own store (recovered from disk)
@@ -323,7 +328,8 @@ class ReplicatedNode:
         self.follower = None
         self.last_problem = ""
         forget_standing(self.config.data)
-        hub = ReplicationHub(server, self.node, self.config.backup_timeout)
+        hub = ReplicationHub(server, self.node, self.config.backup_timeout,
+                             self.config.ha_catchup_bytes)
         if self.etcd is not None:
             hub.on_ready_change = self._record_ready
             await self._record_ready([])  # until a backup is ready, none may succeed us
@@ -352,7 +358,8 @@ class ReplicatedNode:
         while self.role == Role.BACKUP and not self._stopping.is_set():
             try:
                 follower = self.follower
-                following = follower is not None and follower.state == "following"
+                following = follower is not None and follower.state == "following" \
+                    and follower.connected
                 if follower is not None and following:
                     position, ready = follower.durable_lsn, follower.ready
                 else:  # a copy whose primary is gone: ready if it was ready then (a node
