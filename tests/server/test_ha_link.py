@@ -178,7 +178,8 @@ def test_without_a_secret_the_link_works_and_warns(tmp_path: Path) -> None:
     with HaPair(tmp_path / "pair", heartbeat_interval=0.5, activation_interval=2.0) as pair:
         a, b = pair.nodes
         assert a.log_has("is unauthenticated: anyone who can reach its port can pose as a peer")
-        assert b.status()["following"] == f"{HOST}:{a.ha_port}"
+        wait_for(lambda: b.status()["following"] == f"{HOST}:{a.ha_port}", 15,
+                 "B to follow A")
         assert b.status()["link"] == {"auth": "none", "tls": False, "accepted": 0,
                                       "refused": 0, "last_refusal": ""}
 

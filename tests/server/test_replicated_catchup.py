@@ -13,12 +13,15 @@ is on ``ha status`` or a log line, and bounded.
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import txbroker
 from tests.replicated_support import Group, LinkProxy, RNode, wait_for
+from tests.support import ROOT
 
 #: Stored before the cut: what a dump would have to copy again (3 x 100 x 1 KiB).
 STORED = 300
@@ -103,6 +106,11 @@ def test_a_backup_that_lost_its_link_gets_only_the_suffix(tmp_path: Path) -> Non
         assert info["joined_by"] == "suffix" and info["state"] == "ready"
         assert b.log_count("replication: following a from its dump") == 1
         assert b.log_has(f"resuming the copy of a from LSN {at_cut} (incremental catch-up")
+        text = subprocess.run([sys.executable, "-m", "txbroker.cli", "ha", "status", "--url",
+                               a.url], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert (f"joins: 1 dumps, 1 suffixes ({after - at_cut} entries, "
+                f"{catchup['suffix_bytes']} bytes)") in text.stdout, text.stdout
+        assert "link: unauthenticated, 0 refused" in text.stdout
         b_alone_holds_everything(g)
 
 

@@ -157,7 +157,7 @@ class ReplicatedNode:
         if self.role != Role.BACKUP:
             return f"it is the {self.role}"
         follower = self.follower
-        if follower is not None and follower.server is not None:
+        if follower is not None and follower.server is not None and follower.connected:
             if follower.state != "following":
                 return "its copy of the primary is incomplete (still copying)"
             if not follower.ready:
