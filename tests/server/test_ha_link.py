@@ -181,7 +181,7 @@ def test_without_a_secret_the_link_works_and_warns(tmp_path: Path) -> None:
         wait_for(lambda: b.status()["following"] == f"{HOST}:{a.ha_port}", 15,
                  "B to follow A")
         assert b.status()["link"] == {"auth": "none", "tls": False, "accepted": 0,
-                                      "refused": 0, "last_refusal": ""}
+                                      "refused": 0, "last_refusal": "", "in_handshake": 0}
 
 
 def test_a_plaintext_peer_on_a_tls_ha_port_is_refused(tmp_path: Path) -> None:
@@ -207,6 +207,29 @@ def test_a_plaintext_peer_on_a_tls_ha_port_is_refused(tmp_path: Path) -> None:
         assert b.status()["following"] == f"{HOST}:{a.ha_port}"
         with txbroker.connect(pair.url, timeout=10) as conn:
             conn.send("q", b"fine")
+
+
+def test_a_flood_of_idle_connections_is_capped(tmp_path: Path) -> None:
+    """Connections that never begin the handshake hold at most MAX_PENDING_HANDSHAKES
+    slots (each for HANDSHAKE_TIMEOUT); one more is closed at once; the pair is
+    unharmed, and once they are gone a peer passes again."""
+    from txbroker.server.ha_link import MAX_PENDING_HANDSHAKES
+
+    with secured_pair(tmp_path, tls=False) as pair:
+        a, b = pair.nodes
+        with contextlib.ExitStack() as stack:
+            idle = [stack.enter_context(socket.create_connection((HOST, a.ha_port)))
+                    for _ in range(MAX_PENDING_HANDSHAKES)]
+            wait_for(lambda: a.status()["link"]["in_handshake"] == len(idle), 15,
+                     "the idle connections to be taken")
+            with socket.create_connection((HOST, a.ha_port), timeout=10) as extra:
+                assert extra.recv(100) == b""  # closed at once, before the idle ones
+            assert a.log_has("connections are in the HA handshake already")
+            with txbroker.connect(pair.url, timeout=10) as conn:
+                conn.send("q", b"served meanwhile")
+        wait_for(lambda: a_real_peer(a.ha_port, "shared-store", HA_SECRET), 15,
+                 "a peer to pass again")
+        assert b.status()["following"] == f"{HOST}:{a.ha_port}"
 
 
 def test_a_third_broker_with_the_right_secret_is_still_refused_as_a_second_standby(

@@ -51,6 +51,11 @@ log = logging.getLogger("txbroker.ha")
 HANDSHAKE_TIMEOUT: Final = 5.0
 #: Bytes read per call while the handshake runs (its lines are under 1 KiB).
 READ_CHUNK: Final = 4096
+#: Connections that may be in the handshake at once; more are closed at once. A group
+#: has a few brokers, each with one link to a peer: 64 leaves room for reconnections,
+#: while a flood of idle connections cannot take the file descriptors the client
+#: listeners need (max_connections is 1,000 of a default limit of 1,024).
+MAX_PENDING_HANDSHAKES: Final = 64
 
 #: The link's own code for a peer that passed: ``(reader, writer)``.
 LinkHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -81,6 +86,7 @@ class LinkSecurity:
     accepted: int = 0  #: peers that completed the handshake on our port
     refused: int = 0  #: peers refused on our port (foreign, no or wrong secret, silent)
     last_refusal: str = ""
+    pending: int = 0  #: connections in the handshake now
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> LinkSecurity:
@@ -105,7 +111,8 @@ class LinkSecurity:
         """The link's part of ``ha status``."""
         return {"auth": "hmac-sha256" if self.secret is not None else "none",
                 "tls": self.listener_tls is not None, "accepted": self.accepted,
-                "refused": self.refused, "last_refusal": self.last_refusal}
+                "refused": self.refused, "last_refusal": self.last_refusal,
+                "in_handshake": self.pending}
 
     def warn_if_open(self, node: str) -> None:
         """The start-up warning of a link anyone who reaches it can join."""
@@ -123,7 +130,17 @@ class LinkSecurity:
         loop = asyncio.get_running_loop()
 
         async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            if await self._accept(reader, writer):
+            if self.pending >= MAX_PENDING_HANDSHAKES:
+                self._refused(_address(writer), f"{self.pending} connections are in the HA "
+                              "handshake already (MAX_PENDING_HANDSHAKES): closed at once")
+                writer.close()
+                return
+            self.pending += 1
+            try:
+                passed = await self._accept(reader, writer)
+            finally:
+                self.pending -= 1
+            if passed:
                 await handler(reader, writer)
 
         def protocol() -> asyncio.Protocol:
