@@ -218,3 +218,13 @@ def test_misuse_is_a_local_error() -> None:
         LinkHandshake(Side.INITIATOR, "replicated", SECRET, b"short")
     with pytest.raises(ValueError):
         encode_line("gossip")
+
+
+@pytest.mark.parametrize("data", [
+    b'{"txbroker_ha":1,"type":"standby","node":"x:1","lock":""}\n',
+    b"\x00\x00\x00\x1a\x92\xa4join\x82\xa4node\xa1a\xa7version\x01",
+])
+def test_a_broker_from_before_the_handshake_is_named(data: bytes) -> None:
+    responder = LinkHandshake(Side.RESPONDER, "replicated", None, b"")
+    responder.receive_data(data)
+    assert responder.failed and "a txbroker from before the HA handshake" in responder.reason

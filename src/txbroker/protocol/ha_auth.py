@@ -88,6 +88,11 @@ LINKS: Final = frozenset({"shared-store", "replicated"})
 AUTH_HMAC: Final = "hmac-sha256"
 AUTH_NONE: Final = "none"
 TYPES: Final = frozenset({"hello", "challenge", "proof", "ok", "refused"})
+#: How a broker from before this handshake begins each link (told apart in the log):
+#: the shared-store link's first line, the replication link's ``join`` frame (its
+#: msgpack array header and type, after the 4-byte length).
+OLD_SHARED_STORE_LINK: Final = b'{"txbroker_ha":'
+OLD_REPLICATION_JOIN: Final = b"\x92\xa4join"
 #: The labels that make the two sides' proofs differ (no reflection).
 INITIATOR_LABEL: Final = b"txbroker-ha initiator"
 RESPONDER_LABEL: Final = b"txbroker-ha responder"
@@ -226,6 +231,9 @@ class LinkHandshake:
         """Not this handshake: refused without an answer."""
         who = "port" if self.side is Side.INITIATOR else "peer"
         detail = f"; it {what}" if what else ""
+        if sample.startswith(OLD_SHARED_STORE_LINK) or sample[4:10] == OLD_REPLICATION_JOIN:
+            detail += ("; a txbroker from before the HA handshake: upgrade every broker of "
+                       "the group")
         self._fail(Failure.FOREIGN, f"the peer is not a txbroker HA {who} (it sent "
                                     f"{sample[:60]!r}{detail})")
         return b""

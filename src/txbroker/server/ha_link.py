@@ -246,7 +246,8 @@ class LinkSecurity:
                     if not data:  # a refusal by its TLS layer, or a peer going away
                         raise LinkAuthFailed(
                             "the peer closed the HA link during the handshake"
-                            + (" (is its HA link over TLS?)" if self.connector_tls is None
+                            + (" (is its HA link over TLS? a txbroker from before the HA "
+                               "handshake?)" if self.connector_tls is None
                                else " (does it trust our certificate?)"), None)
                     out = handshake.receive_data(data)
                     if out:
