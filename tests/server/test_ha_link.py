@@ -314,3 +314,26 @@ def test_secret_settings_are_checked_at_start(tmp_path: Path) -> None:
     config_file.write_text("[ha]\npassword = 1\n")
     with pytest.raises(ValueError, match=r"unknown \[ha\] keys"):
         load_config(config_file, **ha)
+
+
+def test_a_backup_verifies_the_primarys_certificate(tmp_path: Path) -> None:
+    """c trusts another CA for its HA links: it refuses the primary's certificate
+    (and says so), never joins, and the group goes on without it."""
+    args = ha_link_args(tmp_path / "link", tls=True)
+    g = Group(tmp_path / "group", 3, *args)
+    g.c.args = ["--ha-tls-ca", str(tmp_path / "link" / "pki" / "other-ca.pem")]
+    try:
+        for node in g.nodes:
+            g.spawn(node)
+        for node in g.nodes:
+            node.wait_line("txbroker backup on HA")
+        g.promote(g.a, cli=False)
+        g.wait_ready_backups(1)
+        wait_for(lambda: g.c.log_has(f"HA: peer 127.0.0.1:{g.a.ha_port}: TLS: the peer's "
+                                     "certificate is refused: self-signed certificate in "
+                                     "certificate chain"), 15, "c to say why", g.describe)
+        with txbroker.connect(g.url, timeout=10) as conn:
+            conn.send("q", b"x")
+        assert g.backup_states(g.a) == {"b": "ready"}
+    finally:
+        g.stop()

@@ -33,6 +33,7 @@ import contextlib
 import logging
 import secrets
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -56,6 +57,10 @@ READ_CHUNK: Final = 4096
 #: while a flood of idle connections cannot take the file descriptors the client
 #: listeners need (max_connections is 1,000 of a default limit of 1,024).
 MAX_PENDING_HANDSHAKES: Final = 64
+#: A refusal logged for a peer host is not logged again for the same reason within
+#: this many seconds (a misconfigured peer retries several times a second); the
+#: next line says how many were left out. ``ha status`` counts every one.
+REFUSAL_LOG_INTERVAL: Final = 60.0
 
 #: The link's own code for a peer that passed: ``(reader, writer)``.
 LinkHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -87,6 +92,8 @@ class LinkSecurity:
     refused: int = 0  #: peers refused on our port (foreign, no or wrong secret, silent)
     last_refusal: str = ""
     pending: int = 0  #: connections in the handshake now
+    #: (host, reason) -> (when last logged, monotonic; refusals left out since)
+    _logged: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> LinkSecurity:
@@ -194,7 +201,18 @@ class LinkSecurity:
     def _refused(self, address: str, reason: str) -> None:
         self.refused += 1
         self.last_refusal = f"{address}: {reason}"
-        log.error("HA: %s on the HA port: %s", address, reason)
+        key = (address.rpartition(":")[0], reason)
+        now = time.monotonic()
+        last, left_out = self._logged.get(key, (-REFUSAL_LOG_INTERVAL, 0))
+        if now - last < REFUSAL_LOG_INTERVAL:
+            self._logged[key] = (last, left_out + 1)
+            return
+        if len(self._logged) > 1000:  # many hosts or reasons: forget the old ones
+            self._logged.clear()
+        self._logged[key] = (now, 0)
+        more = (f" ({left_out} more like it from that host in the last "
+                f"{REFUSAL_LOG_INTERVAL:g} s)" if left_out else "")
+        log.error("HA: %s on the HA port: %s%s", address, reason, more)
 
     # ------------------------------------------------------------------ connecting
     async def connect(self, host: str, port: int, timeout: float
