@@ -53,7 +53,7 @@ LOCK_LINE: Final = "replicated broker, HA {node}"
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["INCOMPLETE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_standing",
+__all__ = ["INCOMPLETE", "LOCK_LINE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_standing",
            "incomplete", "read_standing", "wipe", "write_standing"]
 
 #: The marker of a data directory whose copy of the primary is not whole.
@@ -241,8 +241,12 @@ class Follower:
                     return
                 if not data:
                     return
-                for message in codec.receive_data(data):
-                    self._on_message(message)
+                try:
+                    for message in codec.receive_data(data):
+                        self._on_message(message)
+                except ProtocolError as exc:  # the copy is not trusted further: a dump next
+                    self.failed = str(exc)
+                    raise
                 await writer.drain()
                 if self.failed is not None:
                     return

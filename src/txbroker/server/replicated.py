@@ -48,6 +48,7 @@ from txbroker.server.etcd_lease import Candidate
 from txbroker.server.ha import StandbyConnection
 from txbroker.server.ha_link import LinkAuthFailed, LinkSecurity
 from txbroker.server.replica import (
+    LOCK_LINE,
     Follower,
     PrimaryRefused,
     forget_standing,
@@ -202,7 +203,7 @@ class ReplicatedNode:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
-        self.lock = StoreLock.try_acquire(self.lock_path, f"replicated broker, HA {self.node}")
+        self.lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
         if self.lock is None:
             raise RuntimeError(f"the data directory {self.config.data} is in use by another "
                                "broker (its store lock is held)")
@@ -269,7 +270,7 @@ class ReplicatedNode:
         if follower.server is None:
             return
         follower.close_store()
-        self.lock = StoreLock.try_acquire(self.lock_path, f"replicated broker, HA {self.node}")
+        self.lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
         if self.lock is None:
             raise RuntimeError(f"the data directory {self.config.data} was taken by another "
                                "process while this backup changed primaries")
