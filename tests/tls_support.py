@@ -3,8 +3,11 @@
 
 :func:`make_pki` writes, in a directory: a CA, a broker certificate it signed
 for ``localhost`` and ``127.0.0.1``, a client certificate it signed (mutual
-TLS), and a second, unrelated CA (a client that trusts only that one must
-refuse the broker). The commands are those of docs/tls.md; EC P-256 keys,
+TLS), a *peer* certificate for the same names that may serve as both server and
+client (a broker's certificate on the HA links, where each broker is both), and a
+second, unrelated CA (a client that trusts only that one must refuse the broker).
+:func:`ha_link_args` adds a secret file: the ``serve`` arguments of an HA link
+with a secret and TLS. The commands are those of docs/tls.md; EC P-256 keys,
 because they take no time to make.
 """
 
@@ -30,6 +33,8 @@ class Pki:
     client_cert: Path
     client_key: Path
     other_ca: Path
+    peer_cert: Path
+    peer_key: Path
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -61,15 +66,39 @@ def make_pki(directory: Path) -> Pki:
             "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
             "extendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"
             "keyUsage=critical,digitalSignature\n")
+    _signed(directory, "peer", "/CN=localhost",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+            "extendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n"
+            "keyUsage=critical,digitalSignature\n")
     _signed(directory, "client", "/CN=txbroker test client",
             "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n"
             "keyUsage=critical,digitalSignature\n")
     return Pki(ca=directory / "ca.pem", server_cert=directory / "broker.pem",
                server_key=directory / "broker.key", client_cert=directory / "client.pem",
-               client_key=directory / "client.key", other_ca=directory / "other-ca.pem")
+               client_key=directory / "client.key", other_ca=directory / "other-ca.pem",
+               peer_cert=directory / "peer.pem", peer_key=directory / "peer.key")
 
 
 def tls_args(pki: Pki, tls_port: int, *extra: str) -> list[str]:
     """``txbroker serve`` arguments for a native TLS listener on ``tls_port``."""
     return ["--tls-port", str(tls_port), "--tls-cert", str(pki.server_cert),
             "--tls-key", str(pki.server_key), *extra]
+
+
+#: The HA secret of the tests' secured links.
+HA_SECRET = "test-ha-secret-0123456789abcdef"
+
+
+def ha_link_args(directory: Path, *, tls: bool = True, secret: str = HA_SECRET) -> list[str]:
+    """``txbroker serve`` arguments for an HA link with a secret (in a file) and, with
+    ``tls``, TLS with the peer certificate verified against the test CA (``directory``
+    gets the files)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    secret_file = directory / "ha.secret"
+    secret_file.write_text(secret + "\n")
+    args = ["--ha-secret-file", str(secret_file)]
+    if tls:
+        pki = make_pki(directory / "pki")
+        args += ["--ha-tls", "--tls-cert", str(pki.peer_cert), "--tls-key",
+                 str(pki.peer_key), "--ha-tls-ca", str(pki.ca)]
+    return args

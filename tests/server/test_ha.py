@@ -28,6 +28,7 @@ from tests import native_workload as load
 from tests.ha_support import READY_PREFIX, HaNode, HaPair, free_ports
 from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.support import ROOT, free_port
+from tests.tls_support import ha_link_args
 from txbroker.errors import IllegalState, NotFound, Standby, TransactionRolledBack, TxBrokerError
 
 #: Fast settings for tests (the defaults are 3 s and 10 s).
@@ -51,6 +52,16 @@ def pair(tmp_path: Path, *extra: str, peer_of_b: str | None = None) -> Iterator[
     ha.b.peer_address = peer_of_b
     with ha:
         yield ha
+
+
+#: The HA link settings a representative subset of the tests runs with: as by default
+#: (no secret, no TLS), and with a secret and TLS (issue 29; tests/server/test_ha_link.py
+#: has the refusals).
+LINKS = pytest.mark.parametrize("link", ["open", "secret+tls"])
+
+
+def link_args(tmp_path: Path, link: str) -> list[str]:
+    return ha_link_args(tmp_path / "link") if link == "secret+tls" else []
 
 
 def url_of(*nodes: HaNode) -> str:
@@ -216,11 +227,12 @@ class Proxy:
         self.loop.call_soon_threadsafe(close)
 
 
-def test_heartbeat_loss_without_a_dead_process(tmp_path: Path) -> None:
+@LINKS
+def test_heartbeat_loss_without_a_dead_process(tmp_path: Path, link: str) -> None:
     """The standby reaches the active through a proxy that then drops everything: it
     waits the activation interval, fails to get the lock, alternates, and never
     becomes a second active; when the link heals it is the standby again."""
-    ha = HaPair(tmp_path / "pair", heartbeat_interval=HEARTBEAT,
+    ha = HaPair(tmp_path / "pair", *link_args(tmp_path, link), heartbeat_interval=HEARTBEAT,
                 activation_interval=ACTIVATION)
     a, b = ha.nodes
     proxy = Proxy(a.ha_port)
@@ -376,7 +388,8 @@ def test_ha_status_command(tmp_path: Path) -> None:
         assert none.stderr == "error: no broker of the list answered\n"
 
 
-def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path) -> None:
+@LINKS
+def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path, link: str) -> None:
     """Seed 004 through a real pair: an open local transaction rolls back and what it
     received comes back flagged; a prepared XA branch is completed through the new
     active; a durable topic subscription keeps its messages and goes on."""
@@ -384,7 +397,7 @@ def test_transactions_xa_and_topics_across_a_takeover(tmp_path: Path) -> None:
     from txbroker.xid import Xid
 
     moves: list[tuple[str, str]] = []
-    with pair(tmp_path) as ha:
+    with pair(tmp_path, *link_args(tmp_path, link)) as ha:
         a, b = ha.nodes
         url = url_of(a, b)
         with txbroker.connect(url, timeout=10, failover_timeout=60,

@@ -25,6 +25,7 @@ import txbroker
 from tests import native_workload as load
 from tests.ledger import Ledger, check, join_or_explain, verdict
 from tests.replicated_support import BACKUP_PREFIX, Group, LinkProxy, wait_for
+from tests.tls_support import ha_link_args
 from tests.tm.conftest import orders  # noqa: F401 - the PostgreSQL fixture (postgres: tests/conftest.py)
 from txbroker.errors import (
     XA_OK,
@@ -47,6 +48,14 @@ from txbroker.xid import Xid
 RETRY = (TransactionRolledBack, IllegalState, txbroker.ConnectionLost)
 #: kill -9 / promote rounds of the load test
 ROUNDS = 10
+#: The replication link settings a representative subset of the tests runs with: as by
+#: default, and with a secret and TLS (issue 29; tests/server/test_ha_link.py has the
+#: refusals).
+LINKS = pytest.mark.parametrize("link", ["open", "secret+tls"])
+
+
+def link_args(tmp_path: Path, link: str) -> list[str]:
+    return ha_link_args(tmp_path / "link") if link == "secret+tls" else []
 
 
 def _connect(url: str) -> Any:
@@ -62,8 +71,8 @@ def _guard(fn: Callable[[], None]) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def group(tmp_path: Path, n: int = 3, **kwargs: Any) -> Iterator[Group]:
-    g = Group(tmp_path / "group", n, **kwargs)
+def group(tmp_path: Path, n: int = 3, *args: str, **kwargs: Any) -> Iterator[Group]:
+    g = Group(tmp_path / "group", n, *args, **kwargs)
     with g:
         yield g
 
@@ -348,13 +357,14 @@ def wait_acks(ledger: Ledger, more: int, g: Group, timeout: float = 30) -> None:
              f"{more} more acknowledged sends", g.describe)
 
 
-def test_backup_killed_and_restarted_under_load_catches_up(tmp_path: Path) -> None:
+@LINKS
+def test_backup_killed_and_restarted_under_load_catches_up(tmp_path: Path, link: str) -> None:
     """kill -9 a backup under load and start it again: it copies the primary's state
     (with 2000 stored messages), becomes ready, and is then a complete copy (promoted
     alone, it holds every acknowledged send); the producers never wait for it."""
     timeout = 3.0
     ledger = Ledger()
-    with group(tmp_path, backup_timeout=timeout) as g:
+    with group(tmp_path, 3, *link_args(tmp_path, link), backup_timeout=timeout) as g:
         a, b, c = g.nodes
         with _connect(g.url) as conn:
             for k in range(20):
@@ -606,10 +616,10 @@ def test_after_a_whole_group_restart_a_stale_backup_is_not_promotable(tmp_path: 
 
 # ----------------------------------------------------------------- a backup cut off
 @contextlib.contextmanager
-def group_with_c_behind_a_proxy(tmp_path: Path, timeout: float) -> Iterator[
+def group_with_c_behind_a_proxy(tmp_path: Path, timeout: float, *args: str) -> Iterator[
         tuple[Group, LinkProxy]]:
     """a primary, b and c ready backups; c reaches a's HA port through a proxy."""
-    g = Group(tmp_path / "group", 3, backup_timeout=timeout)
+    g = Group(tmp_path / "group", 3, *args, backup_timeout=timeout)
     a, _, c = g.nodes
     proxy = LinkProxy(a.ha_port)
     c.peer_override = {"a": f"127.0.0.1:{proxy.port}"}
@@ -670,11 +680,14 @@ def test_a_backup_dropped_over_a_silent_link_is_safe_to_skip(tmp_path: Path) -> 
         assert drain(g.url, "q") == sent
 
 
-def test_a_backup_whose_primary_vanished_joins_the_new_primary(tmp_path: Path) -> None:
+@LINKS
+def test_a_backup_whose_primary_vanished_joins_the_new_primary(tmp_path: Path,
+                                                               link: str) -> None:
     """a dies while c's link to it is silent (a machine cut off: no end of stream
     reaches c); b is promoted; c must notice within a bound and follow b."""
     timeout = 1.0
-    with group_with_c_behind_a_proxy(tmp_path, timeout) as (g, proxy):
+    with group_with_c_behind_a_proxy(tmp_path, timeout, *link_args(tmp_path, link)) as (
+            g, proxy):
         a, b, _ = g.nodes
         cut_c_off_and_send(g, proxy, timeout)
         g.kill9(a)

@@ -131,7 +131,20 @@ def _line(address: str, ha: dict[str, Any]) -> str:
     return (f"{address}  {ha.get('role')} since {since}  HA {ha.get('node')}  "
             f"peer {ha.get('peer')}  {other}  last heartbeat "
             f"{_age(ha.get('last_heartbeat_age'))}\n    lock {ha.get('lock_file')}: "
-            f"{ha.get('lock_holder') or 'not held'}")
+            f"{ha.get('lock_holder') or 'not held'}" + _link_line(ha))
+
+
+def _link_line(ha: dict[str, Any]) -> str:
+    """The HA link's security and refusals (docs/ha.md, "Securing the HA links")."""
+    link = ha.get("link")
+    if not isinstance(link, dict):
+        return ""
+    auth = " + ".join((["secret"] if link.get("auth") != "none" else [])
+                      + (["TLS"] if link.get("tls") else [])) or "unauthenticated"
+    refused = f", {link.get('refused', 0)} refused"
+    if link.get("last_refusal"):
+        refused += f" (last: {link['last_refusal']})"
+    return f"\n    link: {auth}{refused}"
 
 
 def _replicated_line(address: str, ha: dict[str, Any]) -> str:
@@ -142,6 +155,13 @@ def _replicated_line(address: str, ha: dict[str, Any]) -> str:
     if replication:
         lines.append(f"    LSN {replication.get('lsn')} ({replication.get('bytes', 0)} bytes), "
                      f"{replication.get('in_flight')} in flight")
+        catchup = replication.get("catchup")
+        if catchup:
+            lines.append(f"    catch-up buffer {catchup['held_bytes']} of "
+                         f"{catchup['buffer_bytes']} bytes ({catchup['held_entries']} "
+                         f"entries); joins: {catchup['dumps']} dumps, {catchup['suffixes']} "
+                         f"suffixes ({catchup['suffix_entries']} entries, "
+                         f"{catchup['suffix_bytes']} bytes)")
         for backup in replication.get("backups", []):
             lines.append(f"    backup {backup['node']} {backup['state']}  acked "
                          f"{backup['acked']}  lag {backup['lag_entries']} entries, "
@@ -160,4 +180,4 @@ def _replicated_line(address: str, ha: dict[str, Any]) -> str:
         lines.append(f"    etcd: {ha['etcd']}")
     if ha.get("problem"):
         lines.append(f"    last problem: {ha['problem']}")
-    return "\n".join(lines)
+    return "\n".join(lines) + _link_line(ha)

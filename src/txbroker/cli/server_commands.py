@@ -91,6 +91,21 @@ def serve(
     ha_lease_ttl: Annotated[int | None, typer.Option(
         help="--ha replicated with etcd: the primary key's lease, seconds (default 10)")
     ] = None,
+    ha_catchup_bytes: Annotated[int | None, typer.Option(
+        help="--ha replicated: bytes of the newest entries the primary keeps so that a "
+             "backup that lost its link resumes without a full copy (default 64 MiB; 0 = "
+             "none)")] = None,
+    ha_secret: Annotated[str | None, typer.Option(
+        help="the HA links' shared secret, proved by each peer (HMAC; at least 16 "
+             "characters); prefer --ha-secret-file: a command line is visible to all users")
+    ] = None,
+    ha_secret_file: Annotated[str | None, typer.Option(
+        help="a file holding the HA links' shared secret ([ha] secret_file)")] = None,
+    ha_tls: Annotated[bool, typer.Option(
+        "--ha-tls", help="the HA links over TLS with --tls-cert/--tls-key; peers verified "
+                         "against --ha-tls-ca or --tls-ca")] = False,
+    ha_tls_ca: Annotated[str | None, typer.Option(
+        help="the CA that verifies HA peers' certificates (default: --tls-ca)")] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Run a broker until SIGTERM / Ctrl-C."""
@@ -107,7 +122,9 @@ def serve(
         ha_peer=ha_peer,
         heartbeat_interval=heartbeat_interval, activation_interval=activation_interval,
         ha_peers=ha_peers, ha_node=ha_node, backup_timeout=backup_timeout, ha_etcd=ha_etcd,
-        ha_cluster=ha_cluster, ha_lease_ttl=ha_lease_ttl)
+        ha_cluster=ha_cluster, ha_lease_ttl=ha_lease_ttl, ha_secret=ha_secret,
+        ha_catchup_bytes=ha_catchup_bytes,
+        ha_secret_file=ha_secret_file, ha_tls=ha_tls or None, ha_tls_ca=ha_tls_ca)
     cfg = _load_config(config, **overrides)
     started = False
 

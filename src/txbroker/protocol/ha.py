@@ -19,9 +19,10 @@ type                  sent by    fields
 ``heartbeat_ack``     standby    ``seq``
 ====================  =========  ===============================================
 
-A standby opens the connection and says ``standby``; a broker that is active
-answers ``welcome`` (then heartbeats) or ``refused``; a broker that is not
-active answers ``refused`` with ``retry`` true. Anything else — bytes that are
+The connection first runs the handshake of ``protocol/ha_auth.py`` (the peers
+prove the HA secret; over TLS when configured); then a standby says ``standby``;
+a broker that is active answers ``welcome`` (then heartbeats) or ``refused``; a
+broker that is not active answers ``refused`` with ``retry`` true. Anything else — bytes that are
 not a line of JSON, an object without the version — means the peer is not a
 txbroker HA port: :class:`~txbroker.errors.ProtocolError` with what it sent.
 

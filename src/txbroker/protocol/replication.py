@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-A backup connects to the primary's HA port and the two exchange *messages*.
+A backup connects to the primary's HA port, the two run the handshake of
+``protocol/ha_auth.py`` (each proves the HA secret; over TLS when configured),
+and then exchange *messages*.
 The primary streams its store entries, each numbered by a **log sequence
 number** (LSN, 1, 2, 3 … in append order); the backup writes them to its own
 store and acknowledges the highest LSN that is durable there. A joining backup
@@ -16,9 +18,14 @@ Bytes on the wire (the native protocol's framing, ``protocol/native.py``)::
     4       N     msgpack (use_bin_type) of the array [type, body]
 
     type         direction          body
-    "join"       backup → primary   {"node": str, "version": 1}
-    "welcome"    primary → backup   {"node": str, "epoch": str, "at": int}
-                                    (a dump of the state at LSN ``at`` follows)
+    "join"       backup → primary   {"node": str, "version": 1,
+                                     "resume": {"epoch": str, "lsn": int}} — resume only
+                                    from a backup that kept a whole copy of that epoch,
+                                    applied up to ``lsn``
+    "welcome"    primary → backup   {"node": str, "epoch": str, "at": int,
+                                     "incremental": bool} — a dump of the state at LSN
+                                    ``at`` follows; with ``incremental`` true, no dump:
+                                    the entries after ``at`` (the backup's resume LSN)
     "refuse"     primary → backup   {"reason": str} — then the primary closes
     "entries"    primary → backup   [[lsn, kind, meta: bin, [body: bin…]]…]
                                     (dump entries have lsn 0)

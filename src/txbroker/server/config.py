@@ -27,6 +27,12 @@ Config file (all keys optional)::
     ha_peer = "10.0.0.2:5446"   # the other broker's HA port
     heartbeat_interval = 3.0    # seconds between the active's heartbeats
     activation_interval = 10.0  # heartbeat silence before the standby acts (>= 2x)
+    ha_catchup_bytes = 67108864 # replicated: newest entries kept for backups that resume
+
+    [ha]                        # the HA links' security (both modes; docs/ha.md)
+    secret_file = "/etc/txbroker/ha.secret"  # or secret = "…": peers prove it (HMAC)
+    tls = true                  # the HA links over TLS with tls_cert / tls_key
+    tls_ca = "/etc/txbroker/ha-ca.pem"  # verifies the peers ("" = the server's tls_ca)
 
     [limits]                    # core limits (core/limits.py)
     max_message_size = 4194304
@@ -61,7 +67,7 @@ from txbroker.core.limits import Limits
 from txbroker.core.router_model import parse_facility
 from txbroker.errors import BadRequest
 from txbroker.server.acl import AclConfig, parse_acl
-from txbroker.server.tls import check_files
+from txbroker.server.tls import check_files, peer_context
 from txbroker.storage.interface import SyncMode
 from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own default
 
@@ -87,6 +93,18 @@ DEFAULT_ACTIVATION_INTERVAL = 10.0
 HA_MODES = ("", "shared-store", "replicated")
 #: A ready backup silent this long on an entry (s) leaves the ready set (docs/ha.md).
 DEFAULT_BACKUP_TIMEOUT = 5.0
+#: The replication catch-up buffer's default bound (``ha_catchup_bytes``, bytes): the
+#: newest entries' frames a primary keeps so that a backup that lost its link resumes
+#: without a dump. 64 MiB holds about 60,000 sends of 1 KiB: 4-5 s of the peak of
+#: bench/ha_replicated.py with one backup (13.7k msg/s), far longer at a usual load.
+DEFAULT_HA_CATCHUP_BYTES = 64 * 1024 * 1024
+#: The shortest HA secret accepted (characters): 128 bits as hex, as
+#: ``openssl rand -hex 16`` writes; a shorter one is open to guessing offline from a
+#: recorded handshake (docs/ha.md).
+MIN_HA_SECRET_LENGTH = 16
+#: The ``[ha]`` table's keys and the settings they set.
+HA_TABLE_KEYS = {"secret": "ha_secret", "secret_file": "ha_secret_file", "tls": "ha_tls",
+                 "tls_ca": "ha_tls_ca"}
 #: The listeners' port settings: each non-zero one must differ from the others.
 CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port")
 
@@ -147,6 +165,19 @@ class ServerConfig:
     #: --ha replicated with etcd: the primary key's lease (s); the primary fences itself
     #: a third of it before the lease can expire (server/etcd_lease.py)
     ha_lease_ttl: int = 10
+    #: --ha replicated: bytes of the newest entries the primary keeps so that a backup
+    #: that lost its link resumes from its copy (0 = none: every join gets a dump)
+    ha_catchup_bytes: int = DEFAULT_HA_CATCHUP_BYTES
+    #: the HA links' shared secret (``[ha] secret``; "" = none: unauthenticated links,
+    #: a warning at start); never printed
+    ha_secret: str = field(default="", repr=False)
+    #: a file holding the secret (``[ha] secret_file``; its surrounding whitespace is
+    #: ignored); read at start
+    ha_secret_file: str = ""
+    #: the HA links over TLS with tls_cert / tls_key, each side verifying the other
+    ha_tls: bool = False
+    #: the CA that verifies HA peers ("" = tls_ca)
+    ha_tls_ca: str = ""
     limits: Limits = field(default_factory=Limits)
     users: dict[str, str] = field(default_factory=dict)
     #: the ``[acl]`` table (None: no table, every user may do everything)
@@ -228,7 +259,49 @@ class ServerConfig:
                 "not make the standby act")
         if self.ha_port in [getattr(self, name) for name in CLIENT_PORTS]:
             raise ValueError(f"ha_port {self.ha_port} is also a client port")
+        self._validate_ha_security()
 
+    def _validate_ha_security(self) -> None:
+        """The secret must be readable and long enough; TLS needs the broker's
+        certificate and a CA to verify the peers."""
+        self.ha_secret_bytes()
+        self.ha_ssl_contexts()
+
+    def ha_secret_bytes(self) -> bytes | None:
+        """The HA links' secret (None: none configured); ValueError, one line, when it
+        is unusable."""
+        if self.ha_secret and self.ha_secret_file:
+            raise ValueError("give the HA secret once: [ha] secret or secret_file, not both")
+        if self.ha_secret_file:
+            try:
+                text = Path(self.ha_secret_file).read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"ha secret_file {self.ha_secret_file}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+            where = f"the HA secret in {self.ha_secret_file}"
+        elif self.ha_secret:
+            text, where = self.ha_secret, "the HA secret"
+        else:
+            return None
+        if len(text) < MIN_HA_SECRET_LENGTH:
+            raise ValueError(f"{where} has {len(text)} characters; at least "
+                             f"{MIN_HA_SECRET_LENGTH} are needed (openssl rand -hex 32)")
+        return text.encode()
+
+    def ha_ssl_contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+        """The HA links' TLS contexts, (listener, connector), None without ``ha_tls``;
+        ValueError, one line, when they cannot be made."""
+        if not self.ha_tls:
+            return None
+        if not (self.tls_cert and self.tls_key):
+            raise ValueError("[ha] tls needs tls_cert and tls_key (the broker's certificate "
+                             "and key serve the HA links too)")
+        ca = self.ha_tls_ca or self.tls_ca
+        if not ca:
+            raise ValueError("[ha] tls needs a CA to verify the peers: [ha] tls_ca, or the "
+                             "server's tls_ca")
+        listener = check_files(Path(self.tls_cert), Path(self.tls_key), Path(ca))
+        return listener, peer_context(Path(self.tls_cert), Path(self.tls_key), Path(ca))
 
     def _validate_replicated(self) -> None:
         if not 1 <= self.ha_port <= 65535:
@@ -241,10 +314,13 @@ class ServerConfig:
             peer_address(peer)
         if not self.backup_timeout > 0:
             raise ValueError("backup_timeout must be positive")
+        if self.ha_catchup_bytes < 0:
+            raise ValueError("ha_catchup_bytes must be >= 0 (0 = every join gets a dump)")
         if self.ha_etcd and not 2 <= self.ha_lease_ttl <= 3600:
             raise ValueError("ha_lease_ttl must be 2 to 3600 seconds (etcd grants at least 2)")
         if self.ha_port in [getattr(self, name) for name in CLIENT_PORTS]:
             raise ValueError(f"ha_port {self.ha_port} is also a client port")
+        self._validate_ha_security()
 
 
 def peer_address(text: str) -> tuple[str, int]:
@@ -275,6 +351,20 @@ def parse_router(table: Any, path: Path | None) -> dict[str, list[dict[str, Any]
     return facilities
 
 
+def parse_ha_table(table: Any, path: Path | None) -> dict[str, Any]:
+    """The ``[ha]`` table (the HA links' security) as settings: ``secret``,
+    ``secret_file``, ``tls``, ``tls_ca``."""
+    if not isinstance(table, dict):
+        raise ValueError(f"[ha] in {path} must be a table")
+    unknown = set(table) - set(HA_TABLE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown [ha] keys in {path}: {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(HA_TABLE_KEYS)})")
+    if "tls" in table and not isinstance(table["tls"], bool):
+        raise ValueError(f"[ha] tls in {path} must be true or false")
+    return {HA_TABLE_KEYS[key]: value for key, value in table.items()}
+
+
 def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
     """Read the TOML file (if any) and apply command-line overrides (None = unset)."""
     data: dict[str, Any] = {}
@@ -295,6 +385,7 @@ def load_config(path: Path | None, **overrides: Any) -> ServerConfig:
         raise ValueError("[users] values must be password hashes (txbroker passwd)")
     if "data" in server:
         server["data"] = Path(server["data"])
+    server.update(parse_ha_table(data.get("ha", {}), path))
     acl = parse_acl(data["acl"], users) if "acl" in data else None
     config = ServerConfig(**server, limits=Limits(**limits_data), users=dict(users), acl=acl,
                           router_facilities=parse_router(data.get("router", {}), path))

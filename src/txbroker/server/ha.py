@@ -71,6 +71,7 @@ from txbroker.protocol.native import (
 from txbroker.server.app import BrokerServer, store_lock_path
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig, peer_address
+from txbroker.server.ha_link import LinkSecurity
 from txbroker.storage.store_lock import StoreLock, lock_holder
 
 __all__ = ["HaRole", "PeerRefused", "SharedStoreNode"]
@@ -132,6 +133,8 @@ class SharedStoreNode:
         self.peer = peer_address(config.ha_peer)
         self.lock_path = store_lock_path(config)
         self.node = f"{config.host}:{config.ha_port}"
+        #: TLS and the peers' handshake on the HA link (server/ha_link.py)
+        self.security = LinkSecurity.from_config(config)
         self.role = HaRole.STARTING
         self.since = time.time()
         self.server: BrokerServer | None = None
@@ -167,6 +170,7 @@ class SharedStoreNode:
             "activation_interval": self.config.activation_interval,
             "lock_file": str(self.lock_path),
             "lock_holder": lock_holder(self.lock_path),
+            "link": self.security.status(),
         }
 
     def _set_role(self, role: str) -> None:
@@ -186,9 +190,9 @@ class SharedStoreNode:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
         host, port = self.config.host, self.config.ha_port
-        self._link_server = await asyncio.start_server(self._on_link, host, port,
-                                                       reuse_address=True)
+        self._link_server = await self.security.start_server(self._on_link, host, port)
         log.info("HA link on %s (peer %s)", self.node, self.config.ha_peer)
+        self.security.warn_if_open(self.node)
         try:
             lock = await self._contend()
             if lock is not None:
@@ -275,8 +279,7 @@ class SharedStoreNode:
         a handshake succeeded (the caller then tries the lock at once)."""
         host, port = self.peer
         timeout = self.config.heartbeat_interval
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await self.security.connect(host, port, timeout)
         try:
             decoder = link.HaDecoder()
             writer.write(link.encode("standby", node=self.node,

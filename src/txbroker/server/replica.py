@@ -18,8 +18,15 @@ LSN its dump stands for, and then:
 
 An entry it cannot write is a failed vote (``vote``): it says so and leaves.
 When the link breaks, the primary is gone or dropped us: the node joins again
-(a fresh dump) or, if promoted, finishes recovery from the state it replayed
-(``server/replicated.py``).
+or, if promoted, finishes recovery from the state it replayed
+(``server/replicated.py``). A whole copy is **kept** across the break (its store
+stays open, the same :class:`Follower` joins again): its ``join`` names the
+primary's epoch and the highest LSN it applied, and a primary of that epoch that
+still holds every later entry sends just those (an ``incremental`` welcome, no
+wipe, no dump — issue 29's incremental catch-up); any other answer is a dump, and
+the kept copy is closed and replaced as above. Entries must arrive in LSN order
+without a gap: anything else is a protocol error (the link is dropped, the copy
+too).
 """
 
 from __future__ import annotations
@@ -38,11 +45,15 @@ from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
+from txbroker.server.ha_link import LinkSecurity
 from txbroker.storage.store_lock import StoreLock
+
+#: The line a backup writes in its store's lock file.
+LOCK_LINE: Final = "replicated broker, HA {node}"
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["INCOMPLETE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_standing",
+__all__ = ["INCOMPLETE", "LOCK_LINE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_standing",
            "incomplete", "read_standing", "wipe", "write_standing"]
 
 #: The marker of a data directory whose copy of the primary is not whole.
@@ -158,8 +169,10 @@ class Follower:
     """One backup following one primary over one link (module docstring)."""
 
     def __init__(self, config: ServerConfig, lock: StoreLock, lock_path: Path,
-                 node: str) -> None:
+                 node: str, security: LinkSecurity | None = None) -> None:
         self.config = config
+        #: TLS and the handshake on the link (server/ha_link.py)
+        self.security = security if security is not None else LinkSecurity.from_config(config)
         self.lock = lock
         self.lock_path = lock_path
         self.node = node
@@ -167,6 +180,13 @@ class Follower:
         self.primary = ""  #: the primary's node name
         self.primary_address = ""
         self.state = "joining"  #: joining, copying, following
+        self.epoch = ""  #: the primary's epoch (its LSNs count within it)
+        self.applied_lsn = 0  #: the highest LSN appended and replayed here
+        self.connected = False  #: a link to the primary is up (the copy may outlive it)
+        self.joined_by = ""  #: "dump", or "suffix" (resumed from the kept copy)
+        self.resumes = 0  #: incremental catch-ups of this copy
+        #: bumped when a kept copy is replaced: completions of the old store are ignored
+        self._generation = 0
         self.at = 0  #: the LSN of the dump
         self.dumped = False
         self.dump_entries = 0
@@ -187,17 +207,27 @@ class Follower:
         """The follower's part of ``ha status``."""
         return {"primary": self.primary, "primary_address": self.primary_address,
                 "state": self.state, "ready": self.ready, "dump_lsn": self.at,
-                "durable_lsn": self.durable_lsn, "received": self.received}
+                "durable_lsn": self.durable_lsn, "applied_lsn": self.applied_lsn,
+                "received": self.received, "connected": self.connected,
+                "joined_by": self.joined_by, "resumes": self.resumes}
+
+    def resumable(self) -> bool:
+        """A whole copy whose link ended: it may ask the next primary for the suffix."""
+        return self.state == "following" and self.server is not None and self.failed is None
 
     async def follow(self, host: str, port: int) -> None:
         """Join the primary at ``host:port`` and follow it until the link breaks
         (returns) or it refuses us (PrimaryRefused)."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2.0)
+        reader, writer = await self.security.connect(host, port, 2.0)
         self._writer = writer
+        self.acked = -1  # a new link: acknowledge what is durable again
         self.primary_address = f"{host}:{port}"
         codec = link.ReplicationCodec()
+        join: dict[str, object] = {"node": self.node, "version": 1}
+        if self.resumable():
+            join["resume"] = {"epoch": self.epoch, "lsn": self.applied_lsn}
         try:
-            writer.write(link.encode("join", {"node": self.node, "version": 1}))
+            writer.write(link.encode("join", join))
             while True:
                 # a primary sends at least a heartbeat every HEARTBEAT_INTERVAL, from the
                 # moment it took our join (a black hole, or a frozen peer, says nothing)
@@ -211,21 +241,31 @@ class Follower:
                     return
                 if not data:
                     return
-                for message in codec.receive_data(data):
-                    self._on_message(message)
+                try:
+                    for message in codec.receive_data(data):
+                        self._on_message(message)
+                except ProtocolError as exc:  # the copy is not trusted further: a dump next
+                    self.failed = str(exc)
+                    raise
                 await writer.drain()
                 if self.failed is not None:
                     return
         finally:
             writer.close()
             self._writer = None
+            self.connected = False
 
     def _on_message(self, message: link.LinkMessage) -> None:
         body = message.body
         if message.type == "refuse":
             raise PrimaryRefused(str(body.get("reason", "refused")))
         if message.type == "welcome":
-            self._start(str(body["node"]), int(body["at"]))
+            self.connected = True
+            if body.get("incremental"):
+                self._resume(str(body["node"]), str(body.get("epoch", "")), int(body["at"]))
+            else:
+                self._start(str(body["node"]), int(body["at"]))
+                self.epoch = str(body.get("epoch", ""))
         elif message.type == "entries":
             if self.server is None:
                 raise ProtocolError("entries before welcome")
@@ -244,7 +284,18 @@ class Follower:
 
     def _start(self, primary: str, at: int) -> None:
         """The primary welcomed us: replace our copy with its dump."""
+        if self.server is not None:  # a kept copy this primary cannot resume
+            self.close_store()
+            lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
+            if lock is None:
+                raise StorageFailed(f"the data directory {self.config.data} was taken by "
+                                    "another process while this backup changed copies")
+            self.lock = lock
+            self._generation += 1
+            self.dumped, self.dump_entries, self.dump_durable = False, 0, 0
+            self.durable_lsn = 0
         self.primary, self.at, self.state = primary, at, "copying"
+        self.applied_lsn, self.joined_by = at, "dump"
         log.info("replication: following %s from its dump at LSN %d", primary, at)
         wipe(self.config.data, self.lock_path)
         write_standing(self.config.data, False, primary)
@@ -252,10 +303,29 @@ class Follower:
         server.open_store()
         self.server = server
 
+    def _resume(self, primary: str, epoch: str, at: int) -> None:
+        """The primary resumes our kept copy: the entries after ``at`` follow."""
+        if not self.resumable() or epoch != self.epoch or at != self.applied_lsn:
+            raise ProtocolError(f"the primary resumes epoch {epoch!r} from LSN {at}; this copy "
+                                f"holds {self.epoch!r} up to {self.applied_lsn}")
+        self.primary, self.joined_by = primary, "suffix"
+        self.resumes += 1
+        if self.ready:  # the primary counts us as catching up until we are within the lag
+            write_standing(self.config.data, False, primary)
+            self.ready = False
+        log.info("replication: resuming the copy of %s from LSN %d (incremental catch-up, no "
+                 "dump)", primary, at)
+        self._schedule_ack()
+
     def _apply(self, lsn: int, kind: int, meta: bytes, bodies: list[bytes]) -> None:
         server = self.server
         assert server is not None and server.store is not None
         self.received += 1
+        if lsn:  # a streamed entry: the next one, always (a gap would lose an entry)
+            if lsn != self.applied_lsn + 1:
+                raise ProtocolError(f"entry {lsn} after entry {self.applied_lsn}: a gap in "
+                                    "the replication stream")
+            self.applied_lsn = lsn
         if lsn == 0:
             self.dump_entries += 1
         elif self._fault is not None and kind == self._fault:
@@ -264,8 +334,11 @@ class Follower:
             self._fault = None
             self._vote_fail(lsn, f"fault injected by {FAULT_ENV}")
             return
+        generation = self._generation
+
         def durable(error: BaseException | None) -> None:
-            self._durable(lsn, error)
+            if generation == self._generation:  # else: the copy it belonged to is gone
+                self._durable(lsn, error)
 
         try:
             refs = server.store.append(kind, meta, bodies, durable)

@@ -46,7 +46,9 @@ from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.etcd import EtcdClient
 from txbroker.server.etcd_lease import Candidate
 from txbroker.server.ha import StandbyConnection
+from txbroker.server.ha_link import LinkAuthFailed, LinkSecurity
 from txbroker.server.replica import (
+    LOCK_LINE,
     Follower,
     PrimaryRefused,
     forget_standing,
@@ -86,6 +88,8 @@ class ReplicatedNode:
         self.node = config.ha_node or f"{config.host}:{config.ha_port}"
         self.peers = [peer_address(p.strip()) for p in config.ha_peers.split(",") if p.strip()]
         self.lock_path = store_lock_path(config)
+        #: TLS and the peers' handshake on the replication link (server/ha_link.py)
+        self.security = LinkSecurity.from_config(config)
         self.role = Role.BACKUP
         self.since = time.time()
         self.server: BrokerServer | None = None
@@ -97,6 +101,8 @@ class ReplicatedNode:
         self._link_server: asyncio.Server | None = None
         self._refuser: asyncio.Server | None = None
         self.last_problem = ""
+        #: the last TLS / handshake failure logged per peer (each is logged once)
+        self._link_problems: dict[tuple[str, int], str] = {}
         #: whether the primary counted our copy as ready when we last lost it, as synced
         #: in the data directory (REPLICA_STATE; None: no record — a primary's directory)
         self.copy_ready: bool | None = read_standing(config.data)
@@ -117,7 +123,8 @@ class ReplicatedNode:
             "mode": "replicated", "role": self.role, "since": round(self.since, 3),
             "node": self.node, "peers": self.config.ha_peers,
             "promotable": self.promotable() is None,
-            "backup_timeout": self.config.backup_timeout}
+            "backup_timeout": self.config.backup_timeout,
+            "link": self.security.status()}
         if self.hub is not None:
             result["replication"] = self.hub.status()
         if self.follower is not None:
@@ -151,7 +158,7 @@ class ReplicatedNode:
         if self.role != Role.BACKUP:
             return f"it is the {self.role}"
         follower = self.follower
-        if follower is not None and follower.server is not None:
+        if follower is not None and follower.server is not None and follower.connected:
             if follower.state != "following":
                 return "its copy of the primary is incomplete (still copying)"
             if not follower.ready:
@@ -196,12 +203,13 @@ class ReplicatedNode:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
-        self.lock = StoreLock.try_acquire(self.lock_path, f"replicated broker, HA {self.node}")
+        self.lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
         if self.lock is None:
             raise RuntimeError(f"the data directory {self.config.data} is in use by another "
                                "broker (its store lock is held)")
-        self._link_server = await asyncio.start_server(
-            self._on_link, self.config.host, self.config.ha_port, reuse_address=True)
+        self._link_server = await self.security.start_server(
+            self._on_link, self.config.host, self.config.ha_port)
+        self.security.warn_if_open(self.node)
         await self._open_refuser()
         if self._on_role is not None:
             self._on_role(Role.BACKUP, None)
@@ -232,14 +240,20 @@ class ReplicatedNode:
                 if self._stopping.is_set():
                     return False
                 assert self.lock is not None
-                follower = Follower(self.config, self.lock, self.lock_path, self.node)
+                follower = self.follower
+                if follower is None:  # else: a whole copy kept to resume (replica.py)
+                    follower = Follower(self.config, self.lock, self.lock_path, self.node,
+                                        self.security)
                 self.follower = follower
                 outcome = await self._follow(follower, host, port)
+                self.lock = follower.lock  # it takes the lock again when it replaces a copy
                 if outcome == "promote" and follower.state == "following":
                     return True  # promoted from the copy it replayed
                 if follower.server is not None:
                     self.copy_ready = follower.state == "following" and follower.ready
                     self.copy_position = follower.durable_lsn
+                if outcome == "ended" and follower.resumable() and self.config.ha_catchup_bytes:
+                    continue  # keep the copy: the next primary may send just the suffix
                 self._drop_copy(follower)
                 if outcome == "promote":
                     return True  # promoted from its own store (recovered from disk)
@@ -256,7 +270,7 @@ class ReplicatedNode:
         if follower.server is None:
             return
         follower.close_store()
-        self.lock = StoreLock.try_acquire(self.lock_path, f"replicated broker, HA {self.node}")
+        self.lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
         if self.lock is None:
             raise RuntimeError(f"the data directory {self.config.data} was taken by another "
                                "process while this backup changed primaries")
@@ -279,11 +293,18 @@ class ReplicatedNode:
             return "promote" if self._promote.is_set() else "stop"
         try:
             task.result()
+            self._link_problems.pop((host, port), None)
             if follower.server is not None:
                 log.warning("replication: lost the primary %s", follower.primary)
                 self.last_problem = f"lost the primary {follower.primary}"
         except PrimaryRefused as exc:
             self.last_problem = f"{host}:{port}: {exc}"
+        except LinkAuthFailed as exc:  # TLS or the handshake: say it once per peer and cause
+            problem = f"{host}:{port}: {exc}"
+            if self._link_problems.get((host, port)) != problem:
+                self._link_problems[(host, port)] = problem
+                log.error("HA: peer %s", problem)
+            self.last_problem = problem
         except (OSError, TimeoutError, ProtocolError) as exc:
             self.last_problem = f"{host}:{port}: {exc!r}"
         if self._promote.is_set():
@@ -308,7 +329,8 @@ class ReplicatedNode:
         self.follower = None
         self.last_problem = ""
         forget_standing(self.config.data)
-        hub = ReplicationHub(server, self.node, self.config.backup_timeout)
+        hub = ReplicationHub(server, self.node, self.config.backup_timeout,
+                             self.config.ha_catchup_bytes)
         if self.etcd is not None:
             hub.on_ready_change = self._record_ready
             await self._record_ready([])  # until a backup is ready, none may succeed us
@@ -337,7 +359,8 @@ class ReplicatedNode:
         while self.role == Role.BACKUP and not self._stopping.is_set():
             try:
                 follower = self.follower
-                following = follower is not None and follower.state == "following"
+                following = follower is not None and follower.state == "following" \
+                    and follower.connected
                 if follower is not None and following:
                     position, ready = follower.durable_lsn, follower.ready
                 else:  # a copy whose primary is gone: ready if it was ready then (a node

@@ -17,11 +17,17 @@ of a transaction (the seed's tx-queue and TxTracker come for free with
 whole-entry shipping).
 
 **Joining.** A backup that connects gets a *dump* (``core/replica.py``) of the
-state at one LSN, then every entry after it. The dump is taken when the state in
-memory is exactly the durable log: the hub stops reading clients until every
-entry in flight is complete (normally one group commit), describes the state
-(cheap: no body is read) and lets clients go on; bodies are then read from the
-store and streamed while new entries queue behind the dump. While any dump
+state at one LSN, then every entry after it — unless it can **resume**: a backup
+that lost its link but kept its copy (same process) says in its ``join`` which
+primary epoch and LSN it holds; when that is this primary's epoch and the
+**catch-up buffer** still holds every entry after that LSN, the backup gets only
+those entries (an ``incremental`` welcome) and no dump. The buffer keeps the
+newest entries' frames up to ``ha_catchup_bytes`` (``ha status``: ``catchup``).
+The dump is taken when the state in memory is exactly the durable log: the hub
+stops reading clients until every entry in flight is complete (normally one
+group commit), describes the state (cheap: no body is read) and lets clients go
+on; bodies are then read from the store and streamed while new entries queue
+behind the dump. While any dump
 streams, the store's space reclamation waits (releases are deferred, compaction
 pauses) so that every body the dump names stays readable.
 
@@ -52,6 +58,7 @@ from txbroker.core.records import Kind
 from txbroker.core.replica import DumpEntry, check_quiet, state_entries
 from txbroker.errors import ProtocolError, ReplicaVoteFailed
 from txbroker.protocol import replication as link
+from txbroker.server.config import DEFAULT_HA_CATCHUP_BYTES
 from txbroker.server.replica import HEARTBEAT_INTERVAL
 from txbroker.storage.interface import (
     BodyRef,
@@ -82,6 +89,7 @@ HISTORY: Final = 100_000
 MAX_QUEUED: Final = 256 * 1024 * 1024
 
 
+
 @dataclass(slots=True, eq=False)
 class _Pending:
     lsn: int
@@ -108,6 +116,7 @@ class AttachedBackup:
     backlog: list[bytes] = field(default_factory=list)  #: frames queued behind the dump
     sent_bytes: int = 0
     reason: str = ""
+    joined_by: str = ""  #: "dump", or "suffix" (it resumed from its own copy)
 
     def info(self, newest: int) -> dict[str, Any]:
         """Its line of ``ha status``."""
@@ -115,13 +124,14 @@ class AttachedBackup:
                 "acked": self.acked, "lag_entries": max(0, newest - self.acked),
                 "queued_bytes": self.writer.transport.get_write_buffer_size()
                 if not self.writer.is_closing() else 0,
-                "since": self.joined, "reason": self.reason}
+                "since": self.joined, "reason": self.reason, "joined_by": self.joined_by}
 
 
 class ReplicationHub:
     """LSNs, the entries in flight, the attached backups (module docstring)."""
 
-    def __init__(self, server: BrokerServer, node: str, backup_timeout: float) -> None:
+    def __init__(self, server: BrokerServer, node: str, backup_timeout: float,
+                 catchup_bytes: int = DEFAULT_HA_CATCHUP_BYTES) -> None:
         self.server = server
         self.node = node
         self.backup_timeout = backup_timeout
@@ -133,6 +143,14 @@ class ReplicationHub:
         self.pending: deque[_Pending] = deque()
         self.backups: dict[str, AttachedBackup] = {}
         self.dumps = 0
+        #: the catch-up buffer: (lsn, its frame) of the newest entries, at most
+        #: ``catchup_bytes`` of frames (0: none kept, every join gets a dump)
+        self.catchup_bytes = catchup_bytes
+        self.suffix: deque[tuple[int, bytes]] = deque()
+        self.suffix_held = 0  #: bytes of the frames in the buffer
+        #: what joins cost: dumps and suffixes sent, their entries and bytes
+        self.shipped = {"dumps": 0, "dump_entries": 0, "dump_bytes": 0,
+                        "suffixes": 0, "suffix_entries": 0, "suffix_bytes": 0}
         self.deferred: list[BodyRef] = []
         self._waiting_quiet: list[asyncio.Future[None]] = []
         self._watch: asyncio.Task[None] | None = None
@@ -150,11 +168,36 @@ class ReplicationHub:
         self.bytes += len(meta) + sum(map(len, bodies))
         self.history.append((lsn, self.bytes))
         self.pending.append(_Pending(lsn, kind, on_durable, time.monotonic()))
-        if self.backups:
+        if self.backups or self.catchup_bytes:
             frame = link.encode("entries", [[lsn, kind, meta, bodies]])
             for backup in list(self.backups.values()):
                 self._send(backup, frame, streamed=True)
+            self._keep(lsn, frame)
         return lsn
+
+    def _keep(self, lsn: int, frame: bytes) -> None:
+        """Hold an entry's frame in the catch-up buffer, dropping the oldest beyond it."""
+        if not self.catchup_bytes:
+            return
+        suffix = self.suffix
+        suffix.append((lsn, frame))
+        self.suffix_held += len(frame)
+        while self.suffix_held > self.catchup_bytes:
+            self.suffix_held -= len(suffix.popleft()[1])
+
+    def can_resume(self, resume: Any) -> int | None:
+        """The LSN a backup's ``join`` may resume from (it holds this epoch's copy up to
+        it and the buffer has every entry after it), None when it needs a dump."""
+        if not isinstance(resume, dict) or resume.get("epoch") != self.epoch:
+            return None
+        lsn = resume.get("lsn")
+        if not isinstance(lsn, int) or not 0 <= lsn <= self.lsn:
+            return None
+        if lsn == self.lsn:
+            return lsn
+        if self.suffix and self.suffix[0][0] <= lsn + 1:
+            return lsn
+        return None
 
     def local_durable(self, lsn: int, error: BaseException | None) -> None:
         """The local store has entry ``lsn`` (or failed)."""
@@ -289,8 +332,12 @@ class ReplicationHub:
             info = backup.info(self.lsn)
             info["lag_bytes"] = max(0, self.bytes - self.bytes_at(backup.acked))
             backups.append(info)
+        suffix = self.suffix
+        catchup = {"buffer_bytes": self.catchup_bytes, "held_bytes": self.suffix_held,
+                   "held_entries": len(suffix),
+                   "oldest_lsn": suffix[0][0] if suffix else None, **self.shipped}
         return {"lsn": self.lsn, "bytes": self.bytes, "in_flight": len(self.pending),
-                "epoch": self.epoch, "backups": backups}
+                "epoch": self.epoch, "backups": backups, "catchup": catchup}
 
     async def serve_backup(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            hello: dict[str, Any], codec: link.ReplicationCodec) -> None:
@@ -305,7 +352,11 @@ class ReplicationHub:
         self.backups[node] = backup
         self._start_watch()
         try:
-            await self._dump(backup)
+            resume_at = self.can_resume(hello.get("resume"))
+            if resume_at is not None:
+                await self._resume(backup, resume_at)
+            else:
+                await self._dump(backup)
             while not reader.at_eof():
                 data = await reader.read(65536)
                 if not data:
@@ -341,6 +392,32 @@ class ReplicationHub:
         else:
             raise ProtocolError(f"a backup may not send {message.type!r}")
 
+    # ------------------------------------------------------------------ the suffix
+    async def _resume(self, backup: AttachedBackup, at: int) -> None:
+        """Incremental catch-up: the backup holds this epoch's state up to ``at``; send
+        it every entry after ``at`` from the buffer, then the stream goes on."""
+        # no await until every held frame is written: begin() streams to it from now on
+        backup.state, backup.dump_at, backup.acked = "catching-up", at, 0
+        backup.joined_by = "suffix"
+        writer = backup.writer
+        welcome = link.encode("welcome", {"node": self.node, "epoch": self.epoch, "at": at,
+                                          "incremental": True})
+        writer.write(welcome)
+        entries = sent = 0
+        for lsn, frame in self.suffix:
+            if lsn > at:
+                writer.write(frame)
+                entries += 1
+                sent += len(frame)
+        backup.sent_bytes += len(welcome) + sent
+        shipped = self.shipped
+        shipped["suffixes"] += 1
+        shipped["suffix_entries"] += entries
+        shipped["suffix_bytes"] += sent
+        log.info("replication: %s resumes from LSN %d: %d entries (%d bytes) from the "
+                 "catch-up buffer, no dump", backup.node, at, entries, sent)
+        await writer.drain()
+
     # ------------------------------------------------------------------ the dump
     async def _quiet(self) -> None:
         """Wait until every entry in flight is complete, with clients not read."""
@@ -370,12 +447,16 @@ class ReplicationHub:
             self.server.ops.hold_input(False)
         try:
             writer = backup.writer
+            backup.joined_by = "dump"
+            self.shipped["dumps"] += 1
             writer.write(link.encode("welcome", {"node": self.node, "epoch": self.epoch,
                                                  "at": at}))
             for frame in self._dump_frames(entries):
                 writer.write(frame)
                 backup.sent_bytes += len(frame)
+                self.shipped["dump_bytes"] += len(frame)
                 await writer.drain()
+            self.shipped["dump_entries"] += len(entries)
             writer.write(link.encode("dumped", {"at": at}))
             backlog, backup.backlog = backup.backlog, []
             if backup.state == "dumping":

@@ -51,6 +51,7 @@ __all__ = [
     "TLSTransport",
     "check_files",
     "looks_like_tls",
+    "peer_context",
     "server_context",
     "tls_factory",
 ]
@@ -122,6 +123,22 @@ def server_context(cert: Path, key: Path, ca: Path | None = None) -> ssl.SSLCont
         except (ssl.SSLError, OSError) as exc:
             raise ValueError(f"tls_ca {ca}: cannot load it ({exc})") from None
         context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def peer_context(cert: Path, key: Path, ca: Path) -> ssl.SSLContext:
+    """The context of a broker connecting to another broker (the HA links,
+    docs/ha.md): it presents ``cert`` and ``key`` (the peer's listener, made by
+    :func:`server_context` with ``ca``, requires a certificate) and verifies the peer's
+    certificate, and its name or address, against ``ca``. ValueError, one line, on
+    bad files."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the peer and its name
+    context.minimum_version = TLS_MINIMUM_VERSION
+    try:
+        context.load_cert_chain(cert, key, password=_no_password)
+        context.load_verify_locations(cafile=ca)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise ValueError(f"the HA links' TLS files ({cert}, {key}, CA {ca}): {exc}") from None
     return context
 
 
