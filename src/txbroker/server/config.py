@@ -12,6 +12,9 @@ Config file (all keys optional)::
     store = "journal"
     segment_size = 67108864
     body_cache_bytes = 33554432  # recent bodies kept in memory; 0 = none
+    compact_live_fraction = 0.5  # relocate old live data when copying it writes less
+                                 # than this share of what it frees (docs/storage.md)
+    compact_min_segments = 4     # ... and the journal has at least this many segments
     max_frame_size = 8388608
     max_connections = 1024
 
@@ -64,6 +67,11 @@ from txbroker.server.acl import AclConfig, parse_acl
 from txbroker.server.tls import check_files
 from txbroker.storage.interface import SyncMode
 from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own default
+from txbroker.storage.journal_space import (  # the journal's own defaults
+    RELOCATE_BELOW_LIVE_FRACTION,
+    RELOCATE_MIN_SEGMENTS,
+    CompactionSettings,
+)
 
 #: The native protocol's port (Artemis' core protocol default).
 DEFAULT_PORT = 5445
@@ -121,6 +129,11 @@ class ServerConfig:
     segment_size: int = DEFAULT_SEGMENT_SIZE
     #: bound of the store's body cache (bytes; 0 = every delivery reads from disk)
     body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES
+    #: journal compaction (docs/storage.md): relocate the oldest segments' live
+    #: messages when that writes less than this fraction of what it frees (0 = never)
+    compact_live_fraction: float = RELOCATE_BELOW_LIVE_FRACTION
+    #: ... and only when the journal has at least this many segments
+    compact_min_segments: int = RELOCATE_MIN_SEGMENTS
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
@@ -179,10 +192,15 @@ class ServerConfig:
             taken[value] = name
         if self.body_cache_bytes < 0:
             raise ValueError("body_cache_bytes must be >= 0 (0 = no body cache)")
+        self.compaction()  # raises ValueError on bad compaction settings
         if self.max_frame_size < 1024:
             raise ValueError("max_frame_size must be at least 1024")
         self._validate_tls()
         self._validate_ha()
+
+    def compaction(self) -> CompactionSettings:
+        """The journal's compaction settings (``compact_*``)."""
+        return CompactionSettings(self.compact_live_fraction, self.compact_min_segments)
 
     def _validate_tls(self) -> None:
         """A TLS port needs a certificate and its key, and the files must load."""

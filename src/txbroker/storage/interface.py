@@ -144,6 +144,11 @@ class StoreStats:
     live_body_bytes: int
     #: bytes of bodies held in the store's LRU body cache now (bounded by its setting)
     body_cache_bytes: int = 0
+    #: bytes of stored data the last recovery replayed (what a restart costs: with
+    #: compaction it follows the live data, not the history)
+    recovered_bytes: int = 0
+    #: files (segments) the last recovery read
+    recovered_segments: int = 0
     #: seconds to write and sync each group-commit batch (None: not measured)
     batch_seconds: Histogram | None = None
     #: work items (records) per batch: the group commit's size

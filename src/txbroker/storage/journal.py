@@ -60,6 +60,7 @@ from txbroker.storage.interface import (
     SyncMode,
 )
 from txbroker.storage.journal_bodies import REF_LENGTH_MASK, BodyReader
+from txbroker.storage.journal_faults import CrashPoints
 from txbroker.storage.journal_format import (
     ENTRY_HEADER,
     ENTRY_OVERHEAD,
@@ -78,7 +79,7 @@ from txbroker.storage.journal_recovery import (
     list_segments,
     lock_directory,
 )
-from txbroker.storage.journal_space import SegmentInfo, SegmentSpace
+from txbroker.storage.journal_space import CompactionSettings, SegmentInfo, SegmentSpace
 from txbroker.storage.journal_writer import (
     Delete,
     EntryItem,
@@ -137,6 +138,7 @@ class JournalStore:
         body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES,
         repair: bool = False,
         lock: StoreLock | None = None,
+        compaction: CompactionSettings | None = None,
     ) -> None:
         if sync not in SyncMode.ALL:
             raise ValueError(f"unknown sync mode {sync!r}; expected one of {SyncMode.ALL}")
@@ -169,7 +171,13 @@ class JournalStore:
         self._created_dirs: list[Path] = []
         self._segments: dict[int, SegmentInfo] = {}
         self._bodies = BodyReader(self.journal_dir, self._segments, self._queue, body_cache_bytes)
-        self._space = SegmentSpace(self.journal_dir, self._segments, self._delete_segment)
+        self._space = SegmentSpace(self.journal_dir, self._segments, self._delete_segment,
+                                   compaction)
+        #: named crash points for process tests (``journal_faults.py``; from the
+        #: environment, none armed outside tests)
+        self.crash_points = CrashPoints.from_env()
+        #: what recovery replayed: bytes of segment data, and segments (``stats``)
+        self._recovered_bytes = self._recovered_segments = 0
         self._head = 1
         self._offset = self._first_free = SEGMENT_HEADER.size
         #: the head rolls when an entry would end past this (see SNAPSHOT_SEGMENT_FACTOR)
@@ -213,6 +221,8 @@ class JournalStore:
         except Exception:
             self.close()  # e.g. CorruptStore: unlock, so that a retry with repair can open
             raise
+        self._recovered_bytes = sum(segment.size for segment in recovered)
+        self._recovered_segments = len(recovered)
         self._open_for_appends(recovered)
 
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
@@ -237,6 +247,7 @@ class JournalStore:
             head_segment=self._head if recovered else 0,
             head_fd=head_fd,
             head_offset=self._offset,
+            crash_points=self.crash_points,
         )
         self.writer.pending_dir_syncs = [path.parent for path in self._created_dirs]
         self._bodies.writer = self.writer
@@ -401,7 +412,10 @@ class JournalStore:
         if self._snapshot_due:  # before an older segment, and the metadata in it, can go
             self._roll_now()
         self._space.delete_dead(self._head)
-        return self._space.offer_relocation(self._head, self.writer.current_segment)
+        relocation = self._space.offer_relocation(self._head, self.writer.current_segment)
+        if relocation is not None:
+            self.crash_points.passed("relocation_offered")
+        return relocation
 
     def _delete_segment(self, segment: int) -> None:
         """Close a dead segment's reader and have the writer unlink it (after the
@@ -419,7 +433,9 @@ class JournalStore:
             writer.syncs if writer else 0,
             writer.bytes_written if writer else 0,
         )
-        stats = replace(stats, body_cache_bytes=self._bodies.cache_bytes)
+        stats = replace(stats, body_cache_bytes=self._bodies.cache_bytes,
+                        recovered_bytes=self._recovered_bytes,
+                        recovered_segments=self._recovered_segments)
         if writer is None:
             return stats
         return replace(stats, batch_seconds=writer.batch_seconds,

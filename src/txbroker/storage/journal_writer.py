@@ -55,6 +55,7 @@ from pathlib import Path
 
 from txbroker.errors import StorageFailed
 from txbroker.storage.interface import BodyRef, Dispatch, DurableCallback, SyncMode
+from txbroker.storage.journal_faults import CrashPoints
 from txbroker.storage.journal_format import encode_entry, encode_segment_header, segment_name
 from txbroker.storage.writer_thread import (
     Barrier,
@@ -133,8 +134,12 @@ class GroupCommitWriter(WriterThread):
         head_segment: int,
         head_fd: int | None,
         head_offset: int,
+        crash_points: CrashPoints | None = None,
     ) -> None:
         self.journal_dir = journal_dir
+        #: named crash points for process tests (``journal_faults.py``; none armed
+        #: outside tests)
+        self.crash_points = crash_points or CrashPoints()
         super().__init__(queue)
         self.sync_mode = sync
         self.dispatch = dispatch
@@ -210,6 +215,8 @@ class GroupCommitWriter(WriterThread):
             log.error("%s; the journal refuses further appends", failure)
             self._poison(batch, failure)
             return
+        if self.crash_points.kind >= 0:
+            self._pass_synced(batch)
         if callbacks:
             self._dispatch(completion(callbacks, None))
         self._delete(deletes)
@@ -217,6 +224,12 @@ class GroupCommitWriter(WriterThread):
             self.in_flight = []
         for barrier in barriers:
             barrier.done.set()
+
+    def _pass_synced(self, batch: list[WorkItem]) -> None:
+        """Crash point ``synced:KIND``: the batch holds an entry of that kind, durable."""
+        points = self.crash_points
+        if any(type(item) is tuple and item[3] == points.kind for item in batch):
+            points.passed(points.point)
 
     def _write(self, parts: list[bytes], offset: int) -> bool:
         """Write ``parts`` at ``offset`` of the current segment (one pwrite)."""
@@ -271,7 +284,9 @@ class GroupCommitWriter(WriterThread):
             return
         try:
             for item in deletes:
+                self.crash_points.passed("before_unlink")
                 self.unlink(self.journal_dir / segment_name(item.segment_id))
+                self.crash_points.passed("after_unlink")
             if self.sync_mode != SyncMode.NONE:
                 self.sync_dir(self._dir_fd)
         except OSError as exc:
