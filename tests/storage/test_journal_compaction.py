@@ -160,3 +160,22 @@ def test_a_live_journal_without_history_is_left_alone(directory: Path) -> None:
     assert store.stats().recovered_bytes == stats.disk_bytes > 200 * BODY
     assert store.stats().recovered_bytes > SEGMENT_HEADER.size
     store.close()
+
+
+def test_a_quiet_journal_packs_at_the_idle_fraction() -> None:
+    # segment 1 is 70 % live: not worth it while clients write (0.5), worth it when
+    # nothing but compaction writes (0.8); a fully live one never is
+    partly, full = (1100, 7), (1100, 10)
+    table = space([partly, full, full, full])
+    table.count_maintain_call(appends=5)
+    assert not table.quiet and table.paying_prefix(head=4, written=4) == 0
+    table.count_maintain_call(appends=9)  # appends in between: busy
+    assert not table.quiet and table.paying_prefix(head=4, written=4) == 0
+    table.count_maintain_call(appends=9)  # none since the last call: quiet
+    assert table.quiet and table.paying_prefix(head=4, written=4) == 1
+    assert space([full, full, full]).paying_prefix(head=3, written=3) == 0
+    off = SegmentSpace(Path("/nonexistent"), dict(table.segments), lambda segment: None,
+                       CompactionSettings(live_fraction=0.0))
+    off.count_maintain_call(appends=1)
+    off.count_maintain_call(appends=1)
+    assert off.quiet and off.paying_prefix(head=4, written=4) == 0  # 0 = off, idle too

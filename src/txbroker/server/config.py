@@ -15,6 +15,7 @@ Config file (all keys optional)::
     compact_live_fraction = 0.5  # relocate old live data when copying it writes less
                                  # than this share of what it frees (docs/storage.md)
     compact_min_segments = 4     # ... and the journal has at least this many segments
+    compact_idle_live_fraction = 0.8  # the fraction while nothing else is written
     max_frame_size = 8388608
     max_connections = 1024
 
@@ -69,6 +70,7 @@ from txbroker.storage.interface import SyncMode
 from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own default
 from txbroker.storage.journal_space import (  # the journal's own defaults
     RELOCATE_BELOW_LIVE_FRACTION,
+    RELOCATE_IDLE_LIVE_FRACTION,
     RELOCATE_MIN_SEGMENTS,
     CompactionSettings,
 )
@@ -134,6 +136,8 @@ class ServerConfig:
     compact_live_fraction: float = RELOCATE_BELOW_LIVE_FRACTION
     #: ... and only when the journal has at least this many segments
     compact_min_segments: int = RELOCATE_MIN_SEGMENTS
+    #: ... the fraction used while nothing but compaction writes (0 = the same)
+    compact_idle_live_fraction: float = RELOCATE_IDLE_LIVE_FRACTION
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
@@ -200,7 +204,8 @@ class ServerConfig:
 
     def compaction(self) -> CompactionSettings:
         """The journal's compaction settings (``compact_*``)."""
-        return CompactionSettings(self.compact_live_fraction, self.compact_min_segments)
+        return CompactionSettings(self.compact_live_fraction, self.compact_min_segments,
+                                  self.compact_idle_live_fraction)
 
     def _validate_tls(self) -> None:
         """A TLS port needs a certificate and its key, and the files must load."""

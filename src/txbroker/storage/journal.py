@@ -408,7 +408,7 @@ class JournalStore:
         if self._state is not _State.OPEN or self._queue.failure is not None:
             return None
         assert self.writer is not None
-        self._space.count_maintain_call()
+        self._space.count_maintain_call(self._appends)
         if self._snapshot_due:  # before an older segment, and the metadata in it, can go
             self._roll_now()
         self._space.delete_dead(self._head)

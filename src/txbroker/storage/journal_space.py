@@ -31,6 +31,9 @@ segments right after them* frees (each relocated segment counts its size
 less its snapshot: the copies need segments, and snapshots, of their own).
 ``k = 1`` without a dead run after it is the plain "mostly dead oldest
 segment"; a fully live oldest segment followed by a long dead run pays too.
+While the journal is quiet (nothing appended between two ``maintain``
+calls) the bar is :attr:`CompactionSettings.idle_live_fraction` instead: an
+idle broker packs the copies a busy one left mixed with dead data.
 If a prefix pays, the oldest segment is offered (its entries read back); once
 its copies are durable and it is deleted, the next call weighs the rest. The
 journal must have at least :attr:`CompactionSettings.min_segments` segments,
@@ -70,6 +73,12 @@ RELOCATE_BELOW_LIVE_FRACTION = 0.5
 #: (the broker could not move everything yet), offer it again: about a minute
 #: at the server's default 1 s maintain interval.
 RELOCATION_RETRY_CALLS = 60
+#: Default of :attr:`CompactionSettings.idle_live_fraction`: while nothing but
+#: compaction writes, relocating pays at a quarter dead. Each relocation still
+#: shrinks the journal (it frees more than 1/0.8 of what it writes, and the copies
+#: fill segments of their own), so the idle passes end; a fully live journal is
+#: never copied (copying it writes what it frees).
+RELOCATE_IDLE_LIVE_FRACTION = 0.8
 #: Default of :attr:`CompactionSettings.min_segments`: relocate only once the
 #: journal has this many segments (Artemis compacts from journal-compact-min-files
 #: = 10 of its 10 MiB files; with 64 MiB segments 4 is a similar amount).
@@ -83,17 +92,23 @@ class CompactionSettings:
 
     #: relocate the oldest segments when copying their live messages writes less
     #: than this fraction of what deleting them (and the dead run after them) frees;
-    #: 0 never relocates. The journal stays within about ``1 / live_fraction`` times
-    #: its live data plus the head segment; each relocation rewrites the live data
-    #: of the segments it empties.
+    #: 0 never relocates (nor does the idle fraction then). The journal stays within
+    #: about ``1 / live_fraction`` times its live data plus the head segment; each
+    #: relocation rewrites the live data of the segments it empties.
     live_fraction: float = RELOCATE_BELOW_LIVE_FRACTION
     #: relocate only when the journal has at least this many segments
     min_segments: int = RELOCATE_MIN_SEGMENTS
+    #: the fraction used instead while the journal is quiet (nothing appended
+    #: since the last ``maintain`` call): an idle broker tidies up what a busy
+    #: one left, at no cost to clients; 0 = the same as ``live_fraction``
+    idle_live_fraction: float = RELOCATE_IDLE_LIVE_FRACTION
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.live_fraction < 1.0:
-            raise ValueError(f"compact_live_fraction {self.live_fraction} outside 0..1 "
-                             "(1 or more would copy live data forward for nothing)")
+        for name, value in (("compact_live_fraction", self.live_fraction),
+                            ("compact_idle_live_fraction", self.idle_live_fraction)):
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} {value} outside 0..1 (1 or more would copy live "
+                                 "data forward for nothing)")
         if self.min_segments < 2:
             raise ValueError(f"compact_min_segments {self.min_segments} must be >= 2 "
                              "(the head is never relocated)")
@@ -153,6 +168,10 @@ class SegmentSpace:
         self._relocating: int | None = None
         self._relocation_offered_at = 0
         self._maintain_calls = 0
+        #: the store's append count at the last ``maintain`` call (-1: none yet)
+        self._appends_seen = -1
+        #: nothing was appended between the last two ``maintain`` calls
+        self.quiet = False
         #: (oldest segment, its live bodies) when last considered for relocation
         self._oldest_watch: tuple[int, int] = (-1, 0)
 
@@ -169,9 +188,12 @@ class SegmentSpace:
         info.live_bytes -= length
         return True
 
-    def count_maintain_call(self) -> None:
-        """Count one ``maintain`` call of an open store (the relocation retry clock)."""
+    def count_maintain_call(self, appends: int) -> None:
+        """Count one ``maintain`` call of an open store (the relocation retry clock);
+        ``appends``, the store's append count, tells whether the journal was quiet."""
         self._maintain_calls += 1
+        self.quiet = appends == self._appends_seen
+        self._appends_seen = appends
 
     def delete_dead(self, head: int) -> None:
         """Delete the segments without a live body from the oldest end, up to the head."""
@@ -196,7 +218,7 @@ class SegmentSpace:
         if len(self.segments) < self.settings.min_segments:
             return None  # a few segments of waste are cheaper than copying
         if self.paying_prefix(head, written) == 0:
-            return None  # copying would write as much as it frees
+            return None  # copying would write as much as it frees (or more than it pays)
         info = self.segments[oldest]
         watched, self._oldest_watch = self._oldest_watch, (oldest, info.live_bodies)
         if watched[0] == oldest and watched[1] > info.live_bodies:
@@ -222,7 +244,12 @@ class SegmentSpace:
         what it frees. Returns the count of the shortest paying prefix, the
         relocated segments and the dead run after them together.
         """
-        fraction = self.settings.live_fraction
+        settings = self.settings
+        fraction = settings.live_fraction
+        if fraction == 0.0:
+            return 0  # compaction is off
+        if self.quiet and settings.idle_live_fraction > fraction:
+            fraction = settings.idle_live_fraction
         segments = self.segments
         cost = freed = 0.0
         segment, sealed = self.oldest, min(head, written)
