@@ -13,7 +13,9 @@ fdatasync``, default segment size unless ``--segment-size``). Then:
    in rounds of ``--round`` (send the round, then consume and ack it), so the
    live messages stay the oldest; the broker then gets up to ``--settle`` s to
    finish compacting (until its journal stops shrinking); the same warm-up and
-   ``--reps`` kill -9 restarts.
+   ``--reps`` kill -9 restarts. One more kill -9 restart right after the churn,
+   before that idle time, is recorded apart (``right_after_churn``), with the
+   data directory's size at that moment.
 
 Recorded per restart: seconds to ready and to the first answer, the messages
 recovered and the bytes recovery says it replayed (``stats()["store"]
@@ -126,15 +128,18 @@ def restart(proc: BrokerProcess) -> dict[str, Any]:
 
 
 def restarts(proc: BrokerProcess, reps: int, phase: str) -> dict[str, Any]:
-    """One warm-up restart (discarded), then ``reps`` timed ones; min/median/max."""
-    restart(proc)
+    """One warm-up restart (kept apart as ``first``: right after the load or the
+    churn, before compaction has had idle time), then ``reps`` timed ones;
+    min/median/max."""
+    first = restart(proc)
+    print(phase, "first", json.dumps(first), flush=True)
     runs = []
     for rep in range(reps):
         run = restart(proc)
         run["rep"] = rep
         print(phase, json.dumps(run), flush=True)
         runs.append(run)
-    summary: dict[str, Any] = {"runs": runs}
+    summary: dict[str, Any] = {"first": first, "runs": runs}
     for key in ("ready_seconds", "first_answer_seconds"):
         values = [run[key] for run in runs]
         summary[key] = {"min": min(values), "median": statistics.median(values),
@@ -201,8 +206,15 @@ def main() -> None:
                              producers=2, consumers=2)
                 left -= count
             report["churn_seconds"] = round(time.monotonic() - started, 2)
+            report["right_after_churn"] = {"data_dir": dir_bytes(data),
+                                           "store": stats(proc.url)["store"]}
+            first = restart(proc)  # the restart before compaction had idle time
+            print("right after churn", json.dumps(first), flush=True)
+            report["right_after_churn"]["restart"] = first
+            started = time.monotonic()
             store = settle(proc.url, args.settle)
-            churned = {"loadavg": os.getloadavg(), "data_dir": dir_bytes(data), "store": store}
+            churned = {"loadavg": os.getloadavg(), "data_dir": dir_bytes(data), "store": store,
+                       "settle_seconds": round(time.monotonic() - started, 1)}
             churned.update(restarts(proc, args.reps, "after churn"))
             report["churn"] = churned
             drained = client_bench(proc.url, "live", args.live, args.size, "consume",
@@ -220,6 +232,12 @@ def main() -> None:
                                      / base["ready_seconds"]["median"], 3),
         "data_dir_vs_live_no_churn": round(base["data_dir"]["allocated"] / live_bytes, 3),
         "data_dir_vs_live_after_churn": round(churn["data_dir"]["allocated"] / live_bytes, 3),
+        "data_dir_vs_live_right_after_churn": round(
+            report["right_after_churn"]["data_dir"]["allocated"] / live_bytes, 3),
+        "settle_seconds": churn["settle_seconds"],
+        "restart_right_after_churn_vs_no_churn_median": round(
+            report["right_after_churn"]["restart"]["first_answer_seconds"]
+            / base["first_answer_seconds"]["median"], 3),
         "recovered_bytes_no_churn": base["recovered_bytes"],
         "recovered_bytes_after_churn": churn["recovered_bytes"],
         "drained_exactly": report["drained"] == args.live,
