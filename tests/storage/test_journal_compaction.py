@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from txbroker.server.config import ServerConfig
+from txbroker.server.config import ServerConfig, load_config
 from txbroker.storage.journal import JournalStore
 from txbroker.storage.journal_faults import CrashPoints
 from txbroker.storage.journal_format import SEGMENT_HEADER, unpack_ref
@@ -75,6 +75,16 @@ def test_compaction_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="compact_live_fraction"):
         ServerConfig(compact_live_fraction=-0.1).validate()
     assert ServerConfig().compaction() == CompactionSettings()
+
+
+def test_compaction_settings_come_from_the_server_table(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text("[server]\ncompact_live_fraction = 0.3\ncompact_min_segments = 10\n"
+                    "compact_idle_live_fraction = 0\n")
+    settings = load_config(path).compaction()
+    assert settings == CompactionSettings(live_fraction=0.3, min_segments=10,
+                                          idle_live_fraction=0.0)
+    assert CompactionSettings() == CompactionSettings(0.5, 2, 0.8)  # the documented defaults
 
 
 def test_crash_points_parse_and_count() -> None:

@@ -30,9 +30,10 @@ when a stored message is gone (acked, expired, moved, purged). A segment (or
 whatever unit the store uses) whose bodies are all released may be deleted
 by ``maintain`` — only from the oldest end, so that delete/ack entries are
 never dropped while the entries they cancel still exist. ``maintain`` also
-returns the live refs of a mostly-dead oldest segment so that the broker can
-*relocate* them (append a fresh copy, release the old ref once the copy is
-durable), which lets the oldest segment go.
+returns the entries of the oldest segment when relocating pays (it is mostly
+dead, or it pins dead segments behind it: ``journal_space.py``) so that the
+broker can *relocate* its live messages (append a fresh copy, release the old
+ref once the copy is durable), which lets the oldest segment go.
 
 Every new segment starts with the snapshot entry returned by the store's
 ``snapshot_provider`` (queue definitions, subscriptions, duplicate-id
@@ -157,8 +158,9 @@ class StoreStats:
 
 @dataclass(frozen=True, slots=True)
 class Relocation:
-    """The oldest segment is mostly dead: its entries, so the broker can copy live
-    messages forward (decode ``meta``, keep those whose ref is still current)."""
+    """Relocating the oldest segment pays (it is mostly dead, or it pins dead
+    segments): its entries, so the broker can copy live messages forward (decode
+    ``meta``, keep those whose ref is still current)."""
 
     segment: int
     entries: tuple[StoredEntry, ...]

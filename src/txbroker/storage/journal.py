@@ -28,8 +28,13 @@ Space (:mod:`~txbroker.storage.journal_space`): each segment keeps a count of
 live bodies and live body bytes. Recovery counts every body live;
 :meth:`release` marks one dead. :meth:`maintain` deletes dead segments from
 the oldest end (through the writer, after the sync of everything queued
-before), and offers the oldest sealed segment for *relocation* when that pays
-(:meth:`~txbroker.storage.journal_space.SegmentSpace.offer_relocation`).
+before), and offers the oldest sealed segment for *relocation* when that pays —
+it is mostly dead, or it pins enough dead segments behind it
+(:meth:`~txbroker.storage.journal_space.SegmentSpace.offer_relocation`; when
+is set by ``compaction``, a
+:class:`~txbroker.storage.journal_space.CompactionSettings`). ``stats()``
+reports what recovery replayed (``recovered_bytes``), and the named crash
+points of ``journal_faults.py`` let process tests kill it mid-compaction.
 
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread
