@@ -48,9 +48,10 @@ def body(number: int) -> bytes:
     return b"%06d|" % number + bytes([number % 251]) * (BODY - 7)
 
 
-def config(path: Path, live_fraction: float) -> Path:
+def config(path: Path, live_fraction: float, index: bool = False) -> Path:
     path.write_text(f"[server]\nsegment_size = {SEGMENT}\nmaintain_interval = 0.1\n"
-                    f"compact_live_fraction = {live_fraction}\n")
+                    f"compact_live_fraction = {live_fraction}\n"
+                    f"recovery_index = {'true' if index else 'false'}\n")
     return path
 
 
@@ -114,9 +115,23 @@ def check_live(url: str) -> None:
 @pytest.mark.parametrize("point", POINTS)
 def test_kill9_at_a_compaction_step_loses_and_duplicates_nothing(
         history: Path, tmp_path: Path, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kill_at(history, tmp_path, point, monkeypatch, index=False)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("point", ["synced:17@2", "before_unlink@2", "after_unlink"])
+def test_kill9_at_a_compaction_step_with_the_recovery_index(
+        history: Path, tmp_path: Path, point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the segments the copies fill get recovery indexes; restarts read them
+    kill_at(history, tmp_path, point, monkeypatch, index=True)
+
+
+def kill_at(history: Path, tmp_path: Path, point: str, monkeypatch: pytest.MonkeyPatch,
+            *, index: bool) -> None:
+    """Kill the broker at ``point`` of its compaction, restart, check (module doc)."""
     data = tmp_path / "data"
     shutil.copytree(history, data)
-    on = config(tmp_path / "on.toml", 0.5)
+    on = config(tmp_path / "on.toml", 0.5, index)
     proc = BrokerProcess(data, "--config", str(on))
     monkeypatch.setenv(FAULT_ENV, point)
     try:

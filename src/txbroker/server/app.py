@@ -99,6 +99,7 @@ def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], No
         snapshot_provider=snapshot,
         repair=config.repair,
         compaction=config.compaction(),
+        recovery_index=config.recovery_index,
         lock=lock,
     )
 

@@ -145,8 +145,9 @@ class StoreStats:
     live_body_bytes: int
     #: bytes of bodies held in the store's LRU body cache now (bounded by its setting)
     body_cache_bytes: int = 0
-    #: bytes of stored data the last recovery replayed (what a restart costs: with
-    #: compaction it follows the live data, not the history)
+    #: bytes the last recovery read from the store's files (what a restart costs:
+    #: with compaction it follows the live data, not the history; with a recovery
+    #: index it leaves out the bodies of sealed segments)
     recovered_bytes: int = 0
     #: files (segments) the last recovery read
     recovered_segments: int = 0

@@ -144,6 +144,7 @@ class JournalStore:
         repair: bool = False,
         lock: StoreLock | None = None,
         compaction: CompactionSettings | None = None,
+        recovery_index: bool = False,
     ) -> None:
         if sync not in SyncMode.ALL:
             raise ValueError(f"unknown sync mode {sync!r}; expected one of {SyncMode.ALL}")
@@ -158,6 +159,9 @@ class JournalStore:
         self.sync_mode = sync
         self.segment_size = segment_size
         self.repair = repair
+        #: write a recovery index for each sealed segment and read it at recovery
+        #: instead of the segment (journal_format.py): restarts skip the bodies
+        self.recovery_index = recovery_index
         #: What recovery dropped: torn tails it cut, and (with ``repair``) damaged
         #: regions it skipped, one line each naming file, offsets and bytes.
         self.repair_report: list[str] = []
@@ -181,7 +185,7 @@ class JournalStore:
         #: named crash points for process tests (``journal_faults.py``; from the
         #: environment, none armed outside tests)
         self.crash_points = CrashPoints.from_env()
-        #: what recovery replayed: bytes of segment data, and segments (``stats``)
+        #: what recovery read (segment data, or recovery indexes), and segments (``stats``)
         self._recovered_bytes = self._recovered_segments = 0
         self._head = 1
         self._offset = self._first_free = SEGMENT_HEADER.size
@@ -211,7 +215,8 @@ class JournalStore:
         self._lock, self._created_dirs = lock_directory(self.directory, self.journal_dir,
                                                         self._lock)
         self._state = _State.RECOVERING
-        recovery = Recovery(self.journal_dir, repair=self.repair)
+        recovery = Recovery(self.journal_dir, repair=self.repair,
+                            use_index=self.recovery_index)
         self.repair_report = recovery.report
         self._replay_iterator = self._replay(recovery, list_segments(self.journal_dir))
         return self._replay_iterator
@@ -226,7 +231,7 @@ class JournalStore:
         except Exception:
             self.close()  # e.g. CorruptStore: unlock, so that a retry with repair can open
             raise
-        self._recovered_bytes = sum(segment.size for segment in recovered)
+        self._recovered_bytes = sum(segment.read_bytes for segment in recovered)
         self._recovered_segments = len(recovered)
         self._open_for_appends(recovered)
 
@@ -253,6 +258,7 @@ class JournalStore:
             head_fd=head_fd,
             head_offset=self._offset,
             crash_points=self.crash_points,
+            recovery_index=self.recovery_index,
         )
         self.writer.pending_dir_syncs = [path.parent for path in self._created_dirs]
         self._bodies.writer = self.writer
