@@ -153,6 +153,8 @@ INDEX_SUFFIX: Final = ".idx"
 INDEX_HEADER: Final = struct.Struct("<8sHHQQIII")
 #: entry length, kind, body count, meta length.
 INDEX_RECORD: Final = struct.Struct("<IHHI")
+#: An index record's header and the 4 bytes after it (read with one unpack).
+_INDEX_RECORD_AND_FIRST_LENGTH: Final = struct.Struct("<IHHII")
 assert INDEX_HEADER.size == 40, INDEX_HEADER.size
 assert INDEX_RECORD.size == 12, INDEX_RECORD.size
 
@@ -462,29 +464,31 @@ def read_index(
         return 0, f"bad index magic or version {magic!r} {version}"
     if stored_id != segment_id or size != data_size:
         return 0, f"index of segment {stored_id} ({size} bytes), not {segment_id} ({data_size})"
-    unpack_record = INDEX_RECORD.unpack_from
+    # the record header and the 4 bytes after it (the first body length when n >= 1;
+    # the CRC trailer guarantees 4 bytes after any record) in one unpack
+    unpack_record = _INDEX_RECORD_AND_FIRST_LENGTH.unpack_from
     base = segment_id << REF_SEGMENT_SHIFT
     found: list[StoredEntry] = []
     append = found.append
     position, end = INDEX_HEADER.size, len(buf) - 4
     offset = SEGMENT_HEADER.size  # where the entry starts in the segment
     bodies = body_bytes = overhead = 0
+    record_size = INDEX_RECORD.size
+    entry_header = ENTRY_HEADER.size
     for _ in range(count):
-        if position + INDEX_RECORD.size > end:
+        if position + record_size > end:
             return 0, "index records run past its end"
-        length, kind, body_count, meta_length = unpack_record(buf, position)
-        table = position + INDEX_RECORD.size
-        meta_start = table + 4 * body_count
+        length, kind, body_count, meta_length, first_length = unpack_record(buf, position)
+        meta_start = position + record_size + 4 * body_count
         position = meta_start + meta_length
         if position > end:
             return 0, "index records run past its end"
-        body = offset + ENTRY_HEADER.size + 4 * body_count + meta_length
+        body = offset + entry_header + 4 * body_count + meta_length
         if body_count == 1:
-            (body_length,) = U32.unpack_from(buf, table)
-            refs: tuple[BodyRef, ...] = (base | body << REF_LENGTH_BITS | body_length,)
-            carried = body_length
+            refs: tuple[BodyRef, ...] = (base | body << REF_LENGTH_BITS | first_length,)
+            carried = first_length
         elif body_count:
-            lengths = lengths_struct(body_count).unpack_from(buf, table)
+            lengths = lengths_struct(body_count).unpack_from(buf, meta_start - 4 * body_count)
             ref_list = []
             carried = 0
             for body_length in lengths:
@@ -494,14 +498,14 @@ def read_index(
         else:
             refs = ()
             carried = 0
-        if body + carried + 4 != offset + length:
-            return 0, f"index record at {table - INDEX_RECORD.size} disagrees with its lengths"
+        offset += length
+        if body + carried + 4 != offset:
+            return 0, f"index record {len(found)} disagrees with its lengths"
         if body_count:
             bodies += body_count
             body_bytes += carried
             overhead += length - carried
         append(StoredEntry(kind, buf[meta_start:position], refs))
-        offset += length
     if position != end or offset != data_size:
         return 0, f"index covers {offset} of {data_size} bytes"
     out.extend(found)
