@@ -101,6 +101,15 @@ def first_answer(url: str, deadline: float) -> None:
             time.sleep(0.005)
 
 
+def rss_bytes(proc: BrokerProcess) -> int:
+    """The broker's resident memory now."""
+    assert proc.proc is not None
+    for line in Path(f"/proc/{proc.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def dir_bytes(path: Path) -> dict[str, int]:
     """The data directory's size: bytes allocated (``du``) and apparent."""
     allocated = apparent = 0
@@ -195,6 +204,7 @@ def main() -> None:
             print(f"loading {args.live:,} live messages …", flush=True)
             seconds = load(proc.url, "live", args.live, args.size, args.loaders)
             report["load_seconds"] = round(seconds, 2)
+            report["rss_after_load"] = rss_bytes(proc)
             report["no_churn"] = {"loadavg": os.getloadavg(), "data_dir": dir_bytes(data),
                                   "store": settle(proc.url, 10)}
             report["no_churn"].update(restarts(proc, args.reps, "no churn"))
@@ -207,7 +217,8 @@ def main() -> None:
                 left -= count
             report["churn_seconds"] = round(time.monotonic() - started, 2)
             report["right_after_churn"] = {"data_dir": dir_bytes(data),
-                                           "store": stats(proc.url)["store"]}
+                                           "store": stats(proc.url)["store"],
+                                           "rss": rss_bytes(proc)}
             first = restart(proc)  # the restart before compaction had idle time
             print("right after churn", json.dumps(first), flush=True)
             report["right_after_churn"]["restart"] = first
