@@ -12,6 +12,10 @@ also without the body cache (``body_cache_bytes``: the last 32 MiB of bodies sen
 a fixed bound that a restart starts empty). At the end the
 queue is drained and counted exactly (every message once).
 
+``--cold`` evicts the data directory's files from the page cache before each
+restart (``posix_fadvise`` DONTNEED); ``--recovery-index`` runs the broker with
+its recovery index (docs/storage.md).
+
 Run under the bench lock: ``flock /tmp/txb-bench.lock .venv/bin/python
 bench/restart_bench.py [--stored 1000000]``. Results:
 ``bench/results/restart-<timestamp>.json``.
@@ -73,8 +77,27 @@ def drain(url: str, queue: str, expected: int) -> dict[str, Any]:
     return summary["consume"]
 
 
-def restart(proc: BrokerProcess, sig: int) -> dict[str, Any]:
+def evict(directory: Path) -> int:
+    """Evict the files under ``directory`` from the page cache (``posix_fadvise``
+    DONTNEED after an fsync: a cold journal without dropping every cache on a shared
+    machine; the interpreter's and libraries' files stay cached). Bytes evicted."""
+    evicted = 0
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                evicted += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    return evicted
+
+
+def restart(proc: BrokerProcess, sig: int, cold: bool = False) -> dict[str, Any]:
     proc.kill(sig)
+    if cold:
+        evict(proc.data)
     started = time.monotonic()
     proc.start(timeout=600)
     ready = time.monotonic() - started
@@ -95,12 +118,19 @@ def main() -> None:
     parser.add_argument("--sync", default="fdatasync")
     parser.add_argument("--label", default="")
     parser.add_argument("--no-drain", action="store_true")
+    parser.add_argument("--cold", action="store_true",
+                        help="evict the data directory from the page cache before each restart")
+    parser.add_argument("--recovery-index", action="store_true",
+                        help="run the broker with recovery_index = true (docs/storage.md)")
     args = parser.parse_args()
     report: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args),
                               "loadavg_start": os.getloadavg()}
     queue = "stored"
     with tempfile.TemporaryDirectory(prefix="txb-restart-") as tmp:
-        proc = BrokerProcess(Path(tmp) / "data", "--sync", args.sync).start()
+        config = Path(tmp) / "broker.toml"
+        config.write_text(f"[server]\nrecovery_index = {str(args.recovery_index).lower()}\n")
+        proc = BrokerProcess(Path(tmp) / "data", "--sync", args.sync,
+                             "--config", str(config)).start()
         try:
             assert proc.proc is not None
             empty = rss_bytes(proc.proc.pid)
@@ -120,7 +150,7 @@ def main() -> None:
             runs = []
             for rep in range(args.reps):
                 for sig in (signal.SIGTERM, signal.SIGKILL):
-                    run = restart(proc, sig)
+                    run = restart(proc, sig, args.cold)
                     run["rep"] = rep
                     run["bytes_per_message"] = round((run["rss"] - empty) / args.stored, 1)
                     print(json.dumps(run), flush=True)

@@ -528,3 +528,31 @@ def test_send_to_a_topic_without_subscriptions_is_answered_at_once(h: Harness) -
     assert h.call("send_batch", s, 4, "news", [b"a", b"b"], h.now) == \
         {"count": 2, "duplicates": 0}
     assert not h.broker.outbox.group  # nothing left waiting for a record never written
+
+
+def test_relocating_parked_messages_keeps_them_compact(h: Harness) -> None:
+    # after a restart, parked READY messages are compact slots (47 bytes each);
+    # relocating them must copy and re-point the slots, not build a Message object
+    # per message (issue 29: compaction now moves fully live segments)
+    s = h.session()
+    for i in range(5):
+        h.send(s, i + 1, "q", b"parked%d" % i)
+    h2 = h.crash()
+    index = h2.broker.messages
+    assert (index.compact, len(index.objects)) == (5, 0)
+    from txbroker.storage.interface import StoredEntry
+
+    live = h2.broker.live_refs([StoredEntry(k, m, tuple(r)) for k, m, r in h2.log])
+    assert [mid for mid, _ in live] == [1, 2, 3, 4, 5]
+    assert (index.compact, len(index.objects)) == (5, 0)  # checked in place
+    h2.call("relocate_many", live, [h2.bodies[ref] for _, ref in live])
+    assert (index.compact, len(index.objects)) == (5, 0)  # still compact
+    assert all(ref in h2.released for _, ref in live)  # the old bodies are free
+    assert h2.broker.still_live(live) == []  # each slot points at its copy
+    s2 = h2.session()
+    got = h2.receive(s2, 1, "q")
+    assert (got.body, got.redelivered) == (b"parked0", False)
+    h3 = h2.crash()
+    h3.session()
+    assert [h3.receive(1, 20 + i, "q").body for i in range(5)] == [
+        b"parked%d" % i for i in range(5)]

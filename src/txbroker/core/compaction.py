@@ -15,10 +15,11 @@ would bring it back on replay.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from txbroker.core import records
 from txbroker.core.effects import Release
-from txbroker.core.messages import State
+from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.records import Kind, StoredEntry
@@ -56,15 +57,23 @@ class Compaction:
 
     def still_live(self, pairs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """Those ``(message id, ref)`` of a relocation whose message still has that
-        body and may be copied (the edge reads only their bodies)."""
+        body and may be copied (the edge reads only their bodies). A compact slot
+        (a plain READY message of a chunk) is checked in place, never promoted."""
         messages, deleting = self.index.messages, self.index.deleting
+        objects = messages.objects
         found = []
         for message_id, ref in pairs:
-            message = messages.get(message_id)
+            message = objects.get(message_id)
+            if message is None:
+                slot = messages.compact_slot(message_id)
+                if slot is not None and slot[0].ref_at(slot[1]) == ref and \
+                        (not deleting or slot[0].queue not in deleting):
+                    found.append((message_id, ref))
+                continue
             # GONE: its ack is in the log; HELD: consumed by an open transaction or a
             # prepared XA branch — never copied (a rollback brings it back); a queue
             # being deleted: its QUEUE_DELETE record is in the log (core/drop_jobs.py)
-            if message is not None and message.ref == ref and \
+            if message.ref == ref and \
                     message.state is not State.GONE and message.state is not State.HELD \
                     and (not deleting or message.queue not in deleting):
                 found.append((message_id, ref))
@@ -76,12 +85,26 @@ class Compaction:
         ``pairs`` are ``(message id, old ref)`` with the bodies read at the old refs;
         a message gone or changed since is skipped. Once durable, each message
         that still has its old body points at the copy and the old ref is
-        released (else the copy is released).
+        released (else the copy is released). Compact slots are copied and
+        re-pointed in place: relocating a million parked messages must not turn
+        them into a million objects (47 bytes a message become ~400).
         """
         messages = self.index.messages
-        copied = [(messages[message_id], old_ref, body)
-                  for (message_id, old_ref), body in zip(pairs, bodies, strict=True)
-                  if message_id in messages]
+        objects = messages.objects
+        copied: list[tuple[int, int, Message | None]] = []  # (id, old ref, object)
+        records: list[list[Any]] = []
+        kept: list[bytes] = []
+        for (message_id, old_ref), body in zip(pairs, bodies, strict=True):
+            message = objects.get(message_id)
+            if message is not None:
+                records.append(message.to_record())
+            else:
+                slot = messages.compact_slot(message_id)
+                if slot is None:
+                    continue  # gone meanwhile
+                records.append(slot[0].record_at(slot[1]))
+            copied.append((message_id, old_ref, message))
+            kept.append(body)
         if not copied:
             return
         new_refs: list[int] = []
@@ -91,15 +114,28 @@ class Compaction:
             if error is not None:
                 self.outbox.storage_failed(error)
                 return
-            for (message, old_ref, _), new_ref in zip(copied, new_refs, strict=True):
-                if messages.get(message.id) is message and message.ref == old_ref:
+            for (message_id, old_ref, message), new_ref in zip(copied, new_refs, strict=True):
+                current = objects.get(message_id)
+                if message is not None:  # an object when copied: the same one still
+                    moved = current is message and message.ref == old_ref
+                elif current is not None:  # a slot promoted (or taken) meanwhile
+                    moved = current.ref == old_ref and current.state is not State.GONE
+                    message = current
+                else:
+                    slot = messages.compact_slot(message_id)
+                    if slot is not None and slot[0].ref_at(slot[1]) == old_ref:
+                        slot[0].set_ref(slot[1], new_ref)
+                        emit(Release(old_ref))
+                    else:
+                        emit(Release(new_ref))
+                    continue
+                if moved:
                     message.ref = new_ref
                     emit(Release(old_ref))
                 else:
                     emit(Release(new_ref))
 
-        self.outbox.persist(Kind.RELOCATE_MANY, [message.to_record() for message, _, _ in copied],
-                            on_durable, [body for _, _, body in copied], new_refs.extend)
+        self.outbox.persist(Kind.RELOCATE_MANY, records, on_durable, kept, new_refs.extend)
 
 
 __all__ = ["BODY_KINDS", "Compaction", "message_ids"]

@@ -232,6 +232,21 @@ class Chunk:
         message.state = State.READY
         return message
 
+    def ref_at(self, slot: int) -> int:
+        """The body ref of a slot (no promotion)."""
+        return self.ref_hi[slot] << 32 | self.ref_lo[slot]
+
+    def set_ref(self, slot: int, ref: int) -> None:
+        """Point a compact slot at another copy of its body (compaction)."""
+        self.ref_hi[slot] = ref >> 32
+        self.ref_lo[slot] = ref & _LOW
+
+    def record_at(self, slot: int) -> list[Any]:
+        """The ``msg`` tuple of a compact slot, as :meth:`Message.to_record` of
+        :meth:`build` would give it, without building the object."""
+        return [self.ids[slot], self.queue, None, None, self.priority, self.stamps[slot],
+                0, 0, self.counts[slot], self.seqs[slot]]
+
     def message_at(self, slot: int) -> Message | None:
         """The message of a slot, promoted if it was compact (None: taken, or stale)."""
         mark = self.marks[slot]
@@ -328,6 +343,17 @@ class MessageIndex:
             slot = chunk.find(message_id)
             if slot >= 0 and chunk.marks[slot] == COMPACT:
                 return chunk.message_at(slot)
+        return None
+
+    def compact_slot(self, message_id: int) -> tuple[Chunk, int] | None:
+        """The chunk and slot of ``message_id`` while it is a compact slot (no
+        promotion: compaction copies and re-points millions of parked messages)."""
+        if not self.compact:
+            return None
+        for chunk in self.blocks.get(message_id >> BLOCK_SHIFT, ()):
+            slot = chunk.find(message_id)
+            if slot >= 0 and chunk.marks[slot] == COMPACT:
+                return chunk, slot
         return None
 
     def get(self, message_id: int, default: Message | None = None) -> Message | None:

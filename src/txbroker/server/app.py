@@ -98,6 +98,8 @@ def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], No
         dispatch=dispatch,
         snapshot_provider=snapshot,
         repair=config.repair,
+        compaction=config.compaction(),
+        recovery_index=config.recovery_index,
         lock=lock,
     )
 
@@ -506,6 +508,8 @@ class BrokerServer:
                 "segments": s.segments, "disk_bytes": s.disk_bytes,
                 "live_bodies": s.live_bodies, "live_body_bytes": s.live_body_bytes,
                 "body_cache_bytes": s.body_cache_bytes,
+                "recovered_bytes": s.recovered_bytes,
+                "recovered_segments": s.recovered_segments,
             }
         return result
 

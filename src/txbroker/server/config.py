@@ -12,6 +12,11 @@ Config file (all keys optional)::
     store = "journal"
     segment_size = 67108864
     body_cache_bytes = 33554432  # recent bodies kept in memory; 0 = none
+    compact_live_fraction = 0.5  # relocate old live data when copying it writes less
+                                 # than this share of what it frees (docs/storage.md)
+    compact_min_segments = 4     # ... and the journal has at least this many segments
+    compact_idle_live_fraction = 0.8  # the fraction while nothing else is written
+    recovery_index = false       # restarts read an index per sealed segment, not bodies
     max_frame_size = 8388608
     max_connections = 1024
 
@@ -70,6 +75,12 @@ from txbroker.server.acl import AclConfig, parse_acl
 from txbroker.server.tls import check_files, peer_context
 from txbroker.storage.interface import SyncMode
 from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own default
+from txbroker.storage.journal_space import (  # the journal's own defaults
+    RELOCATE_BELOW_LIVE_FRACTION,
+    RELOCATE_IDLE_LIVE_FRACTION,
+    RELOCATE_MIN_SEGMENTS,
+    CompactionSettings,
+)
 
 #: The native protocol's port (Artemis' core protocol default).
 DEFAULT_PORT = 5445
@@ -139,6 +150,17 @@ class ServerConfig:
     segment_size: int = DEFAULT_SEGMENT_SIZE
     #: bound of the store's body cache (bytes; 0 = every delivery reads from disk)
     body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES
+    #: journal compaction (docs/storage.md): relocate the oldest segments' live
+    #: messages when that writes less than this fraction of what it frees (0 = never)
+    compact_live_fraction: float = RELOCATE_BELOW_LIVE_FRACTION
+    #: ... and only when the journal has at least this many segments
+    compact_min_segments: int = RELOCATE_MIN_SEGMENTS
+    #: ... the fraction used while nothing but compaction writes (0 = the same)
+    compact_idle_live_fraction: float = RELOCATE_IDLE_LIVE_FRACTION
+    #: the journal writes a recovery index per sealed segment and a restart reads it
+    #: instead of the segment (its bodies' CRCs are then not checked at start;
+    #: docs/storage.md)
+    recovery_index: bool = False
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
@@ -210,10 +232,16 @@ class ServerConfig:
             taken[value] = name
         if self.body_cache_bytes < 0:
             raise ValueError("body_cache_bytes must be >= 0 (0 = no body cache)")
+        self.compaction()  # raises ValueError on bad compaction settings
         if self.max_frame_size < 1024:
             raise ValueError("max_frame_size must be at least 1024")
         self._validate_tls()
         self._validate_ha()
+
+    def compaction(self) -> CompactionSettings:
+        """The journal's compaction settings (``compact_*``)."""
+        return CompactionSettings(self.compact_live_fraction, self.compact_min_segments,
+                                  self.compact_idle_live_fraction)
 
     def _validate_tls(self) -> None:
         """A TLS port needs a certificate and its key, and the files must load."""

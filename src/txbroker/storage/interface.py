@@ -30,9 +30,10 @@ when a stored message is gone (acked, expired, moved, purged). A segment (or
 whatever unit the store uses) whose bodies are all released may be deleted
 by ``maintain`` — only from the oldest end, so that delete/ack entries are
 never dropped while the entries they cancel still exist. ``maintain`` also
-returns the live refs of a mostly-dead oldest segment so that the broker can
-*relocate* them (append a fresh copy, release the old ref once the copy is
-durable), which lets the oldest segment go.
+returns the entries of the oldest segment when relocating pays (it is mostly
+dead, or it pins dead segments behind it: ``journal_space.py``) so that the
+broker can *relocate* its live messages (append a fresh copy, release the old
+ref once the copy is durable), which lets the oldest segment go.
 
 Every new segment starts with the snapshot entry returned by the store's
 ``snapshot_provider`` (queue definitions, subscriptions, duplicate-id
@@ -144,6 +145,12 @@ class StoreStats:
     live_body_bytes: int
     #: bytes of bodies held in the store's LRU body cache now (bounded by its setting)
     body_cache_bytes: int = 0
+    #: bytes the last recovery read from the store's files (what a restart costs:
+    #: with compaction it follows the live data, not the history; with a recovery
+    #: index it leaves out the bodies of sealed segments)
+    recovered_bytes: int = 0
+    #: files (segments) the last recovery read
+    recovered_segments: int = 0
     #: seconds to write and sync each group-commit batch (None: not measured)
     batch_seconds: Histogram | None = None
     #: work items (records) per batch: the group commit's size
@@ -152,8 +159,9 @@ class StoreStats:
 
 @dataclass(frozen=True, slots=True)
 class Relocation:
-    """The oldest segment is mostly dead: its entries, so the broker can copy live
-    messages forward (decode ``meta``, keep those whose ref is still current)."""
+    """Relocating the oldest segment pays (it is mostly dead, or it pins dead
+    segments): its entries, so the broker can copy live messages forward (decode
+    ``meta``, keep those whose ref is still current)."""
 
     segment: int
     entries: tuple[StoredEntry, ...]

@@ -28,8 +28,13 @@ Space (:mod:`~txbroker.storage.journal_space`): each segment keeps a count of
 live bodies and live body bytes. Recovery counts every body live;
 :meth:`release` marks one dead. :meth:`maintain` deletes dead segments from
 the oldest end (through the writer, after the sync of everything queued
-before), and offers the oldest sealed segment for *relocation* when that pays
-(:meth:`~txbroker.storage.journal_space.SegmentSpace.offer_relocation`).
+before), and offers the oldest sealed segment for *relocation* when that pays —
+it is mostly dead, or it pins enough dead segments behind it
+(:meth:`~txbroker.storage.journal_space.SegmentSpace.offer_relocation`; when
+is set by ``compaction``, a
+:class:`~txbroker.storage.journal_space.CompactionSettings`). ``stats()``
+reports what recovery replayed (``recovered_bytes``), and the named crash
+points of ``journal_faults.py`` let process tests kill it mid-compaction.
 
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread
@@ -60,6 +65,7 @@ from txbroker.storage.interface import (
     SyncMode,
 )
 from txbroker.storage.journal_bodies import REF_LENGTH_MASK, BodyReader
+from txbroker.storage.journal_faults import CrashPoints
 from txbroker.storage.journal_format import (
     ENTRY_HEADER,
     ENTRY_OVERHEAD,
@@ -78,7 +84,7 @@ from txbroker.storage.journal_recovery import (
     list_segments,
     lock_directory,
 )
-from txbroker.storage.journal_space import SegmentInfo, SegmentSpace
+from txbroker.storage.journal_space import CompactionSettings, SegmentInfo, SegmentSpace
 from txbroker.storage.journal_writer import (
     Delete,
     EntryItem,
@@ -137,6 +143,8 @@ class JournalStore:
         body_cache_bytes: int = DEFAULT_BODY_CACHE_BYTES,
         repair: bool = False,
         lock: StoreLock | None = None,
+        compaction: CompactionSettings | None = None,
+        recovery_index: bool = False,
     ) -> None:
         if sync not in SyncMode.ALL:
             raise ValueError(f"unknown sync mode {sync!r}; expected one of {SyncMode.ALL}")
@@ -151,6 +159,9 @@ class JournalStore:
         self.sync_mode = sync
         self.segment_size = segment_size
         self.repair = repair
+        #: write a recovery index for each sealed segment and read it at recovery
+        #: instead of the segment (journal_format.py): restarts skip the bodies
+        self.recovery_index = recovery_index
         #: What recovery dropped: torn tails it cut, and (with ``repair``) damaged
         #: regions it skipped, one line each naming file, offsets and bytes.
         self.repair_report: list[str] = []
@@ -169,7 +180,13 @@ class JournalStore:
         self._created_dirs: list[Path] = []
         self._segments: dict[int, SegmentInfo] = {}
         self._bodies = BodyReader(self.journal_dir, self._segments, self._queue, body_cache_bytes)
-        self._space = SegmentSpace(self.journal_dir, self._segments, self._delete_segment)
+        self._space = SegmentSpace(self.journal_dir, self._segments, self._delete_segment,
+                                   compaction)
+        #: named crash points for process tests (``journal_faults.py``; from the
+        #: environment, none armed outside tests)
+        self.crash_points = CrashPoints.from_env()
+        #: what recovery read (segment data, or recovery indexes), and segments (``stats``)
+        self._recovered_bytes = self._recovered_segments = 0
         self._head = 1
         self._offset = self._first_free = SEGMENT_HEADER.size
         #: the head rolls when an entry would end past this (see SNAPSHOT_SEGMENT_FACTOR)
@@ -198,7 +215,8 @@ class JournalStore:
         self._lock, self._created_dirs = lock_directory(self.directory, self.journal_dir,
                                                         self._lock)
         self._state = _State.RECOVERING
-        recovery = Recovery(self.journal_dir, repair=self.repair)
+        recovery = Recovery(self.journal_dir, repair=self.repair,
+                            use_index=self.recovery_index)
         self.repair_report = recovery.report
         self._replay_iterator = self._replay(recovery, list_segments(self.journal_dir))
         return self._replay_iterator
@@ -213,6 +231,8 @@ class JournalStore:
         except Exception:
             self.close()  # e.g. CorruptStore: unlock, so that a retry with repair can open
             raise
+        self._recovered_bytes = sum(segment.read_bytes for segment in recovered)
+        self._recovered_segments = len(recovered)
         self._open_for_appends(recovered)
 
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
@@ -237,6 +257,8 @@ class JournalStore:
             head_segment=self._head if recovered else 0,
             head_fd=head_fd,
             head_offset=self._offset,
+            crash_points=self.crash_points,
+            recovery_index=self.recovery_index,
         )
         self.writer.pending_dir_syncs = [path.parent for path in self._created_dirs]
         self._bodies.writer = self.writer
@@ -397,11 +419,14 @@ class JournalStore:
         if self._state is not _State.OPEN or self._queue.failure is not None:
             return None
         assert self.writer is not None
-        self._space.count_maintain_call()
+        self._space.count_maintain_call(self._appends)
         if self._snapshot_due:  # before an older segment, and the metadata in it, can go
             self._roll_now()
         self._space.delete_dead(self._head)
-        return self._space.offer_relocation(self._head, self.writer.current_segment)
+        relocation = self._space.offer_relocation(self._head, self.writer.current_segment)
+        if relocation is not None:
+            self.crash_points.passed("relocation_offered")
+        return relocation
 
     def _delete_segment(self, segment: int) -> None:
         """Close a dead segment's reader and have the writer unlink it (after the
@@ -419,7 +444,9 @@ class JournalStore:
             writer.syncs if writer else 0,
             writer.bytes_written if writer else 0,
         )
-        stats = replace(stats, body_cache_bytes=self._bodies.cache_bytes)
+        stats = replace(stats, body_cache_bytes=self._bodies.cache_bytes,
+                        recovered_bytes=self._recovered_bytes,
+                        recovered_segments=self._recovered_segments)
         if writer is None:
             return stats
         return replace(stats, batch_seconds=writer.batch_seconds,

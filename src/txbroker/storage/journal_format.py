@@ -47,6 +47,42 @@ complaint. Recovery yields nothing for it::
     8       4     CRC32C           of bytes 0..7
     12      P-12  whatever was there (ignored)
 
+A sealed segment may have a *recovery index* ``DIR/journal/<id>.idx`` (issue 29;
+optional, ``recovery_index``): everything recovery needs of the segment's entries
+but their bodies, so that a restart reads a few percent of the bytes. Written
+once, by the writer, when it seals a segment it wrote from the start (to a
+temporary name, synced, then renamed); never changed; deleted before its
+segment. Index header (``INDEX_HEADER``, 40 bytes)::
+
+    offset  size  field
+    0       8     magic            b"TXBINDX\n"
+    8       2     format version   1
+    10      2     flags            0 (reserved)
+    12      8     segment id       the id of the segment it indexes
+    20      8     data size        the segment's size when sealed (its file size)
+    28      4     entry count      the records that follow
+    32      4     lead             bytes of the segment's first entry if it has no
+                                   bodies (its snapshot), else 0
+    36      4     reserved         0
+
+then one record per entry, in log order (``INDEX_RECORD`` + tables)::
+
+    offset  size   field
+    0       4      entry length     L of the entry in the segment
+    4       2      kind
+    6       2      body count       n
+    8       4      meta length      m
+    12      4 * n  body lengths
+    12 + 4n m      meta
+
+and a CRC32C trailer of every byte before it (checked as the residue). The
+first entry starts at offset 24 of the segment and each one where the last
+ended (the writer never writes pads), so body refs follow from the lengths.
+Recovery trusts an index only if its CRC holds, it names the segment, the
+segment's file has exactly ``data size`` bytes and a valid header, and the
+records add up to that size; otherwise it scans the segment. What the index
+gives up: the entries' own CRCs (over their bodies) are not checked at start.
+
 A :data:`~txbroker.storage.interface.BodyRef` packs where a body lives, so
 that ``body_size`` needs no I/O and ``read_body`` is one ``pread``::
 
@@ -109,6 +145,18 @@ MAX_ENTRY_SIZE: Final = 2**32 - 1
 #: The kind and body count fields are u16.
 MAX_KIND: Final = 2**16 - 1
 MAX_BODIES: Final = 2**16 - 1
+
+INDEX_MAGIC: Final = b"TXBINDX\n"
+INDEX_VERSION: Final = 1
+INDEX_SUFFIX: Final = ".idx"
+#: magic, version, flags, segment id, data size, entry count, lead, reserved.
+INDEX_HEADER: Final = struct.Struct("<8sHHQQIII")
+#: entry length, kind, body count, meta length.
+INDEX_RECORD: Final = struct.Struct("<IHHI")
+#: An index record's header and the 4 bytes after it (read with one unpack).
+_INDEX_RECORD_AND_FIRST_LENGTH: Final = struct.Struct("<IHHII")
+assert INDEX_HEADER.size == 40, INDEX_HEADER.size
+assert INDEX_RECORD.size == 12, INDEX_RECORD.size
 
 #: BodyRef bit layout (see the module docstring).
 REF_LENGTH_BITS: Final = 32
@@ -193,6 +241,30 @@ def encode_entry(kind: int, meta: bytes, bodies: list[bytes], size: int) -> list
         table = lengths_struct(count).pack(*[len(body) for body in bodies])
     data = b"".join([header, table, meta, *bodies])
     return [data, U32.pack(google_crc32c.value(data))]
+
+
+def index_record(kind: int, meta: bytes, bodies: list[bytes], size: int) -> bytes:
+    """The recovery-index record of an entry (see the module docstring)."""
+    count = len(bodies)
+    head = INDEX_RECORD.pack(size, kind, count, len(meta))
+    if count == 0:
+        return head + meta
+    if count == 1:
+        return b"".join([head, U32.pack(len(bodies[0])), meta])
+    return b"".join([head, lengths_struct(count).pack(*[len(body) for body in bodies]), meta])
+
+
+def encode_index(segment_id: int, data_size: int, lead: int, records: list[bytes]) -> bytes:
+    """A whole index file: header, ``records``, CRC32C trailer."""
+    head = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, 0, segment_id, data_size,
+                             len(records), lead, 0)
+    data = b"".join([head, *records])
+    return data + U32.pack(google_crc32c.value(data))
+
+
+def index_name(segment_id: int) -> str:
+    """The file name of a segment's recovery index: ``00000000000000000001.idx``."""
+    return f"{segment_id:0{SEGMENT_NAME_DIGITS}d}{INDEX_SUFFIX}"
 
 
 def encode_pad(length: int) -> bytes:
@@ -374,3 +446,70 @@ def entry_spans(data: bytes) -> list[tuple[int, int]]:
             spans.append((offset, length))
         offset += length
     return spans
+
+
+def read_index(
+    buf: bytes, segment_id: int, data_size: int, tally: Tally, out: list[StoredEntry]
+) -> tuple[int, str | None]:
+    """Append the entries an index file's bytes describe to ``out``, counting bodies in
+    ``tally``; returns ``(lead, None)``, or ``(0, why)`` if the index cannot be
+    trusted for a segment of ``data_size`` bytes (then ``out`` is left as it was)."""
+    if len(buf) < INDEX_HEADER.size + 4:
+        return 0, "short index"
+    if google_crc32c.value(buf) != CRC32C_RESIDUE:
+        return 0, "index CRC mismatch"
+    magic, version, _flags, stored_id, size, count, lead, _reserved = \
+        INDEX_HEADER.unpack_from(buf, 0)
+    if magic != INDEX_MAGIC or version != INDEX_VERSION:
+        return 0, f"bad index magic or version {magic!r} {version}"
+    if stored_id != segment_id or size != data_size:
+        return 0, f"index of segment {stored_id} ({size} bytes), not {segment_id} ({data_size})"
+    # the record header and the 4 bytes after it (the first body length when n >= 1;
+    # the CRC trailer guarantees 4 bytes after any record) in one unpack
+    unpack_record = _INDEX_RECORD_AND_FIRST_LENGTH.unpack_from
+    base = segment_id << REF_SEGMENT_SHIFT
+    found: list[StoredEntry] = []
+    append = found.append
+    position, end = INDEX_HEADER.size, len(buf) - 4
+    offset = SEGMENT_HEADER.size  # where the entry starts in the segment
+    bodies = body_bytes = overhead = 0
+    record_size = INDEX_RECORD.size
+    entry_header = ENTRY_HEADER.size
+    for _ in range(count):
+        if position + record_size > end:
+            return 0, "index records run past its end"
+        length, kind, body_count, meta_length, first_length = unpack_record(buf, position)
+        meta_start = position + record_size + 4 * body_count
+        position = meta_start + meta_length
+        if position > end:
+            return 0, "index records run past its end"
+        body = offset + entry_header + 4 * body_count + meta_length
+        if body_count == 1:
+            refs: tuple[BodyRef, ...] = (base | body << REF_LENGTH_BITS | first_length,)
+            carried = first_length
+        elif body_count:
+            lengths = lengths_struct(body_count).unpack_from(buf, meta_start - 4 * body_count)
+            ref_list = []
+            carried = 0
+            for body_length in lengths:
+                ref_list.append(base | (body + carried) << REF_LENGTH_BITS | body_length)
+                carried += body_length
+            refs = tuple(ref_list)
+        else:
+            refs = ()
+            carried = 0
+        offset += length
+        if body + carried + 4 != offset:
+            return 0, f"index record {len(found)} disagrees with its lengths"
+        if body_count:
+            bodies += body_count
+            body_bytes += carried
+            overhead += length - carried
+        append(StoredEntry(kind, buf[meta_start:position], refs))
+    if position != end or offset != data_size:
+        return 0, f"index covers {offset} of {data_size} bytes"
+    out.extend(found)
+    tally.bodies += bodies
+    tally.body_bytes += body_bytes
+    tally.overhead += overhead
+    return lead, None

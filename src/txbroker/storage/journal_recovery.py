@@ -48,7 +48,9 @@ from txbroker.storage.journal_format import (
     encode_pad,
     encode_segment_header,
     find_next_entry,
+    index_name,
     parse_segment_name,
+    read_index,
     scan_entries,
     segment_name,
 )
@@ -76,6 +78,14 @@ class RecoveredSegment:
     #: bytes of its first entry if that carries no bodies: the snapshot the
     #: journal writes first in every segment it rolls to (0: none)
     lead: int = 0
+    #: bytes of its recovery index read instead of the segment (0: the segment was
+    #: scanned)
+    indexed_bytes: int = 0
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes recovery read for it: its index, or its data."""
+        return self.indexed_bytes or self.size
 
 
 def lock_directory(directory: Path, journal_dir: Path, lock: StoreLock | None = None
@@ -133,9 +143,12 @@ def _lead(fd: int, end: int) -> int:
 class Recovery:
     """Replays a journal directory; fills ``report`` with what it dropped."""
 
-    def __init__(self, journal_dir: Path, *, repair: bool) -> None:
+    def __init__(self, journal_dir: Path, *, repair: bool, use_index: bool = False) -> None:
         self.journal_dir = journal_dir
         self.repair = repair
+        #: read a sealed segment's recovery index instead of the segment when it is
+        #: sound (journal_format.py); never under repair
+        self.use_index = use_index and not repair
         #: One line per dropped region, cut tail or rewritten header.
         self.report: list[str] = []
 
@@ -144,12 +157,64 @@ class Recovery:
     ) -> Generator[list[StoredEntry], None, list[RecoveredSegment]]:
         """Yield every entry of ``segment_ids`` (in chunks); return what each segment holds."""
         recovered: list[RecoveredSegment] = []
+        self._tidy_indexes(segment_ids)
         for index, segment_id in enumerate(segment_ids):
             if recovered and segment_id != recovered[-1].segment_id + 1:
                 recovered += self._fill_gap(recovered[-1].segment_id, segment_id)
             last = index == len(segment_ids) - 1
+            if self.use_index and not last:
+                indexed = yield from self._replay_indexed(segment_id)
+                if indexed is not None:
+                    recovered.append(indexed)
+                    continue
             recovered.append((yield from self._replay_segment(segment_id, last)))
         return recovered
+
+    def _tidy_indexes(self, segment_ids: list[int]) -> None:
+        """Delete the recovery indexes that cannot be used: all of them under repair
+        (it may pad a sealed segment in place), the last segment's (it grows),
+        those of missing segments, and temporary ones a crash left."""
+        keep = set(segment_ids[:-1]) if not self.repair else set()
+        for name in os.listdir(self.journal_dir):
+            stem, _, suffix = name.partition(".")
+            if suffix not in ("idx", "idx.tmp"):
+                continue
+            if suffix == "idx" and stem.isdigit() and int(stem) in keep:
+                continue
+            try:
+                os.unlink(self.journal_dir / name)
+            except OSError as exc:
+                log.warning("could not delete %s: %s", self.journal_dir / name, exc)
+
+    def _replay_indexed(
+        self, segment_id: int
+    ) -> Generator[list[StoredEntry], None, RecoveredSegment | None]:
+        """Replay a sealed segment from its recovery index, if it has a sound one
+        (None: scan the segment instead)."""
+        index_path = self.journal_dir / index_name(segment_id)
+        try:
+            data = index_path.read_bytes()
+            fd = os.open(self._path(segment_id), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                size = os.fstat(fd).st_size
+                header = os.pread(fd, SEGMENT_HEADER.size, 0)
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            return None
+        if check_segment_header(header, segment_id) is not None:
+            return None  # the scan reports it
+        entries: list[StoredEntry] = []
+        tally = Tally()
+        lead, problem = read_index(data, segment_id, size, tally, entries)
+        if problem is not None:
+            log.warning("%s: %s; scanning the segment instead", index_path, problem)
+            index_path.unlink(missing_ok=True)
+            return None
+        for start in range(0, len(entries), REPLAY_CHUNK):
+            yield entries[start:start + REPLAY_CHUNK]
+        return RecoveredSegment(segment_id, size, tally.bodies, tally.body_bytes,
+                                tally.overhead, lead, indexed_bytes=len(data))
 
     def _path(self, segment_id: int) -> Path:
         return self.journal_dir / segment_name(segment_id)

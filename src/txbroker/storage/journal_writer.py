@@ -47,6 +47,7 @@ lost data as durable, so the journal never does).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -55,7 +56,15 @@ from pathlib import Path
 
 from txbroker.errors import StorageFailed
 from txbroker.storage.interface import BodyRef, Dispatch, DurableCallback, SyncMode
-from txbroker.storage.journal_format import encode_entry, encode_segment_header, segment_name
+from txbroker.storage.journal_faults import CrashPoints
+from txbroker.storage.journal_format import (
+    encode_entry,
+    encode_index,
+    encode_segment_header,
+    index_name,
+    index_record,
+    segment_name,
+)
 from txbroker.storage.writer_thread import (
     Barrier,
     PendingQueue,
@@ -133,8 +142,13 @@ class GroupCommitWriter(WriterThread):
         head_segment: int,
         head_fd: int | None,
         head_offset: int,
+        crash_points: CrashPoints | None = None,
+        recovery_index: bool = False,
     ) -> None:
         self.journal_dir = journal_dir
+        #: named crash points for process tests (``journal_faults.py``; none armed
+        #: outside tests)
+        self.crash_points = crash_points or CrashPoints()
         super().__init__(queue)
         self.sync_mode = sync
         self.dispatch = dispatch
@@ -158,6 +172,13 @@ class GroupCommitWriter(WriterThread):
         self._allocated = os.fstat(head_fd).st_size if head_fd is not None else 0
         self._dir_fd = os.open(journal_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._deletes_broken = False
+        #: write a recovery index (``<id>.idx``, journal_format.py) for each segment
+        #: this writer fills from its start, when it seals it
+        self.recovery_index = recovery_index
+        #: the index records of the segment being written (None: not tracked — the
+        #: index is off, or the segment was recovered, not started by this writer)
+        self._index: list[bytes] | None = None
+        self._index_lead = 0
 
     # -- the loop ----------------------------------------------------------
 
@@ -178,7 +199,13 @@ class GroupCommitWriter(WriterThread):
                     assert offset == self._offset, (offset, self._offset)
                     if type(meta) is not bytes:
                         meta = bytes(meta)
-                    parts += encode_entry(kind, meta, _as_bytes(bodies), size)
+                    body_list = _as_bytes(bodies)
+                    parts += encode_entry(kind, meta, body_list, size)
+                    index = self._index
+                    if index is not None:
+                        if not index and not body_list:
+                            self._index_lead = size  # the segment's snapshot
+                        index.append(index_record(kind, meta, body_list, size))
                     self._offset += size
                     if on_durable is not None:
                         callbacks.append(on_durable)
@@ -189,6 +216,10 @@ class GroupCommitWriter(WriterThread):
                             self._sync_segment()
                         os.close(self._fd)
                         self._fd = None
+                        if self._index is not None:
+                            self._write_index(self.current_segment, self._offset, self._index)
+                    self._index = [] if self.recovery_index else None
+                    self._index_lead = 0
                     path = self.journal_dir / segment_name(item.segment_id)
                     self._fd = self.open_segment(path)
                     self._allocated = 0
@@ -210,6 +241,8 @@ class GroupCommitWriter(WriterThread):
             log.error("%s; the journal refuses further appends", failure)
             self._poison(batch, failure)
             return
+        if self.crash_points.kind >= 0:
+            self._pass_synced(batch)
         if callbacks:
             self._dispatch(completion(callbacks, None))
         self._delete(deletes)
@@ -217,6 +250,35 @@ class GroupCommitWriter(WriterThread):
             self.in_flight = []
         for barrier in barriers:
             barrier.done.set()
+
+    def _write_index(self, segment_id: int, size: int, records: list[bytes]) -> None:
+        """Write the recovery index of a sealed segment: to a temporary name, synced,
+        renamed (the directory is synced with the next segment's creation, in this
+        batch). A failure only costs the index: recovery then scans the segment."""
+        path = self.journal_dir / index_name(segment_id)
+        temporary = path.with_name(path.name + ".tmp")
+        data = encode_index(segment_id, size, self._index_lead, records)
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                         SEGMENT_FILE_MODE)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                self.sync_file(fd)
+            finally:
+                os.close(fd)
+            os.rename(temporary, path)
+        except OSError as exc:
+            log.warning("could not write the recovery index of segment %d: %s", segment_id, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def _pass_synced(self, batch: list[WorkItem]) -> None:
+        """Crash point ``synced:KIND``: the batch holds an entry of that kind, durable."""
+        points = self.crash_points
+        if any(type(item) is tuple and item[3] == points.kind for item in batch):
+            points.passed(points.point)
 
     def _write(self, parts: list[bytes], offset: int) -> bool:
         """Write ``parts`` at ``offset`` of the current segment (one pwrite)."""
@@ -271,7 +333,11 @@ class GroupCommitWriter(WriterThread):
             return
         try:
             for item in deletes:
+                self.crash_points.passed("before_unlink")
+                with contextlib.suppress(FileNotFoundError):  # its index goes first
+                    os.unlink(self.journal_dir / index_name(item.segment_id))
                 self.unlink(self.journal_dir / segment_name(item.segment_id))
+                self.crash_points.passed("after_unlink")
             if self.sync_mode != SyncMode.NONE:
                 self.sync_dir(self._dir_fd)
         except OSError as exc:
