@@ -50,6 +50,8 @@ from txbroker.core.effects import (
 )
 from txbroker.core.messages import Message
 from txbroker.errors import StorageFailed
+from txbroker.server.amqp import AmqpServerConnection, AmqpSettings
+from txbroker.server.amqp_state import AmqpState
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import ClientConnection
@@ -131,6 +133,9 @@ class BrokerServer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self.stomp_port = 0
+        self.amqp_port = 0
+        #: the AMQP edge's shared state (exchanges, bindings), once it listens
+        self.amqp: AmqpState | None = None
         self.http_port = 0
         #: the HTTP edge (server/http/), when --http-port is set
         self._http: Any = None
@@ -234,6 +239,8 @@ class BrokerServer:
             await self.listen_native(self.config.host, self.config.port)
         if self.config.stomp_port:  # 0 disables it (DESIGN.md)
             await self.listen_stomp(self.config.host, self.config.stomp_port)
+        if self.config.amqp_port:  # 0 disables it (docs/amqp.md)
+            await self.listen_amqp(self.config.host, self.config.amqp_port)
         if self.config.http_port:  # 0 (the default) disables it
             await self.listen_http(self.config.host, self.config.http_port)
         tls = self.config.server_ssl_context() if (
@@ -309,6 +316,21 @@ class BrokerServer:
             self.stomp_port = bound
         else:
             self.stomp_tls_port = bound
+        return listener
+
+    async def listen_amqp(self, host: str, port: int, settings: AmqpSettings | None = None
+                          ) -> asyncio.Server:
+        """Listen for AMQP 0-9-1 clients (docs/amqp.md); sets :attr:`amqp_port`. The
+        first call loads the exchange definitions (``server/amqp_state.py``)."""
+        chosen = settings or AmqpSettings()
+        chosen.validate()
+        if self.amqp is None:
+            self.amqp = AmqpState(self.ops)
+            self.amqp.load()
+        ops, state = self.ops, self.amqp
+        listener = await self.listen(lambda: AmqpServerConnection(ops, state, chosen), host,
+                                     port, "AMQP 0-9-1")
+        self.amqp_port = listener.sockets[0].getsockname()[1]
         return listener
 
     async def listen_http(self, host: str, port: int, *, tls: ssl.SSLContext | None = None

@@ -6,6 +6,7 @@ Config file (all keys optional)::
     host = "127.0.0.1"
     port = 5445                 # 0 disables the native listener
     stomp_port = 61613          # 0 disables the STOMP listener
+    amqp_port = 5672            # AMQP 0-9-1 (docs/amqp.md); 0 disables it
     http_port = 8161            # REST API and /metrics (docs/http.md); default 0 = off
     data = "./txbroker-data"
     sync = "fdatasync"          # none | fdatasync | fsync
@@ -68,6 +69,8 @@ from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own
 #: The native protocol's port (Artemis' core protocol default).
 DEFAULT_PORT = 5445
 DEFAULT_STOMP_PORT = 61613
+#: The AMQP 0-9-1 port (IANA ``amqp``; RabbitMQ's default).
+DEFAULT_AMQP_PORT = 5672
 DEFAULT_HTTP_PORT = 8161
 #: Frames above 8 MiB are refused: twice the default max message size.
 DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
@@ -88,7 +91,8 @@ HA_MODES = ("", "shared-store", "replicated")
 #: A ready backup silent this long on an entry (s) leaves the ready set (docs/ha.md).
 DEFAULT_BACKUP_TIMEOUT = 5.0
 #: The listeners' port settings: each non-zero one must differ from the others.
-CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port")
+CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port",
+                "amqp_port")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     stomp_port: int = DEFAULT_STOMP_PORT
+    #: the AMQP 0-9-1 listener (docs/amqp.md); 0 = off
+    amqp_port: int = DEFAULT_AMQP_PORT
     #: the HTTP listener (REST API, /metrics: docs/http.md); 0, the default, is off:
     #: ``make run`` passes DEFAULT_HTTP_PORT
     http_port: int = 0

@@ -1,0 +1,698 @@
+"""One AMQP channel: its methods as operations of the connection's session.
+
+Theory of operation
+-------------------
+A connection (``server/amqp.py``) has one core session (``server/ops.py``) and
+up to ``channel_max`` channels; each :class:`Channel` turns the methods of its
+channel into operations of that session and their outcomes into methods. What
+the channel owns:
+
+* **ordered replies**: AMQP answers a channel's synchronous methods in order,
+  and some answers wait for the store (``queue.declare-ok`` once the queue's
+  record is durable, ``tx.commit-ok``, a publisher confirm). Every output of the
+  channel goes through one queue of :class:`Pending` entries; an entry waits for
+  the request ids it names and is written, in order, once all are answered.
+* **delivery tags** are per channel (1, 2, …) and map to the session's core tags;
+  ``multiple`` acks cover every unacked tag up to the one named. A tag whose
+  message went back to its queue (``basic.cancel``, ``basic.recover``,
+  ``tx.rollback``, a closed channel) may still be acked: that ack does nothing,
+  the message is redelivered. Any other unknown tag is 406, as in RabbitMQ.
+* **consumers**: one core subscription each (``no_ack`` ones in the core's auto
+  mode), prefetch from ``basic.qos`` (per consumer).
+* **transactions** (``tx.select``): one core local transaction at a time, begun
+  again after each commit or rollback; publishes and acks of the channel go
+  into it. **Confirms** (``confirm.select``): ``basic.ack`` once every queue the
+  message was routed to has it durably (``basic.nack`` if one refused it).
+
+A refusal raises :class:`~txbroker.server.amqp_model.ChannelError`; the
+connection closes the channel (or, ``hard``, itself) with its reply code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from pamqp import commands
+
+from txbroker.errors import (
+    AlreadyExists,
+    BadRequest,
+    BrokerError,
+    Disabled,
+    Forbidden,
+    IllegalState,
+    MessageTooLarge,
+    NotAuthenticated,
+    NotFound,
+    QuotaExceeded,
+    ShuttingDown,
+    TooManyUnacked,
+    TransactionError,
+)
+from txbroker.protocol.amqp import AmqpConnection, ReplyCode
+from txbroker.server.acl import CONSUME
+from txbroker.server.amqp_content import (
+    DEFAULT_PRIORITY,
+    PERSISTENT,
+    delivery_facts,
+    message_headers,
+    queue_settings,
+    ttl_of,
+)
+from txbroker.server.amqp_model import Binding, ChannelError, Exchange, QueueFlags
+from txbroker.server.amqp_state import INTERNAL_PREFIX, AmqpState
+from txbroker.server.ops import Delivery, Session
+
+#: Prefixes of the names the server makes (RabbitMQ's).
+SERVER_NAMED_PREFIX: Final = "amq.gen-"
+CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
+
+
+class ConnectionPort(Protocol):
+    """What a channel needs from its connection."""
+
+    codec: AmqpConnection
+    session: Session | None
+    state: AmqpState
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the socket."""
+
+    def new_rid(self) -> int:
+        """A request id, unique on the connection."""
+
+    def new_sub(self) -> int:
+        """A core subscription number, unique on the connection."""
+
+    def expect(self, rid: int, channel: Channel, pending: Pending) -> None:
+        """Route the core's later answer to ``rid`` to ``pending`` of ``channel``."""
+
+    def own_sub(self, sub: int, channel: Channel | None) -> None:
+        """Route deliveries of subscription ``sub`` to ``channel`` (None: forget it)."""
+
+
+class ChannelState(enum.Enum):
+    """A channel's life."""
+
+    OPEN = "open"
+    #: we sent channel.close: everything but close / close-ok is dropped (spec 2.3.5)
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class Pending:
+    """Output waiting for ``waiting`` answers; ``render`` writes it once they are in."""
+
+    waiting: int
+    render: Callable[[Pending], None]
+    results: list[Any] = field(default_factory=list)
+    error: BrokerError | None = None
+    delivery: Delivery | None = None
+
+
+@dataclass(slots=True)
+class Consumer:
+    """A ``basic.consume`` of the channel."""
+
+    tag: str
+    sub: int
+    queue: str
+    no_ack: bool
+
+
+def reply_code_of(error: BrokerError) -> tuple[ReplyCode, bool]:
+    """The AMQP reply code for a refusal of the core or the operation layer, and
+    whether it closes the connection (hard) rather than the channel."""
+    if isinstance(error, NotFound):
+        return ReplyCode.NOT_FOUND, False
+    if isinstance(error, Forbidden | NotAuthenticated):
+        return ReplyCode.ACCESS_REFUSED, False
+    if isinstance(error, AlreadyExists | BadRequest | IllegalState | MessageTooLarge |
+                  QuotaExceeded | Disabled | TooManyUnacked | TransactionError):
+        return ReplyCode.PRECONDITION_FAILED, False
+    if isinstance(error, ShuttingDown):
+        return ReplyCode.CONNECTION_FORCED, True
+    return ReplyCode.INTERNAL_ERROR, True
+
+
+def as_channel_error(error: BrokerError) -> ChannelError:
+    """A core refusal as the ChannelError its client is told."""
+    code, hard = reply_code_of(error)
+    return ChannelError(code, f"{code.name} - {error.message}", hard=hard)
+
+
+class Channel:
+    """One open channel of a connection (module docstring)."""
+
+    def __init__(self, conn: ConnectionPort, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.state = ChannelState.OPEN
+        self.out: deque[Pending] = deque()
+        self.prefetch = 0
+        self.consumers: dict[str, Consumer] = {}
+        #: channel delivery tag -> (core tag, core subscription or 0 for basic.get)
+        self.unacked: dict[int, tuple[int, int]] = {}
+        #: channel tags whose messages went back to their queue (acks of them: no-op)
+        self.given_back: set[int] = set()
+        self.next_tag = 1
+        self.tx: int | None = None
+        self.tx_acked: list[int] = []
+        self.confirming = False
+        self.next_confirm = 1
+        self.last_queue = ""
+
+    @property
+    def session(self) -> Session:
+        """The connection's (authenticated) core session."""
+        session = self.conn.session
+        assert session is not None
+        return session
+
+    # ------------------------------------------------------------------ output
+    def send(self, method: Any) -> None:
+        """A method frame, in order after what is pending."""
+        self.emit(self.conn.codec.send_method(self.number, method))
+
+    def emit(self, data: bytes) -> None:
+        """Bytes for the socket, in order after what is pending."""
+        if self.out:
+            self.out.append(Pending(0, lambda _: self._write(data)))
+        else:
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self.state is ChannelState.OPEN:
+            self.conn.write(data)
+
+    def later(self, rids: list[int], render: Callable[[Pending], None],
+              saves: int = 0) -> Pending:
+        """Output written once the core answered ``rids`` and ``saves`` definition
+        snapshots are durable."""
+        pending = Pending(len(rids) + saves, render)
+        for rid in rids:
+            self.conn.expect(rid, self, pending)
+        self.out.append(pending)
+        if saves:
+            self.conn.state.save(lambda error: self.answered(pending, None, error))
+        self.pump()
+        return pending
+
+    def answered(self, pending: Pending, result: Any, error: BrokerError | None) -> None:
+        """One of ``pending``'s answers arrived."""
+        pending.waiting -= 1
+        if error is not None and pending.error is None:
+            pending.error = error
+        if result is not None:
+            pending.results.append(result)
+        self.pump()
+
+    def pump(self) -> None:
+        """Write the ready entries at the head of the queue."""
+        out = self.out
+        while out and out[0].waiting <= 0:
+            pending = out.popleft()
+            if self.state is not ChannelState.OPEN:
+                continue
+            pending.render(pending)
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, method: Any, now: int) -> None:
+        """Run one method of this channel (not channel.open/close: the connection's)."""
+        handler = _HANDLERS.get(method.name)
+        if handler is None:
+            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
+                               f"NOT_IMPLEMENTED - {method.name} is not supported by txbroker "
+                               "(docs/amqp.md)", hard=True)
+        handler(self, method, now)
+
+    # ------------------------------------------------------------------ exchanges
+    def _exchange_declare(self, m: Any, now: int) -> None:
+        wanted = Exchange(m.exchange, m.exchange_type, bool(m.durable), bool(m.auto_delete),
+                          bool(m.internal), dict(m.arguments or {}))
+        if not m.passive:
+            self.session.ops.require_admin(self.session, "declare", f"exchange:{m.exchange}")
+        new = self.conn.state.definitions.declare_exchange(wanted, passive=bool(m.passive))
+        self._reply(m.nowait, commands.Exchange.DeclareOk(), saves=1 if new else 0)
+
+    def _exchange_delete(self, m: Any, now: int) -> None:
+        self.session.ops.require_admin(self.session, "delete", f"exchange:{m.exchange}")
+        self.conn.state.definitions.delete_exchange(m.exchange, if_unused=bool(m.if_unused))
+        self._reply(m.nowait, commands.Exchange.DeleteOk(), saves=1)
+
+    def _reply(self, nowait: Any, method: Any, *, rids: list[int] | None = None,
+               saves: int = 0) -> None:
+        if not rids and not saves:
+            if not nowait:
+                self.send(method)
+            return
+        self.later(rids or [], lambda p: self._ok(p, None if nowait else method), saves)
+
+    def _ok(self, pending: Pending, method: Any) -> None:
+        if pending.error is not None:
+            raise as_channel_error(pending.error)
+        if method is not None:
+            self.conn.write(self.conn.codec.send_method(self.number, method))
+
+    # ------------------------------------------------------------------ queues
+    def _queue_name(self, name: str) -> str:
+        """The queue a method names ("" = the channel's last declared queue)."""
+        if not name:
+            if not self.last_queue:
+                raise ChannelError(ReplyCode.NOT_FOUND,
+                                   "NOT_FOUND - no previously declared queue")
+            return self.last_queue
+        if name.startswith(INTERNAL_PREFIX):
+            raise ChannelError(ReplyCode.ACCESS_REFUSED,
+                               f"ACCESS_REFUSED - queue '{name}' is the broker's own")
+        return name
+
+    def _existing_queue(self, name: str) -> str:
+        """An existing queue's name (404 if none; 405 if another connection's
+        exclusive queue)."""
+        queue = self._queue_name(name)
+        if queue not in self.session.core.queues:
+            raise ChannelError(ReplyCode.NOT_FOUND,
+                               f"NOT_FOUND - no queue '{queue}' in vhost '/'")
+        owner = self.conn.state.exclusive_owner.get(queue)
+        if owner is not None and owner != self.session.id:
+            raise ChannelError(ReplyCode.RESOURCE_LOCKED,
+                               f"RESOURCE_LOCKED - cannot obtain exclusive access to locked "
+                               f"queue '{queue}' in vhost '/'")
+        return queue
+
+    def _queue_declare(self, m: Any, now: int) -> None:
+        state = self.conn.state
+        if m.passive:
+            queue = self._existing_queue(m.queue)
+            self.last_queue = queue
+            self._reply(m.nowait, self._declare_ok(queue))
+            return
+        name = m.queue or f"{SERVER_NAMED_PREFIX}{uuid.uuid4().hex}"
+        if m.queue:
+            self._queue_name(name)
+            if name.startswith("amq."):
+                raise ChannelError(ReplyCode.ACCESS_REFUSED,
+                                   f"ACCESS_REFUSED - queue name '{name}' contains reserved "
+                                   "prefix 'amq.*'")
+        owner = state.exclusive_owner.get(name)
+        if owner is not None and owner != self.session.id:
+            raise ChannelError(ReplyCode.RESOURCE_LOCKED,
+                               f"RESOURCE_LOCKED - cannot obtain exclusive access to locked "
+                               f"queue '{name}' in vhost '/'")
+        arguments = dict(m.arguments or {})
+        settings, _ = queue_settings(arguments)
+        flags = QueueFlags(name, bool(m.durable), bool(m.exclusive), bool(m.auto_delete),
+                           arguments, self.session.id if m.exclusive else 0)
+        core = self.session.core
+        self.last_queue = name
+        if name in core.queues:
+            have = state.definitions.queues.get(name)
+            if have is not None:
+                _check_equivalent(have, flags)
+            self._reply(m.nowait, self._declare_ok(name))
+            return
+        if name in core.topics:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               f"PRECONDITION_FAILED - '{name}' is a txbroker topic, not a queue")
+        rid = self.conn.new_rid()
+        started = self.session.started(rid, self.session.declare(rid, name, now,
+                                                                 settings=settings))
+        state.definitions.queues[name] = flags
+        if m.exclusive:
+            state.exclusive_owner[name] = self.session.id
+        reply = None if m.nowait else name
+        self.later([rid] if started else [],
+                   lambda p: self._ok(p, None if reply is None else self._declare_ok(reply)),
+                   saves=1)
+
+    def _declare_ok(self, queue: str) -> Any:
+        info = self.session.core.queues.get(queue)
+        ready = info.ready_count if info is not None else 0
+        consumers = len(info.consumers) if info is not None else 0
+        return commands.Queue.DeclareOk(queue, ready, consumers)
+
+    def _queue_bind(self, m: Any, now: int, *, bind: bool = True) -> None:
+        queue = self._existing_queue(m.queue)
+        binding = Binding(m.exchange, queue, m.routing_key, dict(m.arguments or {}))
+        self.session.ops.require_admin(self.session, "update", queue)
+        definitions = self.conn.state.definitions
+        changed = definitions.bind(binding) if bind else definitions.unbind(binding)
+        ok = commands.Queue.BindOk() if bind else commands.Queue.UnbindOk()
+        self._reply(getattr(m, "nowait", False), ok, saves=1 if changed else 0)
+
+    def _queue_unbind(self, m: Any, now: int) -> None:
+        self._queue_bind(m, now, bind=False)
+
+    def _queue_purge(self, m: Any, now: int) -> None:
+        queue = self._existing_queue(m.queue)
+        rid = self.conn.new_rid()
+        result = self.session.purge(rid, queue, now)
+        if self.session.started(rid, result):
+            self.later([rid], lambda p: self._ok(p, None if m.nowait else commands.Queue.PurgeOk(
+                int(p.results[0].get("purged", 0)) if p.results else 0)))
+        elif not m.nowait:
+            self.send(commands.Queue.PurgeOk(int(result.get("purged", 0))))
+
+    def _queue_delete(self, m: Any, now: int) -> None:
+        name = self._queue_name(m.queue)
+        queue = self.session.core.queues.get(name)
+        if queue is None:
+            self._reply(m.nowait, commands.Queue.DeleteOk(0))
+            return
+        self._existing_queue(name)
+        if m.if_unused and queue.consumers:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use")
+        if m.if_empty and queue.messages:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               f"PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty")
+        count = queue.ready_count
+        rid = self.conn.new_rid()
+        started = self.session.started(rid, self.session.delete(rid, name, now))
+        self.conn.state.definitions.drop_queue(name)
+        self.conn.state.exclusive_owner.pop(name, None)
+        reply = None if m.nowait else commands.Queue.DeleteOk(count)
+        self.later([rid] if started else [], lambda p: self._ok(p, reply), saves=1)
+
+    # ------------------------------------------------------------------ publishing
+    def publish(self, m: Any, properties: commands.Basic.Properties, body: bytes,
+                now: int) -> None:
+        """basic.publish with its content: one core send per queue it is routed to."""
+        if m.immediate:
+            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
+                               "NOT_IMPLEMENTED - immediate=true", hard=True)
+        session = self.session
+        core = session.core
+        queues = self.conn.state.definitions.route(m.exchange, m.routing_key,
+                                                   properties.headers, core.queues)
+        seq = 0
+        if self.confirming:
+            seq = self.next_confirm
+            self.next_confirm += 1
+        if not queues:
+            if m.mandatory:
+                self.emit(self.conn.codec.send_content(
+                    self.number, commands.Basic.Return(312, "NO_ROUTE", m.exchange,
+                                                       m.routing_key), properties, body))
+            if seq:
+                self.send(commands.Basic.Ack(seq))
+            return
+        headers = message_headers(m.exchange, m.routing_key, properties)
+        ttl = ttl_of(properties)
+        persistent = properties.delivery_mode == PERSISTENT
+        rids: list[int] = []
+        refused: BrokerError | None = None
+        for queue in queues:
+            priority = DEFAULT_PRIORITY
+            flags = self.conn.state.definitions.queues.get(queue)
+            if flags is not None and flags.arguments.get("x-max-priority"):
+                priority = min(int(properties.priority or 0), 9)
+            rid = self.conn.new_rid()
+            try:
+                result = session.send(rid, queue, body, now, headers=headers,
+                                      persistent=persistent, priority=priority, ttl_ms=ttl,
+                                      tx=self.tx)
+            except BrokerError as exc:
+                if isinstance(exc, Forbidden) or (not seq and not isinstance(exc, QuotaExceeded)):
+                    raise as_channel_error(exc) from None
+                refused = exc  # reject-publish: nacked with confirms, dropped without
+                continue
+            if session.started(rid, result):
+                rids.append(rid)
+        if seq:
+            if refused is not None:
+                self.later(rids, lambda p: self.conn.write(self.conn.codec.send_method(
+                    self.number, commands.Basic.Nack(seq))))
+            else:
+                self.later(rids, lambda p: self.conn.write(self.conn.codec.send_method(
+                    self.number, commands.Basic.Nack(seq) if p.error is not None
+                    else commands.Basic.Ack(seq))))
+        elif rids:
+            self.later(rids, _ignore_errors)
+
+    def _confirm_select(self, m: Any, now: int) -> None:
+        if self.tx is not None:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
+        self.confirming = True
+        if not m.nowait:
+            self.send(commands.Confirm.SelectOk())
+
+    # ------------------------------------------------------------------ consuming
+    def _basic_qos(self, m: Any, now: int) -> None:
+        if m.prefetch_size:
+            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
+                               "NOT_IMPLEMENTED - prefetch_size!=0 "
+                               f"({m.prefetch_size})", hard=True)
+        self.prefetch = int(m.prefetch_count)
+        self.send(commands.Basic.QosOk())
+
+    def _basic_consume(self, m: Any, now: int) -> None:
+        queue = self._existing_queue(m.queue)
+        tag = m.consumer_tag or f"{CONSUMER_TAG_PREFIX}{uuid.uuid4().hex}"
+        if tag in self.consumers:
+            raise ChannelError(ReplyCode.NOT_ALLOWED,
+                               f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", hard=True)
+        limit = self.session.core.limits.max_unacked_per_consumer
+        prefetch = min(self.prefetch, limit) if self.prefetch else None
+        sub = self.conn.new_sub()
+        self.conn.own_sub(sub, self)
+        try:
+            self.session.subscribe(sub, queue, now, prefetch=prefetch,
+                                   ack="auto" if m.no_ack else "client")
+        except BrokerError:
+            self.conn.own_sub(sub, None)
+            raise
+        self.consumers[tag] = Consumer(tag, sub, queue, bool(m.no_ack))
+        if not m.nowait:
+            self.send(commands.Basic.ConsumeOk(tag))
+
+    def _basic_cancel(self, m: Any, now: int) -> None:
+        consumer = self.consumers.get(m.consumer_tag)
+        if consumer is not None:
+            self.cancel_consumer(consumer, now)
+        if not m.nowait:
+            self.send(commands.Basic.CancelOk(m.consumer_tag))
+
+    def cancel_consumer(self, consumer: Consumer, now: int) -> None:
+        """End a consumer: its unacked messages go back to the queue."""
+        del self.consumers[consumer.tag]
+        self.conn.own_sub(consumer.sub, None)
+        self._give_back(sub=consumer.sub)
+        session = self.session
+        if not session.ended:
+            with contextlib.suppress(NotFound):
+                session.unsubscribe(consumer.sub, now)
+        self.conn.state.consumer_gone(consumer.queue, now)
+
+    def _give_back(self, *, sub: int | None = None) -> list[int]:
+        """Forget unacked tags (of subscription ``sub``, or all); their core tags."""
+        tags = [t for t, (_, s) in self.unacked.items() if sub is None or s == sub]
+        core_tags = []
+        for tag in tags:
+            core_tags.append(self.unacked.pop(tag)[0])
+            self.given_back.add(tag)
+        return core_tags
+
+    def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
+        """A message for one of this channel's consumers: basic.deliver."""
+        tag = self._tag(delivery, delivery.sub, auto=self._no_ack(delivery.sub))
+        properties, exchange, key = delivery_facts(delivery.message)
+        self.emit(self.conn.codec.send_content(
+            self.number, commands.Basic.Deliver(consumer_tag, tag, delivery.redelivered,
+                                                exchange, key), properties, delivery.body))
+
+    def _no_ack(self, sub: int) -> bool:
+        return any(c.no_ack for c in self.consumers.values() if c.sub == sub)
+
+    def _tag(self, delivery: Delivery, sub: int, *, auto: bool) -> int:
+        tag = self.next_tag
+        self.next_tag += 1
+        if not auto:
+            self.unacked[tag] = (delivery.tag, sub)
+        return tag
+
+    def _basic_get(self, m: Any, now: int) -> None:
+        queue = self._existing_queue(m.queue)
+        session = self.session
+        session.authorize(CONSUME, queue, "receive")
+        rid = self.conn.new_rid()
+        result = session.core.receive(session.id, rid, queue, now, 0)
+        if result is None:
+            self.send(commands.Basic.GetEmpty())
+            return
+        session.started(rid, result)
+        no_ack = bool(m.no_ack)
+        self.later([rid], lambda p: self._get_ok(p, queue, no_ack))
+
+    def _get_ok(self, pending: Pending, queue: str, no_ack: bool) -> None:
+        delivery = pending.delivery
+        if delivery is None:
+            self.conn.write(self.conn.codec.send_method(self.number, commands.Basic.GetEmpty()))
+            return
+        tag = self._tag(delivery, 0, auto=no_ack)
+        if no_ack:
+            self.session.ack(0, [delivery.tag], self.session.ops.now())
+        found = self.session.core.queues.get(queue)
+        left = found.ready_count if found is not None else 0
+        properties, exchange, key = delivery_facts(delivery.message)
+        self.conn.write(self.conn.codec.send_content(
+            self.number, commands.Basic.GetOk(tag, delivery.redelivered, exchange, key, left),
+            properties, delivery.body))
+
+    # ------------------------------------------------------------------ acknowledging
+    def _settled(self, tag: int, multiple: bool) -> list[int]:
+        """The core tags an ack/nack/reject names (406 for an unknown tag)."""
+        if multiple:
+            tags = [t for t in self.unacked if tag == 0 or t <= tag]
+            if tag and not tags and tag not in self.given_back and tag >= self.next_tag:
+                raise _unknown_tag(tag)
+        elif tag in self.unacked:
+            tags = [tag]
+        elif tag in self.given_back:
+            tags = []
+        else:
+            raise _unknown_tag(tag)
+        for each in tags:
+            self.given_back.discard(each)
+        return [self.unacked.pop(t)[0] for t in tags]
+
+    def _basic_ack(self, m: Any, now: int) -> None:
+        core_tags = self._settled(m.delivery_tag, bool(m.multiple))
+        if core_tags:
+            self.session.ack(0, core_tags, now, tx=self.tx)
+            if self.tx is not None:
+                self.tx_acked.extend(core_tags)
+
+    def _basic_nack(self, m: Any, now: int) -> None:
+        core_tags = self._settled(m.delivery_tag, bool(m.multiple))
+        if core_tags:
+            self.session.nack(core_tags, now, requeue=bool(m.requeue), tx=self.tx)
+
+    def _basic_reject(self, m: Any, now: int) -> None:
+        core_tags = self._settled(m.delivery_tag, False)
+        if core_tags:
+            self.session.nack(core_tags, now, requeue=bool(m.requeue), tx=self.tx)
+
+    def _basic_recover(self, m: Any, now: int) -> None:
+        core_tags = self._give_back()
+        if core_tags:
+            self.session.nack(core_tags, now, requeue=True)
+        if m.name == "Basic.Recover":
+            self.send(commands.Basic.RecoverOk())
+
+    # ------------------------------------------------------------------ transactions
+    def _tx_select(self, m: Any, now: int) -> None:
+        if self.confirming:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = self.session.tx_begin()
+        self.send(commands.Tx.SelectOk())
+
+    def _tx_commit(self, m: Any, now: int) -> None:
+        tx = self._transaction()
+        rid = self.conn.new_rid()
+        result = self.session.tx_commit(rid, tx, now)
+        self.tx = self.session.tx_begin()
+        self.tx_acked = []
+        self.later([rid] if self.session.started(rid, result) else [],
+                   lambda p: self._ok(p, commands.Tx.CommitOk()))
+
+    def _tx_rollback(self, m: Any, now: int) -> None:
+        tx = self._transaction()
+        self.session.tx_rollback(tx, now)
+        self.tx = self.session.tx_begin()
+        self.tx_acked = []
+        self.send(commands.Tx.RollbackOk())
+
+    def _transaction(self) -> int:
+        if self.tx is None:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               "PRECONDITION_FAILED - channel is not transactional")
+        return self.tx
+
+    def _flow(self, m: Any, now: int) -> None:
+        self.send(commands.Channel.FlowOk(bool(m.active)))
+
+    # ------------------------------------------------------------------ closing
+    def release(self, now: int, *, session_alive: bool) -> None:
+        """The channel closes: consumers end, unacked messages go back, an open
+        transaction rolls back (with ``session_alive`` False the session's end
+        does the core's part)."""
+        self.state = ChannelState.CLOSED
+        self.out.clear()
+        for consumer in list(self.consumers.values()):
+            if session_alive:
+                self.cancel_consumer(consumer, now)
+            else:
+                del self.consumers[consumer.tag]
+                self.conn.own_sub(consumer.sub, None)
+        if session_alive:
+            core_tags = self._give_back()
+            if core_tags:
+                self.session.nack(core_tags, now, requeue=True)
+            if self.tx is not None:
+                self.session.tx_rollback(self.tx, now)
+        self.tx = None
+
+
+def _check_equivalent(have: QueueFlags, wanted: QueueFlags) -> None:
+    """406 unless a redeclare asks for what the queue is (RabbitMQ's wording)."""
+    for what, a, b in (("durable", have.durable, wanted.durable),
+                       ("exclusive", have.exclusive, wanted.exclusive),
+                       ("auto_delete", have.auto_delete, wanted.auto_delete)):
+        if a != b:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               f"PRECONDITION_FAILED - inequivalent arg '{what}' for queue "
+                               f"'{have.name}' in vhost '/': received '{str(b).lower()}' but "
+                               f"current is '{str(a).lower()}'")
+    for key in sorted(set(have.arguments) | set(wanted.arguments)):
+        if have.arguments.get(key) != wanted.arguments.get(key):
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue "
+                               f"'{have.name}' in vhost '/': received "
+                               f"{wanted.arguments.get(key)!r} but current is "
+                               f"{have.arguments.get(key)!r}")
+
+
+def _unknown_tag(tag: int) -> ChannelError:
+    return ChannelError(ReplyCode.PRECONDITION_FAILED,
+                        f"PRECONDITION_FAILED - unknown delivery tag {tag}")
+
+
+def _ignore_errors(pending: Pending) -> None:
+    """A publish without confirms: a later refusal is the broker's log's business."""
+
+
+_HANDLERS: Final[dict[str, Callable[[Channel, Any, int], None]]] = {
+    "Exchange.Declare": Channel._exchange_declare,
+    "Exchange.Delete": Channel._exchange_delete,
+    "Queue.Declare": Channel._queue_declare,
+    "Queue.Bind": Channel._queue_bind,
+    "Queue.Unbind": Channel._queue_unbind,
+    "Queue.Purge": Channel._queue_purge,
+    "Queue.Delete": Channel._queue_delete,
+    "Basic.Qos": Channel._basic_qos,
+    "Basic.Consume": Channel._basic_consume,
+    "Basic.Cancel": Channel._basic_cancel,
+    "Basic.Get": Channel._basic_get,
+    "Basic.Ack": Channel._basic_ack,
+    "Basic.Nack": Channel._basic_nack,
+    "Basic.Reject": Channel._basic_reject,
+    "Basic.Recover": Channel._basic_recover,
+    "Basic.RecoverAsync": Channel._basic_recover,
+    "Tx.Select": Channel._tx_select,
+    "Tx.Commit": Channel._tx_commit,
+    "Tx.Rollback": Channel._tx_rollback,
+    "Confirm.Select": Channel._confirm_select,
+    "Channel.Flow": Channel._flow,
+}
