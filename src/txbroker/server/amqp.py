@@ -154,6 +154,9 @@ class AmqpServerConnection(asyncio.Protocol):
         self._rids: dict[int, tuple[Channel, Pending]] = {}
         self._subs: dict[int, Channel] = {}
         self._queues_consumed: set[str] = set()
+        self._auto_tags: list[int] = []
+        self._auto_scheduled = False
+        self._write_paused = False
         self._next_rid = 1
         self._next_sub = 1
         self.last_read = self.last_write = self.loop.time()
@@ -456,6 +459,32 @@ class AmqpServerConnection(asyncio.Protocol):
         else:
             self._subs[sub] = channel
 
+    def settle_when_written(self, core_tag: int) -> None:
+        """A ``no_ack`` delivery: acknowledged after the flush that writes it."""
+        self._auto_tags.append(core_tag)
+
+    def pause_writing(self) -> None:
+        """The socket's write buffer is full: stop acknowledging ``no_ack`` deliveries."""
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        """The write buffer drained: acknowledge what was written meanwhile."""
+        self._write_paused = False
+        self._schedule_auto_ack()
+
+    def _schedule_auto_ack(self) -> None:
+        if self._auto_tags and not self._auto_scheduled and not self._write_paused \
+                and not self._closed():
+            self._auto_scheduled = True
+            self.loop.call_soon(self._ack_auto)
+
+    def _ack_auto(self) -> None:
+        self._auto_scheduled = False
+        tags, self._auto_tags = self._auto_tags, []
+        if tags and self.session is not None:
+            self.session.settle_written(tags, self.ops.now())
+            self.ops.run_effects()
+
     # ------------------------------------------------------------- SessionSink
     def answer(self, rid: int, result: Any) -> None:
         """A request the core answered later."""
@@ -508,6 +537,7 @@ class AmqpServerConnection(asyncio.Protocol):
                 self.transport.write(b"".join(self._out))
                 self.last_write = self.loop.time()
             self._out.clear()
+        self._schedule_auto_ack()
         session = self.session
         if session is not None and session.should_resume() and self.transport is not None \
                 and self.phase is not Phase.CLOSED:

@@ -17,8 +17,10 @@ the channel owns:
   message went back to its queue (``basic.cancel``, ``basic.recover``,
   ``tx.rollback``, a closed channel) may still be acked: that ack does nothing,
   the message is redelivered. Any other unknown tag is 406, as in RabbitMQ.
-* **consumers**: one core subscription each (``no_ack`` ones in the core's auto
-  mode), prefetch from ``basic.qos`` (per consumer).
+* **consumers**: one core subscription each, prefetch from ``basic.qos`` (per
+  consumer); a ``no_ack`` consumer's deliveries are acknowledged by the edge once
+  written to the socket, while its write buffer is below the high-water mark (as
+  STOMP's ``ack:auto``), so TCP back-pressure bounds what is in flight.
 * **transactions** (``tx.select``): one core local transaction at a time, begun
   again after each commit or rollback; publishes and acks of the channel go
   into it. **Confirms** (``confirm.select``): ``basic.ack`` once every queue the
@@ -95,6 +97,9 @@ class ConnectionPort(Protocol):
 
     def own_sub(self, sub: int, channel: Channel | None) -> None:
         """Route deliveries of subscription ``sub`` to ``channel`` (None: forget it)."""
+
+    def settle_when_written(self, core_tag: int) -> None:
+        """A ``no_ack`` delivery: acknowledge it once handed to the socket."""
 
 
 class ChannelState(enum.Enum):
@@ -466,8 +471,7 @@ class Channel:
         sub = self.conn.new_sub()
         self.conn.own_sub(sub, self)
         try:
-            self.session.subscribe(sub, queue, now, prefetch=prefetch,
-                                   ack="auto" if m.no_ack else "client")
+            self.session.subscribe(sub, queue, now, prefetch=prefetch, ack="client")
         except BrokerError:
             self.conn.own_sub(sub, None)
             raise
@@ -504,7 +508,10 @@ class Channel:
 
     def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
         """A message for one of this channel's consumers: basic.deliver."""
-        tag = self._tag(delivery, delivery.sub, auto=self._no_ack(delivery.sub))
+        auto = self._no_ack(delivery.sub)
+        tag = self._tag(delivery, delivery.sub, auto=auto)
+        if auto:
+            self.conn.settle_when_written(delivery.tag)
         properties, exchange, key = delivery_facts(delivery.message)
         self.emit(self.conn.codec.send_content(
             self.number, commands.Basic.Deliver(consumer_tag, tag, delivery.redelivered,
