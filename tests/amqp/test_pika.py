@@ -318,9 +318,7 @@ def test_confirms_and_properties_round_trip(channel: BlockingChannel) -> None:
                   "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
                   "type", "user_id", "app_id"):
         assert getattr(got, field) == getattr(props, field), field
-    assert got.headers == {"s": b"text", "i": 42, "neg": -7, "f": True,
-                           "nested": {"x": [1, b"two"]}, "b": b"bytes"} or \
-        got.headers == props.headers
+    assert got.headers == props.headers
 
 
 @pytest.mark.parametrize("size", [0, 1, 131072 - 8, 131072, 3 * 1024 * 1024 + 17])

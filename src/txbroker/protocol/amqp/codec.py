@@ -290,16 +290,16 @@ class AmqpConnection:
         """One frame's event; None for a frame that makes no event yet (part of a
         content); NEED_DATA when the frame is incomplete."""
         buffer = self._buffer
-        if len(buffer) < FRAME_HEADER_SIZE:
-            if buffer and buffer[0] not in _FRAME_TYPES:
+        if buffer and buffer[0] not in _FRAME_TYPES:
+            start = bytes(buffer[:4])
+            if start == PROTOCOL_HEADER[:4]:
+                raise AmqpProtocolError(ReplyCode.UNEXPECTED_FRAME, "a second protocol header")
+            if not PROTOCOL_HEADER.startswith(start):
                 self._bad_type(buffer[0])
             return NEED_DATA
+        if len(buffer) < FRAME_HEADER_SIZE:
+            return NEED_DATA
         kind, channel, size = _HEAD.unpack_from(buffer)
-        if kind not in _FRAME_TYPES:
-            if bytes(buffer[:4]) == PROTOCOL_HEADER[:4]:
-                raise AmqpProtocolError(ReplyCode.UNEXPECTED_FRAME,
-                                        "a second protocol header", channel=0)
-            self._bad_type(kind)
         if size + FRAME_OVERHEAD > self.frame_max:
             raise AmqpProtocolError(
                 ReplyCode.FRAME_ERROR,
