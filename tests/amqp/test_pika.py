@@ -450,3 +450,17 @@ def test_tx_commit_is_atomic_across_queues_and_rollback_drops(
 def test_commit_without_select_is_406(channel: BlockingChannel) -> None:
     assert closed_with(channel, channel.tx_commit) == \
         (406, "PRECONDITION_FAILED - channel is not transactional")
+
+
+def test_publishes_are_seen_by_later_methods_of_the_channel(channel: BlockingChannel) -> None:
+    """Without confirms, a persistent publish is in its queue for the basic.get,
+    the count and the purge that follow it on the same channel (RabbitMQ's order)."""
+    queue = name()
+    channel.queue_declare(queue, durable=True)
+    for i in range(3):
+        channel.basic_publish("", queue, b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    assert channel.queue_declare(queue, passive=True).method.message_count == 3
+    assert get_body(channel, queue) == b"0"
+    channel.basic_publish("", queue, b"3", pika.BasicProperties(delivery_mode=2))
+    assert channel.queue_purge(queue).method.message_count == 3
+    assert get_body(channel, queue) is None

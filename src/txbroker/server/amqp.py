@@ -151,7 +151,8 @@ class AmqpServerConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_soon = False
         self._refusal: BrokerError | None = None
-        self._rids: dict[int, tuple[Channel, Pending]] = {}
+        #: request id -> the (channel, pending output) waiting for its answer
+        self._rids: dict[int, list[tuple[Channel, Pending]]] = {}
         self._subs: dict[int, Channel] = {}
         self._queues_consumed: set[str] = set()
         self._auto_tags: list[int] = []
@@ -425,7 +426,7 @@ class AmqpServerConnection(asyncio.Protocol):
             self._queues_consumed.add(consumer.queue)
         channel.release(now, session_alive=True)
         self.channels.pop(channel.number, None)
-        for rid in [r for r, (c, _) in self._rids.items() if c is channel]:
+        for rid in [r for r, owners in self._rids.items() if owners[0][0] is channel]:
             del self._rids[rid]
 
     # ------------------------------------------------------------- ConnectionPort
@@ -450,7 +451,7 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def expect(self, rid: int, channel: Channel, pending: Pending) -> None:
         """The answer to ``rid`` goes to ``pending`` of ``channel``."""
-        self._rids[rid] = (channel, pending)
+        self._rids.setdefault(rid, []).append((channel, pending))
 
     def own_sub(self, sub: int, channel: Channel | None) -> None:
         """Deliveries of ``sub`` go to ``channel`` (None: the subscription ended)."""
@@ -496,13 +497,15 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def _answered(self, rid: int, result: Any, error: BrokerError | None,
                   delivery: Delivery | None = None) -> None:
-        owner = self._rids.pop(rid, None)
-        if owner is None:
+        owners = self._rids.pop(rid, None)
+        if owners is None:
             return
-        channel, pending = owner
-        if delivery is not None:
-            pending.delivery = delivery
-        self._guard(channel, lambda: channel.answered(pending, result, error), None)
+        owners[0][0].publishing.discard(rid)
+        for channel, pending in owners:
+            if delivery is not None:
+                pending.delivery = delivery
+            self._guard(channel, lambda c=channel, p=pending: c.answered(p, result, error),
+                        None)
 
     def deliver(self, delivery: Delivery) -> None:
         """basic.deliver for a consumer, or the basic.get-ok waiting for it."""

@@ -173,6 +173,8 @@ class Channel:
         self.confirming = False
         self.next_confirm = 1
         self.last_queue = ""
+        #: request ids of this channel's publishes not yet answered by the core
+        self.publishing: set[int] = set()
 
     @property
     def session(self) -> Session:
@@ -227,6 +229,26 @@ class Channel:
             if self.state is not ChannelState.OPEN:
                 continue
             pending.render(pending)
+
+    def after_publishes(self, run: Callable[[bool], None]) -> None:
+        """Run ``run`` once this channel's earlier publishes are in their queues (a
+        message published before a ``basic.get``, a purge or a count on the same
+        channel is seen by it, as in RabbitMQ). ``run(True)``: it runs at the head
+        of the output queue and may write directly."""
+        if not self.publishing:
+            run(False)
+            return
+        pending = Pending(len(self.publishing), lambda _: run(True))
+        for rid in self.publishing:
+            self.conn.expect(rid, self, pending)
+        self.out.append(pending)
+
+    def reply_now(self, at_head: bool, method: Any) -> None:
+        """A method written at once (``at_head``) or in order after what is pending."""
+        if at_head:
+            self._write(self.conn.codec.send_method(self.number, method))
+        else:
+            self.send(method)
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, method: Any, now: int) -> None:
@@ -298,7 +320,7 @@ class Channel:
         if m.passive:
             queue = self._existing_queue(m.queue)
             self.last_queue = queue
-            self._reply(m.nowait, self._declare_ok(queue))
+            self._counted_reply(bool(m.nowait), queue)
             return
         name = m.queue or f"{SERVER_NAMED_PREFIX}{uuid.uuid4().hex}"
         if m.queue:
@@ -322,7 +344,7 @@ class Channel:
             have = state.definitions.queues.get(name)
             if have is not None:
                 _check_equivalent(have, flags)
-            self._reply(m.nowait, self._declare_ok(name))
+            self._counted_reply(bool(m.nowait), name)
             return
         if name in core.topics:
             raise ChannelError(ReplyCode.PRECONDITION_FAILED,
@@ -337,6 +359,12 @@ class Channel:
         self.later([rid] if started else [],
                    lambda p: self._ok(p, None if reply is None else self._declare_ok(reply)),
                    saves=1)
+
+    def _counted_reply(self, nowait: bool, queue: str) -> None:
+        """declare-ok with counts that include this channel's earlier publishes."""
+        if not nowait:
+            self.after_publishes(lambda at_head: self.reply_now(at_head,
+                                                                self._declare_ok(queue)))
 
     def _declare_ok(self, queue: str) -> Any:
         info = self.session.core.queues.get(queue)
@@ -358,13 +386,24 @@ class Channel:
 
     def _queue_purge(self, m: Any, now: int) -> None:
         queue = self._existing_queue(m.queue)
+        self.session.ops.require_admin(self.session, "purge", queue)
+        nowait = bool(m.nowait)
+        self.after_publishes(lambda at_head: self._purge_now(queue, nowait, at_head))
+
+    def _purge_now(self, queue: str, nowait: bool, at_head: bool) -> None:
         rid = self.conn.new_rid()
-        result = self.session.purge(rid, queue, now)
-        if self.session.started(rid, result):
-            self.later([rid], lambda p: self._ok(p, None if m.nowait else commands.Queue.PurgeOk(
+        session = self.session
+        result = session.purge(rid, queue, session.ops.now())
+        if session.started(rid, result):
+            pending = Pending(1, lambda p: self._ok(p, None if nowait else commands.Queue.PurgeOk(
                 int(p.results[0].get("purged", 0)) if p.results else 0)))
-        elif not m.nowait:
-            self.send(commands.Queue.PurgeOk(int(result.get("purged", 0))))
+            self.conn.expect(rid, self, pending)
+            if at_head:
+                self.out.appendleft(pending)
+            else:
+                self.out.append(pending)
+        elif not nowait:
+            self.reply_now(at_head, commands.Queue.PurgeOk(int(result.get("purged", 0))))
 
     def _queue_delete(self, m: Any, now: int) -> None:
         name = self._queue_name(m.queue)
@@ -432,6 +471,7 @@ class Channel:
                 continue
             if session.started(rid, result):
                 rids.append(rid)
+        self.publishing.update(rids)
         if seq:
             if refused is not None:
                 self.later(rids, lambda p: self.conn.write(self.conn.codec.send_method(
@@ -529,16 +569,27 @@ class Channel:
 
     def _basic_get(self, m: Any, now: int) -> None:
         queue = self._existing_queue(m.queue)
+        self.session.authorize(CONSUME, queue, "receive")
+        no_ack = bool(m.no_ack)
+        self.after_publishes(lambda at_head: self._get_now(queue, no_ack, at_head))
+
+    def _get_now(self, queue: str, no_ack: bool, at_head: bool) -> None:
         session = self.session
-        session.authorize(CONSUME, queue, "receive")
+        if queue not in session.core.queues:  # deleted meanwhile
+            self.reply_now(at_head, commands.Basic.GetEmpty())
+            return
         rid = self.conn.new_rid()
-        result = session.core.receive(session.id, rid, queue, now, 0)
+        result = session.core.receive(session.id, rid, queue, self.session.ops.now(), 0)
         if result is None:
-            self.send(commands.Basic.GetEmpty())
+            self.reply_now(at_head, commands.Basic.GetEmpty())
             return
         session.started(rid, result)
-        no_ack = bool(m.no_ack)
-        self.later([rid], lambda p: self._get_ok(p, queue, no_ack))
+        pending = Pending(1, lambda p: self._get_ok(p, queue, no_ack))
+        self.conn.expect(rid, self, pending)
+        if at_head:
+            self.out.appendleft(pending)
+        else:
+            self.out.append(pending)
 
     def _get_ok(self, pending: Pending, queue: str, no_ack: bool) -> None:
         delivery = pending.delivery
