@@ -18,7 +18,6 @@ from txbroker.protocol.amqp import (
     AmqpProtocolError,
     CodecState,
     ContentReceived,
-    HeartbeatReceived,
     MethodReceived,
     ProtocolHeaderMismatch,
     ProtocolHeaderReceived,
@@ -243,7 +242,7 @@ def test_send_content_splits_bodies_by_frame_max() -> None:
                                commands.Basic.Properties(app_id="a"), payload)
     frames = []
     while data:
-        used, channel, value = frame.unmarshal(data)
+        used, _channel, value = frame.unmarshal(data)
         assert used <= FRAME_MIN_SIZE
         frames.append(value)
         data = data[used:]

@@ -42,7 +42,7 @@ def get_body(channel: BlockingChannel, queue: str) -> bytes | None:
 def test_tutorial_1_hello_world(channel: BlockingChannel, queue_name: str) -> None:
     channel.queue_declare(queue=queue_name)
     channel.basic_publish(exchange="", routing_key=queue_name, body=b"Hello World!")
-    method, properties, body = next(channel.consume(queue_name, auto_ack=True,
+    method, _properties, body = next(channel.consume(queue_name, auto_ack=True,
                                                     inactivity_timeout=WAIT))
     assert body == b"Hello World!"
     assert (method.exchange, method.routing_key, method.redelivered) == ("", queue_name, False)
@@ -312,7 +312,7 @@ def test_confirms_and_properties_round_trip(channel: BlockingChannel) -> None:
         expiration="600000", message_id="m-1", timestamp=1_700_000_000, type="kind",
         user_id="guest", app_id="tests")
     channel.basic_publish("", queue, b"{}", props)  # raises NackError if nacked
-    method, got, body = channel.basic_get(queue, auto_ack=True)
+    _method, got, body = channel.basic_get(queue, auto_ack=True)
     assert body == b"{}"
     for field in ("content_type", "content_encoding", "delivery_mode", "priority",
                   "correlation_id", "reply_to", "expiration", "message_id", "timestamp",
@@ -402,7 +402,7 @@ def test_cancel_gives_back_unacked_and_channel_close_too(
     ch.queue_declare(queue)
     for i in range(3):
         ch.basic_publish("", queue, b"%d" % i)
-    method, _, _ = next(ch.consume(queue, inactivity_timeout=WAIT))
+    _method, _, _ = next(ch.consume(queue, inactivity_timeout=WAIT))
     ch.cancel()
     ch.close()
     ch2 = connection.channel()

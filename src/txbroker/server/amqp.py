@@ -42,7 +42,7 @@ from typing import Any, Final, cast
 from pamqp import commands
 from pamqp import decode as pamqp_decode
 
-from txbroker import __version__
+from txbroker._version import __version__
 from txbroker.errors import BrokerError, TxBrokerError
 from txbroker.protocol.amqp import (
     DEFAULT_FRAME_MAX,
