@@ -464,3 +464,49 @@ def test_publishes_are_seen_by_later_methods_of_the_channel(channel: BlockingCha
     channel.basic_publish("", queue, b"3", pika.BasicProperties(delivery_mode=2))
     assert channel.queue_purge(queue).method.message_count == 3
     assert get_body(channel, queue) is None
+
+
+def test_priority_queue_delivers_higher_priorities_first(channel: BlockingChannel) -> None:
+    queue = name()
+    channel.queue_declare(queue, arguments={"x-max-priority": 10})
+    channel.confirm_delivery()
+    for priority in (1, 7, 3, 9, 0):
+        channel.basic_publish("", queue, b"%d" % priority,
+                              pika.BasicProperties(priority=priority))
+    assert [get_body(channel, queue) for _ in range(5)] == [b"9", b"7", b"3", b"1", b"0"]
+
+
+def test_queue_deleted_under_a_consumer_cancels_it(connection: pika.BlockingConnection,
+                                                   channel: BlockingChannel) -> None:
+    queue = name()
+    channel.queue_declare(queue)
+    cancelled: list[object] = []
+    channel.add_on_cancel_callback(cancelled.append)
+    channel.basic_consume(queue, lambda *a: None)
+    other = connection.channel()
+    assert other.queue_delete(queue).method.message_count == 0
+    connection.process_data_events(time_limit=1)
+    assert len(cancelled) == 1
+
+
+def test_dead_letter_queue_through_the_default_exchange(channel: BlockingChannel) -> None:
+    queue, dlq = name(), name()
+    channel.queue_declare(dlq)
+    channel.queue_declare(queue, arguments={"x-dead-letter-exchange": "",
+                                            "x-dead-letter-routing-key": dlq})
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, b"bad")
+    method, _, _ = channel.basic_get(queue)
+    channel.basic_reject(method.delivery_tag, requeue=False)
+    assert get_body(channel, dlq) == b"bad"
+
+
+def test_per_message_expiration(channel: BlockingChannel) -> None:
+    queue = name()
+    channel.queue_declare(queue)
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, b"short", pika.BasicProperties(expiration="1"))
+    channel.basic_publish("", queue, b"long", pika.BasicProperties(expiration="600000"))
+    connection_sleep = channel.connection.sleep
+    connection_sleep(0.2)  # the short one's 1 ms TTL has passed
+    assert [get_body(channel, queue), get_body(channel, queue)] == [b"long", None]

@@ -386,7 +386,6 @@ class Channel:
 
     def _queue_purge(self, m: Any, now: int) -> None:
         queue = self._existing_queue(m.queue)
-        self.session.ops.require_admin(self.session, "purge", queue)
         nowait = bool(m.nowait)
         self.after_publishes(lambda at_head: self._purge_now(queue, nowait, at_head))
 

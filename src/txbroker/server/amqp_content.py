@@ -35,6 +35,8 @@ PERSISTENT: Final = 2
 QUEUE_ARGUMENTS: Final = frozenset({
     "x-message-ttl", "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow",
     "x-queue-type", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-queue-mode",
+    # accepted, not enforced (docs/amqp.md): Celery's pidbox queues declare it
+    "x-expires",
 })
 
 
