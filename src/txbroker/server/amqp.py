@@ -222,6 +222,8 @@ class AmqpServerConnection(asyncio.Protocol):
         self.phase = Phase.CLOSED
         self._cancel_timers()
         for channel in self.channels.values():
+            for consumer in channel.consumers.values():
+                self._queues_consumed.add(consumer.queue)
             channel.release(self.ops.now(), session_alive=False)
         self.channels.clear()
         session = self.session
