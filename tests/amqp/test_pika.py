@@ -510,3 +510,47 @@ def test_per_message_expiration(channel: BlockingChannel) -> None:
     connection_sleep = channel.connection.sleep
     connection_sleep(0.2)  # the short one's 1 ms TTL has passed
     assert [get_body(channel, queue), get_body(channel, queue)] == [b"long", None]
+
+
+def test_asyncio_adapter(amqp_broker: AmqpBroker) -> None:
+    """pika's AsyncioConnection: callbacks all the way, publish then consume one."""
+    import asyncio
+
+    from pika.adapters.asyncio_connection import AsyncioConnection
+
+    queue = name()
+    got: list[bytes] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def on_message(ch: object, method: object, props: object, body: bytes) -> None:
+            got.append(body)
+            ch.basic_ack(method.delivery_tag)  # type: ignore[attr-defined]
+            conn.close()
+
+        def on_declared(frame: object) -> None:
+            channel.basic_publish("", queue, b"async hello")
+            channel.basic_consume(queue, on_message)
+
+        def on_channel(ch: object) -> None:
+            nonlocal channel
+            channel = ch
+            channel.queue_declare(queue, exclusive=True, callback=on_declared)
+
+        def on_open(c: object) -> None:
+            c.channel(on_open_callback=on_channel)  # type: ignore[attr-defined]
+
+        def on_closed(c: object, reason: object) -> None:
+            if not done.done():
+                done.set_result(reason)
+
+        channel: object = None
+        conn = AsyncioConnection(pika.URLParameters(amqp_broker.amqp_url),
+                                 on_open_callback=on_open, on_close_callback=on_closed,
+                                 custom_ioloop=loop)
+        await asyncio.wait_for(done, WAIT)
+
+    asyncio.run(main())
+    assert got == [b"async hello"]
