@@ -281,3 +281,44 @@ def test_mutated_valid_stream(noise: bytes, at: int) -> None:
             pass
     except AmqpProtocolError:
         pass
+
+
+def unchecked(cls: Any, **values: Any) -> Any:
+    """A pamqp method with values its constructor's validate() would refuse."""
+    method = cls()
+    for key, value in values.items():
+        setattr(method, key, value)
+    return method
+
+
+@pytest.mark.parametrize("method", [
+    unchecked(commands.Queue.DeclareOk, queue="orders$eu é", message_count=3,
+              consumer_count=1),
+    unchecked(commands.Basic.Deliver, consumer_tag="ctag", delivery_tag=7, redelivered=True,
+              exchange="x" * 200, routing_key="key"),
+    unchecked(commands.Basic.Return, reply_code=312, reply_text="NO_ROUTE",
+              exchange="weird exchange!", routing_key="k"),
+    unchecked(commands.Basic.GetOk, delivery_tag=1, redelivered=False, exchange="ex%",
+              routing_key="rk", message_count=0),
+    commands.Queue.Declare(queue="q", passive=True, durable=True, exclusive=False,
+                           auto_delete=True, nowait=False),
+    commands.Basic.Consume(queue="q", consumer_tag="t", no_local=True, no_ack=False,
+                           exclusive=True, nowait=True, arguments={"a": 1}),
+])
+def test_names_pamqp_would_refuse_are_still_written(method: Any) -> None:
+    """pamqp refuses to marshal names outside the spec's pattern; the codec writes
+    them anyway (another protocol may have named the queue) and they decode back;
+    bit fields pack as pamqp packs them."""
+    data = AmqpConnection().send_method(1, method)
+    _, channel, value = frame.unmarshal(data)
+    assert (channel, value.name) == (1, method.name)
+    for slot in method.__slots__:
+        assert getattr(value, slot) == getattr(method, slot), slot
+    from txbroker.protocol.amqp.codec import _method_payload
+
+    try:
+        expected = frame.marshal(method, 1)
+    except ValueError:
+        return
+    assert data == expected
+    assert _method_payload(method) == expected[7:-1]

@@ -235,6 +235,9 @@ class AmqpServerConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------- events
     def _event(self, event: Any, now: int) -> None:
+        if self.phase is Phase.CLOSING and not (
+                isinstance(event, MethodReceived) and event.channel == 0):
+            return  # spec 2.3.5: after our connection.close only close-ok counts
         if isinstance(event, ProtocolHeaderReceived):
             self._start()
         elif isinstance(event, HeartbeatReceived):
@@ -491,11 +494,23 @@ class AmqpServerConnection(asyncio.Protocol):
     # ------------------------------------------------------------- SessionSink
     def answer(self, rid: int, result: Any) -> None:
         """A request the core answered later."""
-        self._answered(rid, result, None)
+        self._safely(lambda: self._answered(rid, result, None))
 
     def refuse(self, rid: int, error: BrokerError) -> None:
         """A request the core refused later."""
-        self._answered(rid, None, error)
+        self._safely(lambda: self._answered(rid, None, error))
+
+    def _safely(self, run: Any) -> None:
+        """Run a callback of the effect runner: a failure of this connection's code
+        closes this connection (541), never the effects of the others."""
+        try:
+            run()
+        except AmqpProtocolError as exc:
+            self._close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
+                                   exc.class_id, exc.method_id)
+        except Exception as exc:
+            log.exception("AMQP connection %s failed on a later answer", self.peer)
+            self._close_connection(ReplyCode.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}")
 
     def _answered(self, rid: int, result: Any, error: BrokerError | None,
                   delivery: Delivery | None = None) -> None:
@@ -511,6 +526,9 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def deliver(self, delivery: Delivery) -> None:
         """basic.deliver for a consumer, or the basic.get-ok waiting for it."""
+        self._safely(lambda: self._deliver(delivery))
+
+    def _deliver(self, delivery: Delivery) -> None:
         if delivery.sub == 0:
             self._answered(delivery.rid, None, None, delivery)
             return

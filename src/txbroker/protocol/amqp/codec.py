@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pamqp import body as pamqp_body
-from pamqp import commands, exceptions, frame, header, heartbeat
+from pamqp import commands, encode, exceptions, frame, header, heartbeat
 
 from txbroker.errors import ProtocolError
 from txbroker.protocol.native import NEED_DATA, LocalProtocolError, NeedData
@@ -409,13 +409,20 @@ class AmqpConnection:
     # ------------------------------------------------------------------ sending
     def send_method(self, channel: int, method: Any) -> bytes:
         """The bytes of one method frame."""
-        return frame.marshal(method, channel)
+        try:
+            return frame.marshal(method, channel)
+        except ValueError:
+            # pamqp checks names against the spec's pattern (letters, digits, "-_.:"
+            # and a few more, 127 at most); a queue named otherwise (by another
+            # protocol, or by a client RabbitMQ would accept) is written as it is
+            payload = _method_payload(method)
+            return _HEAD.pack(_METHOD, channel, len(payload)) + payload + bytes([FRAME_END])
 
     def send_content(self, channel: int, method: Any, properties: commands.Basic.Properties,
                      body: bytes) -> bytes:
         """A content-bearing method (deliver, get-ok, return), its header and its body
         in frames of at most ``frame_max`` bytes."""
-        parts = [frame.marshal(method, channel),
+        parts = [self.send_method(channel, method),
                  frame.marshal(header.ContentHeader(0, len(body), properties), channel)]
         step = self.frame_max - FRAME_OVERHEAD
         for start in range(0, len(body), step):
@@ -427,3 +434,30 @@ class AmqpConnection:
     def send_heartbeat() -> bytes:
         """A heartbeat frame."""
         return frame.marshal(heartbeat.Heartbeat(), 0)
+
+
+def _method_payload(method: Any) -> bytes:
+    """A method's payload (its index, then its arguments) as pamqp's
+    ``Frame.marshal`` encodes it, without its ``validate()``: consecutive bits
+    share octets (spec 4.2.5.2)."""
+    output = [struct.pack(">I", method.index)]
+    bits = -1
+    offset = 0
+    for argument in method.__slots__:
+        kind = method.amqp_type(argument)
+        value = getattr(method, argument, 0)
+        if kind == "bit":
+            if bits < 0 or offset == 8:
+                if bits >= 0:
+                    output.append(encode.octet(bits))
+                bits, offset = 0, 0
+            bits = encode.bit(value, bits, offset)
+            offset += 1
+            continue
+        if bits >= 0:
+            output.append(encode.octet(bits))
+            bits = -1
+        output.append(encode.by_type(value, kind))
+    if bits >= 0:
+        output.append(encode.octet(bits))
+    return b"".join(output)
