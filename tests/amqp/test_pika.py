@@ -554,3 +554,24 @@ def test_asyncio_adapter(amqp_broker: AmqpBroker) -> None:
 
     asyncio.run(main())
     assert got == [b"async hello"]
+
+
+def test_exclusive_consumer(amqp_broker: AmqpBroker, connection: pika.BlockingConnection) -> None:
+    queue = name()
+    ch = connection.channel()
+    ch.queue_declare(queue)
+    tag = ch.basic_consume(queue, lambda *a: None, exclusive=True)
+    other = pika.BlockingConnection(pika.URLParameters(amqp_broker.amqp_url))
+    try:
+        och = other.channel()
+        assert closed_with(och, och.basic_consume, queue, lambda *a: None) == \
+            (403, f"ACCESS_REFUSED - queue '{queue}' in vhost '/' in exclusive use")
+        ch.basic_cancel(tag)
+        och = other.channel()
+        shared = och.basic_consume(queue, lambda *a: None)
+        # an exclusive consumer cannot join a queue that has consumers
+        assert closed_with(ch, ch.basic_consume, queue, lambda *a: None, exclusive=True)[0] \
+            == 403
+        och.basic_cancel(shared)
+    finally:
+        other.close()

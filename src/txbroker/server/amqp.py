@@ -547,6 +547,8 @@ class AmqpServerConnection(asyncio.Protocol):
         for consumer in list(channel.consumers.values()):
             if consumer.sub == sub:
                 del channel.consumers[consumer.tag]
+                if self.session is not None:
+                    self.state.consumer_ended(consumer.queue, self.session.id, sub)
                 channel.send(commands.Basic.Cancel(consumer.tag, nowait=True))
 
     def push(self, event: str, data: dict[str, Any]) -> None:

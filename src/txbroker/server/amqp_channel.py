@@ -421,6 +421,7 @@ class Channel:
         rid = self.conn.new_rid()
         started = self.session.started(rid, self.session.delete(rid, name, now))
         self.conn.state.definitions.drop_queue(name)
+        self.conn.state.exclusive_consumer.pop(name, None)
         self.conn.state.exclusive_owner.pop(name, None)
         reply = None if m.nowait else commands.Queue.DeleteOk(count)
         self.later([rid] if started else [], lambda p: self._ok(p, reply), saves=1)
@@ -505,6 +506,11 @@ class Channel:
         if tag in self.consumers:
             raise ChannelError(ReplyCode.NOT_ALLOWED,
                                f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", hard=True)
+        state = self.conn.state
+        if queue in state.exclusive_consumer or (
+                m.exclusive and self.session.core.queues[queue].consumers):
+            raise ChannelError(ReplyCode.ACCESS_REFUSED,
+                               f"ACCESS_REFUSED - queue '{queue}' in vhost '/' in exclusive use")
         limit = self.session.core.limits.max_unacked_per_consumer
         prefetch = min(self.prefetch, limit) if self.prefetch else None
         sub = self.conn.new_sub()
@@ -514,6 +520,8 @@ class Channel:
         except BrokerError:
             self.conn.own_sub(sub, None)
             raise
+        if m.exclusive:
+            state.exclusive_consumer[queue] = (self.session.id, sub)
         self.consumers[tag] = Consumer(tag, sub, queue, bool(m.no_ack))
         if not m.nowait:
             self.send(commands.Basic.ConsumeOk(tag))
@@ -531,6 +539,7 @@ class Channel:
         self.conn.own_sub(consumer.sub, None)
         self._give_back(sub=consumer.sub)
         session = self.session
+        self.conn.state.consumer_ended(consumer.queue, session.id, consumer.sub)
         if not session.ended:
             with contextlib.suppress(NotFound):
                 session.unsubscribe(consumer.sub, now)
@@ -693,6 +702,7 @@ class Channel:
             else:
                 del self.consumers[consumer.tag]
                 self.conn.own_sub(consumer.sub, None)
+                self.conn.state.consumer_ended(consumer.queue, self.session.id, consumer.sub)
         if session_alive:
             core_tags = self._give_back()
             if core_tags:

@@ -58,6 +58,8 @@ class AmqpState:
         self.definitions = Definitions()
         #: exclusive queue -> the session id of the connection that declared it
         self.exclusive_owner: dict[str, int] = {}
+        #: queue -> (session id, subscription) of its exclusive consumer
+        self.exclusive_consumer: dict[str, tuple[int, int]] = {}
         self._session: Session | None = None
         self._waiting: dict[int, Done] = {}
         self._next_rid = 1
@@ -102,9 +104,15 @@ class AmqpState:
         and its flags and bindings (saved by the caller)."""
         self.definitions.drop_queue(name)
         self.exclusive_owner.pop(name, None)
+        self.exclusive_consumer.pop(name, None)
         assert self._session is not None
         with contextlib.suppress(NotFound):
             self.ops.broker.queue_delete(self._session.id, 0, name, self.ops.now())
+
+    def consumer_ended(self, queue: str, session_id: int, sub: int) -> None:
+        """A consumer ended: if it was the queue's exclusive one, others may come."""
+        if self.exclusive_consumer.get(queue) == (session_id, sub):
+            del self.exclusive_consumer[queue]
 
     def consumer_gone(self, queue: str, now: int) -> None:
         """A consumer of ``queue`` ended: an auto-delete queue without consumers left
