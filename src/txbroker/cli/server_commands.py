@@ -43,6 +43,9 @@ def serve(
     amqp_port: Annotated[int | None, typer.Option(
         help="AMQP 0-9-1 port for pika, aio-pika, kombu (0 = off; default 5672; "
              "docs/amqp.md)")] = None,
+    amqps_port: Annotated[int | None, typer.Option(
+        help="AMQP 0-9-1 over TLS, amqps:// (0 = off, the default; 5671 is the usual port)")
+    ] = None,
     http_port: Annotated[int | None, typer.Option(help=(
         "HTTP port: REST API, /api/openapi.json, /metrics (docs/http.md); "
         "default 0 = off, 8161 is the usual port"))] = None,
@@ -103,7 +106,7 @@ def serve(
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, Any] = dict(
         data=data, host=host, port=port, stomp_port=stomp_port, amqp_port=amqp_port,
-        http_port=http_port,
+        amqps_port=amqps_port, http_port=http_port,
         tls_port=tls_port, stomp_tls_port=stomp_tls_port, https_port=https_port,
         tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
@@ -127,6 +130,8 @@ def serve(
             stomp += f", STOMP TLS {server.stomp_tls_port}"
         if server.https_port:
             stomp += f", HTTPS {server.https_port}"
+        if server.amqps_port:
+            stomp += f", AMQPS {server.amqps_port}"
         print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
               f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "

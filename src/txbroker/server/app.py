@@ -134,6 +134,7 @@ class BrokerServer:
         self.port = 0
         self.stomp_port = 0
         self.amqp_port = 0
+        self.amqps_port = 0
         #: the AMQP edge's shared state (exchanges, bindings), once it listens
         self.amqp: AmqpState | None = None
         self.http_port = 0
@@ -244,14 +245,16 @@ class BrokerServer:
         if self.config.http_port:  # 0 (the default) disables it
             await self.listen_http(self.config.host, self.config.http_port)
         tls = self.config.server_ssl_context() if (
-            self.config.tls_port or self.config.stomp_tls_port or self.config.https_port) \
-            else None
+            self.config.tls_port or self.config.stomp_tls_port or self.config.https_port
+            or self.config.amqps_port) else None
         if self.config.tls_port:  # TLS listeners: 0 disables them too (docs/tls.md)
             await self.listen_native(self.config.host, self.config.tls_port, tls=tls)
         if self.config.stomp_tls_port:
             await self.listen_stomp(self.config.host, self.config.stomp_tls_port, tls=tls)
         if self.config.https_port:
             await self.listen_http(self.config.host, self.config.https_port, tls=tls)
+        if self.config.amqps_port:
+            await self.listen_amqp(self.config.host, self.config.amqps_port, tls=tls)
         self._maintainer = asyncio.create_task(self._maintain_loop())
         self._arm_timer()
 
@@ -318,10 +321,11 @@ class BrokerServer:
             self.stomp_tls_port = bound
         return listener
 
-    async def listen_amqp(self, host: str, port: int, settings: AmqpSettings | None = None
-                          ) -> asyncio.Server:
-        """Listen for AMQP 0-9-1 clients (docs/amqp.md); sets :attr:`amqp_port`. The
-        first call loads the exchange definitions (``server/amqp_state.py``)."""
+    async def listen_amqp(self, host: str, port: int, settings: AmqpSettings | None = None,
+                          *, tls: ssl.SSLContext | None = None) -> asyncio.Server:
+        """Listen for AMQP 0-9-1 clients (docs/amqp.md); sets :attr:`amqp_port` (with
+        ``tls``: :attr:`amqps_port`, clients use ``amqps://``). The first call loads the
+        exchange definitions (``server/amqp_state.py``)."""
         chosen = settings or AmqpSettings()
         chosen.validate()
         if self.amqp is None:
@@ -329,8 +333,12 @@ class BrokerServer:
             self.amqp.load()
         ops, state = self.ops, self.amqp
         listener = await self.listen(lambda: AmqpServerConnection(ops, state, chosen), host,
-                                     port, "AMQP 0-9-1")
-        self.amqp_port = listener.sockets[0].getsockname()[1]
+                                     port, "AMQP 0-9-1", tls=tls)
+        bound = listener.sockets[0].getsockname()[1]
+        if tls is None:
+            self.amqp_port = bound
+        else:
+            self.amqps_port = bound
         return listener
 
     async def listen_http(self, host: str, port: int, *, tls: ssl.SSLContext | None = None

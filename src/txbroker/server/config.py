@@ -22,6 +22,7 @@ Config file (all keys optional)::
     tls_port = 5443             # native protocol over TLS (txbs://); 0 = off
     stomp_tls_port = 61614      # STOMP over TLS; 0 = off   (docs/tls.md)
     https_port = 8443           # the HTTP routes over TLS; 0 = off
+    amqps_port = 5671           # AMQP 0-9-1 over TLS (amqps://); 0 = off
 
     ha = "shared-store"         # "" (off) | shared-store  (docs/ha.md)
     ha_port = 5446              # the HA link: heartbeats between the pair
@@ -92,7 +93,7 @@ HA_MODES = ("", "shared-store", "replicated")
 DEFAULT_BACKUP_TIMEOUT = 5.0
 #: The listeners' port settings: each non-zero one must differ from the others.
 CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port",
-                "amqp_port")
+                "amqp_port", "amqps_port")
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class ServerConfig:
     stomp_tls_port: int = 0
     #: HTTPS: the HTTP listener's routes (API, /metrics, console) over TLS; 0 = off.
     https_port: int = 0
+    #: AMQP 0-9-1 over TLS (``amqps://``, docs/amqp.md; RabbitMQ uses 5671); 0 = off.
+    amqps_port: int = 0
     #: The listeners' certificate chain and private key (PEM files); "" = none.
     tls_cert: str = ""
     tls_key: str = ""
@@ -192,7 +195,7 @@ class ServerConfig:
 
     def _validate_tls(self) -> None:
         """A TLS port needs a certificate and its key, and the files must load."""
-        wanted = [name for name in ("tls_port", "stomp_tls_port", "https_port")
+        wanted = [name for name in ("tls_port", "stomp_tls_port", "https_port", "amqps_port")
                   if getattr(self, name)]
         if (self.tls_key or self.tls_ca) and not self.tls_cert:
             raise ValueError("tls_key / tls_ca given without tls_cert (the certificate chain)")
