@@ -28,7 +28,10 @@ def make_app(url: str, done: dict[int, list[bool]], lock: threading.Lock) -> Cel
                     # without AMQP heartbeats: with them (Celery's default asks for 120 s,
                     # 60 s is agreed) the worker's shutdown waits for the next frame, up to
                     # half an interval, as it does against RabbitMQ
-                    broker_heartbeat=0)
+                    broker_heartbeat=0,
+                    # a task running when the connection is lost is redelivered (its ack
+                    # cannot reach the broker): Celery 6's default, said explicitly
+                    worker_cancel_long_running_tasks_on_connection_loss=True)
 
     @app.task(name=f"record-{id(done)}", bind=True)
     def record(self: object, n: int) -> int:

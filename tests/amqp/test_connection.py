@@ -8,6 +8,7 @@ import contextlib
 import random
 import socket
 import struct
+import time
 from collections.abc import Iterator
 
 import pika
@@ -241,3 +242,64 @@ def test_garbage_never_crashes_the_broker(amqp_broker: AmqpBroker) -> None:
     assert ch.basic_get(q, auto_ack=True)[2] == b"still here"
     conn.close()
     assert amqp_broker.proc is not None and amqp_broker.proc.poll() is None
+
+
+def test_silent_client_is_dropped_after_two_heartbeat_intervals(
+        amqp_broker: AmqpBroker) -> None:
+    raw = RawAmqp(amqp_broker.amqp_port)
+    try:
+        raw.handshake(heartbeat=1)
+        raw.expect("Connection.OpenOk")
+        started = time.monotonic()
+        assert raw.closed()  # heartbeats come, then the broker closes the socket
+        assert 1.5 <= time.monotonic() - started <= 6
+    finally:
+        raw.close()
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AmqpBroker]:
+    """Users with [acl] rules: alice administers everything, bob may only send to and
+    consume from ``jobs``."""
+    root = tmp_path_factory.mktemp("amqp-acl")
+    config = root / "broker.toml"
+    config.write_text(
+        f'[users]\nalice = "{hash_password("a-pass")}"\nbob = "{hash_password("b-pass")}"\n'
+        '[[acl.rules]]\nuser = "alice"\npattern = "#"\n'
+        'permissions = ["send", "consume", "browse", "admin"]\n'
+        '[[acl.rules]]\nuser = "bob"\npattern = "jobs"\npermissions = ["send", "consume"]\n')
+    broker = AmqpBroker(root / "data", "--config", str(config))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.kill()
+
+
+def test_acl_declares_need_admin_and_publish_needs_send(guarded: AmqpBroker) -> None:
+    def connect(user: str, password: str) -> pika.BlockingConnection:
+        return pika.BlockingConnection(pika.URLParameters(
+            f"amqp://{user}:{password}@127.0.0.1:{guarded.amqp_port}/"))
+
+    alice = connect("alice", "a-pass")
+    alice.channel().queue_declare("jobs", durable=True)
+    alice.channel().queue_declare("payroll", durable=True)
+    bob = connect("bob", "b-pass")
+    try:
+        ch = bob.channel()
+        ch.queue_declare("jobs", durable=True)  # exists, same flags: no change, allowed
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            ch.queue_declare("bobs-own", durable=True)
+        assert caught.value.reply_code == 403
+        assert "has no admin permission on 'bobs-own'" in caught.value.reply_text
+        ch = bob.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", "jobs", b"allowed")
+        assert ch.basic_get("jobs", auto_ack=True)[2] == b"allowed"
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            ch.basic_publish("", "payroll", b"not allowed")  # waits for its confirm
+        assert caught.value.reply_code == 403
+        assert "has no send permission on 'payroll'" in caught.value.reply_text
+    finally:
+        bob.close()
+        alice.close()
