@@ -57,12 +57,22 @@ from txbroker.protocol.amqp import (
     ProtocolHeaderReceived,
     ReplyCode,
 )
-from txbroker.server.amqp_channel import Channel, ChannelState, Pending, as_channel_error
+from txbroker.server.amqp_channel import (
+    CHANNEL_METHODS,
+    Channel,
+    ChannelState,
+    Pending,
+    as_channel_error,
+)
+from txbroker.server.amqp_declares import DECLARE_METHODS
 from txbroker.server.amqp_model import ChannelError
 from txbroker.server.amqp_state import AmqpState
 from txbroker.server.ops import Delivery, Operations, Session
 
 log = logging.getLogger("txbroker.amqp")
+
+#: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
+METHODS: Final = {**CHANNEL_METHODS, **DECLARE_METHODS}
 
 #: The AMQP port (IANA ``amqp``; RabbitMQ's default).
 DEFAULT_AMQP_PORT: Final = 5672
@@ -388,7 +398,13 @@ class AmqpServerConnection(asyncio.Protocol):
             return
         if channel.state is not ChannelState.OPEN:
             return
-        self._guard(channel, lambda: channel.handle(method, now), method)
+        handler = METHODS.get(name)
+        if handler is None:
+            raise AmqpProtocolError(ReplyCode.NOT_IMPLEMENTED,
+                                    f"{name} is not supported by txbroker (docs/amqp.md)",
+                                    channel=number, class_id=method.index >> 16,
+                                    method_id=method.index & 0xFFFF)
+        self._guard(channel, lambda: handler(channel, method, now), method)
 
     def _channel(self, number: int, method: Any) -> Channel | None:
         """The open channel a frame names (504 if none)."""

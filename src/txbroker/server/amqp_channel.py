@@ -64,10 +64,9 @@ from txbroker.server.amqp_content import (
     PERSISTENT,
     delivery_facts,
     message_headers,
-    queue_settings,
     ttl_of,
 )
-from txbroker.server.amqp_model import Binding, ChannelError, Exchange, QueueFlags
+from txbroker.server.amqp_model import ChannelError
 from txbroker.server.amqp_state import INTERNAL_PREFIX, AmqpState
 from txbroker.server.ops import Delivery, Session
 
@@ -250,46 +249,25 @@ class Channel:
         else:
             self.send(method)
 
-    # ------------------------------------------------------------------ dispatch
-    def handle(self, method: Any, now: int) -> None:
-        """Run one method of this channel (not channel.open/close: the connection's)."""
-        handler = _HANDLERS.get(method.name)
-        if handler is None:
-            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
-                               f"NOT_IMPLEMENTED - {method.name} is not supported by txbroker "
-                               "(docs/amqp.md)", hard=True)
-        handler(self, method, now)
-
-    # ------------------------------------------------------------------ exchanges
-    def _exchange_declare(self, m: Any, now: int) -> None:
-        wanted = Exchange(m.exchange, m.exchange_type, bool(m.durable), bool(m.auto_delete),
-                          bool(m.internal), dict(m.arguments or {}))
-        if not m.passive:
-            self.session.ops.require_admin(self.session, "declare", f"exchange:{m.exchange}")
-        new = self.conn.state.definitions.declare_exchange(wanted, passive=bool(m.passive))
-        self._reply(m.nowait, commands.Exchange.DeclareOk(), saves=1 if new else 0)
-
-    def _exchange_delete(self, m: Any, now: int) -> None:
-        self.session.ops.require_admin(self.session, "delete", f"exchange:{m.exchange}")
-        self.conn.state.definitions.delete_exchange(m.exchange, if_unused=bool(m.if_unused))
-        self._reply(m.nowait, commands.Exchange.DeleteOk(), saves=1)
-
-    def _reply(self, nowait: Any, method: Any, *, rids: list[int] | None = None,
+    # ------------------------------------------------------------------ helpers of the methods
+    def reply(self, nowait: Any, method: Any, *, rids: list[int] | None = None,
                saves: int = 0) -> None:
+        """``method`` as the reply (none if ``nowait``), once ``rids`` are answered and
+        ``saves`` definition snapshots are durable."""
         if not rids and not saves:
             if not nowait:
                 self.send(method)
             return
-        self.later(rids or [], lambda p: self._ok(p, None if nowait else method), saves)
+        self.later(rids or [], lambda p: self.ok(p, None if nowait else method), saves)
 
-    def _ok(self, pending: Pending, method: Any) -> None:
+    def ok(self, pending: Pending, method: Any) -> None:
+        """Render a reply that waited: ``method``, or the refusal one answer brought."""
         if pending.error is not None:
             raise as_channel_error(pending.error)
         if method is not None:
             self.conn.write(self.conn.codec.send_method(self.number, method))
 
-    # ------------------------------------------------------------------ queues
-    def _queue_name(self, name: str) -> str:
+    def queue_name(self, name: str) -> str:
         """The queue a method names ("" = the channel's last declared queue)."""
         if not name:
             if not self.last_queue:
@@ -301,10 +279,10 @@ class Channel:
                                f"ACCESS_REFUSED - queue '{name}' is the broker's own")
         return name
 
-    def _existing_queue(self, name: str) -> str:
+    def existing_queue(self, name: str) -> str:
         """An existing queue's name (404 if none; 405 if another connection's
         exclusive queue)."""
-        queue = self._queue_name(name)
+        queue = self.queue_name(name)
         if queue not in self.session.core.queues:
             raise ChannelError(ReplyCode.NOT_FOUND,
                                f"NOT_FOUND - no queue '{queue}' in vhost '/'")
@@ -314,117 +292,6 @@ class Channel:
                                f"RESOURCE_LOCKED - cannot obtain exclusive access to locked "
                                f"queue '{queue}' in vhost '/'")
         return queue
-
-    def _queue_declare(self, m: Any, now: int) -> None:
-        state = self.conn.state
-        if m.passive:
-            queue = self._existing_queue(m.queue)
-            self.last_queue = queue
-            self._counted_reply(bool(m.nowait), queue)
-            return
-        name = m.queue or f"{SERVER_NAMED_PREFIX}{uuid.uuid4().hex}"
-        if m.queue:
-            self._queue_name(name)
-            if name.startswith("amq."):
-                raise ChannelError(ReplyCode.ACCESS_REFUSED,
-                                   f"ACCESS_REFUSED - queue name '{name}' contains reserved "
-                                   "prefix 'amq.*'")
-        owner = state.exclusive_owner.get(name)
-        if owner is not None and owner != self.session.id:
-            raise ChannelError(ReplyCode.RESOURCE_LOCKED,
-                               f"RESOURCE_LOCKED - cannot obtain exclusive access to locked "
-                               f"queue '{name}' in vhost '/'")
-        arguments = dict(m.arguments or {})
-        settings, _ = queue_settings(arguments)
-        flags = QueueFlags(name, bool(m.durable), bool(m.exclusive), bool(m.auto_delete),
-                           arguments, self.session.id if m.exclusive else 0)
-        core = self.session.core
-        self.last_queue = name
-        if name in core.queues:
-            have = state.definitions.queues.get(name)
-            if have is not None:
-                _check_equivalent(have, flags)
-            self._counted_reply(bool(m.nowait), name)
-            return
-        if name in core.topics:
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               f"PRECONDITION_FAILED - '{name}' is a txbroker topic, not a queue")
-        rid = self.conn.new_rid()
-        started = self.session.started(rid, self.session.declare(rid, name, now,
-                                                                 settings=settings))
-        state.definitions.queues[name] = flags
-        if m.exclusive:
-            state.exclusive_owner[name] = self.session.id
-        reply = None if m.nowait else name
-        self.later([rid] if started else [],
-                   lambda p: self._ok(p, None if reply is None else self._declare_ok(reply)),
-                   saves=1)
-
-    def _counted_reply(self, nowait: bool, queue: str) -> None:
-        """declare-ok with counts that include this channel's earlier publishes."""
-        if not nowait:
-            self.after_publishes(lambda at_head: self.reply_now(at_head,
-                                                                self._declare_ok(queue)))
-
-    def _declare_ok(self, queue: str) -> Any:
-        info = self.session.core.queues.get(queue)
-        ready = info.ready_count if info is not None else 0
-        consumers = len(info.consumers) if info is not None else 0
-        return commands.Queue.DeclareOk(queue, ready, consumers)
-
-    def _queue_bind(self, m: Any, now: int, *, bind: bool = True) -> None:
-        queue = self._existing_queue(m.queue)
-        binding = Binding(m.exchange, queue, m.routing_key, dict(m.arguments or {}))
-        self.session.ops.require_admin(self.session, "update", queue)
-        definitions = self.conn.state.definitions
-        changed = definitions.bind(binding) if bind else definitions.unbind(binding)
-        ok = commands.Queue.BindOk() if bind else commands.Queue.UnbindOk()
-        self._reply(getattr(m, "nowait", False), ok, saves=1 if changed else 0)
-
-    def _queue_unbind(self, m: Any, now: int) -> None:
-        self._queue_bind(m, now, bind=False)
-
-    def _queue_purge(self, m: Any, now: int) -> None:
-        queue = self._existing_queue(m.queue)
-        nowait = bool(m.nowait)
-        self.after_publishes(lambda at_head: self._purge_now(queue, nowait, at_head))
-
-    def _purge_now(self, queue: str, nowait: bool, at_head: bool) -> None:
-        rid = self.conn.new_rid()
-        session = self.session
-        result = session.purge(rid, queue, session.ops.now())
-        if session.started(rid, result):
-            pending = Pending(1, lambda p: self._ok(p, None if nowait else commands.Queue.PurgeOk(
-                int(p.results[0].get("purged", 0)) if p.results else 0)))
-            self.conn.expect(rid, self, pending)
-            if at_head:
-                self.out.appendleft(pending)
-            else:
-                self.out.append(pending)
-        elif not nowait:
-            self.reply_now(at_head, commands.Queue.PurgeOk(int(result.get("purged", 0))))
-
-    def _queue_delete(self, m: Any, now: int) -> None:
-        name = self._queue_name(m.queue)
-        queue = self.session.core.queues.get(name)
-        if queue is None:
-            self._reply(m.nowait, commands.Queue.DeleteOk(0))
-            return
-        self._existing_queue(name)
-        if m.if_unused and queue.consumers:
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               f"PRECONDITION_FAILED - queue '{name}' in vhost '/' in use")
-        if m.if_empty and queue.messages:
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               f"PRECONDITION_FAILED - queue '{name}' in vhost '/' is not empty")
-        count = queue.ready_count
-        rid = self.conn.new_rid()
-        started = self.session.started(rid, self.session.delete(rid, name, now))
-        self.conn.state.definitions.drop_queue(name)
-        self.conn.state.exclusive_consumer.pop(name, None)
-        self.conn.state.exclusive_owner.pop(name, None)
-        reply = None if m.nowait else commands.Queue.DeleteOk(count)
-        self.later([rid] if started else [], lambda p: self._ok(p, reply), saves=1)
 
     # ------------------------------------------------------------------ publishing
     def publish(self, m: Any, properties: commands.Basic.Properties, body: bytes,
@@ -501,7 +368,7 @@ class Channel:
         self.send(commands.Basic.QosOk())
 
     def _basic_consume(self, m: Any, now: int) -> None:
-        queue = self._existing_queue(m.queue)
+        queue = self.existing_queue(m.queue)
         tag = m.consumer_tag or f"{CONSUMER_TAG_PREFIX}{uuid.uuid4().hex}"
         if tag in self.consumers:
             raise ChannelError(ReplyCode.NOT_ALLOWED,
@@ -576,7 +443,7 @@ class Channel:
         return tag
 
     def _basic_get(self, m: Any, now: int) -> None:
-        queue = self._existing_queue(m.queue)
+        queue = self.existing_queue(m.queue)
         self.session.authorize(CONSUME, queue, "receive")
         no_ack = bool(m.no_ack)
         self.after_publishes(lambda at_head: self._get_now(queue, no_ack, at_head))
@@ -671,7 +538,7 @@ class Channel:
         self.tx = self.session.tx_begin()
         self.tx_acked = []
         self.later([rid] if self.session.started(rid, result) else [],
-                   lambda p: self._ok(p, commands.Tx.CommitOk()))
+                   lambda p: self.ok(p, commands.Tx.CommitOk()))
 
     def _tx_rollback(self, m: Any, now: int) -> None:
         tx = self._transaction()
@@ -712,25 +579,6 @@ class Channel:
         self.tx = None
 
 
-def _check_equivalent(have: QueueFlags, wanted: QueueFlags) -> None:
-    """406 unless a redeclare asks for what the queue is (RabbitMQ's wording)."""
-    for what, a, b in (("durable", have.durable, wanted.durable),
-                       ("exclusive", have.exclusive, wanted.exclusive),
-                       ("auto_delete", have.auto_delete, wanted.auto_delete)):
-        if a != b:
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               f"PRECONDITION_FAILED - inequivalent arg '{what}' for queue "
-                               f"'{have.name}' in vhost '/': received '{str(b).lower()}' but "
-                               f"current is '{str(a).lower()}'")
-    for key in sorted(set(have.arguments) | set(wanted.arguments)):
-        if have.arguments.get(key) != wanted.arguments.get(key):
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue "
-                               f"'{have.name}' in vhost '/': received "
-                               f"{wanted.arguments.get(key)!r} but current is "
-                               f"{have.arguments.get(key)!r}")
-
-
 def _unknown_tag(tag: int) -> ChannelError:
     return ChannelError(ReplyCode.PRECONDITION_FAILED,
                         f"PRECONDITION_FAILED - unknown delivery tag {tag}")
@@ -740,14 +588,7 @@ def _ignore_errors(pending: Pending) -> None:
     """A publish without confirms: a later refusal is the broker's log's business."""
 
 
-_HANDLERS: Final[dict[str, Callable[[Channel, Any, int], None]]] = {
-    "Exchange.Declare": Channel._exchange_declare,
-    "Exchange.Delete": Channel._exchange_delete,
-    "Queue.Declare": Channel._queue_declare,
-    "Queue.Bind": Channel._queue_bind,
-    "Queue.Unbind": Channel._queue_unbind,
-    "Queue.Purge": Channel._queue_purge,
-    "Queue.Delete": Channel._queue_delete,
+CHANNEL_METHODS: Final[dict[str, Callable[[Channel, Any, int], None]]] = {
     "Basic.Qos": Channel._basic_qos,
     "Basic.Consume": Channel._basic_consume,
     "Basic.Cancel": Channel._basic_cancel,
