@@ -4,21 +4,15 @@ Theory of operation
 -------------------
 The edge loop is thin, like the STOMP one (``server/stomp.py``):
 ``data_received`` hands bytes to the sans-IO codec (``protocol/amqp/``); each
-event is a step of the connection's handshake (:data:`TRANSITIONS`) or a method
+event is a step of the connection's handshake or a method
 of a channel (``server/amqp_channel.py``), which turns it into operations of the
 connection's session (``server/ops.py``). The server's effect runner hands back
 what comes later (answers once durable, deliveries) through the
 ``SessionSink`` methods below. This module owns what needs a socket or a clock:
 writing, pausing, the heartbeat and handshake timers.
 
-The handshake (AMQP 0-9-1 section 2.2.4), one table of (state, method) -> next
-state; the server speaks first after the protocol header::
-
-    C: "AMQP" 0 0 9 1           S: connection.start (mechanisms "PLAIN AMQPLAIN")
-    C: connection.start-ok      S: connection.tune  (channel_max, frame_max, heartbeat)
-                                   — or connection.close 403 (wrong user/password)
-    C: connection.tune-ok
-    C: connection.open "/"      S: connection.open-ok — or close 530 (other vhosts)
+The handshake is one table of (phase, method) -> next phase, ``TRANSITIONS`` in
+``server/amqp_handshake.py`` (with what we offer and the SASL responses we read).
 
 Errors: a connection error (bad framing, a method out of order, a refused login,
 ``hard`` channel errors) is ``connection.close`` with its reply code; the socket
@@ -34,18 +28,14 @@ requests wait for the store (``Session.should_pause``).
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from dataclasses import dataclass
 from typing import Any, Final, cast
 
 from pamqp import commands
-from pamqp import decode as pamqp_decode
 
 from txbroker._version import __version__
 from txbroker.errors import BrokerError, TxBrokerError
 from txbroker.protocol.amqp import (
-    DEFAULT_FRAME_MAX,
     FRAME_MIN_SIZE,
     PROTOCOL_HEADER,
     AmqpConnection,
@@ -65,80 +55,25 @@ from txbroker.server.amqp_channel import (
     as_channel_error,
 )
 from txbroker.server.amqp_declares import DECLARE_METHODS
+from txbroker.server.amqp_handshake import (
+    CLOSE_WAIT_S,
+    DEFAULT_AMQP_PORT,
+    MECHANISMS,
+    TRANSITIONS,
+    AmqpSettings,
+    Phase,
+    credentials,
+)
 from txbroker.server.amqp_model import ChannelError
 from txbroker.server.amqp_state import AmqpState
 from txbroker.server.ops import Delivery, Operations, Session
 
 log = logging.getLogger("txbroker.amqp")
 
+__all__ = ["DEFAULT_AMQP_PORT", "METHODS", "AmqpServerConnection", "AmqpSettings"]
+
 #: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
 METHODS: Final = {**CHANNEL_METHODS, **DECLARE_METHODS}
-
-#: The AMQP port (IANA ``amqp``; RabbitMQ's default).
-DEFAULT_AMQP_PORT: Final = 5672
-#: Channels per connection we offer in connection.tune (RabbitMQ's default 2047).
-DEFAULT_CHANNEL_MAX: Final = 2047
-#: Heartbeat interval we offer (s; RabbitMQ's default 60); the client's tune-ok decides.
-DEFAULT_HEARTBEAT_S: Final = 60
-#: A connection that has not opened within this time is closed (RabbitMQ's
-#: ``handshake_timeout`` is 10 s).
-DEFAULT_HANDSHAKE_TIMEOUT_S: Final = 10.0
-#: After our connection.close, the socket closes when close-ok comes or after this.
-CLOSE_WAIT_S: Final = 2.0
-#: SASL mechanisms offered in connection.start.
-MECHANISMS: Final = ("PLAIN", "AMQPLAIN")
-
-
-@dataclass(frozen=True, slots=True)
-class AmqpSettings:
-    """The AMQP listener's settings."""
-
-    frame_max: int = DEFAULT_FRAME_MAX
-    channel_max: int = DEFAULT_CHANNEL_MAX
-    heartbeat_s: int = DEFAULT_HEARTBEAT_S
-    handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S
-
-    def validate(self) -> None:
-        """Raise ValueError on settings that cannot work."""
-        if self.frame_max < FRAME_MIN_SIZE:
-            raise ValueError(f"AMQP frame_max must be at least {FRAME_MIN_SIZE}")
-        if not 1 <= self.channel_max <= 65535:
-            raise ValueError("AMQP channel_max must be 1..65535")
-        if not 0 <= self.heartbeat_s <= 65535:
-            raise ValueError("AMQP heartbeat must be 0..65535 s")
-
-
-class Phase(enum.Enum):
-    """The connection's handshake state."""
-
-    AWAIT_HEADER = "await-header"
-    AWAIT_START_OK = "await-start-ok"
-    AWAIT_TUNE_OK = "await-tune-ok"
-    AWAIT_OPEN = "await-open"
-    OPEN = "open"
-    #: we sent connection.close: only close-ok (or close) is read
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-#: (phase, method on channel 0) -> next phase; anything else on channel 0 is 503
-#: COMMAND_INVALID (505 before the connection is open).
-TRANSITIONS: Final[dict[tuple[Phase, str], Phase]] = {
-    # Rule 1: the client answers connection.start with its credentials.
-    (Phase.AWAIT_START_OK, "Connection.StartOk"): Phase.AWAIT_TUNE_OK,
-    # Rule 2: then accepts (or lowers) our tuning.
-    (Phase.AWAIT_TUNE_OK, "Connection.TuneOk"): Phase.AWAIT_OPEN,
-    # Rule 3: then opens the virtual host "/".
-    (Phase.AWAIT_OPEN, "Connection.Open"): Phase.OPEN,
-    # Rule 4: an open connection closes on the client's word (we answer close-ok)...
-    (Phase.OPEN, "Connection.Close"): Phase.CLOSED,
-    # Rule 5: ... or on ours (the client answers close-ok; a crossing close counts too).
-    (Phase.CLOSING, "Connection.CloseOk"): Phase.CLOSED,
-    (Phase.CLOSING, "Connection.Close"): Phase.CLOSED,
-    # Rule 6: connection.blocked/unblocked are the server's; a client's update-secret
-    # is not supported (540 below).
-}
-
 
 class AmqpServerConnection(asyncio.Protocol):
     """asyncio protocol for one AMQP client; a ``SessionSink`` of the operation layer."""
@@ -328,7 +263,7 @@ class AmqpServerConnection(asyncio.Protocol):
     def _start_ok(self, method: Any) -> None:
         assert self.session is not None
         mechanism = method.mechanism
-        user, password = _credentials(mechanism, method.response)
+        user, password = credentials(mechanism, method.response)
         if mechanism not in MECHANISMS or user is None:
             self._close_connection(ReplyCode.ACCESS_REFUSED,
                                    f"ACCESS_REFUSED - unsupported authentication mechanism "
@@ -652,32 +587,3 @@ class AmqpServerConnection(asyncio.Protocol):
         if now - self.last_write >= self.heartbeat_s / 2:
             self.write(self.codec.send_heartbeat())
         self._arm_heartbeat()
-
-
-def _credentials(mechanism: str, response: Any) -> tuple[str | None, str | None]:
-    """(user, password) of a PLAIN (``authzid NUL user NUL password``) or AMQPLAIN
-    (a field table with LOGIN and PASSWORD) response; (None, None) if malformed."""
-    raw = response.encode("utf-8", "surrogateescape") if isinstance(response, str) \
-        else bytes(response or b"")
-    if mechanism == "PLAIN":
-        parts = raw.split(b"\x00")
-        if len(parts) != 3:
-            return None, None
-        try:
-            return parts[1].decode(), parts[2].decode()
-        except UnicodeDecodeError:
-            return None, None
-    if mechanism == "AMQPLAIN":
-        try:
-            _, table = pamqp_decode.field_table(len(raw).to_bytes(4, "big") + raw)
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
-            log.info("AMQP: malformed AMQPLAIN response: %s", exc)
-            return None, None
-        login, password = table.get("LOGIN"), table.get("PASSWORD")
-        if isinstance(login, bytes):
-            login = login.decode("utf-8", "replace")
-        if isinstance(password, bytes):
-            password = password.decode("utf-8", "replace")
-        if isinstance(login, str) and isinstance(password, str):
-            return login, password
-    return None, None
