@@ -64,8 +64,7 @@ class StompBroker(BrokerProcess):
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "tests.stomp.launcher", "--data", str(self.data),
-                "--port", str(self.port), "--stomp-port", str(self.stomp_port),
-                "--amqp-port", "0", *self.args]
+                "--port", str(self.port), "--stomp-port", str(self.stomp_port), *self.args]
 
     @property
     def pid(self) -> int:
