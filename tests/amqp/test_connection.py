@@ -10,10 +10,11 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pika
 import pytest
-from pamqp import commands, frame
+from pamqp import body, commands, frame, header
 from pamqp.exceptions import PAMQPException
 
 from tests.amqp.support import AmqpBroker, RawAmqp
@@ -303,3 +304,50 @@ def test_acl_declares_need_admin_and_publish_needs_send(guarded: AmqpBroker) -> 
     finally:
         bob.close()
         alice.close()
+
+
+def test_back_pressure_is_told_with_connection_blocked(tmp_path: Path) -> None:
+    """A client that says it understands connection.blocked is told when the broker
+    stops reading it (too many publishes waiting for the store) and when it reads
+    again; every publish is still confirmed."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[server]\nmax_pending_requests = 4\n")
+    broker = AmqpBroker(tmp_path / "data", "--config", str(config)).start()
+    raw = RawAmqp(broker.amqp_port)
+    try:
+        raw.send(PROTOCOL_HEADER)
+        raw.expect("Connection.Start")
+        raw.method(0, commands.Connection.StartOk(
+            client_properties={"capabilities": {"connection.blocked": True}},
+            mechanism="PLAIN", response="\0g\0g", locale="en_US"))
+        tune = raw.expect("Connection.Tune")
+        raw.method(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
+        raw.method(0, commands.Connection.Open(virtual_host="/"))
+        raw.expect("Connection.OpenOk")
+        raw.method(1, commands.Channel.Open())
+        raw.expect("Channel.OpenOk")
+        raw.method(1, commands.Queue.Declare(queue="bp", durable=True))
+        raw.expect("Queue.DeclareOk")
+        raw.method(1, commands.Confirm.Select())
+        raw.expect("Confirm.SelectOk")
+        publish = b"".join(
+            frame.marshal(commands.Basic.Publish(exchange="", routing_key="bp"), 1)
+            + frame.marshal(header.ContentHeader(0, 1, commands.Basic.Properties(
+                delivery_mode=2)), 1)
+            + frame.marshal(body.ContentBody(b"x"), 1) for _ in range(50))
+        raw.send(publish)
+        seen: list[str] = []
+        acked: set[int] = set()
+        while len(acked) < 50 or "Connection.Unblocked" not in seen:
+            got = raw.read()
+            assert got is not None
+            name = got[1].name
+            if name == "Basic.Ack":
+                acked.add(got[1].delivery_tag)
+            else:
+                seen.append(name)
+        assert seen == ["Connection.Blocked", "Connection.Unblocked"]
+        assert acked == set(range(1, 51))
+    finally:
+        raw.close()
+        broker.kill()

@@ -70,6 +70,10 @@ from txbroker.server.ops import Delivery, Operations, Session
 
 log = logging.getLogger("txbroker.amqp")
 
+#: connection.blocked's reason: the session's requests waiting for the store are above
+#: ``max_pending_requests``; reading resumes (connection.unblocked) at half of it.
+BLOCKED_REASON: Final = "too many publishes waiting for the store (max_pending_requests)"
+
 __all__ = ["DEFAULT_AMQP_PORT", "METHODS", "AmqpServerConnection", "AmqpSettings"]
 
 #: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
@@ -103,6 +107,8 @@ class AmqpServerConnection(asyncio.Protocol):
         self._auto_tags: list[int] = []
         self._auto_scheduled = False
         self._write_paused = False
+        #: the client said it understands connection.blocked (its capabilities)
+        self._blocked_capable = False
         self._next_rid = 1
         self._next_sub = 1
         self.last_read = self.last_write = self.loop.time()
@@ -161,6 +167,9 @@ class AmqpServerConnection(asyncio.Protocol):
         if session is not None and session.should_pause() and self.transport is not None \
                 and self.phase is not Phase.CLOSED:
             self.transport.pause_reading()
+            if self._blocked_capable:  # tell the client why its publishes wait
+                self.write(self.codec.send_method(0, commands.Connection.Blocked(
+                    BLOCKED_REASON)))
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The socket is gone: channels release, the session ends, exclusive queues go."""
@@ -213,7 +222,7 @@ class AmqpServerConnection(asyncio.Protocol):
                 "capabilities": {
                     "publisher_confirms": True, "basic.nack": True,
                     "consumer_cancel_notify": True, "exchange_exchange_bindings": False,
-                    "connection.blocked": False, "authentication_failure_close": True,
+                    "connection.blocked": True, "authentication_failure_close": True,
                     "per_consumer_qos": True, "direct_reply_to": False,
                 },
             },
@@ -262,6 +271,9 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def _start_ok(self, method: Any) -> None:
         assert self.session is not None
+        capabilities = (method.client_properties or {}).get("capabilities")
+        self._blocked_capable = isinstance(capabilities, dict) and \
+            capabilities.get("connection.blocked") is True
         mechanism = method.mechanism
         user, password = credentials(mechanism, method.response)
         if mechanism not in MECHANISMS or user is None:
@@ -518,6 +530,8 @@ class AmqpServerConnection(asyncio.Protocol):
         if session is not None and session.should_resume() and self.transport is not None \
                 and self.phase is not Phase.CLOSED:
             self.transport.resume_reading()
+            if self._blocked_capable:
+                self.transport.write(self.codec.send_method(0, commands.Connection.Unblocked()))
 
     def close(self) -> None:
         """Shutdown: connection.close 320 CONNECTION_FORCED, then close."""
