@@ -12,6 +12,7 @@ import pytest
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
 from tests.amqp.support import AmqpBroker
+from tests.support import RawClient
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -181,3 +182,29 @@ def test_kill9_with_confirms_and_transactions_loses_nothing(tmp_path: Path) -> N
     # a committed transaction is all there or not at all
     for prefix in {b.rsplit("-", 1)[0] for b in found if b[2] == "t"}:
         assert {f"{prefix}-{i}" for i in range(5)} <= set(found), prefix
+
+
+def test_definitions_session_closed_by_an_administrator_comes_back(tmp_path: Path) -> None:
+    """The broker's own session that stores the definitions is listed among the
+    connections; closing it (an admin action) loses nothing: the next change opens a
+    new one, and the definitions survive a restart."""
+    broker = AmqpBroker(tmp_path / "data").start()
+    try:
+        raw = RawClient(broker.port)
+        assert raw.call(1, "hello", version=1)[0] == 1
+        listed = raw.call(2, "conn_list")[3]
+        (internal,) = [c for c in listed if c["protocol"] == "amqp-definitions"]
+        raw.call(3, "conn_close", id=internal["id"])
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.exchange_declare("after-close", "fanout", durable=True)
+        conn.close()
+        assert "the definitions session was closed; opened session" in \
+            broker.log_path.read_text()
+        broker.stop()
+        broker.start()
+        conn = connect(broker)
+        conn.channel().exchange_declare("after-close", "fanout", passive=True)
+        conn.close()
+    finally:
+        broker.kill()

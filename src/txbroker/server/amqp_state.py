@@ -106,8 +106,9 @@ class AmqpState:
         self.exclusive_owner.pop(name, None)
         self.exclusive_consumer.pop(name, None)
         assert self._session is not None
+        session = self._reopen() if self._session.ended else self._session
         with contextlib.suppress(NotFound):
-            self.ops.broker.queue_delete(self._session.id, 0, name, self.ops.now())
+            self.ops.broker.queue_delete(session.id, 0, name, self.ops.now())
 
     def consumer_ended(self, queue: str, session_id: int, sub: int) -> None:
         """A consumer ended: if it was the queue's exclusive one, others may come."""
@@ -147,6 +148,8 @@ class AmqpState:
         """Write the definitions as they are now; ``done`` is called once durable."""
         session = self._session
         assert session is not None
+        if session.ended:  # an administrator closed it (txbroker's connections list)
+            session = self._reopen()
         rid = self._next_rid
         self._next_rid += 1
         try:
@@ -163,6 +166,20 @@ class AmqpState:
                 self._waiting[rid] = done
         elif done is not None:
             done(None)
+
+    def _reopen(self) -> Session:
+        """A new internal session consuming the snapshots queue (the old one ended:
+        its unacked snapshot went back to the queue and is delivered again)."""
+        ops = self.ops
+        self._session = session = ops.open_internal(self, "amqp-definitions")
+        self._held_tag = 0
+        if DEFINITIONS_QUEUE not in ops.broker.queues:
+            ops.broker.queue_declare(session.id, 0, DEFINITIONS_QUEUE, ops.now())
+        ops.broker.subscribe(session.id, 1, DEFINITIONS_QUEUE, ops.now(), prefetch=None,
+                             ack="client")
+        log.warning("AMQP: the definitions session was closed; opened session %d",
+                    session.id)
+        return session
 
     # ------------------------------------------------------------------ SessionSink
     def answer(self, rid: int, result: Any) -> None:
