@@ -320,7 +320,7 @@ class BrokerSpec:
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                 "--host", "127.0.0.1", "--port", str(self.port),
-                "--stomp-port", str(self.stomp_port), "--sync", self.sync,
+                "--stomp-port", str(self.stomp_port), "--amqp-port", "0", "--sync", self.sync,
                 "--ha", "shared-store", "--ha-port", str(self.ha_port), "--ha-peer", self.peer,
                 "--heartbeat-interval", str(self.heartbeat),
                 "--activation-interval", str(self.activation),

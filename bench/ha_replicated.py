@@ -185,6 +185,7 @@ class Node:
         self.out = self.root / f"{self.name}-{self.starts}.out"
         cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                "--host", HOST, "--port", str(self.port), "--stomp-port", str(self.stomp_port),
+               "--amqp-port", "0",
                *args]
         out: IO[bytes] = open(self.out, "wb")  # noqa: SIM115 - the child keeps it
         log: IO[bytes] = open(self.log, "ab")  # noqa: SIM115

@@ -141,7 +141,8 @@ def http_broker(prefix: str, queues: int) -> Iterator[tuple[int, int, float]]:
     data = Path(tempfile.mkdtemp(prefix=prefix))
     port, http_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(data / "d"),
-           "--port", str(port), "--stomp-port", "0", "--http-port", str(http_port),
+           "--port", str(port), "--stomp-port", "0",
+           "--amqp-port", "0", "--http-port", str(http_port),
            "--log-level", "WARNING"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:

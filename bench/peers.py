@@ -71,7 +71,7 @@ def serve(data: str, port: int, sync: str, switch_interval: float | None) -> Non
     from txbroker.server.stomp import start_stomp_listener
 
     async def main() -> None:
-        server = BrokerServer(ServerConfig(host="127.0.0.1", stomp_port=0, port=0,
+        server = BrokerServer(ServerConfig(host="127.0.0.1", stomp_port=0, port=0, amqp_port=0,
                                            data=Path(data), sync=sync))
         await server.start()
         listener = await start_stomp_listener(server, "127.0.0.1", port)

@@ -82,7 +82,8 @@ class Broker:
         self.port = free_port()
         self.url = f"txb://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(root / "broker"),
-               "--port", str(self.port), "--stomp-port", "0", "--http-port", "0",
+               "--port", str(self.port), "--stomp-port", "0",
+               "--amqp-port", "0", "--http-port", "0",
                "--log-level", "WARNING"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert self.proc.stdout is not None

@@ -68,7 +68,7 @@ def free_port() -> int:
 
 def start_broker(data: Path, pki: Any, ports: dict[str, int]) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(data),
-           "--port", str(ports["native"]), "--stomp-port", str(ports["stomp"]),
+           "--port", str(ports["native"]), "--stomp-port", str(ports["stomp"]), "--amqp-port", "0",
            "--tls-port", str(ports["native_tls"]), "--stomp-tls-port", str(ports["stomp_tls"]),
            "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key),
            "--log-level", "WARNING"]

@@ -236,7 +236,7 @@ class HaNode(BrokerNode):
         """Start the process (``HaPair`` calls this; a test may, for a third broker)."""
         self._launch([sys.executable, "-m", "txbroker.cli", "serve",
                       "--host", HOST, "--port", str(self.port),
-                      "--stomp-port", str(self.stomp_port),
+                      "--stomp-port", str(self.stomp_port), "--amqp-port", "0",
                       "--ha", "shared-store", "--ha-port", str(self.ha_port),
                       "--ha-peer", self.peer_address or f"{HOST}:{peer.ha_port}", *args])
 

@@ -114,7 +114,7 @@ class RNode(BrokerNode):
     # -- process control -------------------------------------------------
     def spawn(self, peers: Iterable[RNode], common: list[str]) -> None:
         cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
-               "--host", HOST, "--port", str(self.port), "--stomp-port", "0",
+               "--host", HOST, "--port", str(self.port), "--stomp-port", "0", "--amqp-port", "0",
                "--ha", "replicated", "--ha-port", str(self.ha_port),
                "--ha-node", self.name,
                "--ha-peers", ",".join(self.peer_override.get(p.name, p.ha_address)

@@ -78,6 +78,8 @@ class BrokerProcess:
                "--port", str(self.port), "--log-level", "WARNING", *self.args]
         if "--stomp-port" not in self.args:
             cmd += ["--stomp-port", "0"]
+        if "--amqp-port" not in self.args:  # 5672 by default: tests run side by side
+            cmd += ["--amqp-port", "0"]
         return cmd
 
     def start(self, timeout: float = 60.0) -> Self:

@@ -55,6 +55,12 @@ PUBLIC: dict[str, set[str]] = {
     "txbroker.protocol": {"DEFAULT_MAX_FRAME_SIZE", "Err", "Event", "LocalProtocolError",
                           "NEED_DATA", "NativeConnection", "Ok", "Push", "Request", "Role",
                           "encode_error"},
+    "txbroker.protocol.amqp": {"DEFAULT_FRAME_MAX", "DEFAULT_MAX_BODY_SIZE", "FRAME_END",
+                               "FRAME_MIN_SIZE", "PROTOCOL_HEADER", "TRANSITIONS",
+                               "AmqpConnection", "AmqpProtocolError", "CodecState",
+                               "ContentReceived", "Event", "HeartbeatReceived",
+                               "MethodReceived", "ProtocolHeaderMismatch",
+                               "ProtocolHeaderReceived", "ReplyCode"},
 }
 
 

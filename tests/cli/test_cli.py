@@ -218,7 +218,7 @@ def test_serve_config_file_errors_are_one_line(tmp_path: Path) -> None:
         else:
             config.write_text(text)
         return txb("serve", "--config", str(config), "--data", str(tmp_path / "d"),
-                   "--port", "0", "--stomp-port", "0", "--log-level", "ERROR",
+                   "--port", "0", "--stomp-port", "0", "--amqp-port", "0", "--log-level", "ERROR",
                    check=False, columns=None)
 
     config = tmp_path / "broker.toml"
@@ -238,12 +238,14 @@ def test_serve_config_file_errors_are_one_line(tmp_path: Path) -> None:
 
 def test_serve_start_failures_are_one_line(broker: BrokerProcess, tmp_path: Path) -> None:
     in_use = txb("serve", "--data", str(tmp_path / "other"), "--port", str(broker.port),
-                 "--stomp-port", "0", "--log-level", "ERROR", check=False, columns=None)
+                 "--stomp-port", "0",
+                 "--amqp-port", "0", "--log-level", "ERROR", check=False, columns=None)
     assert_fails(in_use, 1, "error: cannot start the broker: error while attempting to bind "
                             f"on address ('127.0.0.1', {broker.port}): address already in use")
     assert broker.proc is not None
     locked = txb("serve", "--data", str(broker.data), "--port", str(free_port()),
-                 "--stomp-port", "0", "--log-level", "ERROR", check=False, columns=None)
+                 "--stomp-port", "0",
+                 "--amqp-port", "0", "--log-level", "ERROR", check=False, columns=None)
     lock = broker.data / "journal" / "lock"
     assert "Traceback" not in locked.stdout + locked.stderr, locked.stderr
     assert locked.returncode == 1 and locked.stderr.count("\n") == 1, locked.stderr

@@ -228,7 +228,7 @@ def test_bad_config_refused_at_start(tmp_path: Path) -> None:
                       'pattern = "orders.*"\npermissions = ["send", "write"]\n')
     done = subprocess.run(
         [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(tmp_path / "data"),
-         "--config", str(config), "--port", "0", "--stomp-port", "0"],
+         "--config", str(config), "--port", "0", "--stomp-port", "0", "--amqp-port", "0"],
         capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 1
     assert done.stderr == ("error: [[acl.rules]] #1: unknown permission 'write' "

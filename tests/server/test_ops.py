@@ -124,7 +124,7 @@ class StompPeer:
 def with_server(tmp_path: Path, test: Callable[[BrokerServer], Any], **config: Any) -> None:
     """Run ``test`` (a function, or a coroutine function) against a started
     in-process broker (no listeners)."""
-    settings = ServerConfig(data=tmp_path / "data", port=0, stomp_port=0,
+    settings = ServerConfig(data=tmp_path / "data", port=0, stomp_port=0, amqp_port=0,
                             limits=Limits(max_message_size=MAX_MESSAGE))
 
     async def main() -> None:
@@ -280,7 +280,7 @@ def test_open_broker_refuses_to_listen_off_loopback_alike(tmp_path: Path) -> Non
 
     async def start_elsewhere() -> None:
         await BrokerServer(ServerConfig(data=tmp_path / "d2", host="0.0.0.0", port=0,
-                                        stomp_port=0)).start()
+                                        stomp_port=0, amqp_port=0)).start()
 
     with pytest.raises(ValueError, match=re.escape(expected)):
         asyncio.run(start_elsewhere())

@@ -40,7 +40,8 @@ class Node:
         self.out = root / f"{name}.out"
         self.log = root / f"{name}.log"
         self.cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
-                    "--port", str(self.port), "--stomp-port", "0", "--ha", "replicated",
+                    "--port", str(self.port), "--stomp-port", "0",
+                    "--amqp-port", "0", "--ha", "replicated",
                     "--ha-port", str(self.ha_port), "--ha-peers", ",".join(peers),
                     "--ha-etcd", etcd_url, "--ha-cluster", cluster,
                     "--ha-lease-ttl", str(TTL), "--backup-timeout", "2",

@@ -312,7 +312,8 @@ def test_mutual_tls(tmp_path: Path, pki: Pki) -> None:
 
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "txbroker.cli", "serve", "--data",
-                           str(tmp_path / "data"), "--stomp-port", "0", *args], cwd=ROOT,
+                           str(tmp_path / "data"), "--stomp-port", "0",
+                           "--amqp-port", "0", *args], cwd=ROOT,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
 
 

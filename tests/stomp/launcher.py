@@ -27,7 +27,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.users:
         with open(args.users, "rb") as handle:
             users = dict(tomllib.load(handle).get("users", {}))
-    config = ServerConfig(host="127.0.0.1", stomp_port=args.stomp_port, port=args.port,
+    config = ServerConfig(host="127.0.0.1", stomp_port=args.stomp_port, port=args.port, amqp_port=0,
                           data=Path(args.data), sync=args.sync, users=users)
     settings = StompSettings(heartbeat_send_min_ms=args.heartbeat_min_ms,
                              heartbeat_receive_min_ms=args.heartbeat_min_ms,

@@ -40,6 +40,12 @@ def serve(
     port: Annotated[int | None, typer.Option(help="native port (0 = off)")] = None,
     stomp_port: Annotated[int | None, typer.Option(
         help="STOMP port (0 = off; default 61613)")] = None,
+    amqp_port: Annotated[int | None, typer.Option(
+        help="AMQP 0-9-1 port for pika, aio-pika, kombu (0 = off; default 5672; "
+             "docs/amqp.md)")] = None,
+    amqps_port: Annotated[int | None, typer.Option(
+        help="AMQP 0-9-1 over TLS, amqps:// (0 = off, the default; 5671 is the usual port)")
+    ] = None,
     http_port: Annotated[int | None, typer.Option(help=(
         "HTTP port: REST API, /api/openapi.json, /metrics (docs/http.md); "
         "default 0 = off, 8161 is the usual port"))] = None,
@@ -114,7 +120,8 @@ def serve(
     logging.basicConfig(level=log_level.value,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     overrides: dict[str, Any] = dict(
-        data=data, host=host, port=port, stomp_port=stomp_port, http_port=http_port,
+        data=data, host=host, port=port, stomp_port=stomp_port, amqp_port=amqp_port,
+        amqps_port=amqps_port, http_port=http_port,
         tls_port=tls_port, stomp_tls_port=stomp_tls_port, https_port=https_port,
         tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca,
         sync=sync, store=store, dir_flags=dir_flags, segment_size=segment_size,
@@ -132,6 +139,7 @@ def serve(
         nonlocal started
         started = True
         stomp = f", STOMP {server.stomp_port}" if server.stomp_port else ""
+        stomp += f", AMQP {server.amqp_port}" if server.amqp_port else ""
         stomp += f", HTTP {server.http_port}" if server.http_port else ""
         if server.tls_port:
             stomp += f", TLS {server.tls_port}"
@@ -139,6 +147,8 @@ def serve(
             stomp += f", STOMP TLS {server.stomp_tls_port}"
         if server.https_port:
             stomp += f", HTTPS {server.https_port}"
+        if server.amqps_port:
+            stomp += f", AMQPS {server.amqps_port}"
         print(f"txbroker ready on {cfg.host}:{server.port}{stomp} (data {cfg.data}, "
               f"sync {cfg.sync}); "
               f"recovered {server.recovered_messages} messages in "

@@ -50,6 +50,8 @@ from txbroker.core.effects import (
 )
 from txbroker.core.messages import Message
 from txbroker.errors import StorageFailed
+from txbroker.server.amqp import AmqpServerConnection, AmqpSettings
+from txbroker.server.amqp_state import AmqpState
 from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
 from txbroker.server.connection import ClientConnection
@@ -133,6 +135,10 @@ class BrokerServer:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self.stomp_port = 0
+        self.amqp_port = 0
+        self.amqps_port = 0
+        #: the AMQP edge's shared state (exchanges, bindings), once it listens
+        self.amqp: AmqpState | None = None
         self.http_port = 0
         #: the HTTP edge (server/http/), when --http-port is set
         self._http: Any = None
@@ -236,17 +242,21 @@ class BrokerServer:
             await self.listen_native(self.config.host, self.config.port)
         if self.config.stomp_port:  # 0 disables it (DESIGN.md)
             await self.listen_stomp(self.config.host, self.config.stomp_port)
+        if self.config.amqp_port:  # 0 disables it (docs/amqp.md)
+            await self.listen_amqp(self.config.host, self.config.amqp_port)
         if self.config.http_port:  # 0 (the default) disables it
             await self.listen_http(self.config.host, self.config.http_port)
         tls = self.config.server_ssl_context() if (
-            self.config.tls_port or self.config.stomp_tls_port or self.config.https_port) \
-            else None
+            self.config.tls_port or self.config.stomp_tls_port or self.config.https_port
+            or self.config.amqps_port) else None
         if self.config.tls_port:  # TLS listeners: 0 disables them too (docs/tls.md)
             await self.listen_native(self.config.host, self.config.tls_port, tls=tls)
         if self.config.stomp_tls_port:
             await self.listen_stomp(self.config.host, self.config.stomp_tls_port, tls=tls)
         if self.config.https_port:
             await self.listen_http(self.config.host, self.config.https_port, tls=tls)
+        if self.config.amqps_port:
+            await self.listen_amqp(self.config.host, self.config.amqps_port, tls=tls)
         self._maintainer = asyncio.create_task(self._maintain_loop())
         self._arm_timer()
 
@@ -311,6 +321,26 @@ class BrokerServer:
             self.stomp_port = bound
         else:
             self.stomp_tls_port = bound
+        return listener
+
+    async def listen_amqp(self, host: str, port: int, settings: AmqpSettings | None = None,
+                          *, tls: ssl.SSLContext | None = None) -> asyncio.Server:
+        """Listen for AMQP 0-9-1 clients (docs/amqp.md); sets :attr:`amqp_port` (with
+        ``tls``: :attr:`amqps_port`, clients use ``amqps://``). The first call loads the
+        exchange definitions (``server/amqp_state.py``)."""
+        chosen = settings or AmqpSettings()
+        chosen.validate()
+        if self.amqp is None:
+            self.amqp = AmqpState(self.ops)
+            self.amqp.load()
+        ops, state = self.ops, self.amqp
+        listener = await self.listen(lambda: AmqpServerConnection(ops, state, chosen), host,
+                                     port, "AMQP 0-9-1", tls=tls)
+        bound = listener.sockets[0].getsockname()[1]
+        if tls is None:
+            self.amqp_port = bound
+        else:
+            self.amqps_port = bound
         return listener
 
     async def listen_http(self, host: str, port: int, *, tls: ssl.SSLContext | None = None

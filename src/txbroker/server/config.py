@@ -6,6 +6,7 @@ Config file (all keys optional)::
     host = "127.0.0.1"
     port = 5445                 # 0 disables the native listener
     stomp_port = 61613          # 0 disables the STOMP listener
+    amqp_port = 5672            # AMQP 0-9-1 (docs/amqp.md); 0 disables it
     http_port = 8161            # REST API and /metrics (docs/http.md); default 0 = off
     data = "./txbroker-data"
     sync = "fdatasync"          # none | fdatasync | fsync
@@ -26,6 +27,7 @@ Config file (all keys optional)::
     tls_port = 5443             # native protocol over TLS (txbs://); 0 = off
     stomp_tls_port = 61614      # STOMP over TLS; 0 = off   (docs/tls.md)
     https_port = 8443           # the HTTP routes over TLS; 0 = off
+    amqps_port = 5671           # AMQP 0-9-1 over TLS (amqps://); 0 = off
 
     ha = "shared-store"         # "" (off) | shared-store  (docs/ha.md)
     ha_port = 5446              # the HA link: heartbeats between the pair
@@ -85,6 +87,8 @@ from txbroker.storage.journal_space import (  # the journal's own defaults
 #: The native protocol's port (Artemis' core protocol default).
 DEFAULT_PORT = 5445
 DEFAULT_STOMP_PORT = 61613
+#: The AMQP 0-9-1 port (IANA ``amqp``; RabbitMQ's default).
+DEFAULT_AMQP_PORT = 5672
 DEFAULT_HTTP_PORT = 8161
 #: Frames above 8 MiB are refused: twice the default max message size.
 DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
@@ -117,7 +121,8 @@ MIN_HA_SECRET_LENGTH = 16
 HA_TABLE_KEYS = {"secret": "ha_secret", "secret_file": "ha_secret_file", "tls": "ha_tls",
                  "tls_ca": "ha_tls_ca"}
 #: The listeners' port settings: each non-zero one must differ from the others.
-CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port")
+CLIENT_PORTS = ("port", "stomp_port", "tls_port", "stomp_tls_port", "http_port", "https_port",
+                "amqp_port", "amqps_port")
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     stomp_port: int = DEFAULT_STOMP_PORT
+    #: the AMQP 0-9-1 listener (docs/amqp.md); 0 = off
+    amqp_port: int = DEFAULT_AMQP_PORT
     #: the HTTP listener (REST API, /metrics: docs/http.md); 0, the default, is off:
     #: ``make run`` passes DEFAULT_HTTP_PORT
     http_port: int = 0
@@ -136,6 +143,8 @@ class ServerConfig:
     stomp_tls_port: int = 0
     #: HTTPS: the HTTP listener's routes (API, /metrics, console) over TLS; 0 = off.
     https_port: int = 0
+    #: AMQP 0-9-1 over TLS (``amqps://``, docs/amqp.md; RabbitMQ uses 5671); 0 = off.
+    amqps_port: int = 0
     #: The listeners' certificate chain and private key (PEM files); "" = none.
     tls_cert: str = ""
     tls_key: str = ""
@@ -245,7 +254,7 @@ class ServerConfig:
 
     def _validate_tls(self) -> None:
         """A TLS port needs a certificate and its key, and the files must load."""
-        wanted = [name for name in ("tls_port", "stomp_tls_port", "https_port")
+        wanted = [name for name in ("tls_port", "stomp_tls_port", "https_port", "amqps_port")
                   if getattr(self, name)]
         if (self.tls_key or self.tls_ca) and not self.tls_cert:
             raise ValueError("tls_key / tls_ca given without tls_cert (the certificate chain)")

@@ -206,6 +206,21 @@ class Operations:
         self.sessions[session_id] = session
         return session
 
+    def open_internal(self, sink: SessionSink, protocol: str) -> Session:
+        """A session of the broker's own, for an edge's bookkeeping (the AMQP edge
+        stores its exchange definitions through one): no socket, no user, admitted
+        and authenticated without credentials; listed among the connections with
+        ``protocol``. What it does is the edge's decision, never a client's request."""
+        session_id = self._next_session
+        self._next_session += 1
+        session = Session(self, sink, session_id, "internal")
+        session.protocol = protocol
+        session.opened_ms = self.now()
+        session.authenticated = True
+        self.sessions[session_id] = session
+        self.broker.open_session(session_id, None)
+        return session
+
     # ------------------------------------------------------------- permissions
     def authorize(self, session: Session, action: str, destination: str | None, *,
                   op: str, resource: str | None = None) -> None:

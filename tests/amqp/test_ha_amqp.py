@@ -1,0 +1,88 @@
+"""AMQP in HA: on a shared-store pair and a replicated group only the active broker
+(the primary) listens on the AMQP port; after a kill -9 of it, the standby (a
+promoted backup) opens its port, and the exchanges, bindings and confirmed messages
+are there."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pika
+import pytest
+
+from tests.ha_support import READY_PREFIX, HaPair
+from tests.replicated_support import Group
+from tests.support import free_port
+
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def test_failover_keeps_definitions_and_confirmed_messages(tmp_path: Path) -> None:
+    amqp_port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{amqp_port}/"
+    # the same AMQP port on both nodes (the later --amqp-port wins): a standby that
+    # opened it would fail to start, as the active holds it; the standby opens it only
+    # when it takes over, as with every client port
+    with HaPair(tmp_path, "--amqp-port", str(amqp_port)) as pair:
+        first = pair.active()
+        assert any(line.startswith(READY_PREFIX) and f"AMQP {amqp_port}" in line
+                   for line in first.lines())
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        ch.exchange_declare("ha-x", "direct", durable=True)
+        ch.queue_declare("ha-q", durable=True)
+        ch.queue_bind("ha-q", "ha-x", "k")
+        ch.confirm_delivery()
+        for i in range(10):
+            ch.basic_publish("ha-x", "k", b"%d" % i, PERSISTENT)
+        pair.kill9(first)
+        new = pair.active()
+        assert new is not first
+        assert any(line.startswith(READY_PREFIX) and f"AMQP {amqp_port}" in line
+                   for line in new.lines())
+        conn2 = pika.BlockingConnection(pika.URLParameters(url))
+        ch2 = conn2.channel()
+        ch2.exchange_declare("ha-x", "direct", passive=True)
+        ch2.confirm_delivery()
+        ch2.basic_publish("ha-x", "k", b"after", PERSISTENT)
+        got = [ch2.basic_get("ha-q", auto_ack=True)[2] for _ in range(12)]
+        assert got == [b"%d" % i for i in range(10)] + [b"after", None]
+        conn2.close()
+        # the old active comes back as the standby while the new active holds the port
+        pair.restart(first)
+        assert pair.standby() is first
+
+
+def test_replicated_backup_refuses_then_serves_after_promotion(tmp_path: Path) -> None:
+    """A replicated group of two, each with its own AMQP port: the backup's port is
+    closed (a client with several hosts moves on); definitions and confirmed
+    messages written through the primary are on the backup when it is promoted."""
+    ports = {"a": free_port(), "b": free_port()}
+    group = Group(tmp_path / "group", 2,
+                  node_args={name: ["--amqp-port", str(port)] for name, port in ports.items()})
+    with group:
+        a, b = group.nodes
+        assert group.primary() is a
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", ports["b"]), timeout=5)
+        conn = pika.BlockingConnection(pika.URLParameters(
+            f"amqp://guest:guest@127.0.0.1:{ports['a']}/"))
+        ch = conn.channel()
+        ch.exchange_declare("rep-x", "topic", durable=True)
+        ch.queue_declare("rep-q", durable=True)
+        ch.queue_bind("rep-q", "rep-x", "orders.#")
+        ch.confirm_delivery()
+        for i in range(10):
+            ch.basic_publish("rep-x", "orders.eu", b"%d" % i, PERSISTENT)
+        group.kill9(a)
+        ready = group.promote(b)
+        assert f"AMQP {ports['b']}" in ready
+        conn2 = pika.BlockingConnection(pika.URLParameters(
+            f"amqp://guest:guest@127.0.0.1:{ports['b']}/"))
+        ch2 = conn2.channel()
+        ch2.confirm_delivery()
+        ch2.basic_publish("rep-x", "orders.us", b"after", PERSISTENT)
+        got = [ch2.basic_get("rep-q", auto_ack=True)[2] for _ in range(12)]
+        assert got == [b"%d" % i for i in range(10)] + [b"after", None]
+        conn2.close()
