@@ -100,7 +100,7 @@ def test_a_later_message_never_begins_a_transaction(rig: Rig) -> None:
     assert rig.call("send", 1, client, "t3", 6, b"y", None, rig.h.now, 1) == {"partition": "A"}
 
 
-def test_tombstones_expire_and_are_bounded(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tombstones_expire_and_are_bounded(rig: Rig) -> None:
     rig.client(1)
     assert rig.outcome(1, "old")["state"] == "UNKNOWN"
     rig.h.tick(tombstones.TOMBSTONE_RETENTION_MS - 1)
@@ -109,7 +109,7 @@ def test_tombstones_expire_and_are_bounded(rig: Rig, monkeypatch: pytest.MonkeyP
     rig.h.tick(1)
     assert rig.router.tombstones.get("old") is None  # its time is over
     assert rig.journal() == 2  # the facility and "young"
-    monkeypatch.setattr(tombstones, "MAX_TOMBSTONES", 2)
+    rig.router.tombstones.limit = 2
     for tid in ("a", "b"):
         rig.outcome(1, tid)
     assert list(rig.router.tombstones.by_tid) == ["a", "b"]  # "young", the oldest, went

@@ -98,9 +98,10 @@ class Tombstone:
 class Tombstones:
     """The router's tombstones, oldest first (see the module docstring)."""
 
-    def __init__(self, log: RouterLog, outbox: Outbox) -> None:
+    def __init__(self, log: RouterLog, outbox: Outbox, limit: int = MAX_TOMBSTONES) -> None:
         self.log, self.outbox = log, outbox
         self.by_tid: dict[str, Tombstone] = {}  #: in order of expiry
+        self.limit = limit  #: the most kept (the oldest goes first beyond)
 
     def __len__(self) -> int:
         return len(self.by_tid)
@@ -134,7 +135,7 @@ class Tombstones:
         if old is not None:
             self.log.remove(old.record)
         self.by_tid[tid] = tomb
-        while len(self.by_tid) > MAX_TOMBSTONES:
+        while len(self.by_tid) > self.limit:
             self._drop(next(iter(self.by_tid.values())))
         return tomb
 
