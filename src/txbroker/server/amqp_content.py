@@ -4,7 +4,8 @@ queue settings.
 A message published over AMQP keeps its ``basic`` properties exactly: they are
 stored, encoded as on the wire (pamqp's content header, base64), in the header
 :data:`PROPERTIES_HEADER`, with the exchange and routing key it was published
-with beside them. A message sent by another protocol (native, STOMP) gets
+with beside them; the plain values of its ``headers`` table are copied as text
+headers too, for native and STOMP consumers. A message sent by another protocol (native, STOMP) gets
 properties made from what it has: its headers as the ``headers`` table, its
 message id, its persistence as ``delivery_mode``.
 """
@@ -54,9 +55,23 @@ def decode_properties(text: str) -> commands.Basic.Properties:
 
 def message_headers(exchange: str, routing_key: str,
                     properties: commands.Basic.Properties) -> dict[str, str]:
-    """The txbroker headers of a message published with these facts."""
-    return {PROPERTIES_HEADER: encode_properties(properties), EXCHANGE_HEADER: exchange,
-            ROUTING_KEY_HEADER: routing_key}
+    """The txbroker headers of a message published with these facts: the exact
+    properties for AMQP consumers, and the ``headers`` table's plain values (text,
+    numbers, booleans) as text for consumers of the other protocols."""
+    headers: dict[str, str] = {}
+    for key, value in (properties.headers or {}).items():
+        if isinstance(value, bool):
+            headers[key] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            headers[key] = str(value)
+        elif isinstance(value, bytes):
+            try:
+                headers[key] = value.decode()
+            except UnicodeDecodeError:
+                continue
+    headers.update({PROPERTIES_HEADER: encode_properties(properties),
+                    EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key})
+    return headers
 
 
 def delivery_facts(message: Message) -> tuple[commands.Basic.Properties, str, str]:
