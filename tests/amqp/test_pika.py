@@ -575,3 +575,17 @@ def test_exclusive_consumer(amqp_broker: AmqpBroker, connection: pika.BlockingCo
         och.basic_cancel(shared)
     finally:
         other.close()
+
+
+def test_auto_delete_exchange_goes_with_its_last_binding(
+        connection: pika.BlockingConnection) -> None:
+    ch = connection.channel()
+    exchange, queue = name(), name()
+    ch.exchange_declare(exchange, "direct", auto_delete=True)
+    ch.queue_declare(queue, exclusive=True)
+    ch.queue_bind(queue, exchange, "a")
+    ch.queue_bind(queue, exchange, "b")
+    ch.queue_unbind(queue, exchange, "a")
+    ch.exchange_declare(exchange, "direct", passive=True)  # one binding left
+    ch.queue_unbind(queue, exchange, "b")
+    assert closed_with(ch, ch.exchange_declare, exchange, "direct", passive=True)[0] == 404

@@ -248,10 +248,14 @@ class Definitions:
 
     def unbind(self, binding: Binding) -> bool:
         """Remove a binding; True if it existed (RabbitMQ: unbinding what is not
-        bound is not an error)."""
-        self._bindable(binding.exchange)
+        bound is not an error). An auto-delete exchange goes with its last binding."""
+        exchange = self._bindable(binding.exchange)
         table = self.bindings.get(binding.exchange, {})
-        return table.pop(binding.identity, None) is not None
+        removed = table.pop(binding.identity, None) is not None
+        if removed and not table and exchange.auto_delete:  # its last binding went
+            self.exchanges.pop(binding.exchange, None)
+            self.bindings.pop(binding.exchange, None)
+        return removed
 
     def _bindable(self, name: str) -> Exchange:
         if name == "":
