@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pika
 import pytest
+
+import txbroker
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
 from tests.amqp.support import AmqpBroker
@@ -206,5 +208,30 @@ def test_definitions_session_closed_by_an_administrator_comes_back(tmp_path: Pat
         conn = connect(broker)
         conn.channel().exchange_declare("after-close", "fanout", passive=True)
         conn.close()
+    finally:
+        broker.kill()
+
+
+def test_the_definitions_queue_is_guarded(tmp_path: Path) -> None:
+    """AMQP clients cannot publish to the definitions queue; what another protocol
+    sends there is dropped, and the definitions survive a restart."""
+    broker = AmqpBroker(tmp_path / "data").start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.exchange_declare("guarded", "fanout", durable=True)
+        with pytest.raises(ChannelClosedByBroker) as caught:
+            ch.confirm_delivery()
+            ch.basic_publish("", "$amqp.definitions", b"{}")
+        assert caught.value.reply_code == 403
+        conn.close()
+        with txbroker.connect(broker.url, timeout=10) as native:
+            native.send("$amqp.definitions", b"not a snapshot")
+        broker.stop()
+        broker.start()
+        conn = connect(broker)
+        conn.channel().exchange_declare("guarded", "fanout", passive=True)
+        conn.close()
+        assert "not a definitions snapshot" in broker.log_path.read_text()
     finally:
         broker.kill()

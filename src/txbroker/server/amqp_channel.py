@@ -304,6 +304,9 @@ class Channel:
         core = session.core
         queues = self.conn.state.definitions.route(m.exchange, m.routing_key,
                                                    properties.headers, core.queues)
+        if queues and queues[0].startswith(INTERNAL_PREFIX):  # only the default exchange
+            raise ChannelError(ReplyCode.ACCESS_REFUSED,  # routes to it (nothing binds it)
+                               f"ACCESS_REFUSED - queue '{queues[0]}' is the broker's own")
         seq = 0
         if self.confirming:
             seq = self.next_confirm

@@ -77,12 +77,20 @@ class AmqpState:
             broker.queue_declare(session.id, 0, DEFINITIONS_QUEUE, now)
         else:
             messages = broker.queue_browse(DEFINITIONS_QUEUE, MAX_SNAPSHOTS_READ)
-            if messages:
+            problems = []
+            for message in reversed(messages):  # the newest snapshot that reads
                 try:
-                    self.definitions = Definitions.load(ops.server.body(messages[-1]))
+                    self.definitions = Definitions.load(ops.server.body(message))
+                    break
                 except (ValueError, KeyError, TypeError) as exc:
-                    raise RuntimeError(f"the AMQP definitions in queue {DEFINITIONS_QUEUE!r} "
-                                       f"cannot be read: {exc}") from exc
+                    problems.append(f"message {message.id}: {exc}")
+                    log.error("AMQP: skipping message %d of %s, not a definitions "
+                              "snapshot: %s", message.id, DEFINITIONS_QUEUE, exc)
+            else:
+                if messages:
+                    raise RuntimeError(f"no AMQP definitions snapshot in queue "
+                                       f"{DEFINITIONS_QUEUE!r} can be read: "
+                                       f"{'; '.join(problems)[:500]}")
         queues, exchanges = self.definitions.transient()
         for name in queues:
             self.delete_queue(name)
@@ -199,6 +207,15 @@ class AmqpState:
         """Snapshot delivered (so durable): the one before it is acknowledged."""
         session = self._session
         if session is None:
+            return
+        try:
+            Definitions.load(delivery.body)
+        except (ValueError, KeyError, TypeError) as exc:
+            # not ours (another protocol sent it): dropped, never taken for the newest
+            log.error("AMQP: dropping a message of %s that is not a definitions snapshot: "
+                      "%s", DEFINITIONS_QUEUE, exc)
+            with contextlib.suppress(TxBrokerError):
+                session.core.ack(session.id, 0, [delivery.tag], self.ops.now())
             return
         held, self._held_tag = self._held_tag, delivery.tag
         if held:
