@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pika
 import pytest
-
-import txbroker
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
+import txbroker
 from tests.amqp.support import AmqpBroker
 from tests.support import RawClient
 
