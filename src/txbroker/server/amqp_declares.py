@@ -21,7 +21,7 @@ from pamqp import commands
 from txbroker.protocol.amqp import ReplyCode
 from txbroker.server.amqp_channel import SERVER_NAMED_PREFIX, Channel, Pending
 from txbroker.server.amqp_content import queue_settings
-from txbroker.server.amqp_model import Binding, ChannelError, Exchange, QueueFlags
+from txbroker.server.amqp_model import Binding, ChannelError, Exchange, QueueFlags, plain
 
 __all__ = ["DECLARE_METHODS"]
 
@@ -181,13 +181,13 @@ def _check_equivalent(have: QueueFlags, wanted: QueueFlags) -> None:
                                f"PRECONDITION_FAILED - inequivalent arg '{what}' for queue "
                                f"'{have.name}' in vhost '/': received '{str(b).lower()}' but "
                                f"current is '{str(a).lower()}'")
-    for key in sorted(set(have.arguments) | set(wanted.arguments)):
-        if have.arguments.get(key) != wanted.arguments.get(key):
+    had, asked = plain(have.arguments), plain(wanted.arguments)
+    for key in sorted(set(had) | set(asked)):
+        if had.get(key) != asked.get(key):
             raise ChannelError(ReplyCode.PRECONDITION_FAILED,
                                f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue "
                                f"'{have.name}' in vhost '/': received "
-                               f"{wanted.arguments.get(key)!r} but current is "
-                               f"{have.arguments.get(key)!r}")
+                               f"{asked.get(key)!r} but current is {had.get(key)!r}")
 
 
 #: The declaration methods, by pamqp name.
