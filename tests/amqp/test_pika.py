@@ -629,3 +629,13 @@ def test_auto_delete_exchange_goes_with_its_last_binding(
     ch.exchange_declare(exchange, "direct", passive=True)  # one binding left
     ch.queue_unbind(queue, exchange, "b")
     assert closed_with(ch, ch.exchange_declare, exchange, "direct", passive=True)[0] == 404
+
+
+def test_priorities_above_x_max_priority_count_as_it(channel: BlockingChannel) -> None:
+    queue = name()
+    channel.queue_declare(queue, arguments={"x-max-priority": 2})
+    channel.confirm_delivery()
+    for body, priority in ((b"p9", 9), (b"p2", 2), (b"p1", 1), (b"p5", 5)):
+        channel.basic_publish("", queue, body, pika.BasicProperties(priority=priority))
+    # 9 and 5 count as 2: FIFO among the three at 2
+    assert [get_body(channel, queue) for _ in range(4)] == [b"p9", b"p2", b"p5", b"p1"]
