@@ -11,6 +11,7 @@ import pika
 import pytest
 from pika.exceptions import AMQPError, ChannelClosedByBroker
 
+import txbroker
 from tests.amqp.support import AmqpBroker
 from tests.support import RawClient
 
@@ -205,6 +206,67 @@ def test_definitions_session_closed_by_an_administrator_comes_back(tmp_path: Pat
         broker.start()
         conn = connect(broker)
         conn.channel().exchange_declare("after-close", "fanout", passive=True)
+        conn.close()
+    finally:
+        broker.kill()
+
+
+def test_the_definitions_queue_is_guarded(tmp_path: Path) -> None:
+    """AMQP clients cannot publish to the definitions queue; what another protocol
+    sends there is dropped, and the definitions survive a restart."""
+    broker = AmqpBroker(tmp_path / "data").start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.exchange_declare("guarded", "fanout", durable=True)
+        with pytest.raises(ChannelClosedByBroker) as caught:
+            ch.confirm_delivery()
+            ch.basic_publish("", "$amqp.definitions", b"{}")
+        assert caught.value.reply_code == 403
+        conn.close()
+        with txbroker.connect(broker.url, timeout=10) as native:
+            native.send("$amqp.definitions", b"not a snapshot")
+        broker.stop()
+        broker.start()
+        conn = connect(broker)
+        conn.channel().exchange_declare("guarded", "fanout", passive=True)
+        conn.close()
+        assert "not a definitions snapshot" in broker.log_path.read_text()
+    finally:
+        broker.kill()
+
+
+def test_dead_letter_exchange_survives_a_restart(tmp_path: Path) -> None:
+    """A dead letter waiting in its queue's internal dead-letter queue when the broker
+    is killed is routed after the restart; later ones too."""
+    broker = AmqpBroker(tmp_path / "data").start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.exchange_declare("dlx", "fanout", durable=True)
+        ch.queue_declare("parked", durable=True)
+        ch.queue_bind("parked", "dlx")
+        ch.queue_declare("work", durable=True, arguments={"x-dead-letter-exchange": "dlx"})
+        ch.confirm_delivery()
+        ch.basic_publish("", "work", b"one", PERSISTENT)
+        method, _, _ = ch.basic_get("work")
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        ch.basic_publish("", "work", b"two", PERSISTENT)  # a barrier for the reject
+        conn.close()
+        broker.kill(signal.SIGKILL)
+        broker.start()
+        conn = connect(broker)
+        ch = conn.channel()
+        method, _, _ = ch.basic_get("work")
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        bodies = []
+        for method, _, body in ch.consume("parked", auto_ack=True, inactivity_timeout=10):
+            assert method is not None, f"dead-lettered: {bodies}"
+            bodies.append(body)
+            if len(bodies) == 2:
+                break
+        ch.cancel()
+        assert sorted(bodies) == [b"one", b"two"]
         conn.close()
     finally:
         broker.kill()

@@ -345,8 +345,10 @@ def test_publish_over_max_length_is_nacked(channel: BlockingChannel) -> None:
 
 def test_unsupported_queue_argument_is_406(channel: BlockingChannel) -> None:
     code, text = closed_with(channel, channel.queue_declare, name(),
-                             arguments={"x-dead-letter-exchange": "dlx"})
-    assert code == 406 and "x-dead-letter-exchange" in text
+                             arguments={"x-single-active-consumer": True})
+    assert (code, text) == (406, "PRECONDITION_FAILED - queue argument "
+                                 "'x-single-active-consumer' is not a queue argument "
+                                 "txbroker knows (docs/amqp.md)")
 
 
 # ---------------------------------------------------------------- consuming
@@ -498,7 +500,45 @@ def test_dead_letter_queue_through_the_default_exchange(channel: BlockingChannel
     channel.basic_publish("", queue, b"bad")
     method, _, _ = channel.basic_get(queue)
     channel.basic_reject(method.delivery_tag, requeue=False)
-    assert get_body(channel, dlq) == b"bad"
+    method, props, body = next(channel.consume(dlq, auto_ack=True, inactivity_timeout=WAIT))
+    channel.cancel()
+    assert body == b"bad" and (method.exchange, method.routing_key) == ("", dlq)
+    (death,) = props.headers["x-death"]
+    assert {k: death[k] for k in ("count", "reason", "queue", "exchange", "routing-keys")} \
+        == {"count": 1, "reason": "rejected", "queue": queue, "exchange": "",
+            "routing-keys": [queue]}
+    assert props.headers["x-first-death-reason"] == "rejected"
+
+
+def test_dead_letter_exchange_routes_rejected_and_expired(channel: BlockingChannel) -> None:
+    dlx, parked, queue = name(), name(), name()
+    channel.exchange_declare(dlx, "topic")
+    channel.queue_declare(parked)
+    channel.queue_bind(parked, dlx, "dead.#")
+    channel.queue_declare(queue, arguments={"x-dead-letter-exchange": dlx,
+                                            "x-dead-letter-routing-key": "dead.letters",
+                                            "x-message-ttl": 600000})
+    channel.confirm_delivery()
+    channel.basic_publish("", queue, b"rejected", pika.BasicProperties(headers={"a": 1}))
+    channel.basic_publish("", queue, b"expires", pika.BasicProperties(expiration="1"))
+    method, _, body = channel.basic_get(queue)
+    assert body == b"rejected"
+    channel.basic_nack(method.delivery_tag, requeue=False)
+    channel.connection.sleep(0.1)  # "expires" outlives its 1 ms TTL
+    assert channel.basic_get(queue) == (None, None, None)  # expired on the way
+    got = {}
+    for method, props, body in channel.consume(parked, auto_ack=True, inactivity_timeout=WAIT):
+        assert method is not None, f"only {sorted(got)} dead-lettered"
+        got[body] = (method.exchange, method.routing_key, props)
+        if len(got) == 2:
+            break
+    channel.cancel()
+    assert {b: g[:2] for b, g in got.items()} == {b"rejected": (dlx, "dead.letters"),
+                                                 b"expires": (dlx, "dead.letters")}
+    assert got[b"rejected"][2].headers["x-death"][0]["reason"] == "rejected"
+    assert got[b"rejected"][2].headers["a"] == 1
+    assert got[b"expires"][2].headers["x-death"][0]["reason"] == "expired"
+    assert got[b"expires"][2].expiration is None
 
 
 def test_per_message_expiration(channel: BlockingChannel) -> None:
@@ -575,3 +615,27 @@ def test_exclusive_consumer(amqp_broker: AmqpBroker, connection: pika.BlockingCo
         och.basic_cancel(shared)
     finally:
         other.close()
+
+
+def test_auto_delete_exchange_goes_with_its_last_binding(
+        connection: pika.BlockingConnection) -> None:
+    ch = connection.channel()
+    exchange, queue = name(), name()
+    ch.exchange_declare(exchange, "direct", auto_delete=True)
+    ch.queue_declare(queue, exclusive=True)
+    ch.queue_bind(queue, exchange, "a")
+    ch.queue_bind(queue, exchange, "b")
+    ch.queue_unbind(queue, exchange, "a")
+    ch.exchange_declare(exchange, "direct", passive=True)  # one binding left
+    ch.queue_unbind(queue, exchange, "b")
+    assert closed_with(ch, ch.exchange_declare, exchange, "direct", passive=True)[0] == 404
+
+
+def test_priorities_above_x_max_priority_count_as_it(channel: BlockingChannel) -> None:
+    queue = name()
+    channel.queue_declare(queue, arguments={"x-max-priority": 2})
+    channel.confirm_delivery()
+    for body, priority in ((b"p9", 9), (b"p2", 2), (b"p1", 1), (b"p5", 5)):
+        channel.basic_publish("", queue, body, pika.BasicProperties(priority=priority))
+    # 9 and 5 count as 2: FIFO among the three at 2
+    assert [get_body(channel, queue) for _ in range(4)] == [b"p9", b"p2", b"p5", b"p1"]

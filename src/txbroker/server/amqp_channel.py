@@ -73,6 +73,8 @@ from txbroker.server.ops import Delivery, Session
 #: Prefixes of the names the server makes (RabbitMQ's).
 SERVER_NAMED_PREFIX: Final = "amq.gen-"
 CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
+#: txbroker's highest message priority (core/messages.py: 0-9, as JMS).
+MAX_PRIORITY: Final = 9
 
 
 class ConnectionPort(Protocol):
@@ -304,6 +306,9 @@ class Channel:
         core = session.core
         queues = self.conn.state.definitions.route(m.exchange, m.routing_key,
                                                    properties.headers, core.queues)
+        if queues and queues[0].startswith(INTERNAL_PREFIX):  # only the default exchange
+            raise ChannelError(ReplyCode.ACCESS_REFUSED,  # routes to it (nothing binds it)
+                               f"ACCESS_REFUSED - queue '{queues[0]}' is the broker's own")
         seq = 0
         if self.confirming:
             seq = self.next_confirm
@@ -324,8 +329,9 @@ class Channel:
         for queue in queues:
             priority = DEFAULT_PRIORITY
             flags = self.conn.state.definitions.queues.get(queue)
-            if flags is not None and flags.arguments.get("x-max-priority"):
-                priority = min(int(properties.priority or 0), 9)
+            highest = flags.arguments.get("x-max-priority") if flags is not None else None
+            if isinstance(highest, int) and highest > 0:  # above it counts as it (RabbitMQ)
+                priority = min(int(properties.priority or 0), highest, MAX_PRIORITY)
             rid = self.conn.new_rid()
             try:
                 result = session.send(rid, queue, body, now, headers=headers,

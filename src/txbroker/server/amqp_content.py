@@ -4,7 +4,8 @@ queue settings.
 A message published over AMQP keeps its ``basic`` properties exactly: they are
 stored, encoded as on the wire (pamqp's content header, base64), in the header
 :data:`PROPERTIES_HEADER`, with the exchange and routing key it was published
-with beside them. A message sent by another protocol (native, STOMP) gets
+with beside them; the plain values of its ``headers`` table are copied as text
+headers too, for native and STOMP consumers. A message sent by another protocol (native, STOMP) gets
 properties made from what it has: its headers as the ``headers`` table, its
 message id, its persistence as ``delivery_mode``.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from typing import Any, Final
 
 from pamqp import commands, header
@@ -40,6 +42,23 @@ QUEUE_ARGUMENTS: Final = frozenset({
 })
 
 
+#: The internal dead-letter queues' prefix (AMQP clients cannot name ``$amqp…``).
+DEAD_LETTER_PREFIX: Final = "$amqp.dlx."
+
+
+def internal_queues(queue: str) -> tuple[str, str]:
+    """(rejected, expired): the internal queues of ``queue``'s dead letters
+    (``server/amqp_deadletters.py``)."""
+    digest = hashlib.sha256(queue.encode()).hexdigest()[:32]
+    return f"{DEAD_LETTER_PREFIX}{digest}.rejected", f"{DEAD_LETTER_PREFIX}{digest}.expired"
+
+
+def dead_letter_settings(queue: str) -> dict[str, str]:
+    """The core settings of a queue with a dead-letter exchange."""
+    rejected, expired = internal_queues(queue)
+    return {"dead_letter_queue": rejected, "expiry_queue": expired}
+
+
 def encode_properties(properties: commands.Basic.Properties) -> str:
     """The properties as the value of :data:`PROPERTIES_HEADER`."""
     return base64.b64encode(header.ContentHeader(0, 0, properties).marshal()).decode()
@@ -54,9 +73,23 @@ def decode_properties(text: str) -> commands.Basic.Properties:
 
 def message_headers(exchange: str, routing_key: str,
                     properties: commands.Basic.Properties) -> dict[str, str]:
-    """The txbroker headers of a message published with these facts."""
-    return {PROPERTIES_HEADER: encode_properties(properties), EXCHANGE_HEADER: exchange,
-            ROUTING_KEY_HEADER: routing_key}
+    """The txbroker headers of a message published with these facts: the exact
+    properties for AMQP consumers, and the ``headers`` table's plain values (text,
+    numbers, booleans) as text for consumers of the other protocols."""
+    headers: dict[str, str] = {}
+    for key, value in (properties.headers or {}).items():
+        if isinstance(value, bool):
+            headers[key] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            headers[key] = str(value)
+        elif isinstance(value, bytes):
+            try:
+                headers[key] = value.decode()
+            except UnicodeDecodeError:
+                continue
+    headers.update({PROPERTIES_HEADER: encode_properties(properties),
+                    EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key})
+    return headers
 
 
 def delivery_facts(message: Message) -> tuple[commands.Basic.Properties, str, str]:
@@ -87,9 +120,11 @@ def ttl_of(properties: commands.Basic.Properties) -> int:
     return max(int(text), 1)
 
 
-def queue_settings(arguments: dict[str, Any] | None) -> tuple[dict[str, Any], int]:
-    """(core queue settings, x-max-priority or 0) of a queue.declare's arguments;
-    406 for an argument we cannot honour."""
+def queue_settings(name: str, arguments: dict[str, Any] | None
+                   ) -> tuple[dict[str, Any], int]:
+    """(core queue settings, x-max-priority or 0) of queue ``name``'s declare
+    arguments; 406 for an argument we cannot honour. A dead-letter exchange makes the
+    queue's dead-letter and expiry queues its internal ones (``amqp_deadletters.py``)."""
     settings: dict[str, Any] = {}
     args = arguments or {}
     for key in args:
@@ -114,16 +149,11 @@ def queue_settings(arguments: dict[str, Any] | None) -> tuple[dict[str, Any], in
                            "are: every txbroker queue is durable and replicated)")
     exchange = args.get("x-dead-letter-exchange")
     if exchange is not None:
-        if exchange not in ("", b""):
-            raise _unsupported("x-dead-letter-exchange", "only the default exchange '' with "
-                               "x-dead-letter-routing-key naming a queue is supported")
-        target = args.get("x-dead-letter-routing-key")
-        if not target:
-            raise _unsupported("x-dead-letter-routing-key", "is needed with "
-                               "x-dead-letter-exchange '' (the dead-letter queue's name)")
-        name = target.decode() if isinstance(target, bytes) else str(target)
-        settings["dead_letter_queue"] = name
-        settings["expiry_queue"] = name
+        if not isinstance(exchange, str | bytes):
+            raise _unsupported("x-dead-letter-exchange", "must be an exchange name")
+        settings.update(dead_letter_settings(name))
+    elif "x-dead-letter-routing-key" in args:
+        raise _unsupported("x-dead-letter-routing-key", "needs x-dead-letter-exchange")
     priority = _count(args, "x-max-priority") or 0
     if priority > 255:
         raise _unsupported("x-max-priority", "must be 0 to 255")

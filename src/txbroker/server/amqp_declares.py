@@ -21,7 +21,7 @@ from pamqp import commands
 from txbroker.protocol.amqp import ReplyCode
 from txbroker.server.amqp_channel import SERVER_NAMED_PREFIX, Channel, Pending
 from txbroker.server.amqp_content import queue_settings
-from txbroker.server.amqp_model import Binding, ChannelError, Exchange, QueueFlags
+from txbroker.server.amqp_model import Binding, ChannelError, Exchange, QueueFlags, plain
 
 __all__ = ["DECLARE_METHODS"]
 
@@ -65,7 +65,7 @@ def queue_declare(channel: Channel, m: Any, now: int) -> None:
                            f"RESOURCE_LOCKED - cannot obtain exclusive access to locked "
                            f"queue '{name}' in vhost '/'")
     arguments = dict(m.arguments or {})
-    settings, _ = queue_settings(arguments)
+    settings, _ = queue_settings(name, arguments)
     flags = QueueFlags(name, bool(m.durable), bool(m.exclusive), bool(m.auto_delete),
                        arguments, channel.session.id if m.exclusive else 0)
     core = channel.session.core
@@ -85,10 +85,12 @@ def queue_declare(channel: Channel, m: Any, now: int) -> None:
     state.definitions.queues[name] = flags
     if m.exclusive:
         state.exclusive_owner[name] = channel.session.id
+    if "x-dead-letter-exchange" in arguments:
+        state.watch_dead_letters(name)
     reply = None if m.nowait else name
     channel.later([rid] if started else [],
-               lambda p: channel.ok(p, None if reply is None else declare_ok(channel, reply)),
-               saves=1)
+                  lambda p: channel.ok(p, None if reply is None else declare_ok(channel, reply)),
+                  saves=1)
 
 
 def counted_reply(channel: Channel, nowait: bool, queue: str) -> None:
@@ -164,9 +166,7 @@ def queue_delete(channel: Channel, m: Any, now: int) -> None:
     count = queue.ready_count
     rid = channel.conn.new_rid()
     started = channel.session.started(rid, channel.session.delete(rid, name, now))
-    channel.conn.state.definitions.drop_queue(name)
-    channel.conn.state.exclusive_consumer.pop(name, None)
-    channel.conn.state.exclusive_owner.pop(name, None)
+    channel.conn.state.forget_queue(name)
     reply = None if m.nowait else commands.Queue.DeleteOk(count)
     channel.later([rid] if started else [], lambda p: channel.ok(p, reply), saves=1)
 
@@ -181,13 +181,13 @@ def _check_equivalent(have: QueueFlags, wanted: QueueFlags) -> None:
                                f"PRECONDITION_FAILED - inequivalent arg '{what}' for queue "
                                f"'{have.name}' in vhost '/': received '{str(b).lower()}' but "
                                f"current is '{str(a).lower()}'")
-    for key in sorted(set(have.arguments) | set(wanted.arguments)):
-        if have.arguments.get(key) != wanted.arguments.get(key):
+    had, asked = plain(have.arguments), plain(wanted.arguments)
+    for key in sorted(set(had) | set(asked)):
+        if had.get(key) != asked.get(key):
             raise ChannelError(ReplyCode.PRECONDITION_FAILED,
                                f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue "
                                f"'{have.name}' in vhost '/': received "
-                               f"{wanted.arguments.get(key)!r} but current is "
-                               f"{have.arguments.get(key)!r}")
+                               f"{asked.get(key)!r} but current is {had.get(key)!r}")
 
 
 #: The declaration methods, by pamqp name.

@@ -87,7 +87,7 @@ class Binding:
     @property
     def identity(self) -> str:
         """What tells two bindings apart (RabbitMQ: exchange, queue, key, arguments)."""
-        return json.dumps([self.exchange, self.queue, self.key, _plain(self.arguments)],
+        return json.dumps([self.exchange, self.queue, self.key, plain(self.arguments)],
                           sort_keys=True)
 
 
@@ -140,13 +140,14 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A field-table value as JSON can hold it (bytes as text; timestamps and
-    decimals as strings)."""
+    decimals as strings): what the stored definitions hold, and what equivalence
+    compares."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if value is None or isinstance(value, bool | int | float | str):
@@ -196,8 +197,8 @@ class Definitions:
                                  ("durable", existing.durable, wanted.durable),
                                  ("auto_delete", existing.auto_delete, wanted.auto_delete),
                                  ("internal", existing.internal, wanted.internal),
-                                 ("arguments", _plain(existing.arguments),
-                                  _plain(wanted.arguments))):
+                                 ("arguments", plain(existing.arguments),
+                                  plain(wanted.arguments))):
             if have != want:
                 raise ChannelError(
                     ReplyCode.PRECONDITION_FAILED,
@@ -248,10 +249,14 @@ class Definitions:
 
     def unbind(self, binding: Binding) -> bool:
         """Remove a binding; True if it existed (RabbitMQ: unbinding what is not
-        bound is not an error)."""
-        self._bindable(binding.exchange)
+        bound is not an error). An auto-delete exchange goes with its last binding."""
+        exchange = self._bindable(binding.exchange)
         table = self.bindings.get(binding.exchange, {})
-        return table.pop(binding.identity, None) is not None
+        removed = table.pop(binding.identity, None) is not None
+        if removed and not table and exchange.auto_delete:  # its last binding went
+            self.exchanges.pop(binding.exchange, None)
+            self.bindings.pop(binding.exchange, None)
+        return removed
 
     def _bindable(self, name: str) -> Exchange:
         if name == "":
@@ -308,15 +313,15 @@ class Definitions:
             "exchanges": [
                 {"name": e.name, "type": e.type, "durable": e.durable,
                  "auto_delete": e.auto_delete, "internal": e.internal,
-                 "arguments": _plain(e.arguments)}
+                 "arguments": plain(e.arguments)}
                 for e in self.exchanges.values() if e.name not in PREDECLARED],
             "bindings": [
                 {"exchange": b.exchange, "queue": b.queue, "key": b.key,
-                 "arguments": _plain(b.arguments)}
+                 "arguments": plain(b.arguments)}
                 for table in self.bindings.values() for b in table.values()],
             "queues": [
                 {"name": q.name, "durable": q.durable, "exclusive": q.exclusive,
-                 "auto_delete": q.auto_delete, "arguments": _plain(q.arguments)}
+                 "auto_delete": q.auto_delete, "arguments": plain(q.arguments)}
                 for q in self.queues.values()],
         }, sort_keys=True).encode()
 

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from txbroker.core import LATER
 from txbroker.errors import BrokerError, NotFound, TxBrokerError
+from txbroker.server.amqp_deadletters import DeadLetters
 from txbroker.server.amqp_model import Definitions
 from txbroker.server.ops import Delivery, Operations, Session
 
@@ -64,6 +65,8 @@ class AmqpState:
         self._waiting: dict[int, Done] = {}
         self._next_rid = 1
         self._held_tag = 0
+        #: the consumers of the queues' internal dead-letter queues
+        self.dead_letters = DeadLetters(ops, self.definitions)
 
     # ------------------------------------------------------------------ start
     def load(self) -> None:
@@ -77,12 +80,21 @@ class AmqpState:
             broker.queue_declare(session.id, 0, DEFINITIONS_QUEUE, now)
         else:
             messages = broker.queue_browse(DEFINITIONS_QUEUE, MAX_SNAPSHOTS_READ)
-            if messages:
+            problems = []
+            for message in reversed(messages):  # the newest snapshot that reads
                 try:
-                    self.definitions = Definitions.load(ops.server.body(messages[-1]))
+                    self.definitions = Definitions.load(ops.server.body(message))
+                    break
                 except (ValueError, KeyError, TypeError) as exc:
-                    raise RuntimeError(f"the AMQP definitions in queue {DEFINITIONS_QUEUE!r} "
-                                       f"cannot be read: {exc}") from exc
+                    problems.append(f"message {message.id}: {exc}")
+                    log.error("AMQP: skipping message %d of %s, not a definitions "
+                              "snapshot: %s", message.id, DEFINITIONS_QUEUE, exc)
+            else:
+                if messages:
+                    raise RuntimeError(f"no AMQP definitions snapshot in queue "
+                                       f"{DEFINITIONS_QUEUE!r} can be read: "
+                                       f"{'; '.join(problems)[:500]}")
+        self.dead_letters.definitions = self.definitions
         queues, exchanges = self.definitions.transient()
         for name in queues:
             self.delete_queue(name)
@@ -92,6 +104,9 @@ class AmqpState:
         if queues or exchanges:
             self.save(None)
         broker.subscribe(session.id, 1, DEFINITIONS_QUEUE, now, prefetch=None, ack="client")
+        for flags in self.definitions.queues.values():
+            if "x-dead-letter-exchange" in flags.arguments and flags.name in broker.queues:
+                self.dead_letters.watch(session, flags.name)
         ops.run_effects()
         log.info("AMQP: %d exchanges, %d bindings, %d queues defined",
                  len(self.definitions.exchanges),
@@ -102,13 +117,26 @@ class AmqpState:
         """Delete a queue the edge itself drops (an exclusive queue whose connection
         closed, a transient one at start, an auto-delete one): the core's delete,
         and its flags and bindings (saved by the caller)."""
+        self.forget_queue(name)
+        session = self._live_session()
+        with contextlib.suppress(NotFound):
+            self.ops.broker.queue_delete(session.id, 0, name, self.ops.now())
+
+    def forget_queue(self, name: str) -> None:
+        """Queue ``name`` is being deleted: its flags, bindings, exclusive owner and
+        consumer, and its internal dead-letter queues go (saved by the caller)."""
         self.definitions.drop_queue(name)
         self.exclusive_owner.pop(name, None)
         self.exclusive_consumer.pop(name, None)
+        self.dead_letters.forget(self._live_session(), name)
+
+    def watch_dead_letters(self, name: str) -> None:
+        """Queue ``name`` has a dead-letter exchange: consume its internal queues."""
+        self.dead_letters.watch(self._live_session(), name)
+
+    def _live_session(self) -> Session:
         assert self._session is not None
-        session = self._reopen() if self._session.ended else self._session
-        with contextlib.suppress(NotFound):
-            self.ops.broker.queue_delete(session.id, 0, name, self.ops.now())
+        return self._reopen() if self._session.ended else self._session
 
     def consumer_ended(self, queue: str, session_id: int, sub: int) -> None:
         """A consumer ended: if it was the queue's exclusive one, others may come."""
@@ -177,6 +205,7 @@ class AmqpState:
             ops.broker.queue_declare(session.id, 0, DEFINITIONS_QUEUE, ops.now())
         ops.broker.subscribe(session.id, 1, DEFINITIONS_QUEUE, ops.now(), prefetch=None,
                              ack="client")
+        self.dead_letters.resubscribe(session)
         log.warning("AMQP: the definitions session was closed; opened session %d",
                     session.id)
         return session
@@ -198,7 +227,16 @@ class AmqpState:
     def deliver(self, delivery: Delivery) -> None:
         """Snapshot delivered (so durable): the one before it is acknowledged."""
         session = self._session
-        if session is None:
+        if session is None or self.dead_letters.deliver(session, delivery):
+            return
+        try:
+            Definitions.load(delivery.body)
+        except (ValueError, KeyError, TypeError) as exc:
+            # not ours (another protocol sent it): dropped, never taken for the newest
+            log.error("AMQP: dropping a message of %s that is not a definitions snapshot: "
+                      "%s", DEFINITIONS_QUEUE, exc)
+            with contextlib.suppress(TxBrokerError):
+                session.core.ack(session.id, 0, [delivery.tag], self.ops.now())
             return
         held, self._held_tag = self._held_tag, delivery.tag
         if held:
