@@ -556,3 +556,25 @@ def test_relocating_parked_messages_keeps_them_compact(h: Harness) -> None:
     h3.session()
     assert [h3.receive(1, 20 + i, "q").body for i in range(5)] == [
         b"parked%d" % i for i in range(5)]
+
+
+def test_a_parked_message_looked_up_while_its_copy_is_written_gets_the_copy(
+        h: Harness) -> None:
+    s = h.session()
+    for i in range(3):
+        h.send(s, i + 1, "q", b"parked%d" % i)
+    h2 = h.crash()
+    from txbroker.storage.interface import StoredEntry
+
+    live = h2.broker.live_refs([StoredEntry(k, m, tuple(r)) for k, m, r in h2.log])
+    h2.auto_sync = False
+    h2.call("relocate_many", live, [h2.bodies[ref] for _, ref in live])
+    promoted = h2.broker.messages[2]  # a lookup promotes slot 2 before the copy is durable
+    h2.sync()
+    assert all(ref in h2.released for _, ref in live)
+    assert promoted.ref not in {ref for _, ref in live}  # the object got its copy
+    assert h2.broker.messages.compact == 2  # the others stayed compact
+    h2.auto_sync = True
+    s2 = h2.session()
+    assert [h2.receive(s2, 10 + i, "q").body for i in range(3)] == [
+        b"parked0", b"parked1", b"parked2"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from txbroker.core import records
 from txbroker.core.effects import Release
-from txbroker.core.messages import Message, State
+from txbroker.core.messages import COMPACT_REF_LIMIT, Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.records import Kind, StoredEntry
@@ -123,13 +123,16 @@ class Compaction:
                     message = current
                 else:
                     slot = messages.compact_slot(message_id)
-                    if slot is not None and slot[0].ref_at(slot[1]) == old_ref:
+                    if slot is None or slot[0].ref_at(slot[1]) != old_ref:
+                        emit(Release(new_ref))
+                        continue
+                    if new_ref >> 32 < COMPACT_REF_LIMIT:
                         slot[0].set_ref(slot[1], new_ref)
                         emit(Release(old_ref))
-                    else:
-                        emit(Release(new_ref))
-                    continue
-                if moved:
+                        continue
+                    message = slot[0].message_at(slot[1])  # a ref a slot cannot hold
+                    moved = message is not None
+                if moved and message is not None:
                     message.ref = new_ref
                     emit(Release(old_ref))
                 else:

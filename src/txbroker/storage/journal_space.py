@@ -89,8 +89,9 @@ RELOCATE_MIN_SEGMENTS = 2
 
 @dataclass(frozen=True, slots=True)
 class CompactionSettings:
-    """When the journal relocates live messages (``compact_live_fraction`` and
-    ``compact_min_segments`` in the server's ``[server]`` table)."""
+    """When the journal relocates live messages (``compact_live_fraction``,
+    ``compact_min_segments`` and ``compact_idle_live_fraction`` in the server's
+    ``[server]`` table; docs/storage.md)."""
 
     #: relocate the oldest segments when copying their live messages writes less
     #: than this fraction of what deleting them (and the dead run after them) frees;
