@@ -11,7 +11,7 @@ from tests.support import ROOT
 
 DOC = ROOT / "docs" / "http.md"
 #: Placeholders the reader fills in: those lines are not run.
-PLACEHOLDERS = ("<XID>", "<ID>")
+PLACEHOLDERS = ("<XID>", "<ID>", "<TID>")
 
 
 def doc_commands() -> list[str]:
