@@ -396,6 +396,7 @@ class Channel:
         if m.exclusive:
             state.exclusive_consumer[queue] = (self.session.id, sub)
         self.consumers[tag] = Consumer(tag, sub, queue, bool(m.no_ack))
+        state.queue_used(queue)  # a consumer keeps an x-expires queue
         if not m.nowait:
             self.send(commands.Basic.ConsumeOk(tag))
 
@@ -451,6 +452,7 @@ class Channel:
     def _basic_get(self, m: Any, now: int) -> None:
         queue = self.existing_queue(m.queue)
         self.session.authorize(CONSUME, queue, "receive")
+        self.conn.state.queue_used(queue)
         no_ack = bool(m.no_ack)
         self.after_publishes(lambda at_head: self._get_now(queue, no_ack, at_head))
 
