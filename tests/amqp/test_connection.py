@@ -378,7 +378,7 @@ def fuzz_value(rng: random.Random, kind: str) -> object:
                            {"x-message-ttl": "soon"}, {"x-dead-letter-exchange": 7},
                            {"x-expires": 10}, {"x-max-priority": 300}, {"x-queue-type": "stream"},
                            {"nested": {"t": [1, "two", None]}}])
-    return rng.choice(FUZZ_NAMES + ["direct", "fanout", "topic", "headers", "nope", "#", "*.b"])
+    return rng.choice([*FUZZ_NAMES, "direct", "fanout", "topic", "headers", "nope", "#", "*.b"])
 
 
 def fuzz_frame(rng: random.Random, channel: int) -> bytes:
