@@ -102,6 +102,10 @@ class ConnectionPort(Protocol):
     def settle_when_written(self, core_tag: int) -> None:
         """A ``no_ack`` delivery: acknowledge it once handed to the socket."""
 
+    def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
+        """Run a callback of the effect runner for ``channel``: a refusal closes the
+        channel (or the connection), never the effect runner."""
+
 
 class ChannelState(enum.Enum):
     """A channel's life."""
@@ -209,7 +213,8 @@ class Channel:
             self.conn.expect(rid, self, pending)
         self.out.append(pending)
         if saves:
-            self.conn.state.save(lambda error: self.answered(pending, None, error))
+            self.conn.state.save(lambda error: self.conn.run_guarded(
+                self, lambda: self.answered(pending, None, error)))
         self.pump()
         return pending
 
