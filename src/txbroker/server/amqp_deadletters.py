@@ -104,7 +104,7 @@ class DeadLetters:
                           priority=delivery.message.priority, tx=tx)
             core.ack(session.id, 0, [delivery.tag], now, tx=tx)
             core.tx_commit(session.id, 0, tx, now)
-        except TxBrokerError as exc:
+        except (TxBrokerError, ValueError, TypeError) as exc:  # (pamqp's encoding errors)
             log.error("AMQP: dead letter of queue %r dropped: %s", origin, exc)
             try:
                 core.ack(session.id, 0, [delivery.tag], now)
