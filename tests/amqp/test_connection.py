@@ -5,6 +5,7 @@ tune, vhost, channels, close codes; garbage never crashes the broker."""
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import socket
 import struct
@@ -351,3 +352,79 @@ def test_back_pressure_is_told_with_connection_blocked(tmp_path: Path) -> None:
     finally:
         raw.close()
         broker.kill()
+
+
+#: Client methods the channel fuzzer sends (connection.* aside: they end the test).
+FUZZ_METHODS = [
+    commands.Exchange.Declare, commands.Exchange.Delete, commands.Exchange.Bind,
+    commands.Queue.Declare, commands.Queue.Bind, commands.Queue.Unbind, commands.Queue.Purge,
+    commands.Queue.Delete, commands.Basic.Qos, commands.Basic.Consume, commands.Basic.Cancel,
+    commands.Basic.Get, commands.Basic.Ack, commands.Basic.Nack, commands.Basic.Reject,
+    commands.Basic.Recover, commands.Basic.RecoverAsync, commands.Tx.Select,
+    commands.Tx.Commit, commands.Tx.Rollback, commands.Confirm.Select, commands.Channel.Flow,
+    commands.Channel.Open, commands.Channel.Close, commands.Basic.Publish,
+]
+FUZZ_NAMES = ["", "q", "fz", "amq.direct", "amq.x", "$amqp.definitions", "a b", "é", "x" * 200]
+
+
+def fuzz_value(rng: random.Random, kind: str) -> object:
+    if kind == "bit":
+        return rng.random() < 0.5
+    if kind in ("octet", "short", "long", "longlong"):
+        bits = {"octet": 8, "short": 16, "long": 32, "longlong": 63}[kind]
+        return rng.choice([0, 1, 2, 5, 2 ** bits - 1, rng.randrange(2 ** bits)])
+    if kind == "table":
+        return rng.choice([{}, {"x-match": "any", "a": 1}, {"x-max-length": -1},
+                           {"x-message-ttl": "soon"}, {"x-dead-letter-exchange": 7},
+                           {"x-expires": 10}, {"x-max-priority": 300}, {"x-queue-type": "stream"},
+                           {"nested": {"t": [1, "two", None]}}])
+    return rng.choice([*FUZZ_NAMES, "direct", "fanout", "topic", "headers", "nope", "#", "*.b"])
+
+
+def fuzz_frame(rng: random.Random, channel: int) -> bytes:
+    from txbroker.protocol.amqp.codec import _method_payload
+
+    method = rng.choice(FUZZ_METHODS)()
+    for slot in method.__slots__:
+        setattr(method, slot, fuzz_value(rng, method.amqp_type(slot)))
+    payload = _method_payload(method)
+    data = struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce"
+    if method.name == "Basic.Publish":
+        data += frame.marshal(header.ContentHeader(0, 3, commands.Basic.Properties(
+            delivery_mode=rng.choice([1, 2]), expiration=rng.choice([None, "1", "x"]))),
+            channel) + frame.marshal(body.ContentBody(b"abc"), channel)
+    return data
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # pamqp on basic.recover-async
+def test_random_methods_never_harm_the_broker(amqp_broker: AmqpBroker) -> None:
+    """Random channel methods with random arguments (names RabbitMQ or we refuse, huge
+    numbers, odd tables): each gets an answer or a channel/connection close, and the
+    broker goes on serving; no stored message of another client is touched.
+    ``FUZZ_SEED`` and ``FUZZ_ROUNDS`` in the environment run other and longer rounds."""
+    rng = random.Random(int(os.environ.get('FUZZ_SEED', '3131')))
+    keeper = pika.BlockingConnection(pika.URLParameters(amqp_broker.amqp_url))
+    kch = keeper.channel()
+    kept = kch.queue_declare("", exclusive=True).method.queue
+    kch.confirm_delivery()
+    kch.basic_publish("", kept, b"precious", pika.BasicProperties(delivery_mode=2))
+    for _ in range(int(os.environ.get("FUZZ_ROUNDS", "40"))):
+        raw = RawAmqp(amqp_broker.amqp_port)
+        try:
+            raw.handshake()
+            raw.expect("Connection.OpenOk")
+            raw.method(1, commands.Channel.Open())
+            raw.expect("Channel.OpenOk")
+            raw.send(b"".join(fuzz_frame(rng, rng.choice([1, 1, 1, 2])) for _ in range(6)))
+            raw.method(0, commands.Connection.Close(200, "done", 0, 0))
+            raw.sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(ValueError, struct.error, PAMQPException):
+                while raw.read() is not None:
+                    pass
+        finally:
+            raw.close()
+    assert kch.queue_declare(kept, passive=True).method.message_count == 1
+    assert kch.basic_get(kept, auto_ack=True)[2] == b"precious"
+    keeper.close()
+    assert amqp_broker.proc is not None and amqp_broker.proc.poll() is None
+    assert "Traceback" not in amqp_broker.log_path.read_text()

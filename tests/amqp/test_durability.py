@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pika
@@ -267,6 +268,40 @@ def test_dead_letter_exchange_survives_a_restart(tmp_path: Path) -> None:
                 break
         ch.cancel()
         assert sorted(bodies) == [b"one", b"two"]
+        conn.close()
+    finally:
+        broker.kill()
+
+
+def test_a_dead_letter_that_cannot_be_routed_in_is_dropped(tmp_path: Path) -> None:
+    """A dead letter whose target queue is full (x-max-length) is dropped with a log
+    line, once: the dead letters after it still flow."""
+    broker = AmqpBroker(tmp_path / "data").start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("full", durable=True, arguments={"x-max-length": 1})
+        ch.queue_declare("work", durable=True, arguments={
+            "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "full"})
+        ch.confirm_delivery()
+        ch.basic_publish("", "full", b"occupant", PERSISTENT)
+        for body in (b"lost", b"kept"):
+            ch.basic_publish("", "work", body, PERSISTENT)
+        method, _, body = ch.basic_get("work")
+        assert body == b"lost"
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        deadline = time.monotonic() + 10
+        while "dead letter of queue 'work' dropped" not in broker.log_path.read_text():
+            assert time.monotonic() < deadline, "the dead letter was not dropped"
+            conn.sleep(0.05)
+        assert ch.basic_get("full", auto_ack=True)[2] == b"occupant"  # room again
+        method, _, body = ch.basic_get("work")
+        assert body == b"kept"
+        ch.basic_reject(method.delivery_tag, requeue=False)
+        got = next(ch.consume("full", auto_ack=True, inactivity_timeout=10))
+        ch.cancel()
+        assert got[2] == b"kept"
+        assert broker.log_path.read_text().count("dead letter of queue 'work' dropped") == 1
         conn.close()
     finally:
         broker.kill()

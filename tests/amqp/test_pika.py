@@ -3,6 +3,7 @@ tutorials with only the URL changed, then each method's exact behaviour."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -639,3 +640,36 @@ def test_priorities_above_x_max_priority_count_as_it(channel: BlockingChannel) -
         channel.basic_publish("", queue, body, pika.BasicProperties(priority=priority))
     # 9 and 5 count as 2: FIFO among the three at 2
     assert [get_body(channel, queue) for _ in range(4)] == [b"p9", b"p2", b"p5", b"p1"]
+
+
+def gone_within(connection: pika.BlockingConnection, queue: str, seconds: float) -> bool:
+    """True once a passive declare of ``queue`` is 404 (polled, ``seconds`` at most)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        ch = connection.channel()
+        try:
+            ch.queue_declare(queue, passive=True)
+        except ChannelClosedByBroker as exc:
+            assert exc.reply_code == 404
+            return True
+        ch.close()
+        connection.sleep(0.05)
+    return False
+
+
+def test_x_expires_deletes_an_unused_queue(connection: pika.BlockingConnection) -> None:
+    ch = connection.channel()
+    unused, consumed = name(), name()
+    ch.queue_declare(unused, arguments={"x-expires": 300})
+    ch.queue_declare(consumed, arguments={"x-expires": 300})
+    tag = ch.basic_consume(consumed, lambda *a: None)
+    assert gone_within(connection, unused, 10)
+    connection.sleep(0.6)  # twice its x-expires: a consumer keeps it
+    ch.queue_declare(consumed, passive=True)
+    ch.basic_cancel(tag)
+    assert gone_within(connection, consumed, 10)
+
+
+def test_x_expires_must_be_positive(channel: BlockingChannel) -> None:
+    assert closed_with(channel, channel.queue_declare, name(),
+                       arguments={"x-expires": 0})[0] == 406

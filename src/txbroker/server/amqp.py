@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any, Final, cast
 
 from pamqp import commands
@@ -462,6 +463,11 @@ class AmqpServerConnection(asyncio.Protocol):
     def refuse(self, rid: int, error: BrokerError) -> None:
         """A request the core refused later."""
         self._safely(lambda: self._answered(rid, None, error))
+
+    def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
+        """Run a later callback for ``channel`` (a definitions save that became
+        durable): a refusal closes the channel, never the effect runner."""
+        self._safely(lambda: self._guard(channel, run, None))
 
     def _safely(self, run: Any) -> None:
         """Run a callback of the effect runner: a failure of this connection's code

@@ -102,6 +102,10 @@ class ConnectionPort(Protocol):
     def settle_when_written(self, core_tag: int) -> None:
         """A ``no_ack`` delivery: acknowledge it once handed to the socket."""
 
+    def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
+        """Run a callback of the effect runner for ``channel``: a refusal closes the
+        channel (or the connection), never the effect runner."""
+
 
 class ChannelState(enum.Enum):
     """A channel's life."""
@@ -209,7 +213,8 @@ class Channel:
             self.conn.expect(rid, self, pending)
         self.out.append(pending)
         if saves:
-            self.conn.state.save(lambda error: self.answered(pending, None, error))
+            self.conn.state.save(lambda error: self.conn.run_guarded(
+                self, lambda: self.answered(pending, None, error)))
         self.pump()
         return pending
 
@@ -396,6 +401,7 @@ class Channel:
         if m.exclusive:
             state.exclusive_consumer[queue] = (self.session.id, sub)
         self.consumers[tag] = Consumer(tag, sub, queue, bool(m.no_ack))
+        state.queue_used(queue)  # a consumer keeps an x-expires queue
         if not m.nowait:
             self.send(commands.Basic.ConsumeOk(tag))
 
@@ -451,6 +457,7 @@ class Channel:
     def _basic_get(self, m: Any, now: int) -> None:
         queue = self.existing_queue(m.queue)
         self.session.authorize(CONSUME, queue, "receive")
+        self.conn.state.queue_used(queue)
         no_ack = bool(m.no_ack)
         self.after_publishes(lambda at_head: self._get_now(queue, no_ack, at_head))
 

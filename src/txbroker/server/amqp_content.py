@@ -37,7 +37,7 @@ PERSISTENT: Final = 2
 QUEUE_ARGUMENTS: Final = frozenset({
     "x-message-ttl", "x-max-length", "x-max-length-bytes", "x-max-priority", "x-overflow",
     "x-queue-type", "x-dead-letter-exchange", "x-dead-letter-routing-key", "x-queue-mode",
-    # accepted, not enforced (docs/amqp.md): Celery's pidbox queues declare it
+    # done by the edge (server/amqp_state.py): unused that long, the queue is deleted
     "x-expires",
 })
 
@@ -154,6 +154,8 @@ def queue_settings(name: str, arguments: dict[str, Any] | None
         settings.update(dead_letter_settings(name))
     elif "x-dead-letter-routing-key" in args:
         raise _unsupported("x-dead-letter-routing-key", "needs x-dead-letter-exchange")
+    if _count(args, "x-expires") == 0:
+        raise _unsupported("x-expires", "must be a positive number of milliseconds")
     priority = _count(args, "x-max-priority") or 0
     if priority > 255:
         raise _unsupported("x-max-priority", "must be 0 to 255")

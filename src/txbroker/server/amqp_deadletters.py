@@ -22,6 +22,7 @@ as RabbitMQ drops it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 from typing import Any, Final
@@ -52,6 +53,9 @@ class DeadLetters:
         #: subscription -> (the queue whose dead letters it takes, the reason)
         self._subs: dict[int, tuple[str, str]] = {}
         self._next_sub = 2  # 1 is the definitions snapshots' subscription
+        #: ids of dead letters whose routing failed inside a transaction (rolled back):
+        #: when they come back they are dropped
+        self._failed: set[int] = set()
 
     def watch(self, session: Session, queue: str) -> None:
         """Consume ``queue``'s internal dead-letter queues (made if missing)."""
@@ -95,6 +99,12 @@ class DeadLetters:
         origin, reason = found
         now = self.ops.now()
         core = session.core
+        if delivery.message.id in self._failed:  # came back from a rolled-back attempt
+            self._failed.discard(delivery.message.id)
+            with contextlib.suppress(TxBrokerError):
+                core.ack(session.id, 0, [delivery.tag], now)  # dropped, as logged
+            return True
+        tx: int | None = None
         try:
             targets, headers = self._route(origin, reason, delivery, now)
             tx = core.tx_begin(session.id)["tx"]
@@ -104,12 +114,15 @@ class DeadLetters:
                           priority=delivery.message.priority, tx=tx)
             core.ack(session.id, 0, [delivery.tag], now, tx=tx)
             core.tx_commit(session.id, 0, tx, now)
-        except TxBrokerError as exc:
+        except (TxBrokerError, ValueError, TypeError) as exc:  # (pamqp's encoding errors)
             log.error("AMQP: dead letter of queue %r dropped: %s", origin, exc)
+            if tx is not None:  # its staged sends go
+                with contextlib.suppress(TxBrokerError):
+                    core.tx_rollback(session.id, tx, now)
             try:
-                core.ack(session.id, 0, [delivery.tag], now)
-            except TxBrokerError:  # pragma: no cover - the tag is ours and unacked
-                log.exception("AMQP: dropping a dead letter failed")
+                core.ack(session.id, 0, [delivery.tag], now)  # dropped, as logged
+            except TxBrokerError:  # the rollback gave it back (its ack was staged):
+                self._failed.add(delivery.message.id)  # dropped when it comes back
         return True
 
     def _route(self, origin: str, reason: str, delivery: Delivery, now: int

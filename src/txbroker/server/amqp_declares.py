@@ -49,7 +49,7 @@ def queue_declare(channel: Channel, m: Any, now: int) -> None:
     state = channel.conn.state
     if m.passive:
         queue = channel.existing_queue(m.queue)
-        channel.last_queue = queue
+        channel.last_queue = queue  # a passive check does not renew x-expires
         counted_reply(channel, bool(m.nowait), queue)
         return
     name = m.queue or f"{SERVER_NAMED_PREFIX}{uuid.uuid4().hex}"
@@ -74,6 +74,7 @@ def queue_declare(channel: Channel, m: Any, now: int) -> None:
         have = state.definitions.queues.get(name)
         if have is not None:
             _check_equivalent(have, flags)
+        state.queue_used(name)
         counted_reply(channel, bool(m.nowait), name)
         return
     if name in core.topics:
@@ -87,6 +88,7 @@ def queue_declare(channel: Channel, m: Any, now: int) -> None:
         state.exclusive_owner[name] = channel.session.id
     if "x-dead-letter-exchange" in arguments:
         state.watch_dead_letters(name)
+    state.queue_used(name)
     reply = None if m.nowait else name
     channel.later([rid] if started else [],
                   lambda p: channel.ok(p, None if reply is None else declare_ok(channel, reply)),

@@ -26,6 +26,7 @@ core's own records); the snapshot only adds what AMQP says about them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
@@ -67,6 +68,8 @@ class AmqpState:
         self._held_tag = 0
         #: the consumers of the queues' internal dead-letter queues
         self.dead_letters = DeadLetters(ops, self.definitions)
+        #: queue -> the timer that deletes it when unused (``x-expires``)
+        self._expiry_timers: dict[str, asyncio.TimerHandle] = {}
 
     # ------------------------------------------------------------------ start
     def load(self) -> None:
@@ -104,9 +107,10 @@ class AmqpState:
         if queues or exchanges:
             self.save(None)
         broker.subscribe(session.id, 1, DEFINITIONS_QUEUE, now, prefetch=None, ack="client")
-        for flags in self.definitions.queues.values():
+        for flags in list(self.definitions.queues.values()):
             if "x-dead-letter-exchange" in flags.arguments and flags.name in broker.queues:
                 self.dead_letters.watch(session, flags.name)
+            self.queue_used(flags.name)  # x-expires counts from the start
         ops.run_effects()
         log.info("AMQP: %d exchanges, %d bindings, %d queues defined",
                  len(self.definitions.exchanges),
@@ -129,6 +133,9 @@ class AmqpState:
         self.exclusive_owner.pop(name, None)
         self.exclusive_consumer.pop(name, None)
         self.dead_letters.forget(self._live_session(), name)
+        timer = self._expiry_timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
 
     def watch_dead_letters(self, name: str) -> None:
         """Queue ``name`` has a dead-letter exchange: consume its internal queues."""
@@ -148,10 +155,39 @@ class AmqpState:
         is deleted (RabbitMQ: once it had one)."""
         flags = self.definitions.queues.get(queue)
         found = self.ops.broker.queues.get(queue)
-        if flags is None or not flags.auto_delete or found is None or found.consumers:
+        if flags is None or found is None or found.consumers:
+            return
+        if not flags.auto_delete:
+            self.queue_used(queue)
             return
         self.delete_queue(queue)
         self.save(None)
+
+    # ------------------------------------------------------------------ x-expires
+    def queue_used(self, name: str) -> None:
+        """``name`` was declared (not passively), consumed from or read with basic.get:
+        with ``x-expires``, it is deleted once unused that long (no consumer, no get,
+        no declare), as in RabbitMQ; the clock starts again now."""
+        timer = self._expiry_timers.pop(name, None)
+        if timer is not None:
+            timer.cancel()
+        flags = self.definitions.queues.get(name)
+        expires = flags.arguments.get("x-expires") if flags is not None else None
+        found = self.ops.broker.queues.get(name)
+        if not isinstance(expires, int) or expires <= 0 or found is None or found.consumers:
+            return
+        self._expiry_timers[name] = asyncio.get_running_loop().call_later(
+            expires / 1000, self._expire, name)
+
+    def _expire(self, name: str) -> None:
+        self._expiry_timers.pop(name, None)
+        found = self.ops.broker.queues.get(name)
+        if found is None or found.consumers or name not in self.definitions.queues:
+            return
+        log.info("AMQP: queue %r unused for its x-expires: deleted", name)
+        self.delete_queue(name)
+        self.save(None)
+        self.ops.run_effects()
 
     def connection_closed(self, session_id: int, queues: set[str]) -> None:
         """A connection ended (after its core session): its exclusive queues are
@@ -167,6 +203,8 @@ class AmqpState:
                     and not found.consumers:
                 self.delete_queue(name)
                 changed = True
+            else:
+                self.queue_used(name)
         if changed:
             self.save(None)
             self.ops.run_effects()
