@@ -1,0 +1,35 @@
+"""Planted bugs: switches that break the simulated edge on purpose, to prove that the
+checkers can fail. All are off unless a run names them (``--plant``); none is
+reachable from production code, which never imports ``txbroker.sim``.
+
+Each perturbs what the real code sees or what its edge does — never the core:
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class Plant:
+    """One planted bug: its name, the scenario it applies to, what it does."""
+
+    name: str
+    scenario: str
+    description: str
+
+
+PLANTS: Final = {plant.name: plant for plant in (
+    Plant("reply-before-fsync", "queue",
+          "the edge answers a persistent send and a transaction commit before their "
+          "record is synced"),
+    Plant("ack-before-fsync", "queue",
+          "the edge answers an ack before its record is synced"),
+    Plant("accept-before-durable", "router-bank",
+          "the edge answers a router accept before the accepted transaction's journal "
+          "record is synced"),
+    Plant("server-no-tid-check", "router-bank",
+          "a partition server applies an UNCERTAIN replay without checking its TID "
+          "table"),
+)}
