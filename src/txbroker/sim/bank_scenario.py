@@ -10,8 +10,8 @@ the leg and records the tid in its TID table in one step, then acknowledges
 the tid up in its TID table and votes without applying again if it is there. A
 server's death closes its session; its uncommitted work is gone.
 
-A **client** (:class:`BankClient`) runs one transfer at a time: the debit
-(``index`` 0), then the credit with the accept (``index`` 1, ``accept``: as the
+A **client** (:class:`BankClient`) runs one transfer at a time, from an account of
+one partition to an account of the other: the debit (``index`` 0), then the credit with the accept (``index`` 1, ``accept``: as the
 ``rtr_send`` handler does), then waits for the outcome push and acknowledges it.
 After a broker crash it registers again and asks ``rtr_outcome`` (with its new
 controller, so that a PENDING outcome is pushed to it), asking again while PENDING.
@@ -205,8 +205,10 @@ class BankClient(Actor):
             return
         self.count += 1
         rng = self.world.rng
-        transfer = Transfer(f"{self.name}-{self.count}", rng.choice(ACCOUNTS["A"]),
-                            rng.choice(ACCOUNTS["B"]), rng.randint(*AMOUNT))
+        a, b = rng.choice(ACCOUNTS["A"]), rng.choice(ACCOUNTS["B"])
+        debit_account, credit_account = (a, b) if rng.random() < 0.5 else (b, a)
+        transfer = Transfer(f"{self.name}-{self.count}", debit_account, credit_account,
+                            rng.randint(*AMOUNT))
         self.current = transfer
         self.transfers[transfer.tid] = transfer
         controller, tid = self.controller, transfer.tid

@@ -47,7 +47,7 @@ class QueueLedger:
     txs: dict[str, tuple[list[bytes], bool]] = field(default_factory=dict)
     #: (arrival time, body) of every delivery
     deliveries: list[tuple[int, bytes]] = field(default_factory=list)
-    #: body -> when its ack's answer arrived
+    #: body -> when the first answer to an ack of it arrived
     acked_consumes: dict[bytes, int] = field(default_factory=dict)
 
 
@@ -135,7 +135,7 @@ class Consumer(Actor):
 
         def acked(ok: bool, answer: Any) -> None:
             if ok:
-                self.ledger.acked_consumes[body] = self.world.now
+                self.ledger.acked_consumes.setdefault(body, self.world.now)
                 self.world.log(f"{self.name} acked {body.decode()}")
             self._next()
 

@@ -1,0 +1,111 @@
+"""The deterministic simulation (issue 27, first slice): bounded seeds of each scenario
+find nothing, a seed replays to the same trace, every planted bug is caught, and
+nothing on the simulated path reads the wall clock or global randomness."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from txbroker.sim import PLANTS, SCENARIOS, run_seed, run_seeds
+from txbroker.sim.__main__ import main
+
+#: Seeds each scenario runs in the suite (together well under a minute here).
+SUITE_SEEDS = {"queue": 60, "router-bank": 60}
+#: How many seeds a plant may take to be caught (the issue's bound is 1,000).
+PLANT_BUDGET = 200
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_bounded_seeds_find_no_violation(scenario: str) -> None:
+    results = run_seeds(scenario, SUITE_SEEDS[scenario], first_seed=1)
+    failing = {r.seed: r.violations[:3] for r in results if r.violations}
+    assert failing == {}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_one_seed_twice_gives_the_same_trace(scenario: str) -> None:
+    first, again = run_seed(scenario, 7), run_seed(scenario, 7)
+    assert first.trace_hash == again.trace_hash
+    assert first.trace == again.trace
+    assert run_seed(scenario, 8).trace_hash != first.trace_hash
+    assert len(first.trace) > 100  # it did something
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_every_plant_is_caught(plant: str) -> None:
+    scenario = PLANTS[plant].scenario
+    for seed in range(PLANT_BUDGET):
+        if run_seed(scenario, seed, plant).violations:
+            return
+    pytest.fail(f"plant {plant} not caught in {PLANT_BUDGET} seeds")
+
+
+def _forbidden(*args: object, **kwargs: object) -> object:
+    raise AssertionError("the simulated path read the wall clock or global randomness")
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_simulated_path_reads_no_clock_and_no_global_random(
+        scenario: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = run_seed(scenario, 3).trace_hash
+    for module, name in [(time, "time"), (time, "monotonic"), (time, "time_ns"),
+                         (time, "monotonic_ns"), (time, "perf_counter"), (random, "random"),
+                         (random, "randint"), (random, "choice"), (os, "urandom"),
+                         (uuid, "uuid4"), (uuid, "uuid1")]:
+        monkeypatch.setattr(module, name, _forbidden)
+    assert run_seed(scenario, 3).trace_hash == expected
+
+
+#: What txbroker.sim may import: the pure core and what it stands on, and the stdlib.
+ALLOWED = ("txbroker.core", "txbroker.protocol", "txbroker.errors", "txbroker.xid",
+           "txbroker.sim")
+
+
+def test_the_sim_imports_only_the_core_and_the_standard_library() -> None:
+    package = Path(__file__).parents[2] / "src" / "txbroker" / "sim"
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                ok = (name.startswith(ALLOWED) or name == "__future__"
+                      or top in sys.stdlib_module_names)
+                assert ok, f"{path.name} imports {name}"
+
+
+def test_cli_run_prints_a_json_summary_last(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--scenario", "queue", "--seeds", "2", "--first-seed", "5"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(summary) == {"scenario", "seeds", "violations", "failing_seeds",
+                            "trace_hash_of_first_seed", "seconds"}
+    assert (summary["scenario"], summary["seeds"], summary["violations"]) == ("queue", 2, 0)
+    assert summary["trace_hash_of_first_seed"] == run_seed("queue", 5).trace_hash
+
+
+def test_cli_lists_and_replays(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scenarios"]) == 0
+    assert capsys.readouterr().out.split() == sorted(SCENARIOS)
+    assert main(["plants"]) == 0
+    assert capsys.readouterr().out.split() == sorted(PLANTS)
+    assert main(["replay", "--scenario", "router-bank", "--seed", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"trace_hash {run_seed('router-bank', 4).trace_hash}"
+
+
+def test_cli_run_exits_non_zero_on_a_violation(capsys: pytest.CaptureFixture[str]) -> None:
+    seed = next(s for s in range(PLANT_BUDGET)
+                if run_seed("queue", s, "reply-before-fsync").violations)
+    assert main(["run", "--scenario", "queue", "--seeds", "1", "--first-seed", str(seed),
+                 "--plant", "reply-before-fsync"]) == 1
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["failing_seeds"] == [seed] and summary["violations"] >= 1
