@@ -174,6 +174,8 @@ class BrokerNode:
     # -- life cycle -----------------------------------------------------------
     def start(self) -> None:
         """Start (or restart) from what the disk synced."""
+        if self.up:
+            raise RuntimeError(f"{self.name} is already up")
         now = self.world.now
         self.incarnation += 1
         broker = self.broker = Broker(self.limits)
