@@ -19,7 +19,7 @@ from txbroker.sim import PLANTS, SCENARIOS, run_seed, run_seeds
 from txbroker.sim.__main__ import main
 
 #: Seeds each scenario runs in the suite (together well under a minute here).
-SUITE_SEEDS = {"queue": 60, "router-bank": 60}
+SUITE_SEEDS = {"queue": 300, "router-bank": 300}
 #: How many seeds a plant may take to be caught (the issue's bound is 1,000).
 PLANT_BUDGET = 200
 

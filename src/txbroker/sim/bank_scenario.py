@@ -11,8 +11,9 @@ the tid up in its TID table and votes without applying again if it is there. A
 server's death closes its session; its uncommitted work is gone.
 
 A **client** (:class:`BankClient`) runs one transfer at a time, from an account of
-one partition to an account of the other: the debit (``index`` 0), then the credit with the accept (``index`` 1, ``accept``: as the
-``rtr_send`` handler does), then waits for the outcome push and acknowledges it.
+one partition to an account of the other: the debit (``index`` 0), then the credit
+with the accept (``index`` 1, ``accept``: as the ``rtr_send`` handler does), then
+waits for the outcome push and acknowledges it.
 After a broker crash it registers again and asks ``rtr_outcome`` (with its new
 controller, so that a PENDING outcome is pushed to it), asking again while PENDING.
 

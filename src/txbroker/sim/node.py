@@ -228,8 +228,9 @@ class BrokerNode:
         try:
             result = command(self.broker, conn.session_id, rid, now)
         except BrokerError as error:
+            failure = error  # ``error`` is unbound after the except block
             self.world.log(f"s{conn.session_id} {op}#{rid} -> {type(error).__name__}")
-            conn.down(lambda: conn.owner.failed(conn, rid, error))
+            conn.down(lambda: conn.owner.failed(conn, rid, failure))
         else:
             if result is not LATER:
                 conn.down(lambda: conn.owner.answered(conn, rid, result))
