@@ -51,6 +51,19 @@ class Actor:
         self.world.log(f"{self.name} connected s{conn.session_id}")
         self.on_connected()
 
+    def reset(self, noticed_after_ms: int) -> None:
+        """The connection breaks and this side notices first: the actor connects again
+        at once, as after a loss; the broker ends the old session
+        ``noticed_after_ms`` later (after what was in flight)."""
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        self._waiting = {}
+        self.world.log(f"{self.name} reset s{conn.session_id}")
+        conn.close(noticed_after_ms)
+        self.on_lost()
+        self.connect_soon()
+
     def die(self) -> None:
         """The process dies: its connection closes (the broker sees it after what was
         sent); its callbacks are dropped."""

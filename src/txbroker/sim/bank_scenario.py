@@ -14,8 +14,11 @@ A **client** (:class:`BankClient`) runs one transfer at a time, from an account 
 one partition to an account of the other: the debit (``index`` 0), then the credit
 with the accept (``index`` 1, ``accept``: as the ``rtr_send`` handler does), then
 waits for the outcome push and acknowledges it.
-After a broker crash it registers again and asks ``rtr_outcome`` (with its new
-controller, so that a PENDING outcome is pushed to it), asking again while PENDING.
+After a broker crash, or a reset of its connection (which the client may notice
+before the broker does), it registers again and, as the client library does
+(``router/client.py`` ``_restored``), rejects a transfer it had not accepted yet
+(reason LOST) and asks ``rtr_outcome`` (with its new controller, so that a PENDING
+outcome is pushed to it), asking again while PENDING.
 
 Checkers, after a healed phase: money is conserved; every transfer is applied on
 both sides or on neither, and never twice on a side; what the client was told
@@ -47,6 +50,10 @@ HEAL_MS = 3_000
 MEAN_BROKER_CRASH_GAP_MS = 500
 MEAN_SERVER_DEATH_GAP_MS = 600
 RESTART_MS = (1, 60)
+#: Mean time between one client's connection resets (ms; the client notices at once,
+#: the broker ends the old session this much later: its heartbeat).
+MEAN_CLIENT_RESET_GAP_MS = 800
+RESET_NOTICED_MS = (0, 300)
 #: Pause before asking again about a PENDING (or unanswered) outcome (ms).
 ASK_AGAIN_MS = 150
 
@@ -69,6 +76,7 @@ class Transfer:
     credit: int
     amount: int
     sent: bool = False
+    accept_sent: bool = False
     accept_answered: bool = False
     told: str | None = None
 
@@ -191,6 +199,8 @@ class BankClient(Actor):
             self.controller = int(result["controller"])
             if self.current is not None and self.current.sent:
                 self.asking = True
+                if not self.current.accept_sent:
+                    self._reject_lost(self.current)
                 self._ask()
             else:
                 self.current = None
@@ -231,6 +241,7 @@ class BankClient(Actor):
                     return sent
                 return b.router.accept(s, controller, tid, now, r, sent)
 
+            transfer.accept_sent = True
             self.call("rtr_send_accept", accept, accepted)
 
         def accepted(ok: bool, result: Any) -> None:
@@ -242,6 +253,14 @@ class BankClient(Actor):
 
         self.call("rtr_send", lambda b, s, r, now: b.router.send(
             s, controller, tid, transfer.debit, debit, None, now, 0), debited)
+
+    def _reject_lost(self, transfer: Transfer) -> None:
+        """As the client library does after a loss before the accept: reject the
+        transaction (reason LOST) with the new controller; an error is ignored (it is
+        gone, or decided: the outcome says which)."""
+        controller, tid = self.controller, transfer.tid
+        self.call("rtr_reject", lambda b, s, r, now: b.router.reject(
+            s, controller, tid, "LOST", now), lambda ok, result: None)
 
     def _ask_soon(self) -> None:
         self.asking = True
@@ -308,7 +327,8 @@ class Setup(Actor):
         """Define again after a crash."""
 
 
-def _faults(world: World, node: BrokerNode, servers: list[BankServer], until_ms: int) -> None:
+def _faults(world: World, node: BrokerNode, servers: list[BankServer],
+            clients: list[BankClient], until_ms: int, client_resets: bool) -> None:
     def gap(mean: int) -> int:
         return int(world.rng.expovariate(1 / mean))
 
@@ -322,6 +342,12 @@ def _faults(world: World, node: BrokerNode, servers: list[BankServer], until_ms:
         node.start()
         world.schedule(gap(MEAN_BROKER_CRASH_GAP_MS), crash)
 
+    def reset(client: BankClient) -> None:
+        if world.now >= until_ms:
+            return
+        client.reset(world.delay(*RESET_NOTICED_MS))
+        world.schedule(gap(MEAN_CLIENT_RESET_GAP_MS), lambda: reset(client))
+
     def kill(server: BankServer) -> None:
         if world.now >= until_ms:
             return
@@ -330,12 +356,25 @@ def _faults(world: World, node: BrokerNode, servers: list[BankServer], until_ms:
         world.schedule(gap(MEAN_SERVER_DEATH_GAP_MS), lambda: kill(server))
 
     world.schedule(gap(MEAN_BROKER_CRASH_GAP_MS), crash)
+    for client in clients if client_resets else []:
+        world.schedule(gap(MEAN_CLIENT_RESET_GAP_MS), lambda client=client: reset(client))  # type: ignore[misc]
     for server in servers:
         world.schedule(gap(MEAN_SERVER_DEATH_GAP_MS), lambda server=server: kill(server))  # type: ignore[misc]
 
 
 def run_bank(world: World, plants: frozenset[str]) -> list[str]:
     """Run the scenario on ``world``; the checkers' violations (empty: all good)."""
+    return _run_bank(world, plants, client_resets=False)
+
+
+def run_bank_resets(world: World, plants: frozenset[str]) -> list[str]:
+    """Scenario ``router-bank-resets``: ``router-bank`` with client connection resets
+    that the client notices before the broker does (a half-open connection, ended by
+    the broker's heartbeat up to ``RESET_NOTICED_MS`` later)."""
+    return _run_bank(world, plants, client_resets=True)
+
+
+def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool) -> list[str]:
     early = frozenset({"rtr_send_accept"}) if "accept-before-durable" in plants else frozenset()
     node = BrokerNode(world, early_ops=early)
     node.start()
@@ -350,7 +389,7 @@ def run_bank(world: World, plants: frozenset[str]) -> list[str]:
     def start() -> None:
         for actor in [*servers, *clients]:
             actor.connect_soon()
-        _faults(world, node, servers, fault_end)
+        _faults(world, node, servers, clients, fault_end, client_resets)
 
     setup = Setup(world, node, start)
     setup.connect_soon()
@@ -359,6 +398,13 @@ def run_bank(world: World, plants: frozenset[str]) -> list[str]:
     for client in clients:
         client.finishing = True  # no new transfers; the ones in flight go on
     world.run_until(fault_end + HEAL_MS)
+    if node.up:  # what the router still holds (for reading a failing trace)
+        for tid, tx in sorted(node.broker.router.transactions.items()):
+            parts = " ".join(f"{name}/{site.name}:{p.state.name}"
+                             f"@{p.server.id if p.server else '-'}"
+                             for (name, site), p in sorted(tx.participants.items()))
+            client = tx.client.id if tx.client is not None else "-"
+            world.log(f"router holds {tid} {tx.state.name} client={client} {parts}")
     return check_bank(databases, transfers)
 
 

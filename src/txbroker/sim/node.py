@@ -139,12 +139,16 @@ class Connection:
                                lambda: self.node.handle(self, op, rid, command))
         return rid
 
-    def close(self) -> None:
-        """The owner's process died: what it sent still arrives, then the session ends."""
+    def close(self, noticed_after_ms: int = 0) -> None:
+        """The owner is done with the connection (its process died, or it saw the
+        connection break): what it sent still arrives, then the session ends — at least
+        ``noticed_after_ms`` later (a broker notices a half-open connection late, by
+        its heartbeat)."""
         if not self.alive or self.closing:
             return
         self.closing = True
-        self.node.world.at(self._arrival(True), lambda: self.node.hang_up(self))
+        when = max(self._arrival(True), self.node.world.now + noticed_after_ms)
+        self.node.world.at(when, lambda: self.node.hang_up(self))
 
     def down(self, action: Callable[[], None]) -> None:
         """Deliver something to the owner after the network's delay (FIFO)."""

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from txbroker.sim.bank_scenario import run_bank
+from txbroker.sim.bank_scenario import run_bank, run_bank_resets
 from txbroker.sim.plants import PLANTS
 from txbroker.sim.queue_scenario import run_queue
 from txbroker.sim.world import World
@@ -15,6 +15,7 @@ from txbroker.sim.world import World
 SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "queue": run_queue,
     "router-bank": run_bank,
+    "router-bank-resets": run_bank_resets,
 }
 
 
