@@ -403,8 +403,8 @@ def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool) -> l
             parts = " ".join(f"{name}/{site.name}:{p.state.name}"
                              f"@{p.server.id if p.server else '-'}"
                              for (name, site), p in sorted(tx.participants.items()))
-            client = tx.client.id if tx.client is not None else "-"
-            world.log(f"router holds {tid} {tx.state.name} client={client} {parts}")
+            holder = tx.client.id if tx.client is not None else "-"
+            world.log(f"router holds {tid} {tx.state.name} client={holder} {parts}")
     return check_bank(databases, transfers)
 
 
