@@ -91,11 +91,14 @@ class BankServer(Actor):
     """A partition's server over its database (see the module docstring)."""
 
     def __init__(self, world: World, node: BrokerNode, partition: str, db: Database,
-                 check_tids: bool = True) -> None:
+                 check_tids: bool = True, commit_on_vote: bool = False) -> None:
         super().__init__(world, node, f"srv{partition}")
         self.partition = partition
         self.db = db
+        #: off only by the plant ``server-no-tid-check``
         self.check_tids = check_tids
+        #: on only by the plant ``server-commit-on-vote``
+        self.commit_on_vote = commit_on_vote
         self.controller: int | None = None
         self.legs: dict[str, _Leg] = {}
 
@@ -149,6 +152,9 @@ class BankServer(Actor):
             self._vote(tid, False)
             return
         self.legs[tid] = _Leg({int(account): delta})
+        if self.commit_on_vote:  # planted: the leg is committed before the outcome
+            self._apply(tid, self.legs[tid])
+            self.legs[tid] = _Leg({}, committed_before=True)
         self._vote(tid, True)
 
     def _vote(self, tid: str, accept: bool) -> None:
@@ -162,12 +168,16 @@ class BankServer(Actor):
         if leg is None:
             self.world.log(f"{self.name} ACCEPTED {tid} with no work")
         elif not leg.committed_before:
-            for account, delta in leg.delta.items():
-                self.db.balances[account] += delta
-            self.db.tids.add(tid)
-            self.db.applied.append(tid)
-            self.world.log(f"{self.name} commit {tid}")
+            self._apply(tid, leg)
         self._done(tid)
+
+    def _apply(self, tid: str, leg: _Leg) -> None:
+        """Commit a leg: the balances and the TID table change in one step."""
+        for account, delta in leg.delta.items():
+            self.db.balances[account] += delta
+        self.db.tids.add(tid)
+        self.db.applied.append(tid)
+        self.world.log(f"{self.name} commit {tid}")
 
     def _done(self, tid: str) -> None:
         controller = self.controller
@@ -381,7 +391,8 @@ def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool) -> l
     databases = {name: Database({account: OPENING_BALANCE for account in accounts})
                  for name, accounts in ACCOUNTS.items()}
     transfers: dict[str, Transfer] = {}
-    servers = [BankServer(world, node, name, db, "server-no-tid-check" not in plants)
+    servers = [BankServer(world, node, name, db, "server-no-tid-check" not in plants,
+                          "server-commit-on-vote" in plants)
                for name, db in databases.items()]
     clients = [BankClient(world, node, f"c{n}", transfers) for n in range(CLIENTS)]
     fault_end = world.now + FAULT_MS

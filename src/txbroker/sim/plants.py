@@ -32,4 +32,6 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("server-no-tid-check", "router-bank",
           "a partition server applies an UNCERTAIN replay without checking its TID "
           "table"),
+    Plant("server-commit-on-vote", "router-bank",
+          "a partition server commits its leg when it votes, before the outcome"),
 )}

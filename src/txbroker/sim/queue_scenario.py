@@ -12,7 +12,10 @@ judge what every actor was told against what the broker did:
 - no acknowledged consume comes back: a message whose ack was answered is never
   delivered after that answer, nor left in the queue;
 - local transactions are all-or-nothing: of a transaction's messages, either all
-  were ever seen or none (and all, when its commit was answered).
+  were ever seen or none (and all, when its commit was answered); a rolled-back
+  transaction's messages are never seen (consumers ack one message in four in a
+  local transaction);
+- no second delivery of a message without the redelivered flag.
 """
 
 from __future__ import annotations
@@ -45,8 +48,10 @@ class QueueLedger:
     acked_sends: set[bytes] = field(default_factory=set)
     #: transaction name -> (its bodies, whether its commit was answered)
     txs: dict[str, tuple[list[bytes], bool]] = field(default_factory=dict)
-    #: (arrival time, body) of every delivery
-    deliveries: list[tuple[int, bytes]] = field(default_factory=list)
+    #: bodies of transactions the producer rolled back
+    rolled_back: set[bytes] = field(default_factory=set)
+    #: (arrival time, body, redelivered flag) of every delivery
+    deliveries: list[tuple[int, bytes, bool]] = field(default_factory=list)
     #: body -> when the first answer to an ack of it arrived
     acked_consumes: dict[bytes, int] = field(default_factory=dict)
 
@@ -94,6 +99,12 @@ class Producer(Actor):
         for body in bodies:
             self.call("send", lambda b, s, r, now, body=body: b.send(  # type: ignore[misc]
                 s, r, QUEUE, body, now, tx=tx_id), lambda ok, result: None)
+        if self.world.chance(0.15):
+            del self.ledger.txs[name]
+            self.ledger.rolled_back.update(bodies)
+            self.call("tx_rollback", lambda b, s, r, now: b.tx_rollback(s, tx_id, now),
+                      lambda ok, result: self._later())
+            return
 
         def committed(ok: bool, result: Any) -> None:
             if ok:
@@ -129,7 +140,7 @@ class Consumer(Actor):
             self.world.schedule(self.world.delay(0, 10), self._next)
             return
         body = result.body
-        self.ledger.deliveries.append((self.world.now, body))
+        self.ledger.deliveries.append((self.world.now, body, result.redelivered))
         self.world.log(f"{self.name} got {body.decode()} redelivered={result.redelivered}")
         tag = result.tag
 
@@ -139,7 +150,20 @@ class Consumer(Actor):
                 self.world.log(f"{self.name} acked {body.decode()}")
             self._next()
 
-        self.call("ack", lambda b, s, r, now: b.ack(s, r, [tag], now), acked)
+        if not self.world.chance(0.25):
+            self.call("ack", lambda b, s, r, now: b.ack(s, r, [tag], now), acked)
+            return
+
+        def in_tx(ok: bool, answer: Any) -> None:  # the ack in a local transaction
+            if not ok:
+                self._next()
+                return
+            tx_id = int(answer["tx"])
+            self.call("ack", lambda b, s, r, now: b.ack(s, r, [tag], now, tx=tx_id),
+                      lambda ok, answer: None)
+            self.call("tx_commit", lambda b, s, r, now: b.tx_commit(s, r, tx_id, now), acked)
+
+        self.call("tx_begin", lambda b, s, r, now: b.tx_begin(s), in_tx)
 
 
 class Setup(Actor):
@@ -219,13 +243,13 @@ def run_queue(world: World, plants: frozenset[str]) -> list[str]:
 def check_queue(ledger: QueueLedger, final: list[bytes]) -> list[str]:
     """The queue scenario's checkers (see the module docstring)."""
     violations = []
-    seen = {body for _, body in ledger.deliveries} | set(final)
+    seen = {body for _, body, _ in ledger.deliveries} | set(final)
     for body in sorted(ledger.acked_sends):
         if body not in seen:
             violations.append(f"acknowledged send lost: {body.decode()}")
     final_set = set(final)
     for body, when in sorted(ledger.acked_consumes.items()):
-        again = [t for t, b in ledger.deliveries if b == body and t > when]
+        again = [t for t, b, _ in ledger.deliveries if b == body and t > when]
         if again or body in final_set:
             violations.append(f"acknowledged consume came back: {body.decode()}")
     for name, (bodies, committed) in sorted(ledger.txs.items()):
@@ -234,4 +258,11 @@ def check_queue(ledger: QueueLedger, final: list[bytes]) -> list[str]:
             violations.append(f"committed transaction {name} lost messages")
         elif any(present) and not all(present):
             violations.append(f"transaction {name} applied in part")
+    for body in sorted(ledger.rolled_back & seen):
+        violations.append(f"rolled-back send delivered: {body.decode()}")
+    first_seen: set[bytes] = set()
+    for _, body, redelivered in ledger.deliveries:
+        if body in first_seen and not redelivered:
+            violations.append(f"second delivery without the redelivered flag: {body.decode()}")
+        first_seen.add(body)
     return violations
