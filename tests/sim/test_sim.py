@@ -33,6 +33,11 @@ REGRESSION_SEEDS = [
      "fails with AlreadyExists, its rtr_outcome moves the SENDING transaction to the new "
      "controller, the old session's close then no longer aborts it: it stays SENDING "
      "forever, holding partition B's server, and the facility stalls"),
+    ("router-bank", 2138,
+     "c1-7 is decided ACCEPTED after B's server voted; the server dies before committing; "
+     "after a broker restart the router presents c2-8 to B first, whose debit drains the "
+     "account; the UNCERTAIN replay of c1-7 re-checks the balance and refuses (the vote "
+     "is ignored: decided), ACCEPTED has no work to commit: applied on A only"),
 ]
 
 
