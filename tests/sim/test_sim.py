@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 import uuid
@@ -66,6 +67,19 @@ def test_one_seed_twice_gives_the_same_trace(scenario: str) -> None:
     assert first.trace == again.trace
     assert run_seed(scenario, 8).trace_hash != first.trace_hash
     assert len(first.trace) > 100  # it did something
+
+
+def test_a_seed_gives_the_same_trace_in_another_process() -> None:
+    """Nothing in a run depends on the process: not the string hash seed (set
+    iteration order), not the build (compiled or pure core)."""
+    script = ("from txbroker.sim import SCENARIOS, run_seed\n"
+              "print(' '.join(run_seed(s, n).trace_hash for s in sorted(SCENARIOS) "
+              "for n in range(5)))")
+    here = " ".join(run_seed(s, n).trace_hash for s in sorted(SCENARIOS) for n in range(5))
+    for env in ({"PYTHONHASHSEED": "12345"}, {"PYTHONHASHSEED": "7", "TXBROKER_PURE": "1"}):
+        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, **env),
+                              capture_output=True, text=True, check=True)
+        assert done.stdout.split() == here.split(), env
 
 
 @pytest.mark.parametrize("plant", sorted(PLANTS))
