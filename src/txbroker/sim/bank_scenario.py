@@ -148,7 +148,7 @@ class BankServer(Actor):
         op, account, amount = body.decode().split(":")
         delta = -int(amount) if op == "debit" else int(amount)
         if self.db.balances[int(account)] + delta < 0:
-            self.world.log(f"{self.name} {tid} refuses {op}")
+            self.world.log(f"{self.name} {tid} {kind} refuses {op}")
             self._vote(tid, False)
             return
         self.legs[tid] = _Leg({int(account): delta})
