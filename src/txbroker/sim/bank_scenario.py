@@ -386,7 +386,7 @@ def run_bank_resets(world: World, plants: frozenset[str]) -> list[str]:
 
 def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool) -> list[str]:
     early = frozenset({"rtr_send_accept"}) if "accept-before-durable" in plants else frozenset()
-    node = BrokerNode(world, early_ops=early)
+    node = BrokerNode(world, early_ops=early, lying_fsync="fsync-lies" in plants)
     node.start()
     databases = {name: Database({account: OPENING_BALANCE for account in accounts})
                  for name, accounts in ACCOUNTS.items()}

@@ -24,7 +24,9 @@ I/O replaced by events of the :class:`~txbroker.sim.world.World`:
 
 Planted bugs (``txbroker/sim/plants.py``) act here, by perturbing what the real
 code's edge does, never the core: ``early_ops`` answers a request whose reply the
-core holds back until its record is durable at once, as a broken edge would.
+core holds back until its record is durable at once, as a broken edge would;
+``lying_fsync`` makes a crash lose the last synced entry too; ``strip_redelivered``
+delivers without the redelivered flag.
 """
 
 from __future__ import annotations
@@ -160,11 +162,16 @@ class BrokerNode:
     """The real core behind a simulated disk and network (see the module docstring)."""
 
     def __init__(self, world: World, name: str = "broker", *,
-                 early_ops: frozenset[str] = frozenset(), limits: Limits | None = None
-                 ) -> None:
+                 early_ops: frozenset[str] = frozenset(), lying_fsync: bool = False,
+                 strip_redelivered: bool = False, limits: Limits | None = None) -> None:
         self.world = world
         self.name = name
+        #: planted: requests answered before their record is durable
         self.early_ops = early_ops
+        #: planted: a crash also loses the last synced entry (fsync said done, was not)
+        self.lying_fsync = lying_fsync
+        #: planted: deliveries go out without their redelivered flag
+        self.strip_redelivered = strip_redelivered
         self.limits = limits or Limits()
         self.disk = SimDisk()
         self.broker = Broker(self.limits)
@@ -205,6 +212,8 @@ class BrokerNode:
         self.world.log(f"{self.name} crash unsynced={len(self.disk.written)}")
         self.up = False
         self.disk.crash()
+        if self.lying_fsync and self.disk.synced:
+            self.disk.synced.pop()
         self.incarnation += 1
         conns, self.conns = list(self.conns.values()), {}
         for conn in conns:  # what the dead node had sent still arrives, then the reset
@@ -301,7 +310,7 @@ class BrokerNode:
         m = effect.message
         body_bytes = m.body if m.body is not None else self.disk.bodies[m.ref]  # type: ignore[index]
         item = Delivered(effect.sub, effect.rid, effect.tag, m.id, m.queue, body_bytes,
-                         effect.redelivered)
+                         effect.redelivered and not self.strip_redelivered)
         if effect.rid:
             conn.down(lambda: conn.owner.answered(conn, effect.rid, item))
         else:

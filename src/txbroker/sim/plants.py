@@ -26,6 +26,8 @@ PLANTS: Final = {plant.name: plant for plant in (
           "record is synced"),
     Plant("ack-before-fsync", "queue",
           "the edge answers an ack before its record is synced"),
+    Plant("deliver-without-redelivered", "queue",
+          "the edge delivers every message without its redelivered flag"),
     Plant("accept-before-durable", "router-bank",
           "the edge answers a router accept before the accepted transaction's journal "
           "record is synced"),
@@ -34,4 +36,7 @@ PLANTS: Final = {plant.name: plant for plant in (
           "table"),
     Plant("server-commit-on-vote", "router-bank",
           "a partition server commits its leg when it votes, before the outcome"),
+    Plant("fsync-lies", "router-bank",
+          "the disk reports an fsync done that a crash then loses: a crash drops the "
+          "last synced entry too"),
 )}

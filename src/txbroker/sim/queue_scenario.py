@@ -212,7 +212,8 @@ def run_queue(world: World, plants: frozenset[str]) -> list[str]:
         early |= {"send", "tx_commit"}
     if "ack-before-fsync" in plants:
         early.add("ack")
-    node = BrokerNode(world, early_ops=frozenset(early))
+    node = BrokerNode(world, early_ops=frozenset(early),
+                      strip_redelivered="deliver-without-redelivered" in plants)
     node.start()
     ledger = QueueLedger()
     workers: list[Actor] = []
