@@ -20,10 +20,12 @@ from txbroker.sim import PLANTS, SCENARIOS, run_seed, run_seeds
 from txbroker.sim.__main__ import main
 
 #: Seeds each scenario runs in the suite (together well under a minute here).
-SUITE_SEEDS = {"queue": 300, "router-bank": 300, "router-bank-resets": 300}
+SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
+               "router-bank-failing-fsync": 150, "router-bank-resets": 150}
 
-#: Scenarios that find a known, unfixed defect (see REGRESSION_SEEDS).
-KNOWN_FAILING = {"router-bank-resets"}
+#: Scenarios that find a known, unfixed defect within their suite seeds (see
+#: REGRESSION_SEEDS).
+KNOWN_FAILING = {"queue-failing-fsync", "router-bank-resets"}
 
 #: Seeds that found real defects: (scenario, seed, what happened). Each runs first; an
 #: unfixed one is an expected failure (strict: a fix makes it pass, and then the mark
@@ -34,17 +36,21 @@ REGRESSION_SEEDS = [
      "fails with AlreadyExists, its rtr_outcome moves the SENDING transaction to the new "
      "controller, the old session's close then no longer aborts it: it stays SENDING "
      "forever, holding partition B's server, and the facility stalls"),
-    ("router-bank", 2138,
-     "c1-7 is decided ACCEPTED after B's server voted; the server dies before committing; "
-     "after a broker restart the router presents c2-8 to B first, whose debit drains the "
-     "account; the UNCERTAIN replay of c1-7 re-checks the balance and refuses (the vote "
-     "is ignored: decided), ACCEPTED has no work to commit: applied on A only"),
+    ("router-bank", 1177,
+     "c2-7 is decided ACCEPTED after B's server voted; that server dies before committing; "
+     "after a broker restart the UNCERTAIN replay of c2-7 to B's new server re-checks the "
+     "balance, which no longer covers the debit, and refuses (the vote is ignored: "
+     "decided); ACCEPTED then has no work to commit: applied on A only"),
+    ("queue-failing-fsync", 5,
+     "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
+     "raises delivered_seq and hands out the held delivery of p1-1; after the restart "
+     "the mark is not on disk and p1-1 is delivered again without the redelivered flag"),
 ]
 
 
 @pytest.mark.parametrize(("scenario", "seed", "what"), REGRESSION_SEEDS,
                          ids=[f"{s}-{n}" for s, n, _ in REGRESSION_SEEDS])
-@pytest.mark.xfail(strict=True, reason="a real router defect, kept as a regression seed")
+@pytest.mark.xfail(strict=True, reason="a real defect, kept as a regression seed")
 def test_regression_seed(scenario: str, seed: int, what: str) -> None:
     assert run_seed(scenario, seed).violations == [], what
 #: How many seeds a plant may take to be caught (the issue's bound is 1,000).

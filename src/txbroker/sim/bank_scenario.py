@@ -327,6 +327,9 @@ class Setup(Actor):
     def on_connected(self) -> None:
         """Define BANK."""
         def defined(ok: bool, result: Any) -> None:
+            if not ok:  # e.g. its record failed to sync: again, on this connection
+                self.world.schedule(20, self.on_connected)
+                return
             self.stopped = True
             self.start()
 
@@ -342,16 +345,6 @@ def _faults(world: World, node: BrokerNode, servers: list[BankServer],
     def gap(mean: int) -> int:
         return int(world.rng.expovariate(1 / mean))
 
-    def crash() -> None:
-        if world.now >= until_ms:
-            return
-        node.crash()
-        world.schedule(world.delay(*RESTART_MS), restart)
-
-    def restart() -> None:
-        node.start()
-        world.schedule(gap(MEAN_BROKER_CRASH_GAP_MS), crash)
-
     def reset(client: BankClient) -> None:
         if world.now >= until_ms:
             return
@@ -365,7 +358,7 @@ def _faults(world: World, node: BrokerNode, servers: list[BankServer],
         server.connect_soon()
         world.schedule(gap(MEAN_SERVER_DEATH_GAP_MS), lambda: kill(server))
 
-    world.schedule(gap(MEAN_BROKER_CRASH_GAP_MS), crash)
+    node.crash_now_and_then(MEAN_BROKER_CRASH_GAP_MS, RESTART_MS, until_ms)
     for client in clients if client_resets else []:
         world.schedule(gap(MEAN_CLIENT_RESET_GAP_MS), lambda client=client: reset(client))  # type: ignore[misc]
     for server in servers:
@@ -374,20 +367,28 @@ def _faults(world: World, node: BrokerNode, servers: list[BankServer],
 
 def run_bank(world: World, plants: frozenset[str]) -> list[str]:
     """Run the scenario on ``world``; the checkers' violations (empty: all good)."""
-    return _run_bank(world, plants, client_resets=False)
+    return _run_bank(world, plants, client_resets=False, failing_fsync=False)
 
 
 def run_bank_resets(world: World, plants: frozenset[str]) -> list[str]:
     """Scenario ``router-bank-resets``: ``router-bank`` with client connection resets
     that the client notices before the broker does (a half-open connection, ended by
     the broker's heartbeat up to ``RESET_NOTICED_MS`` later)."""
-    return _run_bank(world, plants, client_resets=True)
+    return _run_bank(world, plants, client_resets=True, failing_fsync=False)
 
 
-def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool) -> list[str]:
+def run_bank_failing_fsync(world: World, plants: frozenset[str]) -> list[str]:
+    """Scenario ``router-bank-failing-fsync``: ``router-bank`` with fsyncs that fail
+    now and then (the broker then takes no writes until a supervisor restarts it)."""
+    return _run_bank(world, plants, client_resets=False, failing_fsync=True)
+
+
+def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool,
+              failing_fsync: bool) -> list[str]:
     early = frozenset({"rtr_send_accept"}) if "accept-before-durable" in plants else frozenset()
     node = BrokerNode(world, early_ops=early, lying_fsync="fsync-lies" in plants)
     node.start()
+    node.faults = failing_fsync
     databases = {name: Database({account: OPENING_BALANCE for account in accounts})
                  for name, accounts in ACCOUNTS.items()}
     transfers: dict[str, Transfer] = {}
@@ -406,6 +407,7 @@ def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool) -> l
     setup.connect_soon()
     world.run_until(fault_end)
     world.log("heal")  # a crash's restart is already scheduled: no new fault starts
+    node.faults = False
     for client in clients:
         client.finishing = True  # no new transfers; the ones in flight go on
     world.run_until(fault_end + HEAL_MS)

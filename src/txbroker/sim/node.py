@@ -20,6 +20,10 @@ I/O replaced by events of the :class:`~txbroker.sim.world.World`:
   died) still delivers what it had sent, then closes the session (a FIN after the
   data). A node crash kills every connection: what the node had sent still
   arrives (the kernel sends it), then the reset.
+- **Failing fsync.** While ``faults`` is on, one sync in ``FAILED_SYNC_ODDS``
+  fails: a random prefix of its batch reached the disk anyway, every completion of
+  the batch reports the error, the store takes no more writes, and a supervisor
+  restarts the broker shortly after.
 - **Timers.** The core's ``next_wakeup`` becomes a ``tick`` event.
 
 Planted bugs (``txbroker/sim/plants.py``) act here, by perturbing what the real
@@ -31,6 +35,7 @@ delivers without the redelivered flag.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -48,6 +53,10 @@ NET_DELAY_MS = (0, 8)
 SYNC_MS = (1, 10)
 SLOW_SYNC_MS = 120
 SLOW_SYNC_ODDS = 10
+#: One fsync in this many fails while faults are on (``BrokerNode.faults``); the
+#: broker then takes no more writes and is restarted ``SUPERVISOR_MS`` later.
+FAILED_SYNC_ODDS = 150
+SUPERVISOR_MS = (5, 30)
 
 #: What a request does on the core: ``command(broker, session_id, rid, now)``.
 Command = Callable[[Broker, int, int, int], Any]
@@ -175,6 +184,11 @@ class BrokerNode:
         self.limits = limits or Limits()
         self.disk = SimDisk()
         self.broker = Broker(self.limits)
+        #: failing fsyncs happen while this is on (the scenarios turn it off to heal)
+        self.faults = False
+        self.store_failed = False
+        #: errors the core raised from commands that must not fail (for the report)
+        self.core_errors: list[str] = []
         self.up = False
         self.incarnation = 0
         self.conns: dict[int, Connection] = {}
@@ -201,14 +215,19 @@ class BrokerNode:
         if problems:
             raise AssertionError(f"router restore: {problems}")
         self.up = True
+        self.store_failed = False
         self._tick_at = None
         self.world.log(f"{self.name} start #{self.incarnation} entries={len(self.disk.synced)}")
         self.drain()
 
-    def crash(self) -> None:
-        """Die: unsynced writes are lost, every connection breaks."""
+    def crash(self, restart_after_ms: int | None = None) -> None:
+        """Die: unsynced writes are lost, every connection breaks; with
+        ``restart_after_ms``, start again that much later."""
         if not self.up:
             return
+        if restart_after_ms is not None:
+            incarnation = self.incarnation + 1  # the one this crash begins
+            self.world.schedule(restart_after_ms, lambda: self._restart(incarnation))
         self.world.log(f"{self.name} crash unsynced={len(self.disk.written)}")
         self.up = False
         self.disk.crash()
@@ -219,6 +238,24 @@ class BrokerNode:
         for conn in conns:  # what the dead node had sent still arrives, then the reset
             conn.alive = False
             conn.down(lambda conn=conn: conn.owner.lost(conn))  # type: ignore[misc]
+
+    def _restart(self, incarnation: int) -> None:
+        if not self.up and self.incarnation == incarnation:
+            self.start()
+
+    def crash_now_and_then(self, mean_gap_ms: int, restart_ms: tuple[int, int],
+                           until_ms: int) -> None:
+        """Crash at random moments (exponential gaps) until ``until_ms``, restarting
+        after ``restart_ms`` each time."""
+        world = self.world
+
+        def crash() -> None:
+            if world.now >= until_ms:
+                return
+            self.crash(world.delay(*restart_ms))
+            world.schedule(int(world.rng.expovariate(1 / mean_gap_ms)), crash)
+
+        world.schedule(int(world.rng.expovariate(1 / mean_gap_ms)), crash)
 
     def connect(self, owner: Endpoint) -> Connection | None:
         """A new connection and session (None while the node is down)."""
@@ -259,7 +296,12 @@ class BrokerNode:
         conn.alive = False
         self.conns.pop(conn.session_id, None)
         self.world.log(f"s{conn.session_id} closed")
-        self.broker.close_session(conn.session_id, self.world.now)
+        try:
+            self.broker.close_session(conn.session_id, self.world.now)
+        except BrokerError as error:  # a command that should not fail did (reported)
+            self.core_errors.append(f"close_session: {type(error).__name__}: {error}")
+            self.world.log(f"CORE-ERROR close_session s{conn.session_id}: "
+                           f"{type(error).__name__}")
         self.drain()
 
     # -- effects --------------------------------------------------------------
@@ -323,6 +365,8 @@ class BrokerNode:
 
     # -- the disk's group commit ------------------------------------------------
     def _start_sync(self) -> None:
+        if self.store_failed:
+            return  # a failed store writes nothing more
         self.disk.syncing = True
         batch = len(self.disk.written)
         world = self.world
@@ -337,13 +381,31 @@ class BrokerNode:
         if not self.up or incarnation != self.incarnation:
             return
         done, self.disk.written = self.disk.written[:batch], self.disk.written[batch:]
-        self.disk.synced.extend(entry for _, entry in done)
         self.disk.syncing = False
-        self.world.log(f"{self.name} synced {batch}")
         self.broker.set_now(self.world.now)
+        if self.faults and self.world.rng.randrange(FAILED_SYNC_ODDS) == 0:
+            self._sync_failed(done)
+            return
+        self.disk.synced.extend(entry for _, entry in done)
+        self.world.log(f"{self.name} synced {batch}")
         for effect, _ in done:
             effect.on_durable(None)
         self.drain()
+
+    def _sync_failed(self, done: list[tuple[Persist, StoredEntry]]) -> None:
+        """The fsync failed: some of the batch may be on disk anyway (a prefix); every
+        entry's completion reports the failure; the store takes no more writes, and a
+        supervisor restarts the broker."""
+        kept = self.world.rng.randint(0, len(done))
+        self.disk.synced.extend(entry for _, entry in done[:kept])
+        self.store_failed = True
+        self.world.log(f"{self.name} fsync failed, {kept} of {len(done)} on disk")
+        error = OSError(errno.EIO, "simulated fsync failure")
+        for effect, _ in done:
+            effect.on_durable(error)
+        self.drain()
+        self.world.schedule(self.world.delay(*SUPERVISOR_MS),
+                            lambda: self.crash(self.world.delay(*SUPERVISOR_MS)))
 
     # -- timers ---------------------------------------------------------------
     def _arm_tick(self) -> None:

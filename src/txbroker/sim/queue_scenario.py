@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txbroker.core import Broker
+from txbroker.errors import AlreadyExists
 from txbroker.sim.actors import Actor
 from txbroker.sim.node import BrokerNode, Delivered
 from txbroker.sim.world import World
@@ -176,24 +177,14 @@ class Setup(Actor):
     def on_connected(self) -> None:
         """Declare the durable queue."""
         def declared(ok: bool, result: Any) -> None:
+            # e.g. its record failed to sync: again, on this connection
+            if not ok and not isinstance(result, AlreadyExists):
+                self.world.schedule(20, self.on_connected)
+                return
             self.stopped = True
             self.start()
 
         self.call("declare", lambda b, s, r, now: b.queue_declare(s, r, QUEUE, now), declared)
-
-
-def _crashes(world: World, node: BrokerNode, until_ms: int) -> None:
-    def crash() -> None:
-        if world.now >= until_ms:
-            return
-        node.crash()
-        world.schedule(world.delay(*RESTART_MS), restart)
-
-    def restart() -> None:
-        node.start()
-        world.schedule(int(world.rng.expovariate(1 / MEAN_CRASH_GAP_MS)), crash)
-
-    world.schedule(int(world.rng.expovariate(1 / MEAN_CRASH_GAP_MS)), crash)
 
 
 def _final_bodies(broker: Broker, bodies: dict[int, bytes]) -> list[bytes]:
@@ -207,6 +198,16 @@ def _final_bodies(broker: Broker, bodies: dict[int, bytes]) -> list[bytes]:
 
 def run_queue(world: World, plants: frozenset[str]) -> list[str]:
     """Run the scenario on ``world``; the checkers' violations (empty: all good)."""
+    return _run_queue(world, plants, failing_fsync=False)
+
+
+def run_queue_failing_fsync(world: World, plants: frozenset[str]) -> list[str]:
+    """Scenario ``queue-failing-fsync``: ``queue`` with fsyncs that fail now and then
+    (the broker then takes no writes until a supervisor restarts it)."""
+    return _run_queue(world, plants, failing_fsync=True)
+
+
+def _run_queue(world: World, plants: frozenset[str], *, failing_fsync: bool) -> list[str]:
     early = set()
     if "reply-before-fsync" in plants:
         early |= {"send", "tx_commit"}
@@ -215,6 +216,7 @@ def run_queue(world: World, plants: frozenset[str]) -> list[str]:
     node = BrokerNode(world, early_ops=frozenset(early),
                       strip_redelivered="deliver-without-redelivered" in plants)
     node.start()
+    node.faults = failing_fsync
     ledger = QueueLedger()
     workers: list[Actor] = []
     fault_end = world.now + FAULT_MS
@@ -224,11 +226,12 @@ def run_queue(world: World, plants: frozenset[str]) -> list[str]:
         workers.extend(Consumer(world, node, f"c{n}", ledger) for n in range(CONSUMERS))
         for worker in workers:
             worker.connect_soon()
-        _crashes(world, node, fault_end)
+        node.crash_now_and_then(MEAN_CRASH_GAP_MS, RESTART_MS, fault_end)
 
     Setup(world, node, start).connect_soon()
     world.run_until(fault_end)
     world.log("heal")
+    node.faults = False
     for worker in workers:
         if isinstance(worker, Producer):
             worker.stopped = True

@@ -6,15 +6,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from txbroker.sim.bank_scenario import run_bank, run_bank_resets
+from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_bank_resets
 from txbroker.sim.plants import PLANTS
-from txbroker.sim.queue_scenario import run_queue
+from txbroker.sim.queue_scenario import run_queue, run_queue_failing_fsync
 from txbroker.sim.world import World
 
 #: Scenario name -> its run function (world, plants) -> violations.
 SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "queue": run_queue,
+    "queue-failing-fsync": run_queue_failing_fsync,
     "router-bank": run_bank,
+    "router-bank-failing-fsync": run_bank_failing_fsync,
     "router-bank-resets": run_bank_resets,
 }
 
