@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--first-seed", type=int, default=0)
     args = parser.parse_args()
+    load = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy it was
     scenarios = {}
     for name in sorted(SCENARIOS):
         started = time.perf_counter()
@@ -42,7 +43,8 @@ def main() -> None:
               f"({args.seeds / seconds:.1f} seeds/s), failing {failing}")
     result = {"bench": "sim", "first_seed": args.first_seed, "build": _build.MODE,
               "python": platform.python_version(), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "scenarios": scenarios}
+              "cpus": os.cpu_count(), "load_average_1m_before": load,
+              "scenarios": scenarios}
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"sim-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
