@@ -48,6 +48,8 @@ PUBLIC: dict[str, set[str]] = {
                     "InDoubt", "Resource", "RolledBack", "STEPS", "TMError", "TM_FORMAT_ID",
                     "TransactionManager", "branch_xid", "recover"},
     "txbroker.spark": {"register"},
+    "txbroker.sim": {"PLANTS", "SCENARIOS", "Plant", "SeedResult", "World", "run_seed",
+                     "run_seeds"},
     "txbroker.router": ROUTER,
     "txbroker.router.aio": ROUTER | {"AsyncClientMessageHandler", "AsyncServerMessageHandler",
                                      "AsyncServerTransactionController",

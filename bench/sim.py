@@ -1,0 +1,55 @@
+"""Benchmark: seeds per second of each simulation scenario (docs/simulation.md).
+
+    python bench/sim.py [--seeds 100] [--first-seed 0]
+
+Runs ``--seeds`` seeds of every scenario of ``txbroker.sim`` in this process (one
+thread: the simulator is single-threaded by design) and writes seeds/second,
+violations and the failing seeds per scenario to bench/results/sim-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+from txbroker import _build
+from txbroker.sim import SCENARIOS, run_seeds
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def main() -> None:
+    """Run the benchmark and write its result file."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--first-seed", type=int, default=0)
+    args = parser.parse_args()
+    load = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy it was
+    scenarios = {}
+    for name in sorted(SCENARIOS):
+        started = time.perf_counter()
+        results = run_seeds(name, args.seeds, args.first_seed)
+        seconds = time.perf_counter() - started
+        failing = [r.seed for r in results if r.violations]
+        scenarios[name] = {"seeds": args.seeds, "seconds": round(seconds, 3),
+                           "seeds_per_second": round(args.seeds / seconds, 2),
+                           "violations": sum(len(r.violations) for r in results),
+                           "failing_seeds": failing}
+        print(f"{name}: {args.seeds} seeds in {seconds:.1f} s "
+              f"({args.seeds / seconds:.1f} seeds/s), failing {failing}")
+    result = {"bench": "sim", "first_seed": args.first_seed, "build": _build.MODE,
+              "python": platform.python_version(), "machine": platform.machine(),
+              "cpus": os.cpu_count(), "load_average_1m_before": load,
+              "scenarios": scenarios}
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"sim-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

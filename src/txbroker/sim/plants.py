@@ -1,0 +1,42 @@
+"""Planted bugs: switches that break the simulated edge on purpose, to prove that the
+checkers can fail. All are off unless a run names them (``--plant``); none is
+reachable from production code, which never imports ``txbroker.sim``.
+
+Each perturbs what the real code sees or what its edge does — never the core:
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True, slots=True)
+class Plant:
+    """One planted bug: its name, the scenario it applies to, what it does."""
+
+    name: str
+    scenario: str
+    description: str
+
+
+PLANTS: Final = {plant.name: plant for plant in (
+    Plant("reply-before-fsync", "queue",
+          "the edge answers a persistent send and a transaction commit before their "
+          "record is synced"),
+    Plant("ack-before-fsync", "queue",
+          "the edge answers an ack before its record is synced"),
+    Plant("deliver-without-redelivered", "queue",
+          "the edge delivers every message without its redelivered flag"),
+    Plant("accept-before-durable", "router-bank",
+          "the edge answers a router accept before the accepted transaction's journal "
+          "record is synced"),
+    Plant("server-no-tid-check", "router-bank",
+          "a partition server applies an UNCERTAIN replay without checking its TID "
+          "table"),
+    Plant("server-commit-on-vote", "router-bank",
+          "a partition server commits its leg when it votes, before the outcome"),
+    Plant("fsync-lies", "router-bank",
+          "the disk reports an fsync done that a crash then loses: a crash drops the "
+          "last synced entry too"),
+)}

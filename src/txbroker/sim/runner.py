@@ -1,0 +1,64 @@
+"""Running scenarios: one seed (with its trace), or many (with a summary)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_bank_resets
+from txbroker.sim.plants import PLANTS
+from txbroker.sim.queue_scenario import run_queue, run_queue_failing_fsync
+from txbroker.sim.world import World
+
+#: Scenario name -> its run function (world, plants) -> violations.
+SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
+    "queue": run_queue,
+    "queue-failing-fsync": run_queue_failing_fsync,
+    "router-bank": run_bank,
+    "router-bank-failing-fsync": run_bank_failing_fsync,
+    "router-bank-resets": run_bank_resets,
+}
+
+
+@dataclass
+class SeedResult:
+    """One seed's run: its violations, trace and trace hash."""
+
+    scenario: str
+    seed: int
+    violations: list[str]
+    trace: list[str] = field(repr=False)
+    trace_hash: str
+
+
+def run_seed(scenario: str, seed: int, plant: str | None = None) -> SeedResult:
+    """Run one seed of a scenario (with a planted bug, if named)."""
+    run = SCENARIOS.get(scenario)
+    if run is None:
+        raise ValueError(f"unknown scenario {scenario!r}; try one of {sorted(SCENARIOS)}")
+    plants: frozenset[str] = frozenset()
+    if plant is not None:
+        found = PLANTS.get(plant)
+        if found is None:
+            raise ValueError(f"unknown plant {plant!r}; try one of {sorted(PLANTS)}")
+        if found.scenario != scenario:
+            raise ValueError(f"plant {plant!r} applies to scenario {found.scenario!r}")
+        plants = frozenset({plant})
+    world = World(seed)
+    world.log(f"scenario {scenario} seed {seed} plant {plant}")
+    violations = run(world, plants)
+    for violation in violations:
+        world.log(f"VIOLATION {violation}")
+    return SeedResult(scenario, seed, violations, world.trace, world.trace_hash)
+
+
+def run_seeds(scenario: str, seeds: int, first_seed: int = 0, plant: str | None = None,
+              progress: Callable[[int], None] | None = None) -> list[SeedResult]:
+    """Run ``seeds`` consecutive seeds from ``first_seed``."""
+    results = []
+    for n in range(seeds):
+        results.append(run_seed(scenario, first_seed + n, plant))
+        if progress is not None:
+            progress(n + 1)
+    return results
