@@ -18,7 +18,10 @@ It follows the seed's Table 4-7 (polling model) exactly::
 Replay safety: a transaction replayed with ``UNCERTAIN`` as its first message may
 already be committed here (the server died between steps 5 and 6): the server
 looks the tid up in ``applied`` and, if it is there, skips the work and only
-votes again. ``--handler`` runs the same logic as a ``ServerMessageHandler``
+votes again. A replay of a transaction the router already decided ACCEPTED
+(``message.decided``) is applied without the balance check: the check was made
+when the transfer was voted, the other side commits, and refusing now would
+apply the transfer on one side only. ``--handler`` runs the same logic as a ``ServerMessageHandler``
 (the event-driven column of Table 4-7).
 
 Crash points for the tests, from the environment: ``BANK_CRASH_AT=POINT:N``
@@ -122,7 +125,7 @@ class BankLogic:
             self.journal.write("POISON", self.tid, f"{time.time():.6f}")
             os.kill(os.getpid(), signal.SIGKILL)
         try:
-            if leg.amount < 0:
+            if leg.amount < 0 and not getattr(message, "decided", False):
                 cur = self.pg.execute("UPDATE accounts SET balance = balance + %s "
                                       "WHERE id = %s AND balance >= %s",
                                       (leg.amount, leg.account, -leg.amount))

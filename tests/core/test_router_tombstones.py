@@ -132,3 +132,21 @@ def test_the_accept_is_answered_once_it_is_on_disk() -> None:
     assert rig.h.replies[(1, rig.rid)] == {}
     restarted = rig.h.crash()
     assert list(restarted.broker.router.transactions) == ["t1"]
+
+
+def test_a_reconnected_client_asking_about_a_sending_transaction_ends_it(rig: Rig) -> None:
+    """Found by the simulator (router-bank-resets, seed 2): a client reconnects before
+    the broker noticed its old session end and asks about the transaction it was
+    sending. It is rejected (LOST) at once — waiting for the old session's end held
+    its server, and that end no longer aborted it once it had a new client."""
+    old = rig.client(1)
+    rig.server(2, "A")
+    rig.send(1, old, "t1", 5)
+    assert rig.take(2) == [("MSG1", "t1")]
+    new = rig.client(3)  # the same client, reconnected; session 1 is not closed yet
+    assert rig.call("reject", 3, new, "t1", "LOST", rig.h.now) == {}
+    assert rig.take(2) == [("REJECTED", "t1")]
+    assert rig.outcome(3, "t1", new) == {"tid": "t1", "state": "REJECTED", "reason": "LOST"}
+    rig.send(1, old, "t2", 6)
+    newer = rig.client(4)
+    assert rig.outcome(4, "t2", newer)["state"] == "REJECTED"  # asked while sending

@@ -25,11 +25,10 @@ SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
 
 #: Scenarios that find a known, unfixed defect within their suite seeds (see
 #: REGRESSION_SEEDS).
-KNOWN_FAILING = {"queue-failing-fsync", "router-bank-resets"}
+KNOWN_FAILING: set[str] = set()  # every defect found so far is fixed
 
-#: Seeds that found real defects: (scenario, seed, what happened). Each runs first; an
-#: unfixed one is an expected failure (strict: a fix makes it pass, and then the mark
-#: must go).
+#: Seeds that found real defects, all fixed: (scenario, seed, what happened). Each runs
+#: first, so that the defect never comes back.
 REGRESSION_SEEDS = [
     ("router-bank-resets", 2,
      "a client reconnects before the broker ends its old session: its rtr_reject (LOST) "
@@ -41,6 +40,14 @@ REGRESSION_SEEDS = [
      "after a broker restart the UNCERTAIN replay of c2-7 to B's new server re-checks the "
      "balance, which no longer covers the debit, and refuses (the vote is ignored: "
      "decided); ACCEPTED then has no work to commit: applied on A only"),
+    ("router-bank", 2048, "as 1177"),
+    ("router-bank", 3020, "as 1177"),
+    ("queue-failing-fsync", 126, "as 5"),
+    ("queue-failing-fsync", 162, "as 5"),
+    ("router-bank-failing-fsync", 126,
+     "after the store failed, a server holding a participant disconnects: Router._lost "
+     "journals the strike, check_writable raises StorageFailed out of close_session "
+     "(CORE-ERROR in the trace), and the rest of the session's end is skipped"),
     ("queue-failing-fsync", 5,
      "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
      "raises delivered_seq and hands out the held delivery of p1-1; after the restart "
@@ -50,7 +57,6 @@ REGRESSION_SEEDS = [
 
 @pytest.mark.parametrize(("scenario", "seed", "what"), REGRESSION_SEEDS,
                          ids=[f"{s}-{n}" for s, n, _ in REGRESSION_SEEDS])
-@pytest.mark.xfail(strict=True, reason="a real defect, kept as a regression seed")
 def test_regression_seed(scenario: str, seed: int, what: str) -> None:
     assert run_seed(scenario, seed).violations == [], what
 #: How many seeds a plant may take to be caught (the issue's bound is 1,000).

@@ -429,21 +429,27 @@ class QueueIndex:
         self.counters["delivered_marks"] += 1
 
         def durable(error: BaseException | None) -> None:
-            if error is not None:
-                self.outbox.storage_failed(error)
-            queue.delivered_seq = max(queue.delivered_seq, mark)
             if queue.reserving <= mark:
                 queue.reserving = 0
-            self._release_held(queue, error is not None)
+            if error is not None:
+                # the mark is not on disk: a delivery it was to cover would, after a
+                # restart, go out again without the redelivered flag — so the held
+                # deliveries stay held (the store failed: the broker takes no more
+                # writes until it restarts; found by the simulator, queue-failing-fsync
+                # seed 5)
+                self.outbox.storage_failed(error)
+                return
+            queue.delivered_seq = max(queue.delivered_seq, mark)
+            self._release_held(queue)
 
         self.outbox.persist(Kind.QUEUE_PUT, queue.definition(), durable)
 
-    def _release_held(self, queue: Queue, failed: bool) -> None:
+    def _release_held(self, queue: Queue) -> None:
         """Hand out the held deliveries the durable mark now covers, in order; those
         whose consumer or session went away meanwhile are not sent (the message went
         back to its queue with them)."""
         held = queue.held_deliveries
-        while held and (failed or held[0].message.seq <= queue.delivered_seq):
+        while held and held[0].message.seq <= queue.delivered_seq:
             deliver = held.popleft()
             session = self.sessions.get(deliver.session)
             if session is None:

@@ -57,6 +57,7 @@ from txbroker.core.router_journal import journal_record, restore
 from txbroker.core.router_log import RouterLog
 from txbroker.core.router_model import (
     CLIENT,
+    LOST,
     OUTCOME_RETENTION_MS,
     PREEMPTED,
     SRVDIED,
@@ -374,9 +375,17 @@ class Router:
                       ) -> dict[str, Any]:
         tx = participant.tx
         _, key, body, headers = tx.messages[participant.indexes[position]]
-        return {"type": kind, "tid": tx.tid, "key": key, "body": body, "headers": headers,
-                "index": position, "partition": participant.partition,
-                "replay": participant.presentations - 1}
+        body_: dict[str, Any] = {
+            "type": kind, "tid": tx.tid, "key": key, "body": body, "headers": headers,
+            "index": position, "partition": participant.partition,
+            "replay": participant.presentations - 1}
+        if tx.state is TxState.COMMITTING and not tx.deciding:
+            # the replay of a transaction decided ACCEPTED (its ACCEPTED follows): the
+            # server applies it whatever its checks say now — a refusal cannot change
+            # the outcome, and the other partitions commit (found by the simulator:
+            # router-bank seed 1177)
+            body_["decided"] = True
+        return body_
 
     def _present(self, participant: Participant, server: Controller) -> None:
         tx = participant.tx
@@ -536,7 +545,14 @@ class Router:
 
     def reject(self, session_id: int, controller_id: Any, tid: Any, reason: Any,
                now: int) -> dict[str, Any]:
-        """The client rejects its transaction (only before it accepted)."""
+        """The client rejects its transaction (only before it accepted). A controller of
+        the same facility may reject a transaction of another one (the client that
+        reconnected before the broker noticed its old session end: the tid is its own)."""
+        controller = self.controller(session_id, controller_id, server=False)
+        current = self.transactions.get(tid) if isinstance(tid, str) else None
+        if (current is not None and current.client is not controller
+                and current.facility == controller.facility):
+            self._take_over(current, controller)
         _, tx = self._client_tx(session_id, controller_id, tid, create=False, now=now)
         if tx.state is TxState.ABORTING:
             return {"rejected": tx.reason}  # rejected already: nothing changes
@@ -583,13 +599,25 @@ class Router:
         if controller is not None:
             if tx.facility != controller.facility:
                 raise BadRequest(f"transaction {tid} is not of facility {controller.facility!r}")
-            tx.client = controller
-            controller.tids.add(tid)
+            self._take_over(tx, controller)
+        if tx.state is TxState.SENDING:
+            # asked about while still being sent: its client lost the session that sent
+            # it (a library never sends more of it), maybe before this broker noticed —
+            # waiting for that would hold its servers; presumed abort, now (found by the
+            # simulator: router-bank-resets, seed 2)
+            self._abort(tx, TxEvent.CLIENT_LOST, LOST, now)
         if tx.state is TxState.COMMITTING and not tx.deciding:
             return {"tid": tid, "state": "ACCEPTED", "reason": None}
         if tx.state is TxState.ABORTING and not tx.deciding:
             return {"tid": tid, "state": "REJECTED", "reason": tx.reason}
         return {"tid": tid, "state": "PENDING", "reason": None}
+
+    def _take_over(self, tx: Transaction, controller: Controller) -> None:
+        """``controller`` (a reconnected client) is now the transaction's client."""
+        if tx.client is not None and tx.client is not controller:
+            tx.client.tids.discard(tx.tid)
+        tx.client = controller
+        controller.tids.add(tx.tid)
 
     # ------------------------------------------------------------------ server side
     def _held(self, session_id: int, controller_id: Any, tid: Any) -> Participant | None:
@@ -685,9 +713,12 @@ class Router:
                 return
             if tx.record is not None and not tx.deciding:
                 # journaled: so is the strike, or a restart would give the transaction
-                # more presentations than its partition's retry count
-                tx.record = self.log.write(self.journal_record(tx), tx.record, now,
-                                           self._journaled(None))
+                # more presentations than its partition's retry count (a failed store
+                # takes no more writes: a session's end must not raise for it — found
+                # by the simulator, router-bank-failing-fsync seed 126)
+                with contextlib.suppress(StorageFailed):
+                    tx.record = self.log.write(self.journal_record(tx), tx.record, now,
+                                               self._journaled(None))
         else:  # it voted, or had the outcome: it may have committed
             participant.uncertain = True
         self.enqueue(participant, front=True)

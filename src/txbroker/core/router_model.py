@@ -92,6 +92,8 @@ class RouterEvent(enum.IntEnum):
 SRVDIED: Final = "SRVDIED"  #: lost before a vote more often than the retry count
 TIMEOUT: Final = "TIMEOUT"  #: the votes did not come within vote_timeout_ms
 CLIENT: Final = "CLIENT"  #: the client rejected (or left before accepting)
+#: The client lost its connection while it was still sending (asked about after).
+LOST: Final = "LOST"
 #: Told to a server only, never an outcome: its participant makes way for an older
 #: transaction that waits for this server in a wait cycle (core/router_deadlock.py);
 #: the server rolls back, acknowledges, and gets the transaction again later (MSG1).
@@ -284,10 +286,29 @@ def event_matches(number: int, spec: str | None, events: tuple[tuple[int, int], 
 
 
 __all__ = [
-    "CLIENT", "DEFAULT_RETRY_COUNT", "DEFAULT_VOTE_TIMEOUT_MS", "DISCARDED", "MAX_TID",
-    "OUTCOME_RETENTION_MS", "PREEMPTED", "ROUTER_EVENT_MAX", "ROUTER_EVENT_MIN", "SRVDIED",
+    "CLIENT",
+    "DEFAULT_RETRY_COUNT",
+    "DEFAULT_VOTE_TIMEOUT_MS",
+    "DISCARDED",
+    "LOST",
+    "MAX_TID",
+    "OUTCOME_RETENTION_MS",
+    "PREEMPTED",
+    "ROUTER_EVENT_MAX",
+    "ROUTER_EVENT_MIN",
+    "SRVDIED",
     "TIMEOUT",
-    "USER_EVENT_MAX", "Facility", "Key", "Partition", "Role", "RouterEvent", "Site",
-    "check_tid", "event_matches", "parse_events", "parse_facility", "parse_recipient",
+    "USER_EVENT_MAX",
+    "Facility",
+    "Key",
+    "Partition",
+    "Role",
+    "RouterEvent",
+    "Site",
+    "check_tid",
+    "event_matches",
+    "parse_events",
+    "parse_facility",
+    "parse_recipient",
     "recipient_matches",
 ]

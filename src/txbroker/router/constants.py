@@ -167,6 +167,10 @@ class RouterMessage:
     facility: str | None = None
     detail: Any = None
     key_range: tuple[Key, Key] | None = None
+    #: (MSG1/UNCERTAIN/MSG) the transaction is already decided ACCEPTED — a replay to a
+    #: server that must apply it whatever its checks say now (its ACCEPTED follows; a
+    #: reject vote changes nothing). Business checks belong to the first presentation.
+    decided: bool = False
 
     @property
     def is_outcome(self) -> bool:
@@ -199,6 +203,7 @@ class RouterMessage:
                 facility=data.get("facility"),
                 detail=data.get("detail"),
                 key_range=_key_range(data.get("key_range")),
+                decided=data.get("decided") is True,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed rtr push: {exc!r}") from exc
