@@ -119,3 +119,24 @@ def test_role_and_exception_events_carry_the_key_range(rig: Rig) -> None:
     assert rig.take(1) == [("REJECTED", "poison")]
     assert rig.router.transactions["poison"].exception
     del shadow
+
+
+def test_a_server_registers_a_key_range_no_partition_has(rig: Rig) -> None:
+    """Issue 28 §2: the seed's servers define partitions by their key range: an unknown
+    range that overlaps no partition becomes one (durably); an overlapping one is
+    refused."""
+    from txbroker.errors import BadRequest
+
+    reply = rig.call("register", 2, "BANK", server=True, partition=[2000, 2999],
+                     now=rig.h.now)
+    assert reply["partition"] == "2000-2999"
+    assert [p["name"] for p in reply["partitions"]] == ["A", "B", "2000-2999"]
+    client = rig.client(1)
+    assert rig.send(1, client, "t1", 2500) == {"partition": "2000-2999"}
+    assert rig.take(2)[-1] == ("MSG1", "t1")
+    with pytest.raises(BadRequest, match="overlap"):
+        rig.call("register", 3, "BANK", server=True, partition=[900, 1100], now=rig.h.now)
+    if rig.h.durable_store is not None:
+        rig.h = rig.h.crash()
+        assert [p.name for p in rig.router.facilities["BANK"].partitions] == [
+            "A", "B", "2000-2999"]

@@ -216,7 +216,15 @@ class Router:
                  events: tuple[tuple[int, int], ...] = (), now: int = 0) -> dict[str, Any]:
         """Register a client or server controller; replies its id and the partition map."""
         facility = self.facility(facility_name)
-        found: Partition | None = facility.find(partition) if server else None
+        found: Partition | None = None
+        if server:
+            try:
+                found = facility.find(partition)
+            except NotFound:
+                if not (isinstance(partition, list | tuple) and len(partition) == 2):
+                    raise
+                facility = self._partition_by_key_range(facility, partition, now)
+                found = facility.find(partition)
         controller = Controller(self._next_controller, session_id, facility.name, server,
                                 found.name if found else None, role if server else None,
                                 explicit_prepare, recipient, events)
@@ -233,6 +241,20 @@ class Router:
             self.partition_servers.setdefault((facility.name, found.name), []).append(controller)
             self._server_up(controller, found)
         return reply
+
+    def _partition_by_key_range(self, facility: Facility, key_range: Any, now: int
+                                ) -> Facility:
+        """A server registers a key range no partition has (the seed's servers define
+        partitions by their key range): the facility gets a partition of that range,
+        named ``low-high``, durably (BadRequest if it overlaps another partition or
+        its keys are of another type)."""
+        low, high = key_range
+        parts = [p.to_dict() for p in facility.partitions]
+        parts.append({"name": f"{low}-{high}", "low": low, "high": high})
+        updated = parse_facility(facility.name, parts)
+        self.outbox.check_writable()
+        self._store_facility(updated, now, self.outbox.ignore_durable)
+        return updated
 
     def _server_up(self, controller: Controller, partition: Partition) -> None:
         servers = self.servers_of(controller.facility, partition.name)
