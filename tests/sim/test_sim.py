@@ -48,6 +48,10 @@ REGRESSION_SEEDS = [
      "after the store failed, a server holding a participant disconnects: Router._lost "
      "journals the strike, check_writable raises StorageFailed out of close_session "
      "(CORE-ERROR in the trace), and the rest of the session's end is skipped"),
+    ("queue-failing-fsync", 105467,
+     "a simulator defect, not the broker's: the first fsync failed during the setup; a "
+     "retried declare and a reconnection both started the workload, two producers of "
+     "one name sent the same bodies (found in the 10,000-seed benchmark)"),
     ("queue-failing-fsync", 5,
      "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
      "raises delivered_seq and hands out the held delivery of p1-1; after the restart "

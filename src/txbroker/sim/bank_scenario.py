@@ -325,8 +325,13 @@ class Setup(Actor):
         self.start = start
 
     def on_connected(self) -> None:
-        """Define BANK."""
+        """Define BANK (the workload starts once, whatever retries are under way)."""
+        if self.stopped:
+            return
+
         def defined(ok: bool, result: Any) -> None:
+            if self.stopped:
+                return
             if not ok:  # e.g. its record failed to sync: again, on this connection
                 self.world.schedule(20, self.on_connected)
                 return

@@ -175,8 +175,15 @@ class Setup(Actor):
         self.start = start
 
     def on_connected(self) -> None:
-        """Declare the durable queue."""
+        """Declare the durable queue (once: a retry after a failed declare and a
+        reconnection can both be under way; the workload starts once — seed 105467
+        of queue-failing-fsync started it twice, two producers of one name)."""
+        if self.stopped:
+            return
+
         def declared(ok: bool, result: Any) -> None:
+            if self.stopped:
+                return
             # e.g. its record failed to sync: again, on this connection
             if not ok and not isinstance(result, AlreadyExists):
                 self.world.schedule(20, self.on_connected)
