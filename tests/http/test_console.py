@@ -357,6 +357,37 @@ def test_heuristic_rollback_of_a_prepared_branch(page: Page, secured: HttpBroker
     page.text("#q-depth", "0")
 
 
+def test_router_page_shows_partitions_and_discards_an_exception(
+        page: Page, secured: HttpBroker) -> None:
+    """Issue 28 §2: the router in the console: partitions with their servers, and an
+    exception transaction (retry count 0, its server left before voting) discarded."""
+    from txbroker.router import ServerTransactionController, TransactionController
+
+    url = native_url(secured)
+    with txbroker.connect(url) as conn:
+        conn.request("rtr_define", {"facility": "CONSOLE", "partitions": [
+            {"name": "P", "low": 0, "high": 99, "retry_count": 0}]})
+    with TransactionController(url) as client:
+        client.register_facility("CONSOLE")
+        with ServerTransactionController(url) as server:
+            server.register_partition("CONSOLE", "P")
+            page.open("#/router")
+            page.contains('#router-partitions tr[data-partition="CONSOLE/P"]', "primary")
+            page.shot("router-partitions")
+            tid = client.start_transaction()
+            client.send(b"poison", key=1)
+            client.accept()
+            assert server.receive(timeout=30) is not None
+        message = client.receive(timeout=30)
+        assert message is not None and message.reason == "SRVDIED"
+    row = f'#router-exceptions tr[data-tid="{tid}"]'
+    page.contains(row, "CONSOLE")
+    page.shot("router-exception")
+    page.find(f'{row} button[data-act="discard"]').click()
+    page.confirm(f"Discard {tid}?", "router-discard")
+    page.until(lambda: not page.driver.find_elements(By.CSS_SELECTOR, row), "the row to go")
+
+
 def test_close_a_connection(page: Page, secured: HttpBroker) -> None:
     with txbroker.connect(native_url(secured), reconnect=False) as conn:
         conn.declare_queue("closing")

@@ -84,6 +84,10 @@ export const api = {
   xaCommit: (xid) => call("POST", `/api/xa/${enc(xid)}/commit`),
   xaRollback: (xid) => call("POST", `/api/xa/${enc(xid)}/rollback`),
   xaForget: (xid) => call("DELETE", `/api/xa/${enc(xid)}`),
+  router: () => call("GET", "/api/router"),
+  routerExceptions: () => call("GET", "/api/router/exceptions"),
+  routerCommit: (tid) => call("POST", `/api/router/exceptions/${enc(tid)}/commit`),
+  routerDiscard: (tid) => call("DELETE", `/api/router/exceptions/${enc(tid)}`),
 };
 
 function enc(name) { return encodeURIComponent(name); }

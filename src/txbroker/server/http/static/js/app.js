@@ -8,6 +8,7 @@ import * as queues from "./pages/queues.js";
 import * as queue from "./pages/queue.js";
 import * as connections from "./pages/connections.js";
 import * as xa from "./pages/xa.js";
+import * as router from "./pages/router.js";
 import * as login from "./pages/login.js";
 
 const ROUTES = [
@@ -16,6 +17,7 @@ const ROUTES = [
   [/^#\/queues\/(.+)$/, queue, "queues"],
   [/^#\/connections$/, connections, "connections"],
   [/^#\/xa$/, xa, "xa"],
+  [/^#\/router$/, router, "router"],
   [/^#\/login$/, login, null],
 ];
 
