@@ -40,13 +40,15 @@ from pathlib import Path
 from typing import Final
 
 from txbroker.core.effects import Release
-from txbroker.core.records import StoredEntry
+from txbroker.core import records
+from txbroker.core.records import Kind, StoredEntry
 from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.server.ha_link import LinkSecurity
 from txbroker.storage.store_lock import StoreLock
+from txbroker.xid import Xid, is_local_tx_xid
 
 #: The line a backup writes in its store's lock file.
 LOCK_LINE: Final = "replicated broker, HA {node}"
@@ -66,19 +68,33 @@ HEARTBEAT_INTERVAL: Final = 0.25
 STATE_FILE: Final = "REPLICA_STATE"
 #: A test's fault point (house rule: crash points are steps tests can break on purpose):
 #: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
-#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would.
+#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would;
+#: ``vote_fail:local_commit`` on the first entry that commits a local transaction (a
+#: ``TX``, or the ``XA_PREPARE`` of a voted local commit, ``core/voted_commit.py``).
 FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
+#: The named fault point of ``vote_fail:local_commit``.
+LOCAL_COMMIT_FAULT: Final = "local_commit"
 
 
 #: The fault fires once per process: a backup that rejoins after its failed vote is sound.
 _fault_fired = False
 
 
-def _fault_kind() -> int | None:
+def _fault_kind() -> int | str | None:
     text = os.environ.get(FAULT_ENV, "")
     if _fault_fired or not text.startswith("vote_fail:"):
         return None
-    return int(text.partition(":")[2])
+    point = text.partition(":")[2]
+    return point if point == LOCAL_COMMIT_FAULT else int(point)
+
+
+def _fault_matches(fault: int | str, kind: int, meta: bytes) -> bool:
+    """Is this streamed entry the one the fault point names?"""
+    if fault != LOCAL_COMMIT_FAULT:
+        return kind == fault
+    if kind == Kind.TX:
+        return True
+    return kind == Kind.XA_PREPARE and is_local_tx_xid(Xid.parse(records.unpack(meta)[0]))
 
 
 class PrimaryRefused(TxBrokerError):
@@ -328,7 +344,7 @@ class Follower:
             self.applied_lsn = lsn
         if lsn == 0:
             self.dump_entries += 1
-        elif self._fault is not None and kind == self._fault:
+        elif self._fault is not None and _fault_matches(self._fault, kind, meta):
             global _fault_fired
             _fault_fired = True
             self._fault = None
