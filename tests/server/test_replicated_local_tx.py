@@ -96,8 +96,8 @@ def test_a_backup_that_cannot_write_the_commit_rolls_it_back(tmp_path: Path) -> 
 
 
 def test_the_next_commit_after_a_failed_vote_commits(tmp_path: Path) -> None:
-    """The same transaction object carries on after the rollback, and commits once the
-    backups vote ok."""
+    """After the rolled-back commit, the next transaction of the same connection
+    commits once the backups vote ok."""
     with group(tmp_path, node_env=FAIL_ON_COMMIT) as g:
         with _connect(g.url) as conn:
             tx = conn.transaction()
@@ -105,6 +105,7 @@ def test_the_next_commit_after_a_failed_vote_commits(tmp_path: Path) -> None:
             with pytest.raises(TransactionRolledBack):
                 tx.commit()
             g.wait_ready_backups(2)
+            tx = conn.transaction()
             tx.send("out", b"second")
             tx.commit()
             assert conn.queue_info("out")["depth"] == 1

@@ -76,7 +76,7 @@ from txbroker.errors import (
     ReplicaVoteFailed,
     XAError,
 )
-from txbroker.xid import Xid, is_sink_xid
+from txbroker.xid import LOCAL_TX_FORMAT_ID, Xid, is_local_tx_xid, is_sink_xid
 
 S = BranchState
 #: Timed-out branches remembered so that a late request gets XA_RBTIMEOUT, not XAER_NOTA.
@@ -160,6 +160,9 @@ class XaBranches:
             raise XAError(XAER_INVAL, f"start flags must be TMNOFLAGS, TMRESUME or TMJOIN, "
                                       f"not {flags:#x}")
         check_association(session.xa_xid, xid, request)
+        if is_local_tx_xid(xid):
+            raise XAError(XAER_INVAL, f"format id {LOCAL_TX_FORMAT_ID:#x} is reserved for "
+                                      "the broker's own local-transaction commits")
         if request is Request.START:
             if xid in self.branches:
                 raise XAError(XAER_DUPID, f"branch {xid} already exists")
@@ -441,7 +444,8 @@ class XaBranches:
             raise XAError(XAER_INVAL, f"recover flags must be TMSTARTRSCAN, TMENDRSCAN or "
                                       f"TMNOFLAGS, not {flags:#x}")
         scanning = session_id in self.scans
-        found = [str(b.xid) for b in self.branches.values() if b.state in RECOVERABLE]
+        found = [str(b.xid) for b in self.branches.values()
+                 if b.state in RECOVERABLE and not is_local_tx_xid(b.xid)]
         if flags & TMSTARTRSCAN:
             self.scans.add(session_id)
         elif scanning:
@@ -465,7 +469,27 @@ class XaBranches:
 
     def list(self, now: int) -> list[dict[str, object]]:
         """Every branch with its state, age and message counts (``txbroker xa list``)."""
-        return [b.info(now) for b in sorted(self.branches.values(), key=lambda b: b.created_ms)]
+        return [b.info(now) for b in sorted(self.branches.values(), key=lambda b: b.created_ms)
+                if not is_local_tx_xid(b.xid)]
+
+    def commit_leftover_local(self, now: int) -> None:
+        """Recovery is over: a voted local commit (``core/local_tx.py``) whose internal
+        branch has no outcome in the log is committed — presumed commit: its client was
+        never told it rolled back (that answer waits for the durable XA_ROLLBACK). The
+        outcome applies now; its XA_COMMIT follows in the log (a crash before it is
+        durable commits the branch again, the same way)."""
+        for branch in [b for b in self.branches.values() if is_local_tx_xid(b.xid)]:
+            if branch.state is not S.PREPARED:
+                continue
+            seqs = self.commit_seqs(branch)
+            self.apply(branch, commit=True, now=now)
+            self.remove(branch)
+            self.outbox.persist(Kind.XA_COMMIT, [str(branch.xid), [], seqs, now],
+                                self._leftover_written)
+
+    def _leftover_written(self, error: BaseException | None) -> None:
+        if error is not None:
+            self.outbox.storage_failed(error)
 
     def session_closed(self, session: Session, now: int) -> None:
         """Rule 15: the session's ACTIVE branch waits SUSPENDED for a reattach."""

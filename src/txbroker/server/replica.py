@@ -39,8 +39,8 @@ import shutil
 from pathlib import Path
 from typing import Final
 
-from txbroker.core.effects import Release
 from txbroker.core import records
+from txbroker.core.effects import Release
 from txbroker.core.records import Kind, StoredEntry
 from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
