@@ -133,10 +133,11 @@ def sink_of(xid: Xid) -> tuple[str, int] | None:
 LOCAL_TX_FORMAT_ID = 0x54584C54
 
 
-def local_tx_xid(session_id: int, tx_id: int, now_ms: int) -> Xid:
-    """The internal branch of one local transaction's commit: gtrid
-    ``<session>.<tx>``, bqual the commit's time (unique within a primary's life)."""
-    return Xid(LOCAL_TX_FORMAT_ID, f"{int(session_id)}.{int(tx_id)}", str(int(now_ms)))
+def local_tx_xid(session_id: int, tx: int | str, now_ms: int) -> Xid:
+    """The internal branch of one local transaction's commit (or of a one-phase XA
+    commit, ``tx`` = ``xa<n>``): gtrid ``<session>.<tx>``, bqual the commit's time
+    (unique within a primary's life)."""
+    return Xid(LOCAL_TX_FORMAT_ID, f"{int(session_id)}.{tx}", str(int(now_ms)))
 
 
 def is_local_tx_xid(xid: Xid) -> bool:

@@ -2,17 +2,19 @@
 seed 001): on a replicated primary the commit is an internal branch's XA_PREPARE that
 the backups vote on, then XA_COMMIT — or XA_ROLLBACK and TransactionRolledBack when
 a backup voted fail. Recovery commits an internal branch without an outcome
-(presumed commit). Without the flag (single broker, shared store) it is one TX."""
+(presumed commit). A one-phase XA commit is voted the same way (rule 9b of
+core/xa.py). Without the flag (single broker, shared store) either is one TX."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.core.harness import Harness
-from tests.core.test_xa import bodies
+from tests.core.test_xa import X1, XA, bodies
 from txbroker.core import LATER
 from txbroker.core.records import Kind
 from txbroker.errors import (
+    XA_RBROLLBACK,
     XAER_INVAL,
     ReplicaVoteFailed,
     TransactionRolledBack,
@@ -151,3 +153,47 @@ def test_a_client_cannot_start_a_branch_with_the_reserved_format_id() -> None:
     with pytest.raises(XAError) as info:
         h.call("xa_start", 1, str(Xid(LOCAL_TX_FORMAT_ID, b"1.1", b"1")), 0, h.now)
     assert info.value.errcode == XAER_INVAL
+
+
+# ---------------------------------------------------------------- one-phase XA commit
+def one_phase_branch(h: Harness) -> XA:
+    """Branch X1 of session 1 consumed ``in``'s "order" and sends "reply" to ``out``
+    (ended, not committed)."""
+    XA(h, 2).send("in", b"order")
+    if not h.auto_sync:
+        h.sync()
+    branch = XA(h)
+    branch.start()
+    branch.take("in")
+    branch.send("out", b"reply")
+    branch.end()
+    return branch
+
+
+def test_a_voted_one_phase_commit_is_a_prepare_then_a_commit() -> None:
+    h = voted(Harness())
+    branch = one_phase_branch(h)
+    before = len(h.log)
+    assert branch.commit(one_phase=True) == {}
+    assert kinds(h, before) == [Kind.XA_PREPARE, Kind.XA_COMMIT]
+    assert branch.state() == "gone" and branch.recover() == []
+    assert bodies(h, "out") == [b"reply"] and bodies(h, "in") == []
+
+
+def test_a_failed_vote_rolls_a_one_phase_commit_back() -> None:
+    h = voted(Harness(auto_sync=False))
+    one_phase_branch(h)
+    h.sync()
+    h.call("xa_commit", 1, 77, X1, True, h.now)
+    [(prepare, _)] = h.pending
+    h.pending = []
+    prepare.on_durable(ReplicaVoteFailed("backup c voted fail: disk full"))
+    h.run_effects_only()
+    assert [p.kind for p, _ in h.pending] == [Kind.XA_ROLLBACK]
+    h.sync()
+    error = h.errors[(1, 77)]
+    assert isinstance(error, XAError) and error.errcode == XA_RBROLLBACK
+    assert "disk full" in str(error)
+    h.auto_sync = True
+    assert h.broker.branches == {}
+    assert bodies(h, "out") == [] and bodies(h, "in") == [b"order"]

@@ -2,9 +2,9 @@
 replicated group a local transaction's commit is voted by every ready backup. A
 backup that cannot write it votes fail: the commit is rolled back everywhere and
 the client gets TransactionRolledBack; with every backup voting ok it commits on
-every node. Real processes, kill -9 and ``txbroker ha promote``; the failing backup
-is broken by the named fault point ``vote_fail:local_commit``
-(``server/replica.py``).
+every node. A one-phase XA commit is voted the same way. Real processes, kill -9
+and ``txbroker ha promote``; the failing backup is broken by the named fault point
+``vote_fail:local_commit`` (``server/replica.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import pytest
 
 import txbroker
 from tests.replicated_support import Group, RNode
-from txbroker.errors import TransactionRolledBack
+from txbroker.errors import XA_RBROLLBACK, TransactionRolledBack, XAError
+from txbroker.xid import Xid
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -139,3 +140,28 @@ def test_a_commit_voted_by_every_backup_is_on_every_node(tmp_path: Path) -> None
         with _connect(g.c.url) as conn:
             assert conn.xa_resource().recover() == []
         assert bodies(g.c, "out") == [b"t%d" % i for i in range(5)]
+
+
+def test_a_one_phase_xa_commit_is_voted_too(tmp_path: Path) -> None:
+    """c cannot write a one-phase XA commit: it answers XA_RBROLLBACK, the branch is
+    gone and its message is nowhere after promotion; the next one commits."""
+    x1, x2 = Xid(3, b"first", b"q"), Xid(3, b"second", b"q")
+    with group(tmp_path, node_env=FAIL_ON_COMMIT) as g:
+        with _connect(g.url) as conn:
+            xa = conn.xa_resource()
+            xa.start(x1)
+            conn.send("xq", b"one")
+            xa.end(x1)
+            with pytest.raises(XAError) as info:
+                xa.commit(x1, one_phase=True)
+            assert info.value.errcode == XA_RBROLLBACK
+            assert "backup c voted fail" in str(info.value)
+            assert xa.recover() == [] and conn.queue_info("xq")["depth"] == 0
+            g.wait_ready_backups(2)
+            xa.start(x2)
+            conn.send("xq", b"two")
+            xa.end(x2)
+            xa.commit(x2, one_phase=True)
+        seen = on_each_node_after_promotion(g, "xq")
+        assert seen == {"b": {"xq": 1}, "c": {"xq": 1}}
+        assert bodies(g.c, "xq") == [b"two"]

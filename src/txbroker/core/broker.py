@@ -446,6 +446,7 @@ class Broker:
         """A replicated primary: local commits are voted by the backups
         (``core/local_tx.py``, "Voted commit")."""
         self.transactions.voted = voted
+        self.xa.voted = voted  # and one-phase XA commits
 
     def live_refs(self, entries: Iterable[StoredEntry]) -> list[tuple[int, int]]:
         """``(message id, ref)`` of messages whose current body lives in ``entries``."""

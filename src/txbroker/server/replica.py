@@ -69,8 +69,9 @@ STATE_FILE: Final = "REPLICA_STATE"
 #: A test's fault point (house rule: crash points are steps tests can break on purpose):
 #: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
 #: record kind (``core/records.py``), once per process, as a backup whose disk refused it would;
-#: ``vote_fail:local_commit`` on the first entry that commits a local transaction (a
-#: ``TX``, or the ``XA_PREPARE`` of a voted local commit, ``core/voted_commit.py``).
+#: ``vote_fail:local_commit`` on the first entry that commits a local transaction or a
+#: one-phase XA commit (a ``TX``, or the ``XA_PREPARE`` of an internal branch: a voted
+#: commit, ``core/local_tx.py``).
 FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
 #: The named fault point of ``vote_fail:local_commit``.
 LOCAL_COMMIT_FAULT: Final = "local_commit"
