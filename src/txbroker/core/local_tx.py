@@ -110,9 +110,9 @@ class LocalTransactions:
         XA_COMMIT, or XA_ROLLBACK and TransactionRolledBack (module docstring)."""
         index, outbox = self.index, self.outbox
         xid = str(local_tx_xid(session.id, tx.id, now))
-        for message in stored_sends:
-            index.messages[message.id] = message
-        # the acked messages stay HELD (never relocated) until the vote is in
+        # Until the vote is in, the sends stay out of the index (as a prepared branch's:
+        # compaction must not copy a message that may still roll back) and the acked
+        # messages stay HELD (never copied either).
 
         def on_refs(refs: list[int]) -> None:
             for message, ref in zip(stored_sends, refs, strict=True):
