@@ -142,6 +142,7 @@ def test_a_crash_before_the_commit_record_is_a_presumed_commit() -> None:
     after.auto_sync = True
     assert kinds(after)[-2:] == [Kind.XA_PREPARE, Kind.XA_COMMIT]  # recovery wrote it
     assert after.broker.branches == {} and after.broker.xa_recover(1, SCAN) == []
+    assert after.broker.xa.leftovers_committed == 1
     assert bodies(after, "out") == [b"reply"] and bodies(after, "in") == []
     again = after.crash()
     assert bodies(again, "out") == [] and bodies(again, "in") == []

@@ -165,3 +165,30 @@ def test_a_one_phase_xa_commit_is_voted_too(tmp_path: Path) -> None:
         seen = on_each_node_after_promotion(g, "xq")
         assert seen == {"b": {"xq": 1}, "c": {"xq": 1}}
         assert bodies(g.c, "xq") == [b"two"]
+
+
+def test_a_promoted_backup_commits_a_voted_commit_left_without_its_outcome(
+        tmp_path: Path) -> None:
+    """Presumed commit across a promotion: b writes and votes for the commit's
+    XA_PREPARE but never gets its XA_COMMIT (fault point ``freeze_after:local_commit``);
+    the client was answered; a dies; b, promoted, commits the branch: the sent message
+    is there, the consumed one gone, no branch left — and c, copying b, agrees."""
+    env = {"b": {"TXBROKER_REPLICA_FAULT": "freeze_after:local_commit"}}
+    with group(tmp_path, node_env=env) as g:
+        with _connect(g.url) as conn:
+            conn.send("in", b"m0")
+            tx = conn.transaction()
+            taken = tx.receive("in", timeout=5)
+            assert taken is not None and taken.body == b"m0"
+            tx.send("out", b"committed")
+            tx.commit()  # voted by b and c
+        g.kill9(g.a)
+        g.promote(g.b)
+        assert g.b.log_has("1 voted local commits had no outcome in the log: committed")
+        assert depths(g.b, "in", "out") == {"in": 0, "out": 1}
+        with _connect(g.b.url) as conn:
+            assert conn.xa_resource().recover() == []
+        g.wait_ready_backups(1, primary=g.b)
+        g.kill9(g.b)
+        g.promote(g.c)
+        assert bodies(g.c, "out") == [b"committed"] and bodies(g.c, "in") == []

@@ -107,6 +107,8 @@ class XaBranches:
         #: a replicated primary: one-phase commits are voted (rule 9b, core/local_tx.py)
         self.voted = False
         self._voted_commits = 0  #: internal branches written (their gtrids' counter)
+        #: voted commits recovery found without an outcome and committed (presumed commit)
+        self.leftovers_committed = 0
 
     # ------------------------------------------------------------------ lookups
     def find(self, xid: Xid) -> Branch:
@@ -537,6 +539,7 @@ class XaBranches:
             seqs = self.commit_seqs(branch)
             self.apply(branch, commit=True, now=now)
             self.remove(branch)
+            self.leftovers_committed += 1
             self.outbox.persist(Kind.XA_COMMIT, [str(branch.xid), [], seqs, now],
                                 self._leftover_written)
 

@@ -71,7 +71,9 @@ STATE_FILE: Final = "REPLICA_STATE"
 #: record kind (``core/records.py``), once per process, as a backup whose disk refused it would;
 #: ``vote_fail:local_commit`` on the first entry that commits a local transaction or a
 #: one-phase XA commit (a ``TX``, or the ``XA_PREPARE`` of an internal branch: a voted
-#: commit, ``core/local_tx.py``).
+#: commit, ``core/local_tx.py``). ``freeze_after:local_commit``: this backup writes and
+#: acknowledges the first such entry, then neither writes nor acknowledges any streamed
+#: entry after it (a copy holding a voted commit without its outcome, when promoted).
 FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
 #: The named fault point of ``vote_fail:local_commit``.
 LOCAL_COMMIT_FAULT: Final = "local_commit"
@@ -87,6 +89,10 @@ def _fault_kind() -> int | str | None:
         return None
     point = text.partition(":")[2]
     return point if point == LOCAL_COMMIT_FAULT else int(point)
+
+
+def _freeze_point() -> bool:
+    return os.environ.get(FAULT_ENV, "") == f"freeze_after:{LOCAL_COMMIT_FAULT}"
 
 
 def _fault_matches(fault: int | str, kind: int, meta: bytes) -> bool:
@@ -214,6 +220,8 @@ class Follower:
         #: the primary counts this backup as ready (it waits for its acks)
         self.ready = False
         self._fault = _fault_kind()
+        self._freeze = _freeze_point()  #: freeze after the first local commit (fault point)
+        self._frozen = False
         #: a primary silent this long (s) is gone: join whoever is primary now
         self.silence = max(2 * config.backup_timeout, 4 * HEARTBEAT_INTERVAL)
         self._writer: asyncio.StreamWriter | None = None
@@ -338,6 +346,8 @@ class Follower:
         server = self.server
         assert server is not None and server.store is not None
         self.received += 1
+        if self._frozen and lsn:
+            return  # the fault point: nothing after the local commit is written or acked
         if lsn:  # a streamed entry: the next one, always (a gap would lose an entry)
             if lsn != self.applied_lsn + 1:
                 raise ProtocolError(f"entry {lsn} after entry {self.applied_lsn}: a gap in "
@@ -363,6 +373,8 @@ class Follower:
             self._vote_fail(lsn, str(exc))
             return
         server.broker.replay(StoredEntry(kind, meta, tuple(refs)))
+        if self._freeze and lsn and _fault_matches(LOCAL_COMMIT_FAULT, kind, meta):
+            self._freeze, self._frozen = False, True
         for effect in server.broker.take_effects():
             if isinstance(effect, Release):
                 server.store.release(effect.ref)
