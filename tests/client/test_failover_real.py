@@ -117,6 +117,39 @@ class ReplicatedTrio:
         self.group.stop()
 
 
+class StandbyOnTheSameStore:
+    """Two brokers on one store: the first killed, the second started (a shared-store
+    standby taking over), behind a two-host URL."""
+
+    def __init__(self, tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+        self.first = BrokerProcess(tmp_path / "data").start()
+        self.second = BrokerProcess(tmp_path / "data", port=free_port())
+        brokers.extend([self.first, self.second])
+        self.url = f"txb://{address(self.first)},{address(self.second)}"
+        self.move = (address(self.first), address(self.second))
+
+    def fail(self) -> None:
+        self.first.kill()
+        self.second.start()
+
+    def close(self) -> None:
+        self.first.kill()
+        self.second.kill()
+
+
+@pytest.fixture(params=["shared store", "replicated"])
+def takeover(request: pytest.FixtureRequest, tmp_path: Path,
+             brokers: list[BrokerProcess]) -> Iterator[StandbyOnTheSameStore | ReplicatedTrio]:
+    """Where the XA failover test runs: a standby on the same store, or a replicated
+    trio's promoted backup (issue 28 §3: the XA suite against a replicated group)."""
+    where = (StandbyOnTheSameStore(tmp_path, brokers) if request.param == "shared store"
+             else ReplicatedTrio(tmp_path))
+    try:
+        yield where
+    finally:
+        where.close()
+
+
 @pytest.fixture(params=["only broker", "replicated"])
 def site(request: pytest.FixtureRequest, tmp_path: Path,
          brokers: list[BrokerProcess]) -> Iterator[OnlyBroker | ReplicatedTrio]:
@@ -217,17 +250,13 @@ def test_two_host_url_moves_to_the_restarted_broker(
     asyncio.run(asyncio.wait_for(main(), 150))
 
 
-def test_xa_branches_across_a_failover(tmp_path: Path, brokers: list[BrokerProcess]) -> None:
-    data = tmp_path / "data"
-    first = BrokerProcess(data).start()
-    brokers.append(first)
-    second = BrokerProcess(data, port=free_port())
-    brokers.append(second)
+def test_xa_branches_across_a_failover(
+        takeover: StandbyOnTheSameStore | ReplicatedTrio) -> None:
     moves = Moves()
     prepared, idle, active = (Xid(0, "failover", name) for name in ("prepared", "idle",
                                                                       "active"))
-    url = f"txb://{address(first)},{address(second)}"
-    with txbroker.connect(url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+    with txbroker.connect(takeover.url, failover_timeout=FAILOVER_WAIT,
+                          on_failover=moves) as conn:
         conn.send("in", b"order")
         conn.send("in", b"late")
         xa = conn.xa_resource()
@@ -244,9 +273,8 @@ def test_xa_branches_across_a_failover(tmp_path: Path, brokers: list[BrokerProce
         xa.start(active)
         conn.send("out", b"from active")  # associated when the broker dies
 
-        first.kill()
-        second.start()
-        assert moves.wait(1) == [(address(first), address(second))]
+        takeover.fail()
+        assert moves.wait(1) == [takeover.move]
 
         # the associated branch is gone: work outside it would not be in it
         with pytest.raises(XAError) as refused:
