@@ -3,7 +3,9 @@ again on the same data directory — on the same port (a single-host URL that co
 or on another one (a two-host URL whose second host is the restarted broker, as a
 shared-store standby taking over). Seed 004: transactions that sent or received a
 message are rolled back, one that did nothing goes on; XA branches that were not
-prepared are rolled back, prepared ones are completed through the new broker.
+prepared are rolled back, prepared ones are completed through the new broker. The
+local-transaction and XA tests also run on a replicated trio (issue 28 §3): the
+primary killed, a backup promoted.
 
 Every step waits for what it asserts: sends, commits and prepares return once
 durable; the failover is awaited through ``on_failover``; each wait is bounded.
