@@ -123,3 +123,23 @@ def sink_of(xid: Xid) -> tuple[str, int] | None:
         return sink.decode(), int(batch)
     except (UnicodeDecodeError, ValueError):
         return None
+
+
+# -- a local transaction's voted commit (docs/replication.md) ------------------
+#: Format id reserved for the branch a replicated primary writes for a local
+#: transaction's commit ("TXLT"): its ``XA_PREPARE`` is voted by the backups, an
+#: ``XA_COMMIT`` or ``XA_ROLLBACK`` follows. Never shown by ``xa recover``/``xa list``,
+#: refused in a client's ``xa start``.
+LOCAL_TX_FORMAT_ID = 0x54584C54
+
+
+def local_tx_xid(session_id: int, tx: int | str, now_ms: int) -> Xid:
+    """The internal branch of one local transaction's commit (or of a one-phase XA
+    commit, ``tx`` = ``xa<n>``): gtrid ``<session>.<tx>``, bqual the commit's time
+    (unique within a primary's life)."""
+    return Xid(LOCAL_TX_FORMAT_ID, f"{int(session_id)}.{tx}", str(int(now_ms)))
+
+
+def is_local_tx_xid(xid: Xid) -> bool:
+    """True for the internal branch of a local transaction's commit."""
+    return xid.format_id == LOCAL_TX_FORMAT_ID

@@ -3,7 +3,9 @@ again on the same data directory — on the same port (a single-host URL that co
 or on another one (a two-host URL whose second host is the restarted broker, as a
 shared-store standby taking over). Seed 004: transactions that sent or received a
 message are rolled back, one that did nothing goes on; XA branches that were not
-prepared are rolled back, prepared ones are completed through the new broker.
+prepared are rolled back, prepared ones are completed through the new broker. The
+local-transaction and XA tests also run on a replicated trio (issue 28 §3): the
+primary killed, a backup promoted.
 
 Every step waits for what it asserts: sends, commits and prepares return once
 durable; the failover is awaited through ``on_failover``; each wait is bounded.
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.replicated_support import Group
 from tests.support import BrokerProcess, free_port
 
 import txbroker
@@ -81,12 +84,91 @@ def brokers(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
         proc.kill()
 
 
-def test_local_transactions_across_a_restart_of_the_only_broker(
-        tmp_path: Path, brokers: list[BrokerProcess]) -> None:
-    proc = BrokerProcess(tmp_path / "data").start()
-    brokers.append(proc)
+class OnlyBroker:
+    """The only broker, killed with SIGKILL and started again on the same data."""
+
+    def __init__(self, tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+        self.proc = BrokerProcess(tmp_path / "data").start()
+        brokers.append(self.proc)
+        self.url = self.proc.url
+        #: the ``on_failover`` call the failure causes
+        self.move = (address(self.proc), address(self.proc))
+
+    def fail(self) -> None:
+        self.proc.kill()
+        self.proc.start()
+
+    def close(self) -> None:
+        self.proc.kill()
+
+
+class ReplicatedTrio:
+    """A replicated group (issue 28 §3): the primary a killed with SIGKILL, the backup
+    b promoted; local commits there are voted by the backups (core/local_tx.py)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.group = Group(tmp_path / "group", 3).start()
+        self.url = self.group.url
+        self.move = (self.group.a.address, self.group.b.address)
+
+    def fail(self) -> None:
+        self.group.kill9(self.group.a)
+        self.group.promote(self.group.b)
+
+    def close(self) -> None:
+        self.group.stop()
+
+
+class StandbyOnTheSameStore:
+    """Two brokers on one store: the first killed, the second started (a shared-store
+    standby taking over), behind a two-host URL."""
+
+    def __init__(self, tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+        self.first = BrokerProcess(tmp_path / "data").start()
+        self.second = BrokerProcess(tmp_path / "data", port=free_port())
+        brokers.extend([self.first, self.second])
+        self.url = f"txb://{address(self.first)},{address(self.second)}"
+        self.move = (address(self.first), address(self.second))
+
+    def fail(self) -> None:
+        self.first.kill()
+        self.second.start()
+
+    def close(self) -> None:
+        self.first.kill()
+        self.second.kill()
+
+
+@pytest.fixture(params=["shared store", "replicated"])
+def takeover(request: pytest.FixtureRequest, tmp_path: Path,
+             brokers: list[BrokerProcess]) -> Iterator[StandbyOnTheSameStore | ReplicatedTrio]:
+    """Where the XA failover test runs: a standby on the same store, or a replicated
+    trio's promoted backup (issue 28 §3: the XA suite against a replicated group)."""
+    where = (StandbyOnTheSameStore(tmp_path, brokers) if request.param == "shared store"
+             else ReplicatedTrio(tmp_path))
+    try:
+        yield where
+    finally:
+        where.close()
+
+
+@pytest.fixture(params=["only broker", "replicated"])
+def site(request: pytest.FixtureRequest, tmp_path: Path,
+         brokers: list[BrokerProcess]) -> Iterator[OnlyBroker | ReplicatedTrio]:
+    """Where the local-transaction tests run: the only broker restarted, or a
+    replicated trio whose primary dies and a backup is promoted."""
+    where = (OnlyBroker(tmp_path, brokers) if request.param == "only broker"
+             else ReplicatedTrio(tmp_path))
+    try:
+        yield where
+    finally:
+        where.close()
+
+
+def test_local_transactions_across_a_failure(site: OnlyBroker | ReplicatedTrio) -> None:
+    """Seed 004 on the only broker restarted, and on a replicated group's promotion."""
     moves = Moves()
-    with txbroker.connect(proc.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+    with txbroker.connect(site.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
         for i in range(3):
             conn.send("in", b"m%d" % i)  # durable once send returns
         done = conn.transaction()
@@ -102,9 +184,8 @@ def test_local_transactions_across_a_restart_of_the_only_broker(
         sent = conn.transaction()
         sent.send("out", b"staged")
 
-        proc.kill()
-        proc.start()
-        assert moves.wait(1) == [(address(proc), address(proc))]
+        site.fail()
+        assert moves.wait(1) == [site.move]
 
         idle.send("out", b"from the idle transaction")
         idle.commit()  # it goes on: begun again on the new session
@@ -171,17 +252,13 @@ def test_two_host_url_moves_to_the_restarted_broker(
     asyncio.run(asyncio.wait_for(main(), 150))
 
 
-def test_xa_branches_across_a_failover(tmp_path: Path, brokers: list[BrokerProcess]) -> None:
-    data = tmp_path / "data"
-    first = BrokerProcess(data).start()
-    brokers.append(first)
-    second = BrokerProcess(data, port=free_port())
-    brokers.append(second)
+def test_xa_branches_across_a_failover(
+        takeover: StandbyOnTheSameStore | ReplicatedTrio) -> None:
     moves = Moves()
     prepared, idle, active = (Xid(0, "failover", name) for name in ("prepared", "idle",
                                                                       "active"))
-    url = f"txb://{address(first)},{address(second)}"
-    with txbroker.connect(url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+    with txbroker.connect(takeover.url, failover_timeout=FAILOVER_WAIT,
+                          on_failover=moves) as conn:
         conn.send("in", b"order")
         conn.send("in", b"late")
         xa = conn.xa_resource()
@@ -198,9 +275,8 @@ def test_xa_branches_across_a_failover(tmp_path: Path, brokers: list[BrokerProce
         xa.start(active)
         conn.send("out", b"from active")  # associated when the broker dies
 
-        first.kill()
-        second.start()
-        assert moves.wait(1) == [(address(first), address(second))]
+        takeover.fail()
+        assert moves.wait(1) == [takeover.move]
 
         # the associated branch is gone: work outside it would not be in it
         with pytest.raises(XAError) as refused:
@@ -232,21 +308,18 @@ def test_xa_branches_across_a_failover(tmp_path: Path, brokers: list[BrokerProce
 
 
 def test_a_message_delivered_before_a_kill_comes_back_flagged_redelivered(
-        tmp_path: Path, brokers: list[BrokerProcess]) -> None:
+        site: OnlyBroker | ReplicatedTrio) -> None:
     """Seed 004: messages delivered and not acknowledged before the failure come
     again with ``redelivered`` set (the broker's delivered mark, core/queue_index.py)."""
-    proc = BrokerProcess(tmp_path / "data").start()
-    brokers.append(proc)
     moves = Moves()
-    with txbroker.connect(proc.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
+    with txbroker.connect(site.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
         conn.send("q", b"in a transaction")
         conn.send("q", b"plain")
         tx = conn.transaction()
         assert tx.receive("q", timeout=5) is not None
         plain = conn.receive("q", timeout=5)
         assert plain is not None and not plain.redelivered
-        proc.kill()
-        proc.start()
+        site.fail()
         moves.wait(1)
         with pytest.raises(TransactionRolledBack):
             tx.commit()

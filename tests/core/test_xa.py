@@ -186,6 +186,8 @@ EXPECTED_TABLE: dict[tuple[str, str], tuple[str, int]] = {
     ("rollback_only", "COMMIT_ONE_PHASE"): ("gone", XA_RBROLLBACK),
     ("prepared", "COMMIT"): ("committing", XA_OK),
     ("committing", "COMMIT_DURABLE"): ("gone", XA_OK),
+    # replicated HA: a backup voted fail on a one-phase commit (rule 9b)
+    ("committing", "VOTE_FAILED"): ("rolling_back", XA_RBROLLBACK),
     ("active", "ROLLBACK"): ("gone", XA_OK),
     ("idle", "ROLLBACK"): ("gone", XA_OK),
     ("suspended", "ROLLBACK"): ("gone", XA_OK),

@@ -437,8 +437,16 @@ class Broker:
         self.replay_part.replay(entry)
 
     def finish_recovery(self, now: int) -> None:
-        """Replay is over: every surviving message goes into its queue."""
+        """Replay is over: every surviving message goes into its queue; voted local
+        commits left without an outcome are committed (``core/local_tx.py``)."""
         self.replay_part.finish(now)
+        self.xa.commit_leftover_local(now)
+
+    def vote_local_commits(self, voted: bool) -> None:
+        """A replicated primary: local commits are voted by the backups
+        (``core/local_tx.py``, "Voted commit")."""
+        self.transactions.voted = voted
+        self.xa.voted = voted  # and one-phase XA commits
 
     def live_refs(self, entries: Iterable[StoredEntry]) -> list[tuple[int, int]]:
         """``(message id, ref)`` of messages whose current body lives in ``entries``."""

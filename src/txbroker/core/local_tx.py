@@ -10,6 +10,20 @@ writes every staged send and ack as ONE ``TX`` record and applies them once
 it is durable (sends become visible, acked messages go, nacked ones come
 back); ``tx_rollback`` — or the end of the session — drops the staged sends
 and puts the consumed messages back to be redelivered.
+
+**Voted commit** (:attr:`LocalTransactions.voted`, set on a replicated primary:
+seed 001, "TX Commit/Rollback: do prepare phase as for DTX"). The commit is
+written as the ``XA_PREPARE`` of an internal branch (``xid.local_tx_xid``, a
+reserved format id) instead of a ``TX``: replication votes on every
+``XA_PREPARE`` (``server/replication.py``). Every ready backup wrote it: the
+work applies, the client is answered and an ``XA_COMMIT`` (carrying the sends'
+seqs) follows in the log without being waited for. A backup could not write it
+(``ReplicaVoteFailed``): an ``XA_ROLLBACK`` is written and, once durable, the
+work rolls back and the client gets ``TransactionRolledBack``. **Presumed
+commit**: an internal branch that recovery finds without an outcome was never
+answered as rolled back (the rollback is durable before that answer), so it is
+committed (``XaBranches.commit_leftover_local``), like a ``TX`` entry written
+before a crash.
 """
 
 from __future__ import annotations
@@ -18,13 +32,14 @@ from typing import Any
 
 from txbroker.core.effects import Fail, Reply
 from txbroker.core.limits import Limits
-from txbroker.core.messages import State
+from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.records import Kind
 from txbroker.core.sessions import Session
 from txbroker.core.transactions import LocalTransaction, TxEvent, TxState
-from txbroker.errors import TransactionError, TransactionRolledBack
+from txbroker.errors import ReplicaVoteFailed, TransactionError, TransactionRolledBack
+from txbroker.xid import local_tx_xid
 
 
 class LocalTransactions:
@@ -34,6 +49,8 @@ class LocalTransactions:
         self.index = index
         self.limits = limits
         self.outbox = outbox
+        #: a replicated primary: commits are voted by the backups (module docstring)
+        self.voted = False
 
     def check_room(self, tx: LocalTransaction, more: int) -> None:
         """Refuse work beyond ``max_tx_operations``."""
@@ -57,6 +74,8 @@ class LocalTransactions:
         index = self.index
         stored_sends = [m for m in tx.sends if m.persistent]
         stored_acks = [m for m in tx.acks.values() if m.persistent]
+        if self.voted and (stored_sends or stored_acks):
+            return self._commit_voted(session, rid, tx, stored_sends, stored_acks, now)
         for message in tx.acks.values():
             # gone from now on: compaction must not copy a message whose ack is
             # already in the log (a copy after the ack would bring it back)
@@ -74,12 +93,7 @@ class LocalTransactions:
 
         def on_durable(error: BaseException | None) -> None:
             if error is not None:
-                self.outbox.storage_failed(error)
-                tx.fire(TxEvent.FAILED)
-                for message in tx.sends:
-                    index.drop_pending(message)
-                self.outbox.emit(Fail(session.id, rid, TransactionRolledBack(
-                    f"the store failed; transaction {tx_id} rolled back: {error}")))
+                self._store_failed(tx, session.id, rid, error)
                 return
             self.finish(tx, max(self.outbox.now, now))
             self.outbox.emit(Reply(session.id, rid, {}))
@@ -88,6 +102,75 @@ class LocalTransactions:
         bodies = [m.body for m in stored_sends if m.body is not None]
         self.outbox.persist(Kind.TX, meta, on_durable, bodies, on_refs)
         return LATER
+
+    def _commit_voted(self, session: Session, rid: int, tx: LocalTransaction,
+                      stored_sends: list[Message], stored_acks: list[Message],
+                      now: int) -> Any:
+        """The commit as an internal branch's XA_PREPARE, voted by the backups; then
+        XA_COMMIT, or XA_ROLLBACK and TransactionRolledBack (module docstring)."""
+        index, outbox = self.index, self.outbox
+        xid = str(local_tx_xid(session.id, tx.id, now))
+        # Until the vote is in, the sends stay out of the index (as a prepared branch's:
+        # compaction must not copy a message that may still roll back) and the acked
+        # messages stay HELD (never copied either).
+
+        def on_refs(refs: list[int]) -> None:
+            for message, ref in zip(stored_sends, refs, strict=True):
+                message.ref = ref
+
+        def on_durable(error: BaseException | None) -> None:
+            if isinstance(error, ReplicaVoteFailed):
+                self._vote_failed(tx, session.id, rid, xid, error)
+                return
+            if error is not None:
+                self._store_failed(tx, session.id, rid, error)
+                return
+            at = max(outbox.now, now)
+            index.assign_seqs(stored_sends)  # seqs in log order: the XA_COMMIT's
+            for message in tx.acks.values():
+                message.state = State.GONE  # its ack is in the log from now on
+            outbox.persist(Kind.XA_COMMIT,
+                           [xid, [], [[m.id, m.seq] for m in stored_sends if m.seq], at],
+                           self._outcome_written)
+            self.finish(tx, at)
+            outbox.emit(Reply(session.id, rid, {}))
+
+        meta = [xid, [m.to_record() for m in stored_sends],
+                [[m.id, m.delivery_count] for m in stored_acks], [], now, now]
+        bodies = [m.body for m in stored_sends if m.body is not None]
+        outbox.persist(Kind.XA_PREPARE, meta, on_durable, bodies, on_refs)
+        return LATER
+
+    def _vote_failed(self, tx: LocalTransaction, session_id: int, rid: int, xid: str,
+                     error: ReplicaVoteFailed) -> None:
+        """A ready backup could not write the commit: roll it back everywhere (an
+        XA_ROLLBACK follows in the log), then tell the client."""
+        outbox = self.outbox
+
+        def rolled_back(failure: BaseException | None) -> None:
+            if failure is not None and not isinstance(failure, ReplicaVoteFailed):
+                self._store_failed(tx, session_id, rid, failure)
+                return
+            tx.fire(TxEvent.VOTE_FAILED)
+            self._undo(tx, outbox.now)
+            outbox.emit(Fail(session_id, rid, TransactionRolledBack(
+                f"transaction {tx.id} rolled back: {error}")))
+
+        outbox.persist(Kind.XA_ROLLBACK, [xid, outbox.now], rolled_back)
+
+    def _outcome_written(self, error: BaseException | None) -> None:
+        """The XA_COMMIT of a voted commit is durable (nobody waits for it)."""
+        if error is not None:
+            self.outbox.storage_failed(error)
+
+    def _store_failed(self, tx: LocalTransaction, session_id: int, rid: int,
+                      error: BaseException) -> None:
+        self.outbox.storage_failed(error)
+        tx.fire(TxEvent.FAILED)
+        for message in tx.sends:
+            self.index.drop_pending(message)
+        self.outbox.emit(Fail(session_id, rid, TransactionRolledBack(
+            f"the store failed; transaction {tx.id} rolled back: {error}")))
 
     def finish(self, tx: LocalTransaction, now: int) -> None:
         """The TX record is durable (or there was nothing to write): apply the work."""
@@ -108,6 +191,10 @@ class LocalTransactions:
         tx.fire(TxEvent.ROLLBACK)
         if tx.state is not TxState.ROLLED_BACK:
             return  # a commit already on its way to disk completes on its own
+        self._undo(tx, now)
+
+    def _undo(self, tx: LocalTransaction, now: int) -> None:
+        """A rolled-back transaction's work: sends dropped, consumed messages back."""
         index = self.index
         session = index.sessions.get(tx.session)
         if session is not None:

@@ -39,6 +39,7 @@ class TxEvent(Enum):
     ROLLBACK = "rollback"  #: the client asks to roll back, or its session ended
     DURABLE = "durable"  #: the TX record is on disk
     FAILED = "failed"  #: the store could not write it
+    VOTE_FAILED = "vote failed"  #: a replicated primary's backup could not write it
 
 
 #: (state, event) -> next state. Anything missing is a TransactionError.
@@ -54,6 +55,9 @@ TRANSITIONS: dict[tuple[TxState, TxEvent], TxState] = {
     # Rule 5: the store failed: nothing was acknowledged, the client is told
     # the transaction rolled back (the broker stops taking writes anyway).
     (TxState.COMMITTING, TxEvent.FAILED): TxState.ROLLED_BACK,
+    # Rule 5b: replicated HA (``core/local_tx.py``, voted commit): a ready backup could
+    # not write the commit; it is rolled back everywhere and the client is told so.
+    (TxState.COMMITTING, TxEvent.VOTE_FAILED): TxState.ROLLED_BACK,
     # Rule 6: a session ending while its commit is on the way to disk does
     # not undo it; the commit completes on its own.
     (TxState.COMMITTING, TxEvent.ROLLBACK): TxState.COMMITTING,

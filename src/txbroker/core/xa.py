@@ -116,6 +116,7 @@ class Request(Enum):
     SESSION_LOST = "session lost"
     TIMEOUT = "timeout (the broker's timer ran out)"
     RECOVER = "recover (replay)"
+    VOTE_FAILED = "a backup voted fail (replicated HA)"
 
 
 S, R = BranchState, Request
@@ -153,8 +154,13 @@ TRANSITIONS: dict[tuple[BranchState, Request], tuple[BranchState, int]] = {
     # Rule 8b: prepare of a ROLLBACK_ONLY branch rolls it back and answers XA_RB*.
     (S.ROLLBACK_ONLY, R.PREPARE): (S.GONE, XA_RBROLLBACK),
     (S.ROLLBACK_ONLY, R.PREPARE_READ_ONLY): (S.GONE, XA_RBROLLBACK),
-    # Rule 9: one-phase commit of an IDLE branch (no prepare): one TX record, then gone.
+    # Rule 9: one-phase commit of an IDLE branch (no prepare): one TX record (on a
+    # replicated primary: a voted XA_PREPARE of an internal branch, rule 9b), then gone.
     (S.IDLE, R.COMMIT_ONE_PHASE): (S.COMMITTING, XA_OK),
+    # Rule 9b: on a replicated primary the one-phase commit is voted by the backups
+    # (core/local_tx.py, "Voted commit"); a failed vote rolls it back (XA_ROLLBACK record)
+    # and the commit answers XA_RBROLLBACK.
+    (S.COMMITTING, R.VOTE_FAILED): (S.ROLLING_BACK, XA_RBROLLBACK),
     # Rule 9a: one-phase commit of a ROLLBACK_ONLY branch rolls it back and answers XA_RB*.
     (S.ROLLBACK_ONLY, R.COMMIT_ONE_PHASE): (S.GONE, XA_RBROLLBACK),
     # Rule 10: two-phase commit of a PREPARED branch: XA_COMMIT record, then gone.

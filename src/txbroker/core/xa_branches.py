@@ -36,7 +36,7 @@ from typing import Any
 
 from txbroker.core.effects import Fail, Reply
 from txbroker.core.limits import Limits
-from txbroker.core.messages import State
+from txbroker.core.messages import Message, State
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.records import Kind
@@ -76,7 +76,7 @@ from txbroker.errors import (
     ReplicaVoteFailed,
     XAError,
 )
-from txbroker.xid import Xid, is_sink_xid
+from txbroker.xid import LOCAL_TX_FORMAT_ID, Xid, is_local_tx_xid, is_sink_xid, local_tx_xid
 
 S = BranchState
 #: Timed-out branches remembered so that a late request gets XA_RBTIMEOUT, not XAER_NOTA.
@@ -104,6 +104,11 @@ class XaBranches:
         self.branches: dict[Xid, Branch] = {}
         self.timed_out: OrderedDict[Xid, int] = OrderedDict()
         self.scans: set[int] = set()  #: sessions with an open recover scan
+        #: a replicated primary: one-phase commits are voted (rule 9b, core/local_tx.py)
+        self.voted = False
+        self._voted_commits = 0  #: internal branches written (their gtrids' counter)
+        #: voted commits recovery found without an outcome and committed (presumed commit)
+        self.leftovers_committed = 0
 
     # ------------------------------------------------------------------ lookups
     def find(self, xid: Xid) -> Branch:
@@ -160,6 +165,9 @@ class XaBranches:
             raise XAError(XAER_INVAL, f"start flags must be TMNOFLAGS, TMRESUME or TMJOIN, "
                                       f"not {flags:#x}")
         check_association(session.xa_xid, xid, request)
+        if is_local_tx_xid(xid):
+            raise XAError(XAER_INVAL, f"format id {LOCAL_TX_FORMAT_ID:#x} is reserved for "
+                                      "the broker's own local-transaction commits")
         if request is Request.START:
             if xid in self.branches:
                 raise XAError(XAER_DUPID, f"branch {xid} already exists")
@@ -316,6 +324,8 @@ class XaBranches:
         work = branch.work
         stored = [m for m in work.sends if m.persistent and m.id not in branch.discards]
         acked = [m for m in work.acks.values() if m.persistent]
+        if self.voted and (stored or acked):
+            return self._one_phase_voted(branch, session_id, rid, stored, acked, now)
         for message in work.acks.values():
             message.state = State.GONE  # never relocated once its ack is on its way
         if not stored and not acked:
@@ -335,6 +345,54 @@ class XaBranches:
                             self.when_complete(branch, session_id, rid, commit=True,
                                                request=Request.COMMIT_DURABLE),
                             bodies, on_refs)
+        return LATER
+
+    def _one_phase_voted(self, branch: Branch, session_id: int, rid: int,
+                         stored: list[Message], acked: list[Message], now: int) -> Any:
+        """Rule 9b: the one-phase commit as an internal branch's XA_PREPARE, voted by
+        the backups, then XA_COMMIT — or XA_ROLLBACK and XA_RBROLLBACK (as a local
+        transaction's voted commit, ``core/local_tx.py``)."""
+        self._voted_commits += 1
+        internal = str(local_tx_xid(session_id, f"xa{self._voted_commits}", now))
+        outbox, xid = self.outbox, branch.xid
+
+        def on_refs(refs: list[int]) -> None:
+            for message, ref in zip(stored, refs, strict=True):
+                message.ref = ref
+
+        def rolled_back(failure: BaseException | None, error: BaseException) -> None:
+            if failure is not None and not isinstance(failure, ReplicaVoteFailed):
+                self.store_failed(session_id, rid, failure)
+                return
+            self.apply(branch, commit=False, now=outbox.now)
+            branch.fire(Request.ROLLBACK_DURABLE)
+            self.remove(branch)
+            outbox.emit(Fail(session_id, rid, XAError(
+                XA_RBROLLBACK, f"branch {xid} rolled back at commit: {error}")))
+
+        def on_durable(error: BaseException | None) -> None:
+            if isinstance(error, ReplicaVoteFailed):
+                branch.fire(Request.VOTE_FAILED)
+                outbox.persist(Kind.XA_ROLLBACK, [internal, outbox.now],
+                               lambda failure: rolled_back(failure, error))
+                return
+            if error is not None:
+                self.store_failed(session_id, rid, error)
+                return
+            at = max(outbox.now, now)
+            outbox.persist(Kind.XA_COMMIT, [internal, [], self.commit_seqs(branch), at],
+                           self._leftover_written)
+            for message in branch.work.acks.values():
+                message.state = State.GONE  # its ack is in the log from now on
+            self.apply(branch, commit=True, now=at)
+            branch.fire(Request.COMMIT_DURABLE)
+            self.remove(branch)
+            outbox.emit(Reply(session_id, rid, {}))
+
+        meta = [internal, [m.to_record() for m in stored],
+                [[m.id, m.delivery_count] for m in acked], [], branch.created_ms, now]
+        bodies = [m.body for m in stored if m.body is not None]
+        outbox.persist(Kind.XA_PREPARE, meta, on_durable, bodies, on_refs)
         return LATER
 
     def when_complete(self, branch: Branch, session_id: int, rid: int, *, commit: bool,
@@ -441,7 +499,8 @@ class XaBranches:
             raise XAError(XAER_INVAL, f"recover flags must be TMSTARTRSCAN, TMENDRSCAN or "
                                       f"TMNOFLAGS, not {flags:#x}")
         scanning = session_id in self.scans
-        found = [str(b.xid) for b in self.branches.values() if b.state in RECOVERABLE]
+        found = [str(b.xid) for b in self.branches.values()
+                 if b.state in RECOVERABLE and not is_local_tx_xid(b.xid)]
         if flags & TMSTARTRSCAN:
             self.scans.add(session_id)
         elif scanning:
@@ -465,7 +524,28 @@ class XaBranches:
 
     def list(self, now: int) -> list[dict[str, object]]:
         """Every branch with its state, age and message counts (``txbroker xa list``)."""
-        return [b.info(now) for b in sorted(self.branches.values(), key=lambda b: b.created_ms)]
+        return [b.info(now) for b in sorted(self.branches.values(), key=lambda b: b.created_ms)
+                if not is_local_tx_xid(b.xid)]
+
+    def commit_leftover_local(self, now: int) -> None:
+        """Recovery is over: a voted local commit (``core/local_tx.py``) whose internal
+        branch has no outcome in the log is committed — presumed commit: its client was
+        never told it rolled back (that answer waits for the durable XA_ROLLBACK). The
+        outcome applies now; its XA_COMMIT follows in the log (a crash before it is
+        durable commits the branch again, the same way)."""
+        for branch in [b for b in self.branches.values() if is_local_tx_xid(b.xid)]:
+            if branch.state is not S.PREPARED:
+                continue
+            seqs = self.commit_seqs(branch)
+            self.apply(branch, commit=True, now=now)
+            self.remove(branch)
+            self.leftovers_committed += 1
+            self.outbox.persist(Kind.XA_COMMIT, [str(branch.xid), [], seqs, now],
+                                self._leftover_written)
+
+    def _leftover_written(self, error: BaseException | None) -> None:
+        if error is not None:
+            self.outbox.storage_failed(error)
 
     def session_closed(self, session: Session, now: int) -> None:
         """Rule 15: the session's ACTIVE branch waits SUSPENDED for a reattach."""

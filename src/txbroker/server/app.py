@@ -216,6 +216,9 @@ class BrokerServer:
         """Replay is over: messages go into their queues, the router reads its journal."""
         self.broker.finish_recovery(self.now())
         self.recovered_messages = len(self.broker.messages)
+        if self.broker.xa.leftovers_committed:
+            log.info("recovery: %d voted local commits had no outcome in the log: committed "
+                     "(presumed commit, docs/replication.md)", self.broker.xa.leftovers_committed)
         self._restore_router()
         self.run_effects()
         release_free_memory()  # the replay's garbage (issue 12: memory per message)

@@ -39,14 +39,16 @@ import shutil
 from pathlib import Path
 from typing import Final
 
+from txbroker.core import records
 from txbroker.core.effects import Release
-from txbroker.core.records import StoredEntry
+from txbroker.core.records import Kind, StoredEntry
 from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.server.ha_link import LinkSecurity
 from txbroker.storage.store_lock import StoreLock
+from txbroker.xid import Xid, is_local_tx_xid
 
 #: The line a backup writes in its store's lock file.
 LOCK_LINE: Final = "replicated broker, HA {node}"
@@ -66,19 +68,40 @@ HEARTBEAT_INTERVAL: Final = 0.25
 STATE_FILE: Final = "REPLICA_STATE"
 #: A test's fault point (house rule: crash points are steps tests can break on purpose):
 #: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
-#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would.
+#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would;
+#: ``vote_fail:local_commit`` on the first entry that commits a local transaction or a
+#: one-phase XA commit (a ``TX``, or the ``XA_PREPARE`` of an internal branch: a voted
+#: commit, ``core/local_tx.py``). ``freeze_after:local_commit``: this backup writes and
+#: acknowledges the first such entry, then neither writes nor acknowledges any streamed
+#: entry after it (a copy holding a voted commit without its outcome, when promoted).
 FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
+#: The named fault point of ``vote_fail:local_commit``.
+LOCAL_COMMIT_FAULT: Final = "local_commit"
 
 
 #: The fault fires once per process: a backup that rejoins after its failed vote is sound.
 _fault_fired = False
 
 
-def _fault_kind() -> int | None:
+def _fault_kind() -> int | str | None:
     text = os.environ.get(FAULT_ENV, "")
     if _fault_fired or not text.startswith("vote_fail:"):
         return None
-    return int(text.partition(":")[2])
+    point = text.partition(":")[2]
+    return point if point == LOCAL_COMMIT_FAULT else int(point)
+
+
+def _freeze_point() -> bool:
+    return os.environ.get(FAULT_ENV, "") == f"freeze_after:{LOCAL_COMMIT_FAULT}"
+
+
+def _fault_matches(fault: int | str, kind: int, meta: bytes) -> bool:
+    """Is this streamed entry the one the fault point names?"""
+    if fault != LOCAL_COMMIT_FAULT:
+        return kind == fault
+    if kind == Kind.TX:
+        return True
+    return kind == Kind.XA_PREPARE and is_local_tx_xid(Xid.parse(records.unpack(meta)[0]))
 
 
 class PrimaryRefused(TxBrokerError):
@@ -197,6 +220,8 @@ class Follower:
         #: the primary counts this backup as ready (it waits for its acks)
         self.ready = False
         self._fault = _fault_kind()
+        self._freeze = _freeze_point()  #: freeze after the first local commit (fault point)
+        self._frozen = False
         #: a primary silent this long (s) is gone: join whoever is primary now
         self.silence = max(2 * config.backup_timeout, 4 * HEARTBEAT_INTERVAL)
         self._writer: asyncio.StreamWriter | None = None
@@ -321,6 +346,8 @@ class Follower:
         server = self.server
         assert server is not None and server.store is not None
         self.received += 1
+        if self._frozen and lsn:
+            return  # the fault point: nothing after the local commit is written or acked
         if lsn:  # a streamed entry: the next one, always (a gap would lose an entry)
             if lsn != self.applied_lsn + 1:
                 raise ProtocolError(f"entry {lsn} after entry {self.applied_lsn}: a gap in "
@@ -328,7 +355,7 @@ class Follower:
             self.applied_lsn = lsn
         if lsn == 0:
             self.dump_entries += 1
-        elif self._fault is not None and kind == self._fault:
+        elif self._fault is not None and _fault_matches(self._fault, kind, meta):
             global _fault_fired
             _fault_fired = True
             self._fault = None
@@ -346,6 +373,8 @@ class Follower:
             self._vote_fail(lsn, str(exc))
             return
         server.broker.replay(StoredEntry(kind, meta, tuple(refs)))
+        if self._freeze and lsn and _fault_matches(LOCAL_COMMIT_FAULT, kind, meta):
+            self._freeze, self._frozen = False, True
         for effect in server.broker.take_effects():
             if isinstance(effect, Release):
                 server.store.release(effect.ref)

@@ -336,6 +336,8 @@ class ReplicatedNode:
             await self._record_ready([])  # until a backup is ready, none may succeed us
         assert server.store is not None
         server.store = ReplicatingStore(server.store, hub)
+        # seed 001, "TX Commit/Rollback: do prepare phase as for DTX": the backups vote
+        server.broker.vote_local_commits(True)
         self.hub, self.server = hub, server
         server.ha_status = self.status
         if self._refuser is not None:

@@ -38,7 +38,9 @@ is dropped from the ready set (logged, and in ``ha status``) and catches up
 without being waited for; it is ready again once it is within the lag. A backup
 that cannot write an entry votes fail: it is dropped and its link closed; if
 the entry was an ``XA_PREPARE`` the branch's prepare fails (XA_RBROLLBACK, the
-seed's "fail cancels").
+seed's "fail cancels"). A local transaction's commit is an ``XA_PREPARE`` too on a
+primary (``core/local_tx.py``, "Voted commit"), so it is voted the same way: a
+failed vote rolls it back and its client gets TransactionRolledBack.
 """
 
 from __future__ import annotations
