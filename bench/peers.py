@@ -337,7 +337,8 @@ def main() -> None:
                         help="a quick check of the harness: txbroker only unless --brokers is "
                              "given, --count 500, --reps 2, warm-up 200, no quiet wait")
     parser.add_argument("--txbroker-port", type=int, default=61615)
-    parser.add_argument("--txbroker-inprocess-port", type=int, default=61616)
+    parser.add_argument("--txbroker-inprocess-port", type=int, default=61618,
+                        help="(61616 is ActiveMQ's OpenWire port)")
     parser.add_argument("--rabbitmq-port", type=int, default=61613)
     parser.add_argument("--activemq-port", type=int, default=61614)
     parser.add_argument("--data-root", default="/var/lib",
@@ -383,11 +384,11 @@ def main() -> None:
             return args.count
         return ROUNDTRIP_N if workload == "roundtrip" else N
 
-    started_peers = False
-    peers = [b for b in brokers if not is_txbroker(b)]
-    if peers and not all(port_open(getattr(args, f"{p}_port")) for p in peers):
-        subprocess.run([str(PEERBENCH / "start_peers.sh"), "--fresh", "all"], check=True)
-        started_peers = True
+    # Start only the peers asked for whose port does not answer; stop only those.
+    started_peers = [b for b in brokers if not is_txbroker(b)
+                     and not port_open(getattr(args, f"{b}_port"))]
+    for peer in started_peers:
+        subprocess.run([str(PEERBENCH / "start_peers.sh"), "--fresh", peer], check=True)
     info: dict[str, dict[str, Any]] = {
         "rabbitmq": {"name": "rabbitmq", "port": args.rabbitmq_port,
                      "pidfile": STATE / "run" / "rabbitmq.beam.pid"},
@@ -454,8 +455,9 @@ def main() -> None:
     finally:
         for txb in own:
             txb.stop()
-        if started_peers and not args.keep_peers:
-            subprocess.run([str(PEERBENCH / "stop_peers.sh"), "all"], check=False)
+        if not args.keep_peers:
+            for peer in started_peers:
+                subprocess.run([str(PEERBENCH / "stop_peers.sh"), peer], check=False)
     print()
     count = args.count or N
     print(f"{args.reps} measured runs per broker and workload after "
