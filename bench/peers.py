@@ -76,6 +76,9 @@ LATENCY_KEY = {"send-receipt": "receipt_lat_ms", "tx-send": "commit_lat_ms",
 #: the figure is (also) the load generator's, not only the broker's.
 FULL_SHARE = 0.85
 CORES = os.cpu_count() or 1
+#: Median foreign CPU (% of one core: processes other than broker and client) at or
+#: above which the summary says the machine was shared during the runs.
+FOREIGN_PCT = 25.0
 
 
 # ---------------------------------------------------------------- txbroker
@@ -284,10 +287,10 @@ def fmt(number: float | None, digits: int = 0) -> str:
 def table(summary: list[dict[str, Any]]) -> str:
     """The summary as markdown: one row per workload and broker."""
     lines = ["| workload | broker | msg/s median | min | max | runs ok | txbroker / better "
-             "peer (aim) | client CPU % | broker CPU % | client + broker (cores) | "
+             "peer (aim) | client CPU % | broker CPU % | other CPU % | client + broker (cores) | "
              "p50 / p99 ms | broker CPU ms per 1k | flushes per 1k | load avg (1 min) before "
              "each run |",
-             "|---" * 14 + "|"]
+             "|---" * 15 + "|"]
     notes = []
     for row in summary:
         ratio = ""
@@ -301,13 +304,20 @@ def table(summary: list[dict[str, Any]]) -> str:
                          f"{row['client_plus_broker_cores']:.2f} of {CORES} cores (client "
                          f"{row['client_cpu_pct']} %, broker {row['broker_cpu_pct']} % of one "
                          "core): the machine, not only the broker, sets this figure.")
+        foreign = row.get("foreign_cpu_pct")
+        if foreign is not None and foreign >= FOREIGN_PCT:
+            notes.append(f"{row['workload_name']} / {row['broker']}: other processes used "
+                         f"{foreign:.0f} % of a core (median) during these runs: the broker "
+                         "got what the scheduler gave it; compare its CPU per 1k messages, "
+                         "not only its rate.")
         latency = (f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f}" if row["p50_ms"] is not None
                    else "–")
         loads = ", ".join(f"{x:.2f}" for x in row["loadavg_1m"])
         lines.append(
             f"| {row['workload_name']} | {row['broker']} | {fmt(row['median'])} | "
             f"{fmt(row['min'])} | {fmt(row['max'])} | {row['ok_runs']}/{row['runs']} | {ratio} | "
-            f"{fmt(row['client_cpu_pct'])} | {fmt(row['broker_cpu_pct'])} | {cores} | "
+            f"{fmt(row['client_cpu_pct'])} | {fmt(row['broker_cpu_pct'])} | "
+            f"{fmt(row['foreign_cpu_pct'])} | {cores} | "
             f"{latency} | {fmt(row['broker_cpu_ms_per_1k'])} | {fmt(row['flushes_per_1k'])} | "
             f"{loads} |")
     if notes:
