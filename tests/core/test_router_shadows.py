@@ -4,24 +4,19 @@ missed is replayed to it when it returns (RTR's shadow recovery)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.core.harness import Harness, StoreOpener
 from tests.core.test_router import Rig
+from tests.core.test_router_tombstones import rig_on
 from txbroker.core.router_model import Role
 
 
 @pytest.fixture(params=["memory", "journal"])
-def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    opener = None if request.param == "memory" else StoreOpener(request.param, tmp_path / "s")
-    rig = Rig(Harness(store=opener))
-    rig.define()
-    yield rig
-    if opener is not None:
-        opener.close()
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+    yield from rig_on(request.param, tmp_path)
 
 
 def test_primary_dies_before_voting_the_shadow_site_goes_on_at_once(rig: Rig) -> None:

@@ -4,8 +4,8 @@ every store — and a message after the first never begins a transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,14 +16,19 @@ from txbroker.core import router_tombstones as tombstones
 from txbroker.errors import IllegalState, TransactionRolledBack
 
 
-@pytest.fixture(params=["memory", "journal", "dir"])
-def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    opener = None if request.param == "memory" else StoreOpener(request.param, tmp_path / "s")
+def rig_on(store: str, tmp_path: Path) -> Iterator[Rig]:
+    """A router rig with BANK defined, on ``store`` (memory, journal or dir)."""
+    opener = None if store == "memory" else StoreOpener(store, tmp_path / "s")
     rig = Rig(Harness(store=opener))
     rig.define()
     yield rig
     if opener is not None:
         opener.close()
+
+
+@pytest.fixture(params=["memory", "journal", "dir"])
+def rig(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Rig]:
+    yield from rig_on(request.param, tmp_path)
 
 
 def committed(rig: Rig, client: int, a: int, tid: str) -> None:

@@ -25,8 +25,8 @@ outcomes and events in another.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
 
 from txbroker.errors import ConnectionLost
 from txbroker.router.constants import MessageType, RouterMessage
@@ -62,6 +62,36 @@ CLIENT_PLAN: Final[dict[MessageType, str]] = {
 }
 #: Seconds between two checks of ``stop`` while no message comes.
 DEFAULT_POLL_INTERVAL: Final = 0.1
+
+
+def _run(controller: Any, dispatch: Callable[[RouterMessage, Any], None],
+         stop: Callable[[], bool] | None, poll_interval: float) -> None:
+    """The receive loop of every sync handler: until ``stop()`` or the controller is
+    closed (ConnectionLost is not raised then)."""
+    while stop is None or not stop():
+        try:
+            message = controller.receive(None if stop is None else poll_interval)
+        except ConnectionLost:
+            if controller.closed:
+                return
+            raise
+        if message is not None:
+            dispatch(message, controller)
+
+
+async def _run_async(controller: Any,
+                     dispatch: Callable[[RouterMessage, Any], Awaitable[None]],
+                     stop: Callable[[], bool] | None, poll_interval: float) -> None:
+    """The receive loop of every async handler (as :func:`_run`)."""
+    while stop is None or not stop():
+        try:
+            message = await controller.receive(None if stop is None else poll_interval)
+        except ConnectionLost:
+            if controller.closed:
+                return
+            raise
+        if message is not None:
+            await dispatch(message, controller)
 
 
 class ServerMessageHandler:
@@ -109,15 +139,7 @@ class ServerMessageHandler:
             stop: Callable[[], bool] | None = None,
             poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
         """Receive and dispatch until ``stop()`` or the controller is closed."""
-        while stop is None or not stop():
-            try:
-                message = controller.receive(None if stop is None else poll_interval)
-            except ConnectionLost:
-                if controller.closed:
-                    return
-                raise
-            if message is not None:
-                self.dispatch(message, controller)
+        _run(controller, self.dispatch, stop, poll_interval)
 
 
 class AsyncServerMessageHandler:
@@ -165,15 +187,7 @@ class AsyncServerMessageHandler:
                   stop: Callable[[], bool] | None = None,
                   poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
         """Receive and dispatch until ``stop()`` or the controller is closed."""
-        while stop is None or not stop():
-            try:
-                message = await controller.receive(None if stop is None else poll_interval)
-            except ConnectionLost:
-                if controller.closed:
-                    return
-                raise
-            if message is not None:
-                await self.dispatch(message, controller)
+        await _run_async(controller, self.dispatch, stop, poll_interval)
 
 
 class ClientMessageHandler:
@@ -196,15 +210,7 @@ class ClientMessageHandler:
     def run(self, controller: TransactionController, *, stop: Callable[[], bool] | None = None,
             poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
         """Receive and dispatch until ``stop()`` or the controller is closed."""
-        while stop is None or not stop():
-            try:
-                message = controller.receive(None if stop is None else poll_interval)
-            except ConnectionLost:
-                if controller.closed:
-                    return
-                raise
-            if message is not None:
-                self.dispatch(message, controller)
+        _run(controller, self.dispatch, stop, poll_interval)
 
 
 class AsyncClientMessageHandler:
@@ -231,12 +237,4 @@ class AsyncClientMessageHandler:
                   stop: Callable[[], bool] | None = None,
                   poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
         """Receive and dispatch until ``stop()`` or the controller is closed."""
-        while stop is None or not stop():
-            try:
-                message = await controller.receive(None if stop is None else poll_interval)
-            except ConnectionLost:
-                if controller.closed:
-                    return
-                raise
-            if message is not None:
-                await self.dispatch(message, controller)
+        await _run_async(controller, self.dispatch, stop, poll_interval)
