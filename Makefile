@@ -12,9 +12,7 @@ venv: $(STAMP)
 # The hot path (core/, protocol/, the storage encoders) is compiled with mypyc by the
 # install (setup.py): reinstall when one of its sources changes. Without a C compiler,
 # or with TXBROKER_PURE=1, the install is pure Python (docs/performance.md).
-COMPILED_SRC := $(wildcard src/txbroker/core/*.py src/txbroker/protocol/*.py) \
-                src/txbroker/storage/journal_format.py src/txbroker/storage/dirstore_format.py \
-                src/txbroker/server/ops.py src/txbroker/server/stomp_frames.py \
+COMPILED_SRC := $(shell $(PYTHON) src/txbroker/_build.py sources) \
                 src/txbroker/_build.py setup.py
 
 $(STAMP): pyproject.toml $(COMPILED_SRC)
@@ -34,11 +32,11 @@ lint: venv
 
 # The whole suite on the build the install made (compiled where a C compiler is), then
 # the pure-Python modules of the compiled set on their own tests (TXBROKER_PURE=1).
+PURE_TESTS := $(shell $(PYTHON) src/txbroker/_build.py pure-tests)
+
 test: venv lint postgres java chromium openssl etcd
 	$(PY) -m pytest -q
-	TXBROKER_PURE=1 $(PY) -m pytest -q -p no:cacheprovider tests/core tests/protocol \
-	  tests/storage tests/server/test_ops.py tests/stomp/test_listener.py \
-	  tests/stomp/test_stomppy.py tests/test_build.py
+	TXBROKER_PURE=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)
 
 # The XA tests start their own PostgreSQL (initdb in a temp dir): install the
 # Debian package when it is missing.

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support import BrokerProcess  # noqa: E402
 
-from txbroker.server.acl import AccessControl, parse_acl  # noqa: E402
-from txbroker.server.auth import hash_password  # noqa: E402
+from txbroker.server.security.acl import AccessControl, parse_acl  # noqa: E402
+from txbroker.server.security.auth import hash_password  # noqa: E402
 
 PASSWORD = "bench"
 #: Other users' rules, so that the bench user's answer is not the only rule.

@@ -90,7 +90,7 @@ def serve_inprocess(data: str, port: int) -> None:
 
     from txbroker.server.app import BrokerServer
     from txbroker.server.config import ServerConfig
-    from txbroker.server.stomp import start_stomp_listener
+    from txbroker.server.edges.stomp.connection import start_stomp_listener
 
     async def main() -> None:
         server = BrokerServer(ServerConfig(host="127.0.0.1", stomp_port=0, port=0, amqp_port=0,

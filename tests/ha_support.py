@@ -1,7 +1,7 @@
 """A shared-store HA pair of real broker processes, for the failover tests.
 
 :class:`HaPair` starts two ``txbroker serve --ha shared-store`` processes on one
-data directory (``server/ha.py``), on free loopback ports, and follows their
+data directory (``server/ha/shared_store.py``), on free loopback ports, and follows their
 roles by the lines they print — nothing else:
 
 * ``txbroker ready on …`` — the node is the active (at start, or after a

@@ -1,7 +1,7 @@
 """A replicated HA group of real broker processes, for the replicated-HA tests.
 
 :class:`Group` starts N ``txbroker serve --ha replicated`` processes, each on its
-own data directory and on free loopback ports (``server/replicated.py``), and
+own data directory and on free loopback ports (``server/ha/replicated.py``), and
 follows their roles by the lines they print:
 
 * ``txbroker backup on HA …`` — the node (re)started as a backup;

@@ -96,8 +96,9 @@ def test_digest_covers_exactly_the_compiled_set() -> None:
     names = {p.relative_to(PACKAGE).as_posix() for p in _build.compiled_sources()}
     assert "core/queues.py" in names and "protocol/stomp.py" in names
     assert {"storage/journal_format.py", "storage/dirstore_format.py"} <= names
-    assert {n for n in names if n.startswith("server/")} == {"server/ops.py",
-                                                             "server/stomp_frames.py"}
+    assert {n for n in names if n.startswith("server/")} == {
+        "server/ops/__init__.py", "server/ops/operations.py", "server/ops/seams.py",
+        "server/ops/session.py", "server/ops/values.py", "server/edges/stomp/frames.py"}
     assert not any(n.startswith("client/") for n in names)
     assert "storage/journal.py" not in names
     assert len(_build.sources_digest()) == 64
@@ -132,3 +133,20 @@ def test_an_install_without_a_c_compiler_is_pure_python(tmp_path: Path) -> None:
     assert mode == "pure"
     assert queues == str(installed / "txbroker" / "core" / "queues.py")
     assert native == str(installed / "txbroker" / "protocol" / "native.py")
+
+
+def test_the_compiled_set_is_named_once() -> None:
+    """The Makefile's install dependencies and its pure-Python test pass come from
+    ``_build.py`` (run as a script), not from a second list."""
+    root = PACKAGE.parent.parent
+    makefile = (root / "Makefile").read_text()
+    assert "$(shell $(PYTHON) src/txbroker/_build.py sources)" in makefile
+    assert "$(shell $(PYTHON) src/txbroker/_build.py pure-tests)" in makefile
+    assert "TXBROKER_PURE=1 $(PY) -m pytest -q -p no:cacheprovider $(PURE_TESTS)" in makefile
+    out = subprocess.run([sys.executable, str(PACKAGE / "_build.py"), "sources"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == [f"src/txbroker/{p.relative_to(PACKAGE).as_posix()}"
+                   for p in _build.compiled_sources()]
+    out = subprocess.run([sys.executable, str(PACKAGE / "_build.py"), "pure-tests"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == list(_build.PURE_TESTS) and all((root / t).exists() for t in out)

@@ -35,7 +35,13 @@ from typing import Final
 #: the pure core and codecs, the storage encoders, and the request path every protocol
 #: edge shares (the operations layer) with the STOMP edge's frame handler.
 COMPILED: Final = ("core", "protocol", "storage/journal_format.py",
-                   "storage/dirstore_format.py", "server/ops.py", "server/stomp_frames.py")
+                   "storage/dirstore_format.py", "server/ops", "server/edges/stomp/frames.py")
+#: The tests of the compiled set that ``make test`` runs a second time on the pure-Python
+#: sources (``TXBROKER_PURE=1``), relative to the repository; the Makefile reads them with
+#: ``python src/txbroker/_build.py pure-tests`` (and its sources with ``... sources``).
+PURE_TESTS: Final = ("tests/core", "tests/protocol", "tests/storage",
+                     "tests/server/test_ops.py", "tests/stomp/test_listener.py",
+                     "tests/stomp/test_stomppy.py", "tests/test_build.py")
 #: The file setup.py writes next to this one: the digest of the sources compiled.
 DIGEST_FILE: Final = "_compiled_from.txt"
 #: The environment variable that asks for the pure-Python build.
@@ -112,3 +118,14 @@ def choose(package_dir: Path = _PACKAGE_DIR) -> str:
                "with `make venv` or pip install)"
     sys.meta_path.insert(0, _PureFinder())
     return MODE
+
+
+if __name__ == "__main__":  # the Makefile's one source of the compiled set
+    _what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if _what == "sources":
+        _root = _PACKAGE_DIR.parent.parent
+        print(" ".join(p.relative_to(_root).as_posix() for p in compiled_sources()))
+    elif _what == "pure-tests":
+        print(" ".join(PURE_TESTS))
+    else:
+        sys.exit("usage: python src/txbroker/_build.py sources|pure-tests")

@@ -27,7 +27,7 @@
     ├── ConnectionLost            the client lost its connection and could not fail over
     │   └── TransactionInDoubt    the connection broke while a commit was on its way
     ├── ReplicaVoteFailed         a ready backup could not write an entry (--ha replicated)
-    └── EtcdError                 etcd refused a request (server/etcd.py)
+    └── EtcdError                 etcd refused a request (server/ha/etcd.py)
         └── EtcdUnavailable       no etcd endpoint answered (refused, timeout, 5xx)
 
 Wire errors carry a stable :class:`ErrorCode`; :func:`error_for_code` maps a
@@ -316,7 +316,7 @@ class ReplicaVoteFailed(TxBrokerError):
 
 
 class EtcdError(TxBrokerError):
-    """etcd answered a request with an error (``server/etcd.py``); ``grpc_code`` is
+    """etcd answered a request with an error (``server/ha/etcd.py``); ``grpc_code`` is
     etcd's gRPC status code (0 when unknown)."""
 
     def __init__(self, message: str, grpc_code: int = 0) -> None:

@@ -20,7 +20,7 @@ from pamqp.exceptions import PAMQPException
 
 from tests.amqp.support import AmqpBroker, RawAmqp
 from txbroker.protocol.amqp import PROTOCOL_HEADER
-from txbroker.server.auth import hash_password
+from txbroker.server.security.auth import hash_password
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def locked_broker(tmp_path: Path):  # type: ignore[no-untyped-def]
     """A broker with a user (alice / pw) and auto_create off."""
-    from txbroker.server.auth import hash_password
+    from txbroker.server.security.auth import hash_password
 
     config = tmp_path / "broker.toml"
     config.write_text("[limits]\nauto_create = false\n\n"
@@ -299,7 +299,7 @@ def test_timeouts_and_unexpected_errors_are_one_line(
 
 
 def test_passwd_prints_a_verifiable_hash() -> None:
-    from txbroker.server.auth import verify_password
+    from txbroker.server.security.auth import verify_password
 
     result = subprocess.run([sys.executable, "-m", "txbroker.cli", "passwd", "--password",
                              "pw"], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -308,7 +308,7 @@ def test_passwd_prints_a_verifiable_hash() -> None:
 
 
 def test_passwd_reads_stdin_when_it_is_not_a_terminal() -> None:
-    from txbroker.server.auth import verify_password
+    from txbroker.server.security.auth import verify_password
 
     piped = txb("passwd", input=b"pw\n")
     assert (piped.stderr, verify_password("pw", piped.stdout.strip())) == ("", True)

@@ -12,7 +12,7 @@ import pytest
 
 import txbroker
 from tests.support import BrokerProcess, free_port
-from txbroker.server.auth import hash_password
+from txbroker.server.security.auth import hash_password
 
 USER, PASSWORD = "alice", "s3cret"
 

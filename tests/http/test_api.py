@@ -12,8 +12,8 @@ import pytest
 import txbroker
 from tests.http.conftest import PASSWORD, USER, HttpBroker, dead_letter_two
 from txbroker.errors import ConnectionLost, TxBrokerError
-from txbroker.server.http.api import HttpApi, routes
-from txbroker.server.http.openapi import OPENAPI
+from txbroker.server.edges.http.api import HttpApi, routes
+from txbroker.server.edges.http.openapi import OPENAPI
 
 JSON = {"content-type": "application/json"}
 
@@ -300,7 +300,7 @@ def test_every_refusal_code_has_an_http_status() -> None:
     """Every ErrorCode but INTERNAL (500) and XA (by XA code) has its status, and the
     table names no code that does not exist (FORBIDDEN comes with the ACL change)."""
     from txbroker.errors import ErrorCode
-    from txbroker.server.http.calls import STATUS_OF_CODE
+    from txbroker.server.edges.http.calls import STATUS_OF_CODE
 
     names = {code.name for code in ErrorCode}
     assert names - set(STATUS_OF_CODE) == {"INTERNAL", "XA"}

@@ -9,7 +9,7 @@ import tomllib
 
 from tests.http.conftest import HttpBroker
 from tests.support import ROOT
-from txbroker.server.http.console import STATIC_DIR
+from txbroker.server.edges.http.console import STATIC_DIR
 
 
 def test_root_redirects_to_the_console(secured: HttpBroker) -> None:

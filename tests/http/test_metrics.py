@@ -125,7 +125,7 @@ def test_ha_role_is_exported_when_the_broker_is_one_of_a_pair() -> None:
 
     from prometheus_client import generate_latest
 
-    from txbroker.server.http.metrics import Snapshot
+    from txbroker.server.edges.http.metrics import Snapshot
 
     def role_samples(ha: Any) -> list[tuple[str, dict[str, str], float]]:
         snapshot = Snapshot(queues=[], stats={"ha": ha} if ha else {}, store=None,

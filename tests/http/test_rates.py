@@ -1,11 +1,11 @@
-"""The queues' message rates in the REST API (``server/http/rates.py``), with a
+"""The queues' message rates in the REST API (``server/edges/http/rates.py``), with a
 clock the test moves: exact values."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from txbroker.server.http.rates import RateMeter
+from txbroker.server.edges.http.rates import RateMeter
 
 
 class Clock:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import txbroker
 from tests.support import ROOT, BrokerProcess
 from txbroker.errors import AuthenticationFailed, ErrorCode, Forbidden, NotFound, XAError
-from txbroker.server.acl import (
+from txbroker.server.security.acl import (
     AccessControl,
     AuditLog,
     destination_of,
@@ -31,7 +31,7 @@ from txbroker.server.acl import (
     parse_pattern,
     words_match,
 )
-from txbroker.server.auth import hash_password
+from txbroker.server.security.auth import hash_password
 
 PASSWORD = "pw"
 #: One user per permission on ``orders.*``, and an operator with everything on ``#``.
@@ -626,7 +626,7 @@ def test_every_native_op_has_its_permission(tmp_path: Path) -> None:
 
     from tests.server.test_ops import NativePeer, with_server
     from txbroker.protocol.native import Err
-    from txbroker.server.handlers import HANDLERS
+    from txbroker.server.edges.native.handlers import HANDLERS
 
     assert set(NATIVE_OPS) == set(HANDLERS)  # a new op needs its line here
     users = (*USERS, "eve")

@@ -18,8 +18,8 @@ import pytest
 from tests.etcd_support import EtcdServer, LinkProxy
 from tests.support import free_port
 from txbroker.errors import EtcdUnavailable, TxBrokerError
-from txbroker.server.etcd import EtcdClient, prefix_end
-from txbroker.server.etcd_lease import (
+from txbroker.server.ha.etcd import EtcdClient, prefix_end
+from txbroker.server.ha.etcd_lease import (
     Candidate,
     LeaseHolder,
     Progress,

@@ -213,7 +213,7 @@ def test_a_flood_of_idle_connections_is_capped(tmp_path: Path) -> None:
     """Connections that never begin the handshake hold at most MAX_PENDING_HANDSHAKES
     slots (each for HANDSHAKE_TIMEOUT); one more is closed at once; the pair is
     unharmed, and once they are gone a peer passes again."""
-    from txbroker.server.ha_link import MAX_PENDING_HANDSHAKES
+    from txbroker.server.ha.link import MAX_PENDING_HANDSHAKES
 
     with secured_pair(tmp_path, tls=False) as pair:
         a, b = pair.nodes

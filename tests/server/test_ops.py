@@ -26,11 +26,11 @@ from txbroker.protocol.native import Role as NativeRole
 from txbroker.protocol.stomp import Frame, StompConnection
 from txbroker.protocol.stomp import Role as StompRole
 from txbroker.server.app import BrokerServer
-from txbroker.server.auth import hash_password
 from txbroker.server.config import ServerConfig
-from txbroker.server.connection import ClientConnection
+from txbroker.server.edges.native.connection import ClientConnection
+from txbroker.server.edges.stomp.connection import StompServerConnection
 from txbroker.server.ops import Session, is_loopback, unknown_delivery
-from txbroker.server.stomp import StompServerConnection
+from txbroker.server.security.auth import hash_password
 
 LOOPBACK = ("127.0.0.1", 40000)
 ELSEWHERE = ("10.1.2.3", 40000)

@@ -23,7 +23,7 @@ import txbroker
 from tests.etcd_support import EtcdServer, LinkProxy
 from tests.ha_support import free_ports
 from tests.support import ROOT
-from txbroker.server.etcd import EtcdClient
+from txbroker.server.ha.etcd import EtcdClient
 
 HOST = "127.0.0.1"
 TTL = 2  #: etcd's smallest lease: the primary fences itself after 2 - 2/3 s of silence

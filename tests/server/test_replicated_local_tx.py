@@ -4,7 +4,7 @@ backup that cannot write it votes fail: the commit is rolled back everywhere and
 the client gets TransactionRolledBack; with every backup voting ok it commits on
 every node. A one-phase XA commit is voted the same way. Real processes, kill -9
 and ``txbroker ha promote``; the failing backup is broken by the named fault point
-``vote_fail:local_commit`` (``server/replica.py``).
+``vote_fail:local_commit`` (``server/ha/replica.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The primary's catch-up buffer (``server/replication.py``): what it keeps, and when a
+"""The primary's catch-up buffer (``server/ha/replication.py``): what it keeps, and when a
 backup's ``resume`` may be answered with the suffix rather than a dump. No broker,
 no socket: the hub's numbering and buffer on their own (``begin`` with no backup
 attached)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from txbroker.server.replication import ReplicationHub
+from txbroker.server.ha.replication import ReplicationHub
 
 
 def hub(buffer: int) -> ReplicationHub:

@@ -182,7 +182,7 @@ def test_requests_before_hello_are_refused(broker: BrokerProcess) -> None:
 
 
 def test_authentication(tmp_path: Path) -> None:
-    from txbroker.server.auth import hash_password
+    from txbroker.server.security.auth import hash_password
 
     config = tmp_path / "broker.toml"
     config.write_text(f'[users]\nalice = "{hash_password("s3cret")}"\n')

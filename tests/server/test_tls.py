@@ -167,7 +167,7 @@ def test_a_plaintext_client_on_the_tls_port_is_refused(broker: TlsBroker, pki: P
         txbroker.connect(f"txb://127.0.0.1:{broker.tls_port}", timeout=WAIT)
     lines = broker.log_lines("not a TLS handshake")[len(before):]
     assert len(lines) == 1
-    assert ("WARNING txbroker.server.tls: native protocol over TLS: TLS handshake with "
+    assert ("WARNING txbroker.server.security.tls: native protocol over TLS: TLS handshake with "
             "127.0.0.1:") in lines[0]
     assert lines[0].endswith("failed: not a TLS handshake (first bytes b'\\x00\\x00': a "
                              "plaintext client?)")

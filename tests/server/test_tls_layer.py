@@ -1,4 +1,4 @@
-"""The TLS layer of the listeners (``server/tls.py``) in process, on asyncio's loop and on
+"""The TLS layer of the listeners (``server/security/tls.py``) in process, on asyncio's loop and on
 uvloop: an echo protocol behind ``tls_factory`` gets exactly the bytes the client
 sent (3 MB, many records), a plaintext client and a client that distrusts the
 certificate are refused with one WARNING line each, and the real protocol sees the
@@ -16,7 +16,7 @@ import pytest
 import uvloop
 
 from tests.tls_support import Pki, make_pki
-from txbroker.server.tls import server_context, tls_factory
+from txbroker.server.security.tls import server_context, tls_factory
 
 pytestmark = pytest.mark.timeout(60)
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
@@ -113,13 +113,13 @@ def test_refusals_are_one_line_each(loop_name: str, pki: Pki,
         with pytest.raises(ssl.SSLCertVerificationError):
             await asyncio.open_connection("127.0.0.1", port, ssl=other,
                                           server_hostname="localhost")
-        while len([r for r in caplog.records if r.name == "txbroker.server.tls"]) < 2:
+        while len([r for r in caplog.records if r.name == "txbroker.server.security.tls"]) < 2:
             await asyncio.sleep(0.01)
         server.close()
 
-    with caplog.at_level(logging.INFO, logger="txbroker.server.tls"):
+    with caplog.at_level(logging.INFO, logger="txbroker.server.security.tls"):
         run(loop_name, scenario)
-    lines = [r for r in caplog.records if r.name == "txbroker.server.tls"]
+    lines = [r for r in caplog.records if r.name == "txbroker.server.security.tls"]
     assert [r.levelname for r in lines] == ["WARNING", "WARNING"]
     first, second = (r.getMessage() for r in lines)
     assert first.startswith("echo: TLS handshake with 127.0.0.1:")

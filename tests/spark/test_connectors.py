@@ -83,7 +83,7 @@ def stream(spark: Any, url: str, queues: str, **options: str) -> Any:
 
 
 def auth_broker(tmp_path: Path, extra: str = "") -> Iterator[BrokerProcess]:
-    from txbroker.server.auth import hash_password
+    from txbroker.server.security.auth import hash_password
 
     config = tmp_path / "broker.toml"
     config.write_text(f'{extra}[users]\nalice = "{hash_password("s3cret")}"\n')

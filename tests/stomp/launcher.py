@@ -19,7 +19,7 @@ from pathlib import Path
 
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
-from txbroker.server.stomp import StompSettings
+from txbroker.server.edges.stomp.connection import StompSettings
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.stomp.support import StompBroker, StompClient
 from txbroker.protocol.stomp import Frame
-from txbroker.server.auth import hash_password
+from txbroker.server.security.auth import hash_password
 
 pytestmark = pytest.mark.timeout(60)
 

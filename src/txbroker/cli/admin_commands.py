@@ -40,7 +40,7 @@ def passwd(password: Annotated[str | None, typer.Option(
         help="the password (default: asked twice on a terminal, else one line of stdin)",
         )] = None) -> None:
     """Print a scrypt hash for the config file's [users] table."""
-    from txbroker.server.auth import hash_password
+    from txbroker.server.security.auth import hash_password
 
     if password is None:
         if sys.stdin.isatty():

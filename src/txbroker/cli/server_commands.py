@@ -175,7 +175,7 @@ def _run_ha(cfg: Any, reload: Callable[[], Any], ready: Callable[[Any], None]) -
     """Run one broker of an HA pair: a line when it is standby, the usual ready line
     once it is active (after a takeover too)."""
     from txbroker.server.app import run
-    from txbroker.server.ha import HaRole, PeerRefused, SharedStoreNode
+    from txbroker.server.ha.shared_store import HaRole, PeerRefused, SharedStoreNode
 
     def on_role(role: str, server: Any) -> None:
         if role == HaRole.STANDBY:
@@ -195,7 +195,7 @@ def _run_replicated(cfg: Any, ready: Callable[[Any], None]) -> None:
     """Run one broker of a replicated group: a line when it is a backup, the usual
     ready line once it is the primary."""
     from txbroker.server.app import run
-    from txbroker.server.replicated import ReplicatedNode, Role
+    from txbroker.server.ha.replicated import ReplicatedNode, Role
 
     def on_role(role: str, server: Any) -> None:
         if role == Role.BACKUP:

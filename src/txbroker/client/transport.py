@@ -22,7 +22,7 @@ __all__ = ["READ_CHUNK", "TLS_MINIMUM_VERSION", "Stream", "TCPTransport", "Trans
 READ_CHUNK: Final = 256 * 1024
 #: Write-buffer high-water mark above which ``drain`` waits (asyncio's default is 64 KiB).
 WRITE_HIGH_WATER: Final = 1024 * 1024
-#: The oldest TLS version the client accepts (the broker's floor too, server/tls.py).
+#: The oldest TLS version the client accepts (the broker's floor too, server/security/tls.py).
 TLS_MINIMUM_VERSION: Final = ssl.TLSVersion.TLSv1_2
 
 

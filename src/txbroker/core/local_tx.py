@@ -15,7 +15,7 @@ and puts the consumed messages back to be redelivered.
 seed 001, "TX Commit/Rollback: do prepare phase as for DTX"). The commit is
 written as the ``XA_PREPARE`` of an internal branch (``xid.local_tx_xid``, a
 reserved format id) instead of a ``TX``: replication votes on every
-``XA_PREPARE`` (``server/replication.py``). Every ready backup wrote it: the
+``XA_PREPARE`` (``server/ha/replication.py``). Every ready backup wrote it: the
 work applies, the client is answered and an ``XA_COMMIT`` (carrying the sends'
 seqs) follows in the log without being waited for. A backup could not write it
 (``ReplicaVoteFailed``): an ``XA_ROLLBACK`` is written and, once durable, the

@@ -1,5 +1,5 @@
 """The broker's whole durable state as store entries: what a joining backup gets
-first (``--ha replicated``, ``server/replication.py``), and the follower's side.
+first (``--ha replicated``, ``server/ha/replication.py``), and the follower's side.
 
 Theory of operation
 -------------------
@@ -21,7 +21,7 @@ primary's entries up to one LSN add up to, as entries replay understands:
 The dump must be taken when the in-memory state is exactly the durable log:
 every appended entry durable and applied, no open record group. The edge makes
 that so (it stops reading clients until its in-flight entries are complete,
-``server/replication.py``); :func:`check_quiet` refuses otherwise. Bodies are
+``server/ha/replication.py``); :func:`check_quiet` refuses otherwise. Bodies are
 not in the dump's description: the edge reads them from the store (by the
 messages' refs) as it streams the dump.
 """

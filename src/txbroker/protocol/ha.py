@@ -26,7 +26,7 @@ broker that is not active answers ``refused`` with ``retry`` true. Anything else
 not a line of JSON, an object without the version — means the peer is not a
 txbroker HA port: :class:`~txbroker.errors.ProtocolError` with what it sent.
 
-No socket, loop or clock here (``server/ha.py`` is the I/O).
+No socket, loop or clock here (``server/ha/shared_store.py`` is the I/O).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ After ``ok`` the link's own protocol runs on the same connection, the initiator
 speaking first; so a byte after the line that completes the handshake, on either
 side, is a violation.
 
-No socket, loop, clock or randomness here (``server/ha_link.py`` is the I/O).
+No socket, loop, clock or randomness here (``server/ha/link.py`` is the I/O).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ Theory of operation
 One event loop owns the :class:`~txbroker.core.Broker` (no locks). Each
 listener (native protocol, STOMP, and each of them over TLS — all opened by
 :meth:`BrokerServer.listen`; a TLS listener runs the handshake first,
-``server/tls.py``) makes one connection object per client; a connection turns frames into
-operations of the operation layer (``server/ops.py``), which calls the core.
+``server/security/tls.py``) makes one connection object per client; a connection turns frames into
+operations of the operation layer (``server/ops/operations.py``), which calls the core.
 After each batch the server runs the core's effects: records go to the store
 (whose single writer thread does group commit and hands completions back to
 the loop in one call per batch), replies and deliveries go through the
@@ -50,14 +50,14 @@ from txbroker.core.effects import (
 )
 from txbroker.core.messages import Message
 from txbroker.errors import StorageFailed
-from txbroker.server.amqp import AmqpServerConnection, AmqpSettings
-from txbroker.server.amqp_state import AmqpState
-from txbroker.server.auth import Authenticator
 from txbroker.server.config import ServerConfig
-from txbroker.server.connection import ClientConnection
+from txbroker.server.edges.amqp.connection import AmqpServerConnection, AmqpSettings
+from txbroker.server.edges.amqp.state import AmqpState
+from txbroker.server.edges.native.connection import ClientConnection
+from txbroker.server.edges.stomp.connection import StompServerConnection, StompSettings
 from txbroker.server.ops import Operations, is_loopback
-from txbroker.server.stomp import StompServerConnection, StompSettings
-from txbroker.server.tls import tls_factory
+from txbroker.server.security.auth import Authenticator
+from txbroker.server.security.tls import tls_factory
 from txbroker.storage.interface import PackedBodies, Relocation, Store, StoreStats
 from txbroker.storage.store_lock import StoreLock
 
@@ -140,7 +140,7 @@ class BrokerServer:
         #: the AMQP edge's shared state (exchanges, bindings), once it listens
         self.amqp: AmqpState | None = None
         self.http_port = 0
-        #: the HTTP edge (server/http/), when --http-port is set
+        #: the HTTP edge (server/edges/http/), when --http-port is set
         self._http: Any = None
         self._started = time.monotonic()
         #: the bound ports of the TLS listeners (0: not listening)
@@ -164,7 +164,7 @@ class BrokerServer:
         self._lock = lock
         #: the HA part's status (``stats()["ha"]``), when the broker is one of a pair
         self.ha_status: Callable[[], dict[str, Any]] | None = None
-        #: replicated HA: wraps the store once opened (``server/replication.py``)
+        #: replicated HA: wraps the store once opened (``server/ha/replication.py``)
         self.wrap_store: Callable[[Store], Store] | None = None
 
     @property
@@ -193,7 +193,7 @@ class BrokerServer:
     def open_store(self) -> None:
         """Open the store and replay every entry it holds into the core, without
         finishing recovery: a backup of ``--ha replicated`` goes on replaying what its
-        primary sends (``server/replica.py``) until it is promoted."""
+        primary sends (``server/ha/replica.py``) until it is promoted."""
         self.loop = asyncio.get_running_loop()
         self.ops.check_listen(self.config.host)  # before a long recovery
         if self.auth.open:
@@ -282,7 +282,7 @@ class BrokerServer:
         """Open a listener (``port`` 0: any free port): the one place every
         protocol's listener is opened, after the operation layer's check. With
         ``tls`` (``ServerConfig.server_ssl_context()``), each connection does the TLS
-        handshake first (``server/tls.py``; a failed one is a log line)."""
+        handshake first (``server/security/tls.py``; a failed one is a log line)."""
         self.ops.check_listen(host)
         loop = asyncio.get_running_loop()
         if tls is not None:
@@ -330,7 +330,7 @@ class BrokerServer:
                           *, tls: ssl.SSLContext | None = None) -> asyncio.Server:
         """Listen for AMQP 0-9-1 clients (docs/amqp.md); sets :attr:`amqp_port` (with
         ``tls``: :attr:`amqps_port`, clients use ``amqps://``). The first call loads the
-        exchange definitions (``server/amqp_state.py``)."""
+        exchange definitions (``server/edges/amqp/state.py``)."""
         chosen = settings or AmqpSettings()
         chosen.validate()
         if self.amqp is None:
@@ -348,10 +348,10 @@ class BrokerServer:
 
     async def listen_http(self, host: str, port: int, *, tls: ssl.SSLContext | None = None
                           ) -> asyncio.Server:
-        """Listen for HTTP (REST API, ``/metrics``, console: ``server/http/``); sets
+        """Listen for HTTP (REST API, ``/metrics``, console: ``server/edges/http/``); sets
         :attr:`http_port` (with ``tls``: HTTPS, :attr:`https_port`). Starlette and
         uvicorn are imported only here."""
-        from txbroker.server.http import HttpEdge
+        from txbroker.server.edges.http import HttpEdge
 
         if self._http is None:
             self._http = HttpEdge(self)

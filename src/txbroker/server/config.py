@@ -48,7 +48,7 @@ Config file (all keys optional)::
     [users]                     # empty = open broker, loopback only
     alice = "scrypt$16384$8$1$…"   # from `txbroker passwd`
 
-    [acl]                       # absent: every user may do everything (server/acl.py)
+    [acl]                       # absent: every user may do everything (server/security/acl.py)
     groups = { ops = ["alice"] }
     [[acl.rules]]               # present: only what a rule grants (docs/security.md)
     group = "ops"               # or user = "alice"
@@ -73,8 +73,8 @@ from typing import Any
 from txbroker.core.limits import Limits
 from txbroker.core.router_model import parse_facility
 from txbroker.errors import BadRequest
-from txbroker.server.acl import AclConfig, parse_acl
-from txbroker.server.tls import check_files, peer_context
+from txbroker.server.security.acl import AclConfig, parse_acl
+from txbroker.server.security.tls import check_files, peer_context
 from txbroker.storage.interface import SyncMode
 from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own default
 from txbroker.storage.journal_space import (  # the journal's own defaults
@@ -194,7 +194,7 @@ class ServerConfig:
     #: --ha replicated with etcd: the group's name (its keys: /txbroker/<name>/…)
     ha_cluster: str = "default"
     #: --ha replicated with etcd: the primary key's lease (s); the primary fences itself
-    #: a third of it before the lease can expire (server/etcd_lease.py)
+    #: a third of it before the lease can expire (server/ha/etcd_lease.py)
     ha_lease_ttl: int = 10
     #: --ha replicated: bytes of the newest entries the primary keeps so that a backup
     #: that lost its link resumes from its copy (0 = none: every join gets a dump)
@@ -268,7 +268,7 @@ class ServerConfig:
         self.server_ssl_context()
 
     def server_ssl_context(self) -> ssl.SSLContext | None:
-        """The context of every TLS listener (``server/tls.py``), None without
+        """The context of every TLS listener (``server/security/tls.py``), None without
         ``tls_cert``; ValueError, one line, on files that cannot serve."""
         if not self.tls_cert:
             return None

@@ -5,7 +5,7 @@ Theory of operation
 A data directory has one lock file (``DIR/journal/lock`` for the journal
 store, ``DIR/lock`` for the directory store). Whoever holds an exclusive
 ``fcntl`` record lock on it owns the directory: a store opens only under it,
-and with ``--ha shared-store`` (``server/ha.py``) it is what makes a broker the
+and with ``--ha shared-store`` (``server/ha/shared_store.py``) it is what makes a broker the
 active one. There is exactly one lock, never a second one beside it.
 
 The lock is an *open file description* lock (``F_OFD_SETLK``, Linux ≥ 3.15)

@@ -1,0 +1,619 @@
+"""One AMQP channel: its methods as operations of the connection's session.
+
+Theory of operation
+-------------------
+A connection (``connection.py``) has one core session (``server/ops``) and up to
+``channel_max`` channels; each :class:`Channel` turns the methods of its channel into
+operations of that session and their outcomes into methods. What
+the channel owns:
+
+* **ordered replies**: AMQP answers a channel's synchronous methods in order,
+  and some answers wait for the store (``queue.declare-ok`` once the queue's
+  record is durable, ``tx.commit-ok``, a publisher confirm). Every output of the
+  channel goes through one queue of :class:`Pending` entries; an entry waits for
+  the request ids it names and is written, in order, once all are answered.
+* **delivery tags** are per channel (1, 2, …) and map to the session's core tags;
+  ``multiple`` acks cover every unacked tag up to the one named. A tag whose
+  message went back to its queue (``basic.cancel``, ``basic.recover``,
+  ``tx.rollback``, a closed channel) may still be acked: that ack does nothing,
+  the message is redelivered. Any other unknown tag is 406, as in RabbitMQ.
+* **consumers**: one core subscription each, prefetch from ``basic.qos`` (per
+  consumer); a ``no_ack`` consumer's deliveries are acknowledged by the edge once
+  written to the socket, while its write buffer is below the high-water mark (as
+  STOMP's ``ack:auto``), so TCP back-pressure bounds what is in flight.
+* **transactions** (``tx.select``): one core local transaction at a time, begun
+  again after each commit or rollback; publishes and acks of the channel go
+  into it. **Confirms** (``confirm.select``): ``basic.ack`` once every queue the
+  message was routed to has it durably (``basic.nack`` if one refused it).
+
+A refusal raises :class:`~txbroker.server.edges.amqp.model.ChannelError`; the
+connection closes the channel (or, ``hard``, itself) with its reply code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from pamqp import commands
+
+from txbroker.errors import (
+    AlreadyExists,
+    BadRequest,
+    BrokerError,
+    Disabled,
+    Forbidden,
+    IllegalState,
+    MessageTooLarge,
+    NotAuthenticated,
+    NotFound,
+    QuotaExceeded,
+    ShuttingDown,
+    TooManyUnacked,
+    TransactionError,
+)
+from txbroker.protocol.amqp import AmqpConnection, ReplyCode
+from txbroker.server.edges.amqp.content import (
+    DEFAULT_PRIORITY,
+    PERSISTENT,
+    delivery_facts,
+    message_headers,
+    ttl_of,
+)
+from txbroker.server.edges.amqp.model import ChannelError
+from txbroker.server.edges.amqp.state import INTERNAL_PREFIX, AmqpState
+from txbroker.server.ops import Delivery, Session
+from txbroker.server.security.acl import CONSUME
+
+#: Prefixes of the names the server makes (RabbitMQ's).
+SERVER_NAMED_PREFIX: Final = "amq.gen-"
+CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
+#: txbroker's highest message priority (core/messages.py: 0-9, as JMS).
+MAX_PRIORITY: Final = 9
+
+
+class ConnectionPort(Protocol):
+    """What a channel needs from its connection."""
+
+    codec: AmqpConnection
+    session: Session | None
+    state: AmqpState
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the socket."""
+
+    def new_rid(self) -> int:
+        """A request id, unique on the connection."""
+
+    def new_sub(self) -> int:
+        """A core subscription number, unique on the connection."""
+
+    def expect(self, rid: int, channel: Channel, pending: Pending) -> None:
+        """Route the core's later answer to ``rid`` to ``pending`` of ``channel``."""
+
+    def own_sub(self, sub: int, channel: Channel | None) -> None:
+        """Route deliveries of subscription ``sub`` to ``channel`` (None: forget it)."""
+
+    def settle_when_written(self, core_tag: int) -> None:
+        """A ``no_ack`` delivery: acknowledge it once handed to the socket."""
+
+    def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
+        """Run a callback of the effect runner for ``channel``: a refusal closes the
+        channel (or the connection), never the effect runner."""
+
+
+class ChannelState(enum.Enum):
+    """A channel's life."""
+
+    OPEN = "open"
+    #: we sent channel.close: everything but close / close-ok is dropped (spec 2.3.5)
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class Pending:
+    """Output waiting for ``waiting`` answers; ``render`` writes it once they are in."""
+
+    waiting: int
+    render: Callable[[Pending], None]
+    results: list[Any] = field(default_factory=list)
+    error: BrokerError | None = None
+    delivery: Delivery | None = None
+
+
+@dataclass(slots=True)
+class Consumer:
+    """A ``basic.consume`` of the channel."""
+
+    tag: str
+    sub: int
+    queue: str
+    no_ack: bool
+
+
+def reply_code_of(error: BrokerError) -> tuple[ReplyCode, bool]:
+    """The AMQP reply code for a refusal of the core or the operation layer, and
+    whether it closes the connection (hard) rather than the channel."""
+    if isinstance(error, NotFound):
+        return ReplyCode.NOT_FOUND, False
+    if isinstance(error, Forbidden | NotAuthenticated):
+        return ReplyCode.ACCESS_REFUSED, False
+    if isinstance(error, AlreadyExists | BadRequest | IllegalState | MessageTooLarge |
+                  QuotaExceeded | Disabled | TooManyUnacked | TransactionError):
+        return ReplyCode.PRECONDITION_FAILED, False
+    if isinstance(error, ShuttingDown):
+        return ReplyCode.CONNECTION_FORCED, True
+    return ReplyCode.INTERNAL_ERROR, True
+
+
+def as_channel_error(error: BrokerError) -> ChannelError:
+    """A core refusal as the ChannelError its client is told."""
+    code, hard = reply_code_of(error)
+    return ChannelError(code, f"{code.name} - {error.message}", hard=hard)
+
+
+class Channel:
+    """One open channel of a connection (module docstring)."""
+
+    def __init__(self, conn: ConnectionPort, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.state = ChannelState.OPEN
+        self.out: deque[Pending] = deque()
+        self.prefetch = 0
+        self.consumers: dict[str, Consumer] = {}
+        #: channel delivery tag -> (core tag, core subscription or 0 for basic.get)
+        self.unacked: dict[int, tuple[int, int]] = {}
+        #: channel tags whose messages went back to their queue (acks of them: no-op)
+        self.given_back: set[int] = set()
+        self.next_tag = 1
+        self.tx: int | None = None
+        self.tx_acked: list[int] = []
+        self.confirming = False
+        self.next_confirm = 1
+        self.last_queue = ""
+        #: request ids of this channel's publishes not yet answered by the core
+        self.publishing: set[int] = set()
+
+    @property
+    def session(self) -> Session:
+        """The connection's (authenticated) core session."""
+        session = self.conn.session
+        assert session is not None
+        return session
+
+    # ------------------------------------------------------------------ output
+    def send(self, method: Any) -> None:
+        """A method frame, in order after what is pending."""
+        self.emit(self.conn.codec.send_method(self.number, method))
+
+    def emit(self, data: bytes) -> None:
+        """Bytes for the socket, in order after what is pending."""
+        if self.out:
+            self.out.append(Pending(0, lambda _: self._write(data)))
+        else:
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self.state is ChannelState.OPEN:
+            self.conn.write(data)
+
+    def later(self, rids: list[int], render: Callable[[Pending], None],
+              saves: int = 0) -> Pending:
+        """Output written once the core answered ``rids`` and ``saves`` definition
+        snapshots are durable."""
+        pending = Pending(len(rids) + saves, render)
+        for rid in rids:
+            self.conn.expect(rid, self, pending)
+        self.out.append(pending)
+        if saves:
+            self.conn.state.save(lambda error: self.conn.run_guarded(
+                self, lambda: self.answered(pending, None, error)))
+        self.pump()
+        return pending
+
+    def answered(self, pending: Pending, result: Any, error: BrokerError | None) -> None:
+        """One of ``pending``'s answers arrived."""
+        pending.waiting -= 1
+        if error is not None and pending.error is None:
+            pending.error = error
+        if result is not None:
+            pending.results.append(result)
+        self.pump()
+
+    def pump(self) -> None:
+        """Write the ready entries at the head of the queue."""
+        out = self.out
+        while out and out[0].waiting <= 0:
+            pending = out.popleft()
+            if self.state is not ChannelState.OPEN:
+                continue
+            pending.render(pending)
+
+    def after_publishes(self, run: Callable[[bool], None]) -> None:
+        """Run ``run`` once this channel's earlier publishes are in their queues (a
+        message published before a ``basic.get``, a purge or a count on the same
+        channel is seen by it, as in RabbitMQ). ``run(True)``: it runs at the head
+        of the output queue and may write directly."""
+        if not self.publishing:
+            run(False)
+            return
+        pending = Pending(len(self.publishing), lambda _: run(True))
+        for rid in self.publishing:
+            self.conn.expect(rid, self, pending)
+        self.out.append(pending)
+
+    def reply_now(self, at_head: bool, method: Any) -> None:
+        """A method written at once (``at_head``) or in order after what is pending."""
+        if at_head:
+            self._write(self.conn.codec.send_method(self.number, method))
+        else:
+            self.send(method)
+
+    # ------------------------------------------------------------------ helpers of the methods
+    def reply(self, nowait: Any, method: Any, *, rids: list[int] | None = None,
+               saves: int = 0) -> None:
+        """``method`` as the reply (none if ``nowait``), once ``rids`` are answered and
+        ``saves`` definition snapshots are durable."""
+        if not rids and not saves:
+            if not nowait:
+                self.send(method)
+            return
+        self.later(rids or [], lambda p: self.ok(p, None if nowait else method), saves)
+
+    def ok(self, pending: Pending, method: Any) -> None:
+        """Render a reply that waited: ``method``, or the refusal one answer brought."""
+        if pending.error is not None:
+            raise as_channel_error(pending.error)
+        if method is not None:
+            self.conn.write(self.conn.codec.send_method(self.number, method))
+
+    def queue_name(self, name: str) -> str:
+        """The queue a method names ("" = the channel's last declared queue)."""
+        if not name:
+            if not self.last_queue:
+                raise ChannelError(ReplyCode.NOT_FOUND,
+                                   "NOT_FOUND - no previously declared queue")
+            return self.last_queue
+        if name.startswith(INTERNAL_PREFIX):
+            raise ChannelError(ReplyCode.ACCESS_REFUSED,
+                               f"ACCESS_REFUSED - queue '{name}' is the broker's own")
+        return name
+
+    def existing_queue(self, name: str) -> str:
+        """An existing queue's name (404 if none; 405 if another connection's
+        exclusive queue)."""
+        queue = self.queue_name(name)
+        if queue not in self.session.core.queues:
+            raise ChannelError(ReplyCode.NOT_FOUND,
+                               f"NOT_FOUND - no queue '{queue}' in vhost '/'")
+        owner = self.conn.state.exclusive_owner.get(queue)
+        if owner is not None and owner != self.session.id:
+            raise ChannelError(ReplyCode.RESOURCE_LOCKED,
+                               f"RESOURCE_LOCKED - cannot obtain exclusive access to locked "
+                               f"queue '{queue}' in vhost '/'")
+        return queue
+
+    # ------------------------------------------------------------------ publishing
+    def publish(self, m: Any, properties: commands.Basic.Properties, body: bytes,
+                now: int) -> None:
+        """basic.publish with its content: one core send per queue it is routed to."""
+        if m.immediate:
+            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
+                               "NOT_IMPLEMENTED - immediate=true", hard=True)
+        session = self.session
+        core = session.core
+        queues = self.conn.state.definitions.route(m.exchange, m.routing_key,
+                                                   properties.headers, core.queues)
+        if queues and queues[0].startswith(INTERNAL_PREFIX):  # only the default exchange
+            raise ChannelError(ReplyCode.ACCESS_REFUSED,  # routes to it (nothing binds it)
+                               f"ACCESS_REFUSED - queue '{queues[0]}' is the broker's own")
+        seq = 0
+        if self.confirming:
+            seq = self.next_confirm
+            self.next_confirm += 1
+        if not queues:
+            if m.mandatory:
+                self.emit(self.conn.codec.send_content(
+                    self.number, commands.Basic.Return(312, "NO_ROUTE", m.exchange,
+                                                       m.routing_key), properties, body))
+            if seq:
+                self.send(commands.Basic.Ack(seq))
+            return
+        headers = message_headers(m.exchange, m.routing_key, properties)
+        ttl = ttl_of(properties)
+        persistent = properties.delivery_mode == PERSISTENT
+        rids: list[int] = []
+        refused: BrokerError | None = None
+        for queue in queues:
+            priority = DEFAULT_PRIORITY
+            flags = self.conn.state.definitions.queues.get(queue)
+            highest = flags.arguments.get("x-max-priority") if flags is not None else None
+            if isinstance(highest, int) and highest > 0:  # above it counts as it (RabbitMQ)
+                priority = min(int(properties.priority or 0), highest, MAX_PRIORITY)
+            rid = self.conn.new_rid()
+            try:
+                result = session.send(rid, queue, body, now, headers=headers,
+                                      persistent=persistent, priority=priority, ttl_ms=ttl,
+                                      tx=self.tx)
+            except BrokerError as exc:
+                if isinstance(exc, Forbidden) or (not seq and not isinstance(exc, QuotaExceeded)):
+                    raise as_channel_error(exc) from None
+                refused = exc  # reject-publish: nacked with confirms, dropped without
+                continue
+            if session.started(rid, result):
+                rids.append(rid)
+        self.publishing.update(rids)
+        if seq:
+            if refused is not None:
+                self.later(rids, lambda p: self.conn.write(self.conn.codec.send_method(
+                    self.number, commands.Basic.Nack(seq))))
+            else:
+                self.later(rids, lambda p: self.conn.write(self.conn.codec.send_method(
+                    self.number, commands.Basic.Nack(seq) if p.error is not None
+                    else commands.Basic.Ack(seq))))
+        elif rids:
+            self.later(rids, _ignore_errors)
+
+    def _confirm_select(self, m: Any, now: int) -> None:
+        if self.tx is not None:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
+        self.confirming = True
+        if not m.nowait:
+            self.send(commands.Confirm.SelectOk())
+
+    # ------------------------------------------------------------------ consuming
+    def _basic_qos(self, m: Any, now: int) -> None:
+        if m.prefetch_size:
+            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
+                               "NOT_IMPLEMENTED - prefetch_size!=0 "
+                               f"({m.prefetch_size})", hard=True)
+        self.prefetch = int(m.prefetch_count)
+        self.send(commands.Basic.QosOk())
+
+    def _basic_consume(self, m: Any, now: int) -> None:
+        queue = self.existing_queue(m.queue)
+        tag = m.consumer_tag or f"{CONSUMER_TAG_PREFIX}{uuid.uuid4().hex}"
+        if tag in self.consumers:
+            raise ChannelError(ReplyCode.NOT_ALLOWED,
+                               f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", hard=True)
+        state = self.conn.state
+        if queue in state.exclusive_consumer or (
+                m.exclusive and self.session.core.queues[queue].consumers):
+            raise ChannelError(ReplyCode.ACCESS_REFUSED,
+                               f"ACCESS_REFUSED - queue '{queue}' in vhost '/' in exclusive use")
+        limit = self.session.core.limits.max_unacked_per_consumer
+        prefetch = min(self.prefetch, limit) if self.prefetch else None
+        sub = self.conn.new_sub()
+        self.conn.own_sub(sub, self)
+        try:
+            self.session.subscribe(sub, queue, now, prefetch=prefetch, ack="client")
+        except BrokerError:
+            self.conn.own_sub(sub, None)
+            raise
+        if m.exclusive:
+            state.exclusive_consumer[queue] = (self.session.id, sub)
+        self.consumers[tag] = Consumer(tag, sub, queue, bool(m.no_ack))
+        state.queue_used(queue)  # a consumer keeps an x-expires queue
+        if not m.nowait:
+            self.send(commands.Basic.ConsumeOk(tag))
+
+    def _basic_cancel(self, m: Any, now: int) -> None:
+        consumer = self.consumers.get(m.consumer_tag)
+        if consumer is not None:
+            self.cancel_consumer(consumer, now)
+        if not m.nowait:
+            self.send(commands.Basic.CancelOk(m.consumer_tag))
+
+    def cancel_consumer(self, consumer: Consumer, now: int) -> None:
+        """End a consumer: its unacked messages go back to the queue."""
+        del self.consumers[consumer.tag]
+        self.conn.own_sub(consumer.sub, None)
+        self._give_back(sub=consumer.sub)
+        session = self.session
+        self.conn.state.consumer_ended(consumer.queue, session.id, consumer.sub)
+        if not session.ended:
+            with contextlib.suppress(NotFound):
+                session.unsubscribe(consumer.sub, now)
+        self.conn.state.consumer_gone(consumer.queue, now)
+
+    def _give_back(self, *, sub: int | None = None) -> list[int]:
+        """Forget unacked tags (of subscription ``sub``, or all); their core tags."""
+        tags = [t for t, (_, s) in self.unacked.items() if sub is None or s == sub]
+        core_tags = []
+        for tag in tags:
+            core_tags.append(self.unacked.pop(tag)[0])
+            self.given_back.add(tag)
+        return core_tags
+
+    def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
+        """A message for one of this channel's consumers: basic.deliver."""
+        auto = self._no_ack(delivery.sub)
+        tag = self._tag(delivery, delivery.sub, auto=auto)
+        if auto:
+            self.conn.settle_when_written(delivery.tag)
+        properties, exchange, key = delivery_facts(delivery.message)
+        self.emit(self.conn.codec.send_content(
+            self.number, commands.Basic.Deliver(consumer_tag, tag, delivery.redelivered,
+                                                exchange, key), properties, delivery.body))
+
+    def _no_ack(self, sub: int) -> bool:
+        return any(c.no_ack for c in self.consumers.values() if c.sub == sub)
+
+    def _tag(self, delivery: Delivery, sub: int, *, auto: bool) -> int:
+        tag = self.next_tag
+        self.next_tag += 1
+        if not auto:
+            self.unacked[tag] = (delivery.tag, sub)
+        return tag
+
+    def _basic_get(self, m: Any, now: int) -> None:
+        queue = self.existing_queue(m.queue)
+        self.session.authorize(CONSUME, queue, "receive")
+        self.conn.state.queue_used(queue)
+        no_ack = bool(m.no_ack)
+        self.after_publishes(lambda at_head: self._get_now(queue, no_ack, at_head))
+
+    def _get_now(self, queue: str, no_ack: bool, at_head: bool) -> None:
+        session = self.session
+        if queue not in session.core.queues:  # deleted meanwhile
+            self.reply_now(at_head, commands.Basic.GetEmpty())
+            return
+        rid = self.conn.new_rid()
+        result = session.core.receive(session.id, rid, queue, self.session.ops.now(), 0)
+        if result is None:
+            self.reply_now(at_head, commands.Basic.GetEmpty())
+            return
+        session.started(rid, result)
+        pending = Pending(1, lambda p: self._get_ok(p, queue, no_ack))
+        self.conn.expect(rid, self, pending)
+        if at_head:
+            self.out.appendleft(pending)
+        else:
+            self.out.append(pending)
+
+    def _get_ok(self, pending: Pending, queue: str, no_ack: bool) -> None:
+        delivery = pending.delivery
+        if delivery is None:
+            self.conn.write(self.conn.codec.send_method(self.number, commands.Basic.GetEmpty()))
+            return
+        tag = self._tag(delivery, 0, auto=no_ack)
+        if no_ack:
+            self.session.ack(0, [delivery.tag], self.session.ops.now())
+        found = self.session.core.queues.get(queue)
+        left = found.ready_count if found is not None else 0
+        properties, exchange, key = delivery_facts(delivery.message)
+        self.conn.write(self.conn.codec.send_content(
+            self.number, commands.Basic.GetOk(tag, delivery.redelivered, exchange, key, left),
+            properties, delivery.body))
+
+    # ------------------------------------------------------------------ acknowledging
+    def _settled(self, tag: int, multiple: bool) -> list[int]:
+        """The core tags an ack/nack/reject names (406 for an unknown tag)."""
+        if multiple:
+            tags = [t for t in self.unacked if tag == 0 or t <= tag]
+            if tag and not tags and tag not in self.given_back and tag >= self.next_tag:
+                raise _unknown_tag(tag)
+        elif tag in self.unacked:
+            tags = [tag]
+        elif tag in self.given_back:
+            tags = []
+        else:
+            raise _unknown_tag(tag)
+        for each in tags:
+            self.given_back.discard(each)
+        return [self.unacked.pop(t)[0] for t in tags]
+
+    def _basic_ack(self, m: Any, now: int) -> None:
+        core_tags = self._settled(m.delivery_tag, bool(m.multiple))
+        if core_tags:
+            self.session.ack(0, core_tags, now, tx=self.tx)
+            if self.tx is not None:
+                self.tx_acked.extend(core_tags)
+
+    def _basic_nack(self, m: Any, now: int) -> None:
+        core_tags = self._settled(m.delivery_tag, bool(m.multiple))
+        if core_tags:
+            self.session.nack(core_tags, now, requeue=bool(m.requeue), tx=self.tx)
+
+    def _basic_reject(self, m: Any, now: int) -> None:
+        core_tags = self._settled(m.delivery_tag, False)
+        if core_tags:
+            self.session.nack(core_tags, now, requeue=bool(m.requeue), tx=self.tx)
+
+    def _basic_recover(self, m: Any, now: int) -> None:
+        core_tags = self._give_back()
+        if core_tags:
+            self.session.nack(core_tags, now, requeue=True)
+        if m.name == "Basic.Recover":
+            self.send(commands.Basic.RecoverOk())
+
+    # ------------------------------------------------------------------ transactions
+    def _tx_select(self, m: Any, now: int) -> None:
+        if self.confirming:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
+        if self.tx is None:
+            self.tx = self.session.tx_begin()
+        self.send(commands.Tx.SelectOk())
+
+    def _tx_commit(self, m: Any, now: int) -> None:
+        tx = self._transaction()
+        rid = self.conn.new_rid()
+        result = self.session.tx_commit(rid, tx, now)
+        self.tx = self.session.tx_begin()
+        self.tx_acked = []
+        self.later([rid] if self.session.started(rid, result) else [],
+                   lambda p: self.ok(p, commands.Tx.CommitOk()))
+
+    def _tx_rollback(self, m: Any, now: int) -> None:
+        tx = self._transaction()
+        self.session.tx_rollback(tx, now)
+        self.tx = self.session.tx_begin()
+        self.tx_acked = []
+        self.send(commands.Tx.RollbackOk())
+
+    def _transaction(self) -> int:
+        if self.tx is None:
+            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
+                               "PRECONDITION_FAILED - channel is not transactional")
+        return self.tx
+
+    def _flow(self, m: Any, now: int) -> None:
+        self.send(commands.Channel.FlowOk(bool(m.active)))
+
+    # ------------------------------------------------------------------ closing
+    def release(self, now: int, *, session_alive: bool) -> None:
+        """The channel closes: consumers end, unacked messages go back, an open
+        transaction rolls back (with ``session_alive`` False the session's end
+        does the core's part)."""
+        self.state = ChannelState.CLOSED
+        self.out.clear()
+        for consumer in list(self.consumers.values()):
+            if session_alive:
+                self.cancel_consumer(consumer, now)
+            else:
+                del self.consumers[consumer.tag]
+                self.conn.own_sub(consumer.sub, None)
+                self.conn.state.consumer_ended(consumer.queue, self.session.id, consumer.sub)
+        if session_alive:
+            core_tags = self._give_back()
+            if core_tags:
+                self.session.nack(core_tags, now, requeue=True)
+            if self.tx is not None:
+                self.session.tx_rollback(self.tx, now)
+        self.tx = None
+
+
+def _unknown_tag(tag: int) -> ChannelError:
+    return ChannelError(ReplyCode.PRECONDITION_FAILED,
+                        f"PRECONDITION_FAILED - unknown delivery tag {tag}")
+
+
+def _ignore_errors(pending: Pending) -> None:
+    """A publish without confirms: a later refusal is the broker's log's business."""
+
+
+CHANNEL_METHODS: Final[dict[str, Callable[[Channel, Any, int], None]]] = {
+    "Basic.Qos": Channel._basic_qos,
+    "Basic.Consume": Channel._basic_consume,
+    "Basic.Cancel": Channel._basic_cancel,
+    "Basic.Get": Channel._basic_get,
+    "Basic.Ack": Channel._basic_ack,
+    "Basic.Nack": Channel._basic_nack,
+    "Basic.Reject": Channel._basic_reject,
+    "Basic.Recover": Channel._basic_recover,
+    "Basic.RecoverAsync": Channel._basic_recover,
+    "Tx.Select": Channel._tx_select,
+    "Tx.Commit": Channel._tx_commit,
+    "Tx.Rollback": Channel._tx_rollback,
+    "Confirm.Select": Channel._confirm_select,
+    "Channel.Flow": Channel._flow,
+}

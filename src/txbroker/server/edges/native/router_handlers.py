@@ -1,0 +1,212 @@
+"""The native ops of the transaction router (``rtr_*``, docs/router.md).
+
+Each handler checks its arguments (a clear ``BadRequest`` naming the field) and
+calls the router part of the core (``core/router.py``, ``core/router_admin.py``).
+Permissions, decided once here for every op (``server/security/acl.py`` patterns): a
+client controller needs ``send`` on ``router.<facility>``, a server controller
+``consume`` on it; defining a facility, changing a partition and resolving an
+exception transaction need ``admin`` on it (audited). The rest acts on a
+controller the session registered, so it needs nothing more.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from txbroker.core import router_admin
+from txbroker.core.router_model import Role, check_tid, parse_events, parse_recipient
+from txbroker.errors import BadRequest, NotFound
+from txbroker.server.edges.native.args import arg, headers_arg, int_arg
+from txbroker.server.ops import Session
+from txbroker.server.security.acl import CONSUME, SEND
+
+#: The ACL destination a facility's permissions are written for.
+ACL_PREFIX: Final = "router."
+
+
+def _facility_arg(args: dict[str, Any]) -> str:
+    return str(arg(args, "facility", str))
+
+
+def _tid_arg(args: dict[str, Any]) -> str:
+    arg(args, "tid", str)
+    return check_tid(args["tid"])
+
+
+def _key_arg(args: dict[str, Any]) -> Any:
+    key = args.get("key")
+    if type(key) not in (int, str):
+        raise BadRequest("argument 'key' must be an int or a string")
+    return key
+
+
+def rtr_register(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Register a client controller on a facility, or a server controller on a partition."""
+    facility = _facility_arg(args)
+    kind = arg(args, "kind", str, "client")
+    if kind not in ("client", "server"):
+        raise BadRequest("argument 'kind' must be 'client' or 'server'")
+    server = kind == "server"
+    role_name = arg(args, "role", str, "primary")
+    try:
+        role = Role(role_name)
+    except ValueError:
+        raise BadRequest("argument 'role' must be one of primary, standby, concurrent, "
+                         "shadow") from None
+    partition = args.get("partition")
+    if server and partition is None:
+        raise BadRequest("a server controller names its partition (argument 'partition')")
+    explicit = arg(args, "explicit_prepare", bool, False)
+    recipient = parse_recipient(args.get("recipient"))
+    events = parse_events(args.get("events"))
+    session.authorize(CONSUME if server else SEND, ACL_PREFIX + facility, "rtr_register")
+    return session.core.router.register(
+        session.id, facility, server=server, partition=partition, role=role,
+        explicit_prepare=explicit, recipient=recipient, events=events, now=now)
+
+
+def rtr_unregister(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """End a registration."""
+    return session.core.router.unregister(session.id, int_arg(args, "controller"), now)
+
+
+def rtr_send(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """A client's message (``accept: true``: the client's accept goes with it)."""
+    router = session.core.router
+    body = args.get("body")
+    if type(body) is not bytes:
+        raise BadRequest("argument 'body' must be of type bytes")
+    limit = session.core.limits.max_message_size
+    if len(body) > limit:
+        raise BadRequest(f"a router message of {len(body)} bytes is above max_message_size "
+                         f"({limit})")
+    controller, tid, key = int_arg(args, "controller"), _tid_arg(args), _key_arg(args)
+    headers, accept = headers_arg(args), arg(args, "accept", bool, False)
+    index = int_arg(args, "index", None)
+    result = router.send(session.id, controller, tid, key, body, headers, now, index)
+    if accept and "rejected" not in result:  # answered once the accept is durable
+        return router.accept(session.id, controller, tid, now, rid, result)
+    return result
+
+
+def rtr_accept(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """The client accepts its transaction (the outcome comes as a push)."""
+    controller, tid = int_arg(args, "controller"), _tid_arg(args)
+    return session.core.router.accept(session.id, controller, tid, now, rid)
+
+
+def rtr_reject(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """The client rejects its transaction."""
+    controller, tid = int_arg(args, "controller"), _tid_arg(args)
+    reason = arg(args, "reason", str, "CLIENT")
+    return session.core.router.reject(session.id, controller, tid, reason, now)
+
+
+def rtr_ack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """The client collected outcomes."""
+    controller, tids = int_arg(args, "controller"), arg(args, "tids", list)
+    session.core.router.collected(session.id, controller, tids, now)
+    return {}
+
+
+def rtr_outcome(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """What became of a transaction (a reconnected client asks)."""
+    tid, controller = _tid_arg(args), int_arg(args, "controller", None)
+    return session.core.router.outcome(session.id, rid, tid, controller, now)
+
+
+def rtr_vote(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """A server's vote."""
+    controller, tid = int_arg(args, "controller"), _tid_arg(args)
+    accept, reason = arg(args, "accept", bool), arg(args, "reason", str, "")
+    seen = int_arg(args, "seen", None)
+    return session.core.router.vote(session.id, controller, tid, accept, reason, now, seen)
+
+
+def rtr_done(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """A server acknowledges the outcome."""
+    controller, tid = int_arg(args, "controller"), _tid_arg(args)
+    return session.core.router.done(session.id, controller, tid, now)
+
+
+def rtr_event(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Broadcast a user event."""
+    controller, number = int_arg(args, "controller"), int_arg(args, "number")
+    body, recipient = arg(args, "body", bytes, b""), arg(args, "recipient", str, None)
+    return router_admin.user_event(session.core.router, session.id, controller, number, body,
+                                   recipient)
+
+
+def rtr_define(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Define a facility and its partitions (admin)."""
+    facility, partitions = _facility_arg(args), arg(args, "partitions", list)
+    session.ops.require_admin(session, "router_define", ACL_PREFIX + facility)
+    return session.core.router.define(session.id, rid, facility, partitions, now)
+
+
+def rtr_show(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Facilities, partitions, servers and roles, transactions by state."""
+    return router_admin.show(session.core.router, arg(args, "facility", str, None))
+
+
+def rtr_set_partition(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Change a partition's retry count or vote timeout (admin)."""
+    facility, partition = _facility_arg(args), arg(args, "partition", str)
+    retry_count = int_arg(args, "retry_count", None)
+    vote_timeout_ms = int_arg(args, "vote_timeout_ms", None)
+    session.ops.require_admin(session, "router_set_partition", ACL_PREFIX + facility)
+    return session.core.router.set_partition(session.id, rid, facility, partition, retry_count,
+                                             vote_timeout_ms, now)
+
+
+def rtr_exceptions(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """The exception transactions."""
+    return router_admin.exceptions(session.core.router, arg(args, "facility", str, None))
+
+
+def _exception_facility(session: Session, tid: str) -> str:
+    """The ACL destination of an exception transaction's facility (NotFound first for a
+    tid the router does not know: there is nothing to permit)."""
+    tx = session.core.router.transactions.get(tid)
+    if tx is None:
+        raise NotFound(f"no router transaction {tid!r}")
+    return ACL_PREFIX + tx.facility
+
+
+def rtr_exception_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Commit an exception transaction by hand (admin)."""
+    tid = _tid_arg(args)
+    session.ops.require_admin(session, "router_exception_commit",
+                              _exception_facility(session, tid))
+    return router_admin.commit_exception(session.core.router, session.id, rid, tid, now)
+
+
+def rtr_exception_discard(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Discard an exception transaction (admin)."""
+    tid = _tid_arg(args)
+    session.ops.require_admin(session, "router_exception_discard",
+                              _exception_facility(session, tid))
+    return router_admin.discard_exception(session.core.router, session.id, rid, tid, now)
+
+
+#: op name -> handler (merged into ``handlers.HANDLERS``).
+ROUTER_HANDLERS: Final = {
+    "rtr_register": rtr_register,
+    "rtr_unregister": rtr_unregister,
+    "rtr_send": rtr_send,
+    "rtr_accept": rtr_accept,
+    "rtr_reject": rtr_reject,
+    "rtr_ack": rtr_ack,
+    "rtr_outcome": rtr_outcome,
+    "rtr_vote": rtr_vote,
+    "rtr_done": rtr_done,
+    "rtr_event": rtr_event,
+    "rtr_define": rtr_define,
+    "rtr_show": rtr_show,
+    "rtr_set_partition": rtr_set_partition,
+    "rtr_exceptions": rtr_exceptions,
+    "rtr_exception_commit": rtr_exception_commit,
+    "rtr_exception_discard": rtr_exception_discard,
+}
+
+__all__ = ["ACL_PREFIX", "ROUTER_HANDLERS"]

@@ -1,0 +1,429 @@
+"""A backup's side of replicated HA: follow the primary into its own store.
+
+Theory of operation
+-------------------
+A backup joins the primary's HA port (``join``), gets a ``welcome`` naming the
+LSN its dump stands for, and then:
+
+1. marks its data directory **incomplete** (the file :data:`INCOMPLETE`, synced)
+   and empties it — everything but the store's lock — so that a half-copied
+   state can never be promoted;
+2. opens a fresh store and a core that *replays* (``BrokerServer.open_store``,
+   recovery never finished): each entry it receives — the dump's, then the
+   stream's — is appended to its store (its own group commit) and replayed into
+   the core, whose releases free the space of what the primary consumed;
+3. once every dump entry is durable, removes the marker and acknowledges the
+   dump's LSN; from then on it acknowledges the highest LSN durable here, one
+   ``ack`` per batch of completions.
+
+An entry it cannot write is a failed vote (``vote``): it says so and leaves.
+When the link breaks, the primary is gone or dropped us: the node joins again
+or, if promoted, finishes recovery from the state it replayed
+(``server/ha/replicated.py``). A whole copy is **kept** across the break (its store
+stays open, the same :class:`Follower` joins again): its ``join`` names the
+primary's epoch and the highest LSN it applied, and a primary of that epoch that
+still holds every later entry sends just those (an ``incremental`` welcome, no
+wipe, no dump — issue 29's incremental catch-up); any other answer is a dump, and
+the kept copy is closed and replaced as above. Entries must arrive in LSN order
+without a gap: anything else is a protocol error (the link is dropped, the copy
+too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Final
+
+from txbroker.core import records
+from txbroker.core.effects import Release
+from txbroker.core.records import Kind, StoredEntry
+from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
+from txbroker.protocol import replication as link
+from txbroker.server.app import BrokerServer
+from txbroker.server.config import ServerConfig
+from txbroker.server.ha.link import LinkSecurity
+from txbroker.storage.store_lock import StoreLock
+from txbroker.xid import Xid, is_local_tx_xid
+
+#: The line a backup writes in its store's lock file.
+LOCK_LINE: Final = "replicated broker, HA {node}"
+
+log = logging.getLogger("txbroker.ha")
+
+__all__ = ["INCOMPLETE", "LOCK_LINE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_standing",
+           "incomplete", "read_standing", "wipe", "write_standing"]
+
+#: The marker of a data directory whose copy of the primary is not whole.
+INCOMPLETE: Final = "REPLICA_INCOMPLETE"
+#: The primary's heartbeat period on every link (s; ``server/ha/replication.py``).
+HEARTBEAT_INTERVAL: Final = 0.25
+#: What the backup last knew of its standing: ``{"ready": bool, "primary": name}``,
+#: synced whenever it changes, so that a whole-group restart still knows whether this
+#: copy had every acknowledged entry (a primary's directory has none of it).
+STATE_FILE: Final = "REPLICA_STATE"
+#: A test's fault point (house rule: crash points are steps tests can break on purpose):
+#: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
+#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would;
+#: ``vote_fail:local_commit`` on the first entry that commits a local transaction or a
+#: one-phase XA commit (a ``TX``, or the ``XA_PREPARE`` of an internal branch: a voted
+#: commit, ``core/local_tx.py``). ``freeze_after:local_commit``: this backup writes and
+#: acknowledges the first such entry, then neither writes nor acknowledges any streamed
+#: entry after it (a copy holding a voted commit without its outcome, when promoted).
+FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
+#: The named fault point of ``vote_fail:local_commit``.
+LOCAL_COMMIT_FAULT: Final = "local_commit"
+
+
+#: The fault fires once per process: a backup that rejoins after its failed vote is sound.
+_fault_fired = False
+
+
+def _fault_kind() -> int | str | None:
+    text = os.environ.get(FAULT_ENV, "")
+    if _fault_fired or not text.startswith("vote_fail:"):
+        return None
+    point = text.partition(":")[2]
+    return point if point == LOCAL_COMMIT_FAULT else int(point)
+
+
+def _freeze_point() -> bool:
+    return os.environ.get(FAULT_ENV, "") == f"freeze_after:{LOCAL_COMMIT_FAULT}"
+
+
+def _fault_matches(fault: int | str, kind: int, meta: bytes) -> bool:
+    """Is this streamed entry the one the fault point names?"""
+    if fault != LOCAL_COMMIT_FAULT:
+        return kind == fault
+    if kind == Kind.TX:
+        return True
+    return kind == Kind.XA_PREPARE and is_local_tx_xid(Xid.parse(records.unpack(meta)[0]))
+
+
+class PrimaryRefused(TxBrokerError):
+    """The peer is not a primary that takes this backup (it said why)."""
+
+
+def incomplete(data: Path) -> bool:
+    """Does ``data`` hold a copy that was cut off before it was whole?"""
+    return (data / INCOMPLETE).exists()
+
+
+def wipe(data: Path, keep: Path) -> None:
+    """Mark ``data`` incomplete (durably), then delete all of it but ``keep`` (the
+    store's lock, held) and the marker."""
+    data.mkdir(parents=True, exist_ok=True)
+    marker = data / INCOMPLETE
+    with open(marker, "wb") as handle:
+        handle.write(b"a backup's copy of its primary is being replaced\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    keep = keep.resolve()
+    for path in sorted(data.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        resolved = path.resolve()
+        if resolved in (keep, marker.resolve()) or resolved in keep.parents:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink()
+    for child in data.iterdir():  # directories left with only the lock's ancestors
+        if child.is_dir() and child.resolve() not in keep.parents:
+            shutil.rmtree(child)
+
+
+def read_standing(data: Path) -> bool | None:
+    """Whether this directory's copy was ready when last written (None: no record, e.g.
+    a primary's directory or a fresh one)."""
+    try:
+        standing = json.loads((data / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return bool(standing.get("ready")) if isinstance(standing, dict) else None
+
+
+def write_standing(data: Path, ready: bool, primary: str) -> None:
+    """Record (synced) whether the primary counts this copy as ready."""
+    path = data / STATE_FILE
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w") as handle:
+        json.dump({"ready": ready, "primary": primary}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    _sync_dir(data)
+
+
+def forget_standing(data: Path) -> None:
+    """This directory is a primary's now: its copy is the authority."""
+    (data / STATE_FILE).unlink(missing_ok=True)
+    _sync_dir(data)
+
+
+def _sync_dir(data: Path) -> None:
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unmark(data: Path) -> None:
+    marker = data / INCOMPLETE
+    marker.unlink(missing_ok=True)
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Follower:
+    """One backup following one primary over one link (module docstring)."""
+
+    def __init__(self, config: ServerConfig, lock: StoreLock, lock_path: Path,
+                 node: str, security: LinkSecurity | None = None) -> None:
+        self.config = config
+        #: TLS and the handshake on the link (server/ha/link.py)
+        self.security = security if security is not None else LinkSecurity.from_config(config)
+        self.lock = lock
+        self.lock_path = lock_path
+        self.node = node
+        self.server: BrokerServer | None = None
+        self.primary = ""  #: the primary's node name
+        self.primary_address = ""
+        self.state = "joining"  #: joining, copying, following
+        self.epoch = ""  #: the primary's epoch (its LSNs count within it)
+        self.applied_lsn = 0  #: the highest LSN appended and replayed here
+        self.connected = False  #: a link to the primary is up (the copy may outlive it)
+        self.joined_by = ""  #: "dump", or "suffix" (resumed from the kept copy)
+        self.resumes = 0  #: incremental catch-ups of this copy
+        #: bumped when a kept copy is replaced: completions of the old store are ignored
+        self._generation = 0
+        self.at = 0  #: the LSN of the dump
+        self.dumped = False
+        self.dump_entries = 0
+        self.dump_durable = 0
+        self.durable_lsn = 0  #: the highest LSN durable here
+        self.acked = -1  #: the last LSN acknowledged (-1: none yet, not even the dump's)
+        self.received = 0
+        #: the primary counts this backup as ready (it waits for its acks)
+        self.ready = False
+        self._fault = _fault_kind()
+        self._freeze = _freeze_point()  #: freeze after the first local commit (fault point)
+        self._frozen = False
+        #: a primary silent this long (s) is gone: join whoever is primary now
+        self.silence = max(2 * config.backup_timeout, 4 * HEARTBEAT_INTERVAL)
+        self._writer: asyncio.StreamWriter | None = None
+        self._ack_scheduled = False
+        self.failed: str | None = None
+
+    def status(self) -> dict[str, object]:
+        """The follower's part of ``ha status``."""
+        return {"primary": self.primary, "primary_address": self.primary_address,
+                "state": self.state, "ready": self.ready, "dump_lsn": self.at,
+                "durable_lsn": self.durable_lsn, "applied_lsn": self.applied_lsn,
+                "received": self.received, "connected": self.connected,
+                "joined_by": self.joined_by, "resumes": self.resumes}
+
+    def resumable(self) -> bool:
+        """A whole copy whose link ended: it may ask the next primary for the suffix."""
+        return self.state == "following" and self.server is not None and self.failed is None
+
+    async def follow(self, host: str, port: int) -> None:
+        """Join the primary at ``host:port`` and follow it until the link breaks
+        (returns) or it refuses us (PrimaryRefused)."""
+        reader, writer = await self.security.connect(host, port, 2.0)
+        self._writer = writer
+        self.acked = -1  # a new link: acknowledge what is durable again
+        self.primary_address = f"{host}:{port}"
+        codec = link.ReplicationCodec()
+        join: dict[str, object] = {"node": self.node, "version": 1}
+        if self.resumable():
+            join["resume"] = {"epoch": self.epoch, "lsn": self.applied_lsn}
+        try:
+            writer.write(link.encode("join", join))
+            while True:
+                # a primary sends at least a heartbeat every HEARTBEAT_INTERVAL, from the
+                # moment it took our join (a black hole, or a frozen peer, says nothing)
+                silence = self.silence
+                try:
+                    data = await asyncio.wait_for(reader.read(1 << 20), silence)
+                except TimeoutError:
+                    log.warning("replication: nothing from the primary %s for %.1f s: "
+                                "looking for the primary again", self.primary_address,
+                                silence)
+                    return
+                if not data:
+                    return
+                try:
+                    for message in codec.receive_data(data):
+                        self._on_message(message)
+                except ProtocolError as exc:  # the copy is not trusted further: a dump next
+                    self.failed = str(exc)
+                    raise
+                await writer.drain()
+                if self.failed is not None:
+                    return
+        finally:
+            writer.close()
+            self._writer = None
+            self.connected = False
+
+    def _on_message(self, message: link.LinkMessage) -> None:
+        body = message.body
+        if message.type == "refuse":
+            raise PrimaryRefused(str(body.get("reason", "refused")))
+        if message.type == "welcome":
+            self.connected = True
+            if body.get("incremental"):
+                self._resume(str(body["node"]), str(body.get("epoch", "")), int(body["at"]))
+            else:
+                self._start(str(body["node"]), int(body["at"]))
+                self.epoch = str(body.get("epoch", ""))
+        elif message.type == "entries":
+            if self.server is None:
+                raise ProtocolError("entries before welcome")
+            for lsn, kind, meta, bodies in body:
+                self._apply(int(lsn), int(kind), bytes(meta), [bytes(b) for b in bodies])
+        elif message.type == "dumped":
+            self.dumped = True
+            self._maybe_whole()
+        elif message.type == "state":
+            ready = bool(body.get("ready"))
+            if ready != self.ready:
+                write_standing(self.config.data, ready, self.primary)
+            self.ready = ready
+        elif message.type != "heartbeat":
+            raise ProtocolError(f"a primary may not send {message.type!r}")
+
+    def _start(self, primary: str, at: int) -> None:
+        """The primary welcomed us: replace our copy with its dump."""
+        if self.server is not None:  # a kept copy this primary cannot resume
+            self.close_store()
+            lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
+            if lock is None:
+                raise StorageFailed(f"the data directory {self.config.data} was taken by "
+                                    "another process while this backup changed copies")
+            self.lock = lock
+            self._generation += 1
+            self.dumped, self.dump_entries, self.dump_durable = False, 0, 0
+            self.durable_lsn = 0
+        self.primary, self.at, self.state = primary, at, "copying"
+        self.applied_lsn, self.joined_by = at, "dump"
+        log.info("replication: following %s from its dump at LSN %d", primary, at)
+        wipe(self.config.data, self.lock_path)
+        write_standing(self.config.data, False, primary)
+        server = BrokerServer(self.config, lock=self.lock)
+        server.open_store()
+        self.server = server
+
+    def _resume(self, primary: str, epoch: str, at: int) -> None:
+        """The primary resumes our kept copy: the entries after ``at`` follow."""
+        if not self.resumable() or epoch != self.epoch or at != self.applied_lsn:
+            raise ProtocolError(f"the primary resumes epoch {epoch!r} from LSN {at}; this copy "
+                                f"holds {self.epoch!r} up to {self.applied_lsn}")
+        self.primary, self.joined_by = primary, "suffix"
+        self.resumes += 1
+        if self.ready:  # the primary counts us as catching up until we are within the lag
+            write_standing(self.config.data, False, primary)
+            self.ready = False
+        log.info("replication: resuming the copy of %s from LSN %d (incremental catch-up, no "
+                 "dump)", primary, at)
+        self._schedule_ack()
+
+    def _apply(self, lsn: int, kind: int, meta: bytes, bodies: list[bytes]) -> None:
+        server = self.server
+        assert server is not None and server.store is not None
+        self.received += 1
+        if self._frozen and lsn:
+            return  # the fault point: nothing after the local commit is written or acked
+        if lsn:  # a streamed entry: the next one, always (a gap would lose an entry)
+            if lsn != self.applied_lsn + 1:
+                raise ProtocolError(f"entry {lsn} after entry {self.applied_lsn}: a gap in "
+                                    "the replication stream")
+            self.applied_lsn = lsn
+        if lsn == 0:
+            self.dump_entries += 1
+        elif self._fault is not None and _fault_matches(self._fault, kind, meta):
+            global _fault_fired
+            _fault_fired = True
+            self._fault = None
+            self._vote_fail(lsn, f"fault injected by {FAULT_ENV}")
+            return
+        generation = self._generation
+
+        def durable(error: BaseException | None) -> None:
+            if generation == self._generation:  # else: the copy it belonged to is gone
+                self._durable(lsn, error)
+
+        try:
+            refs = server.store.append(kind, meta, bodies, durable)
+        except (StorageFailed, ValueError, OSError) as exc:
+            self._vote_fail(lsn, str(exc))
+            return
+        server.broker.replay(StoredEntry(kind, meta, tuple(refs)))
+        if self._freeze and lsn and _fault_matches(LOCAL_COMMIT_FAULT, kind, meta):
+            self._freeze, self._frozen = False, True
+        for effect in server.broker.take_effects():
+            if isinstance(effect, Release):
+                server.store.release(effect.ref)
+
+    def _durable(self, lsn: int, error: BaseException | None) -> None:
+        if error is not None:
+            self._vote_fail(lsn, str(error))
+            return
+        if lsn == 0:
+            self.dump_durable += 1
+            self._maybe_whole()
+            return
+        self.durable_lsn = max(self.durable_lsn, lsn)
+        if self.state == "following":
+            self._schedule_ack()
+
+    def _maybe_whole(self) -> None:
+        if self.dumped and self.dump_durable == self.dump_entries and self.state == "copying":
+            _unmark(self.config.data)
+            self.state = "following"
+            self.durable_lsn = max(self.durable_lsn, self.at)
+            log.info("replication: copy of %s is whole (LSN %d)", self.primary, self.at)
+            self._schedule_ack()
+
+    def _schedule_ack(self) -> None:
+        if self._ack_scheduled:
+            return
+        self._ack_scheduled = True
+        asyncio.get_running_loop().call_soon(self._send_ack)
+
+    def _send_ack(self) -> None:
+        self._ack_scheduled = False
+        writer = self._writer
+        if writer is None or writer.is_closing() or self.durable_lsn <= self.acked:
+            return
+        self.acked = self.durable_lsn
+        writer.write(link.encode("ack", {"lsn": self.acked}))
+
+    def _vote_fail(self, lsn: int, reason: str) -> None:
+        log.error("replication: cannot write entry %d: %s (voting fail, leaving)", lsn, reason)
+        self.failed = reason
+        writer = self._writer
+        if writer is not None and not writer.is_closing():
+            writer.write(link.encode("vote", {"lsn": lsn, "ok": False, "reason": reason}))
+
+    def close_store(self) -> None:
+        """Give up the copy's store (before joining again)."""
+        server = self.server
+        self.server = None
+        if server is not None and server.store is not None:
+            server.store.close()
+            server.store = None

@@ -1,0 +1,484 @@
+"""Replicated HA (seed 001): one primary, backups that each keep a copy on their own
+disk, promotion decided outside the brokers (``txbroker ha promote``, or etcd).
+
+Theory of operation
+-------------------
+Every broker of the group is started the same way (``--ha replicated --ha-port P
+--ha-peers H:P,H:P``, each with its own data directory) and starts as a
+**backup**: it holds its own store's lock, listens on its HA port, answers
+clients with ``Standby`` ("this broker is a backup", so a client moves on
+through its failover list), and looks for the primary among its peers: the
+peer that welcomes its ``join`` is the primary; a backup refuses joins. It then
+follows the primary (``server/ha/replica.py``), joining again after any break.
+
+A backup becomes the **primary** only when told: ``txbroker ha promote --url``
+(what a cluster manager such as Pacemaker — the seed's rgmanager — calls), or
+by taking the etcd key (``server/ha/etcd.py``). It is promotable when its copy is
+whole: following a primary with the dump complete, or not following anybody
+with no ``REPLICA_INCOMPLETE`` marker in its data directory (a whole-cluster
+restart). Promotion finishes recovery from the state the backup replayed (or
+recovers its own store), opens the client listeners and starts the
+:class:`~txbroker.server.ha.replication.ReplicationHub`: the other brokers join it.
+
+Nothing a client left open reaches a backup: only committed entries and
+prepared XA branches are replicated, so after a failover every open, unprepared
+transaction of the old primary is simply gone (rolled back) and every prepared
+branch is still prepared, for the transaction manager to complete (seed
+requirement 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from txbroker.errors import EtcdError, IllegalState, ProtocolError
+from txbroker.protocol import replication as link
+from txbroker.server.app import BrokerServer, store_lock_path
+from txbroker.server.config import ServerConfig, peer_address
+from txbroker.server.ha.etcd import EtcdClient
+from txbroker.server.ha.etcd_lease import Candidate
+from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
+from txbroker.server.ha.replica import (
+    LOCK_LINE,
+    Follower,
+    PrimaryRefused,
+    forget_standing,
+    incomplete,
+    read_standing,
+)
+from txbroker.server.ha.replication import ReplicatingStore, ReplicationHub
+from txbroker.server.ha.shared_store import StandbyConnection
+from txbroker.server.security.auth import Authenticator
+from txbroker.storage.store_lock import StoreLock
+
+log = logging.getLogger("txbroker.ha")
+
+__all__ = ["ReplicatedNode", "Role"]
+
+#: Pause between two rounds over the peers when none is a primary (s).
+SEARCH_PAUSE: Final = 0.3
+
+
+class Role:
+    """The roles of a replicated broker."""
+
+    BACKUP = "backup"
+    PROMOTING = "promoting"
+    PRIMARY = "primary"
+    STOPPED = "stopped"
+
+
+class ReplicatedNode:
+    """One broker of a replicated group (module docstring)."""
+
+    def __init__(self, config: ServerConfig,
+                 on_role: Callable[[str, BrokerServer | None], None] | None = None) -> None:
+        config.validate()
+        if config.ha != "replicated":
+            raise ValueError('ReplicatedNode needs ha = "replicated"')
+        self.config = config
+        self._on_role = on_role
+        self.node = config.ha_node or f"{config.host}:{config.ha_port}"
+        self.peers = [peer_address(p.strip()) for p in config.ha_peers.split(",") if p.strip()]
+        self.lock_path = store_lock_path(config)
+        #: TLS and the peers' handshake on the replication link (server/ha/link.py)
+        self.security = LinkSecurity.from_config(config)
+        self.role = Role.BACKUP
+        self.since = time.time()
+        self.server: BrokerServer | None = None
+        self.hub: ReplicationHub | None = None
+        self.follower: Follower | None = None
+        self.lock: StoreLock | None = None
+        self._promote = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._link_server: asyncio.Server | None = None
+        self._refuser: asyncio.Server | None = None
+        self.last_problem = ""
+        #: the last TLS / handshake failure logged per peer (each is logged once)
+        self._link_problems: dict[tuple[str, int], str] = {}
+        #: whether the primary counted our copy as ready when we last lost it, as synced
+        #: in the data directory (REPLICA_STATE; None: no record — a primary's directory)
+        self.copy_ready: bool | None = read_standing(config.data)
+        self.copy_position = -1  #: the LSN our last copy had durable
+        #: etcd (``--ha-etcd``): the client, our candidacy, who holds the primary key
+        self.etcd: EtcdClient | None = None
+        self.candidate: Candidate | None = None
+        self.etcd_primary: str | None = None
+        #: the ready set the last primary recorded in etcd (None: none recorded)
+        self.etcd_ready: list[str] | None = None
+        self._manual = False  #: an operator asked for promotion (etcd: take the key)
+        self.fenced = ""
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """What ``txbroker ha status`` prints for this broker."""
+        result: dict[str, Any] = {
+            "mode": "replicated", "role": self.role, "since": round(self.since, 3),
+            "node": self.node, "peers": self.config.ha_peers,
+            "promotable": self.promotable() is None,
+            "backup_timeout": self.config.backup_timeout,
+            "link": self.security.status()}
+        if self.hub is not None:
+            result["replication"] = self.hub.status()
+        if self.follower is not None:
+            result["following"] = self.follower.status()
+        elif self.role == Role.BACKUP:  # what this copy had when it last followed a primary
+            result["copy"] = {"lsn": self.copy_position, "ready": self.copy_ready}
+        if self.last_problem:
+            result["problem"] = self.last_problem
+        if self.config.ha_etcd:
+            holder = self.candidate.holder if self.candidate is not None else None
+            result["etcd"] = {
+                "endpoints": self.config.ha_etcd, "cluster": self.config.ha_cluster,
+                "primary_key_holder": self.etcd_primary, "ready_set": self.etcd_ready,
+                "lease_ttl": holder.granted_ttl if holder is not None and holder.held
+                else self.config.ha_lease_ttl,
+                "holding": bool(holder is not None and holder.held)}
+        if self.fenced:
+            result["fenced"] = self.fenced
+        return result
+
+    def _set_role(self, role: str) -> None:
+        if role == self.role:
+            return
+        log.info("HA role: %s -> %s", self.role, role)
+        self.role, self.since = role, time.time()
+        if self._on_role is not None:
+            self._on_role(role, self.server)
+
+    def promotable(self) -> str | None:
+        """Why this broker may not become the primary now (None: it may)."""
+        if self.role != Role.BACKUP:
+            return f"it is the {self.role}"
+        follower = self.follower
+        if follower is not None and follower.server is not None and follower.connected:
+            if follower.state != "following":
+                return "its copy of the primary is incomplete (still copying)"
+            if not follower.ready:
+                return ("the primary does not count it as ready (it is catching up): "
+                        "it may miss acknowledged entries")
+            return None
+        if incomplete(self.config.data):
+            return "its copy of the primary is incomplete (REPLICA_INCOMPLETE)"
+        if self.copy_ready is False:
+            return ("the primary it lost did not count it as ready (it was catching up): "
+                    "it may miss acknowledged entries; promote a ready backup")
+        return None
+
+    def request_promotion(self, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``ha_promote``: become the primary (IllegalState when not promotable)."""
+        why = self.promotable()
+        if why is not None:
+            raise IllegalState(f"{self.node} cannot be promoted: {why}")
+        if self.candidate is not None:  # etcd decides: take the primary key first
+            if self.etcd_primary not in (None, self.node):
+                raise IllegalState(f"{self.node} cannot be promoted: the etcd key is held by "
+                                   f"{self.etcd_primary}")
+            if self.etcd_ready is not None and self.node not in self.etcd_ready and \
+                    self.copy_ready is not None:
+                raise IllegalState(f"{self.node} cannot be promoted: the last primary's ready "
+                                   f"set in etcd is {self.etcd_ready or 'empty'}")
+            self._manual = True
+            return {"node": self.node, "promoting": True, "via": "etcd"}
+        self._promote.set()
+        return {"node": self.node, "promoting": True}
+
+    def request_stop(self) -> None:
+        """Stop in any role."""
+        self._stopping.set()
+        if self.server is not None and self.role == Role.PRIMARY:
+            self.server.request_stop()
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> None:
+        """Be a backup until promoted, then the primary, until stopped."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        self.lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
+        if self.lock is None:
+            raise RuntimeError(f"the data directory {self.config.data} is in use by another "
+                               "broker (its store lock is held)")
+        self._link_server = await self.security.start_server(
+            self._on_link, self.config.host, self.config.ha_port)
+        self.security.warn_if_open(self.node)
+        await self._open_refuser()
+        if self._on_role is not None:
+            self._on_role(Role.BACKUP, None)
+        etcd_task = None
+        if self.config.ha_etcd:
+            config = self.config
+            ttl = config.ha_lease_ttl
+            self.etcd = EtcdClient([e.strip() for e in config.ha_etcd.split(",") if e.strip()],
+                                   timeout=max(0.5, ttl / 3))
+            self.candidate = Candidate(self.etcd, f"/txbroker/{config.ha_cluster}", self.node,
+                                       ttl=ttl, on_lost=self._fence)
+            etcd_task = asyncio.ensure_future(self._campaign())
+        try:
+            promoted = await self._be_backup()
+            if promoted:
+                await self._be_primary()
+        finally:
+            if etcd_task is not None:
+                etcd_task.cancel()
+            await self._close()
+
+    async def _be_backup(self) -> bool:
+        """Follow whichever peer is the primary; True once promoted."""
+        while not self._stopping.is_set():
+            for host, port in self.peers:
+                if self._promote.is_set():
+                    return True
+                if self._stopping.is_set():
+                    return False
+                assert self.lock is not None
+                follower = self.follower
+                if follower is None:  # else: a whole copy kept to resume (replica.py)
+                    follower = Follower(self.config, self.lock, self.lock_path, self.node,
+                                        self.security)
+                self.follower = follower
+                outcome = await self._follow(follower, host, port)
+                self.lock = follower.lock  # it takes the lock again when it replaces a copy
+                if outcome == "promote" and follower.state == "following":
+                    return True  # promoted from the copy it replayed
+                if follower.server is not None:
+                    self.copy_ready = follower.state == "following" and follower.ready
+                    self.copy_position = follower.durable_lsn
+                if outcome == "ended" and follower.resumable() and self.config.ha_catchup_bytes:
+                    continue  # keep the copy: the next primary may send just the suffix
+                self._drop_copy(follower)
+                if outcome == "promote":
+                    return True  # promoted from its own store (recovered from disk)
+                if outcome == "stop":
+                    return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._promote.wait(), SEARCH_PAUSE)
+        return False
+
+    def _drop_copy(self, follower: Follower) -> None:
+        """Close a copy's store (its data stays on disk) and take the lock again: the
+        store gives it up when it closes."""
+        self.follower = None
+        if follower.server is None:
+            return
+        follower.close_store()
+        self.lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
+        if self.lock is None:
+            raise RuntimeError(f"the data directory {self.config.data} was taken by another "
+                               "process while this backup changed primaries")
+
+    async def _follow(self, follower: Follower, host: str, port: int) -> str:
+        """Follow one peer until the link ends ("ended"), a promotion ("promote") or a
+        stop ("stop")."""
+        task = asyncio.ensure_future(follower.follow(host, port))
+        waiter = asyncio.ensure_future(self._promote.wait())
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stopper.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            return "promote" if self._promote.is_set() else "stop"
+        try:
+            task.result()
+            self._link_problems.pop((host, port), None)
+            if follower.server is not None:
+                log.warning("replication: lost the primary %s", follower.primary)
+                self.last_problem = f"lost the primary {follower.primary}"
+        except PrimaryRefused as exc:
+            self.last_problem = f"{host}:{port}: {exc}"
+        except LinkAuthFailed as exc:  # TLS or the handshake: say it once per peer and cause
+            problem = f"{host}:{port}: {exc}"
+            if self._link_problems.get((host, port)) != problem:
+                self._link_problems[(host, port)] = problem
+                log.error("HA: peer %s", problem)
+            self.last_problem = problem
+        except (OSError, TimeoutError, ProtocolError) as exc:
+            self.last_problem = f"{host}:{port}: {exc!r}"
+        if self._promote.is_set():
+            return "promote"
+        return "ended"
+
+    async def _be_primary(self) -> None:
+        """Finish recovery (from the replayed copy or our own store), then serve."""
+        self._set_role(Role.PROMOTING)
+        started = time.monotonic()
+        follower = self.follower
+        if follower is not None and follower.server is not None \
+                and follower.state == "following":
+            server = follower.server
+            server.wrap_store = None
+            server.finish_recovery(started)
+        else:
+            if follower is not None:
+                self._drop_copy(follower)
+            server = BrokerServer(self.config, lock=self.lock)
+            await server.recover()
+        self.follower = None
+        self.last_problem = ""
+        forget_standing(self.config.data)
+        hub = ReplicationHub(server, self.node, self.config.backup_timeout,
+                             self.config.ha_catchup_bytes)
+        if self.etcd is not None:
+            hub.on_ready_change = self._record_ready
+            await self._record_ready([])  # until a backup is ready, none may succeed us
+        assert server.store is not None
+        server.store = ReplicatingStore(server.store, hub)
+        # seed 001, "TX Commit/Rollback: do prepare phase as for DTX": the backups vote
+        server.broker.vote_local_commits(True)
+        self.hub, self.server = hub, server
+        server.ha_status = self.status
+        if self._refuser is not None:
+            self._refuser.close()
+            self._refuser = None
+        await server.open_listeners()
+        log.info("replication: %s is the primary (promoted in %.2f s)", self.node,
+                 time.monotonic() - started)
+        self._set_role(Role.PRIMARY)
+        if self._stopping.is_set():
+            server.request_stop()
+        await server.serve_forever()
+
+    # ------------------------------------------------------------------ etcd
+    async def _campaign(self) -> None:
+        """While a backup: publish our position, and take the primary key when the
+        rule says so (``server/ha/etcd_lease.py``) — then promote."""
+        candidate = self.candidate
+        assert candidate is not None
+        pause = max(0.2, self.config.ha_lease_ttl / 3)
+        while self.role == Role.BACKUP and not self._stopping.is_set():
+            try:
+                follower = self.follower
+                following = follower is not None and follower.state == "following" \
+                    and follower.connected
+                if follower is not None and following:
+                    position, ready = follower.durable_lsn, follower.ready
+                else:  # a copy whose primary is gone: ready if it was ready then (a node
+                    # that has followed nobody since it started waits for `ha promote`)
+                    position = self.copy_position
+                    ready = self.copy_ready is True and self.promotable() is None
+                self.etcd_ready = await self._read_ready()
+                if self.etcd_ready is not None and self.node not in self.etcd_ready:
+                    ready = False  # the last primary stopped counting on this copy
+                await candidate.board.publish(position, ready=ready)
+                self.etcd_primary = await candidate.primary()
+                taken = False
+                if self._manual and self.etcd_primary is None:
+                    taken = await candidate.holder.acquire()
+                elif self.etcd_primary is None and not following:
+                    taken = await candidate.try_take()
+                if taken:
+                    self.etcd_primary = self.node
+                    log.info("etcd: %s took the primary key", self.node)
+                    self._promote.set()
+                    return
+            except EtcdError as exc:
+                self.last_problem = f"etcd: {exc}"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), pause)
+
+    def _ready_key(self) -> str:
+        return f"/txbroker/{self.config.ha_cluster}/ready"
+
+    async def _record_ready(self, names: list[str]) -> None:
+        """Record the ready set in etcd (before the primary stops waiting for a backup
+        that left it): after a whole-group loss only these may be promoted."""
+        assert self.etcd is not None
+        await self.etcd.put(self._ready_key(), json.dumps({"primary": self.node,
+                                                          "ready": names}))
+        self.etcd_ready = names
+
+    async def _read_ready(self) -> list[str] | None:
+        assert self.etcd is not None
+        kv = await self.etcd.get(self._ready_key())
+        if kv is None:
+            return None
+        try:
+            return [str(name) for name in json.loads(kv.value)["ready"]]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _fence(self, reason: str) -> None:
+        """The primary lost its etcd lease: stop serving NOW (before anyone can take the
+        key): every client connection is cut, then the broker stops."""
+        log.critical("etcd: lost the primary key (%s): fencing — no more replies", reason)
+        self.fenced = reason
+        server = self.server
+        if server is not None:
+            server.ops.abort_all()
+            server.request_stop()
+        self._stopping.set()
+
+    async def _close(self) -> None:
+        candidate = self.candidate
+        if candidate is not None:
+            with contextlib.suppress(EtcdError):
+                if candidate.holder.held and not self.fenced:
+                    await candidate.holder.release()  # a clean stop frees the key at once
+            await candidate.close()
+        if self.etcd is not None:
+            await self.etcd.close()
+        if self._refuser is not None:
+            self._refuser.close()
+        if self._link_server is not None:
+            self._link_server.close()
+        if self.follower is not None:
+            self.follower.close_store()
+        if self.lock is not None and self.lock.held:
+            self.lock.release()
+        self._set_role(Role.STOPPED)
+
+    # ------------------------------------------------------------------ the HA port
+    async def _on_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        codec = link.ReplicationCodec()
+        try:
+            messages: list[link.LinkMessage] = []
+            while not messages:
+                data = await asyncio.wait_for(reader.read(65536), 5.0)
+                if not data:
+                    return
+                messages = codec.receive_data(data)
+            first = messages[0]
+            if first.type != "join" or not isinstance(first.body, dict):
+                raise ProtocolError(f"expected join, got {first.type!r}")
+            hub = self.hub
+            if self.role != Role.PRIMARY or hub is None:
+                writer.write(link.encode("refuse", {
+                    "reason": f"{self.node} is a {self.role}, not the primary"}))
+                await writer.drain()
+                return
+            await hub.serve_backup(reader, writer, first.body, codec)
+        except (ProtocolError, TimeoutError, ConnectionError, OSError) as exc:
+            log.warning("HA link: %s", exc)
+        finally:
+            writer.close()
+
+    async def _open_refuser(self) -> None:
+        config = self.config
+        if not config.port:
+            return
+        auth = Authenticator(config.users)
+        self._refuser = await asyncio.get_running_loop().create_server(
+            lambda: StandbyConnection(config, auth, refusal=self._refusal, status=self.status,
+                                      role=lambda: self.role,
+                                      extra={"ha_promote": self.request_promotion}),
+            config.host, config.port, reuse_address=True)
+
+    def _refusal(self, op: str) -> str:
+        follower = self.follower
+        primary = follower.primary_address if follower is not None else ""
+        return (f"this broker ({self.node}) is a backup of a replicated group"
+                + (f" (the primary's HA address is {primary})" if primary else "")
+                + ": try the next address")

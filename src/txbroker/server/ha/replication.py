@@ -1,0 +1,601 @@
+"""The primary's side of replicated HA (seed 001): every store entry goes to every
+backup, and an entry is complete only when it is durable here and on every ready
+backup.
+
+Theory of operation
+-------------------
+:class:`ReplicatingStore` stands in for the primary's store. Each ``append``
+gets the next **LSN** (log sequence number) from the :class:`ReplicationHub`,
+goes to the local store (group commit as always) and, as one ``entries`` frame
+batch, to every attached backup (``protocol/replication.py``). The entry's
+``on_durable`` — what answers the client — runs only once the local store has it
+AND every *ready* backup acknowledged it; the wait for the backups overlaps the
+local fsync. Completions still run in append order (the store contract the core
+relies on). A transaction is one entry (``TX``, ``XA_PREPARE``, ``XA_COMMIT`` …),
+so it reaches a backup whole or not at all: a backup never holds a proper subset
+of a transaction (the seed's tx-queue and TxTracker come for free with
+whole-entry shipping).
+
+**Joining.** A backup that connects gets a *dump* (``core/replica.py``) of the
+state at one LSN, then every entry after it — unless it can **resume**: a backup
+that lost its link but kept its copy (same process) says in its ``join`` which
+primary epoch and LSN it holds; when that is this primary's epoch and the
+**catch-up buffer** still holds every entry after that LSN, the backup gets only
+those entries (an ``incremental`` welcome) and no dump. The buffer keeps the
+newest entries' frames up to ``ha_catchup_bytes`` (``ha status``: ``catchup``).
+The dump is taken when the state in memory is exactly the durable log: the hub
+stops reading clients until every entry in flight is complete (normally one
+group commit), describes the state (cheap: no body is read) and lets clients go
+on; bodies are then read from the store and streamed while new entries queue
+behind the dump. While any dump
+streams, the store's space reclamation waits (releases are deferred, compaction
+pauses) so that every body the dump names stays readable.
+
+**Ready set.** A backup is *ready* once it has the dump and is within
+:data:`READY_LAG` entries of the newest: from then on entries wait for it. A
+ready backup that leaves an entry unacknowledged for ``backup_timeout`` seconds
+is dropped from the ready set (logged, and in ``ha status``) and catches up
+without being waited for; it is ready again once it is within the lag. A backup
+that cannot write an entry votes fail: it is dropped and its link closed; if
+the entry was an ``XA_PREPARE`` the branch's prepare fails (XA_RBROLLBACK, the
+seed's "fail cancels"). A local transaction's commit is an ``XA_PREPARE`` too on a
+primary (``core/local_tx.py``, "Voted commit"), so it is voted the same way: a
+failed vote rolls it back and its client gets TransactionRolledBack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from txbroker.core.records import Kind
+from txbroker.core.replica import DumpEntry, check_quiet, state_entries
+from txbroker.errors import ProtocolError, ReplicaVoteFailed
+from txbroker.protocol import replication as link
+from txbroker.server.config import DEFAULT_HA_CATCHUP_BYTES
+from txbroker.server.ha.replica import HEARTBEAT_INTERVAL
+from txbroker.storage.interface import (
+    BodyRef,
+    DurableCallback,
+    PackedBodies,
+    Relocation,
+    Store,
+    StoredEntry,
+    StoreStats,
+)
+
+if TYPE_CHECKING:
+    from txbroker.server.app import BrokerServer
+
+log = logging.getLogger("txbroker.ha")
+
+__all__ = ["READY_LAG", "AttachedBackup", "ReplicatingStore", "ReplicationHub"]
+
+#: A catching-up backup within this many entries of the newest is ready.
+READY_LAG: Final = 64
+#: How long a join may wait for the broker to be quiet enough for a dump (s).
+QUIET_TIMEOUT: Final = 10.0
+#: Entries per ``entries`` frame when the stream has a backlog.
+BATCH: Final = 256
+#: Entries whose running byte count is kept (a backup's lag in bytes, ``ha status``).
+HISTORY: Final = 100_000
+#: Bytes a backup's link may have queued before it is dropped (it joins again).
+MAX_QUEUED: Final = 256 * 1024 * 1024
+
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    lsn: int
+    kind: int
+    on_durable: DurableCallback
+    appended: float
+    local: bool = False
+    error: BaseException | None = None
+    vote_failed: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class AttachedBackup:
+    """One backup connected to this primary."""
+
+    node: str
+    address: str
+    writer: asyncio.StreamWriter
+    state: str = "joining"  #: joining, dumping, catching-up, ready, dropped
+    acked: int = 0
+    dump_at: int = 0
+    joined: float = field(default_factory=time.time)
+    last_ack: float = field(default_factory=time.monotonic)
+    backlog: list[bytes] = field(default_factory=list)  #: frames queued behind the dump
+    sent_bytes: int = 0
+    reason: str = ""
+    joined_by: str = ""  #: "dump", or "suffix" (it resumed from its own copy)
+
+    def info(self, newest: int) -> dict[str, Any]:
+        """Its line of ``ha status``."""
+        return {"node": self.node, "address": self.address, "state": self.state,
+                "acked": self.acked, "lag_entries": max(0, newest - self.acked),
+                "queued_bytes": self.writer.transport.get_write_buffer_size()
+                if not self.writer.is_closing() else 0,
+                "since": self.joined, "reason": self.reason, "joined_by": self.joined_by}
+
+
+class ReplicationHub:
+    """LSNs, the entries in flight, the attached backups (module docstring)."""
+
+    def __init__(self, server: BrokerServer, node: str, backup_timeout: float,
+                 catchup_bytes: int = DEFAULT_HA_CATCHUP_BYTES) -> None:
+        self.server = server
+        self.node = node
+        self.backup_timeout = backup_timeout
+        self.epoch = f"{node}-{time.time_ns()}"
+        self.lsn = 0
+        self.bytes = 0  #: bytes of every entry numbered so far (meta and bodies)
+        #: (lsn, bytes up to and with it) of the latest entries: a backup's lag in bytes
+        self.history: deque[tuple[int, int]] = deque(maxlen=HISTORY)
+        self.pending: deque[_Pending] = deque()
+        self.backups: dict[str, AttachedBackup] = {}
+        self.dumps = 0
+        #: the catch-up buffer: (lsn, its frame) of the newest entries, at most
+        #: ``catchup_bytes`` of frames (0: none kept, every join gets a dump)
+        self.catchup_bytes = catchup_bytes
+        self.suffix: deque[tuple[int, bytes]] = deque()
+        self.suffix_held = 0  #: bytes of the frames in the buffer
+        #: what joins cost: dumps and suffixes sent, their entries and bytes
+        self.shipped = {"dumps": 0, "dump_entries": 0, "dump_bytes": 0,
+                        "suffixes": 0, "suffix_entries": 0, "suffix_bytes": 0}
+        self.deferred: list[BodyRef] = []
+        self._waiting_quiet: list[asyncio.Future[None]] = []
+        self._watch: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: records a new ready set before the primary stops waiting for a backup that
+        #: left it (etcd's ``/txbroker/<cluster>/ready``; None: nowhere to record)
+        self.on_ready_change: Callable[[list[str]], Awaitable[None]] | None = None
+
+    # ------------------------------------------------------------------ the store side
+    def begin(self, kind: int, meta: bytes, bodies: list[bytes],
+              on_durable: DurableCallback) -> int:
+        """A new entry: number it, ship it, remember who must have it."""
+        self.lsn += 1
+        lsn = self.lsn
+        self.bytes += len(meta) + sum(map(len, bodies))
+        self.history.append((lsn, self.bytes))
+        self.pending.append(_Pending(lsn, kind, on_durable, time.monotonic()))
+        if self.backups or self.catchup_bytes:
+            frame = link.encode("entries", [[lsn, kind, meta, bodies]])
+            for backup in list(self.backups.values()):
+                self._send(backup, frame, streamed=True)
+            self._keep(lsn, frame)
+        return lsn
+
+    def _keep(self, lsn: int, frame: bytes) -> None:
+        """Hold an entry's frame in the catch-up buffer, dropping the oldest beyond it."""
+        if not self.catchup_bytes:
+            return
+        suffix = self.suffix
+        suffix.append((lsn, frame))
+        self.suffix_held += len(frame)
+        while self.suffix_held > self.catchup_bytes:
+            self.suffix_held -= len(suffix.popleft()[1])
+
+    def can_resume(self, resume: Any) -> int | None:
+        """The LSN a backup's ``join`` may resume from (it holds this epoch's copy up to
+        it and the buffer has every entry after it), None when it needs a dump."""
+        if not isinstance(resume, dict) or resume.get("epoch") != self.epoch:
+            return None
+        lsn = resume.get("lsn")
+        if not isinstance(lsn, int) or not 0 <= lsn <= self.lsn:
+            return None
+        if lsn == self.lsn:
+            return lsn
+        if self.suffix and self.suffix[0][0] <= lsn + 1:
+            return lsn
+        return None
+
+    def local_durable(self, lsn: int, error: BaseException | None) -> None:
+        """The local store has entry ``lsn`` (or failed)."""
+        for entry in self.pending:
+            if entry.lsn == lsn:
+                entry.local = True
+                entry.error = error
+                break
+        self._complete()
+
+    def _ready(self) -> list[AttachedBackup]:
+        """The backups entries wait for: ready ones, and ready ones on their way out
+        (until the smaller ready set is recorded, ``on_ready_change``)."""
+        return [b for b in self.backups.values() if b.state in ("ready", "leaving")]
+
+    def ready_names(self) -> list[str]:
+        """The ready set as it stands (without the backups on their way out)."""
+        return sorted(b.node for b in self.backups.values() if b.state == "ready")
+
+    def _leave(self, backup: AttachedBackup, reason: str,
+               then: Callable[[], None]) -> None:
+        """Take a ready backup out of the ready set: entries wait for it until the
+        smaller set is recorded (etcd: a whole-group restart must not promote a copy
+        that missed acknowledged entries), then ``then`` runs."""
+        backup.reason = reason
+        if backup.state != "ready" or self.on_ready_change is None:
+            then()
+            return
+        backup.state = "leaving"
+        record = self.on_ready_change
+
+        async def shrink() -> None:
+            while True:
+                try:
+                    await record(self.ready_names())
+                    break
+                except Exception as exc:  # etcd down: keep waiting for the backup
+                    log.error("replication: cannot record the ready set without %s: %s",
+                              backup.node, exc)
+                    await asyncio.sleep(0.5)
+            then()
+
+        self._spawn(shrink())
+
+    def _grown(self) -> None:
+        record = self.on_ready_change
+        if record is None:
+            return
+
+        async def grow() -> None:
+            try:
+                await record(self.ready_names())
+            except Exception as exc:  # only a missed chance to promote this backup
+                log.warning("replication: cannot record the ready set: %s", exc)
+
+        self._spawn(grow())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _complete(self) -> None:
+        ready = self._ready()
+        pending = self.pending
+        while pending:
+            entry = pending[0]
+            if not entry.local or any(b.acked < entry.lsn for b in ready):
+                break
+            pending.popleft()
+            error = entry.error
+            if error is None and entry.vote_failed is not None:
+                error = ReplicaVoteFailed(entry.vote_failed)
+            entry.on_durable(error)
+        if not pending and self._waiting_quiet:
+            waiting, self._waiting_quiet = self._waiting_quiet, []
+            for future in waiting:
+                if not future.done():
+                    future.set_result(None)
+
+    def _completed_by_network(self) -> None:
+        """Completions caused by a backup (an ack, a drop): run them as the store's are."""
+        server = self.server
+        server.broker.set_now(server.now())
+        self._complete()
+        server.run_effects()
+
+    # ------------------------------------------------------------------ backups
+    def _send(self, backup: AttachedBackup, frame: bytes, *, streamed: bool = False) -> None:
+        if backup.state in ("dropped",):
+            return
+        if streamed and backup.state in ("joining", "dumping"):
+            if backup.state == "dumping":
+                backup.backlog.append(frame)
+            return
+        writer = backup.writer
+        if writer.is_closing():
+            return
+        if writer.transport.get_write_buffer_size() > MAX_QUEUED:
+            self.drop(backup, "its link has more than 256 MiB queued")
+            return
+        writer.write(frame)
+        backup.sent_bytes += len(frame)
+
+    def drop(self, backup: AttachedBackup, reason: str) -> None:
+        """Take a backup out (it joins again with a fresh dump)."""
+        if backup.state in ("dropped", "leaving"):
+            return
+        log.warning("replication: backup %s dropped: %s", backup.node, reason)
+        backup.writer.close()
+
+        def gone() -> None:
+            backup.state = "dropped"
+            if self.backups.get(backup.node) is backup:
+                del self.backups[backup.node]
+            self._completed_by_network()
+
+        self._leave(backup, reason, gone)
+
+    def bytes_at(self, lsn: int) -> int:
+        """The bytes of every entry up to ``lsn`` (0 before the known history)."""
+        history = self.history
+        if not history or lsn >= history[-1][0]:
+            return self.bytes if history and lsn >= history[-1][0] else 0
+        position = bisect.bisect_right(history, (lsn, float("inf"))) - 1
+        return history[position][1] if position >= 0 else 0
+
+    def status(self) -> dict[str, Any]:
+        """The replication part of ``ha status``."""
+        backups = []
+        for backup in self.backups.values():
+            info = backup.info(self.lsn)
+            info["lag_bytes"] = max(0, self.bytes - self.bytes_at(backup.acked))
+            backups.append(info)
+        suffix = self.suffix
+        catchup = {"buffer_bytes": self.catchup_bytes, "held_bytes": self.suffix_held,
+                   "held_entries": len(suffix),
+                   "oldest_lsn": suffix[0][0] if suffix else None, **self.shipped}
+        return {"lsn": self.lsn, "bytes": self.bytes, "in_flight": len(self.pending),
+                "epoch": self.epoch, "backups": backups, "catchup": catchup}
+
+    async def serve_backup(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           hello: dict[str, Any], codec: link.ReplicationCodec) -> None:
+        """One backup's link, from its ``join`` until it closes."""
+        node = str(hello.get("node") or writer.get_extra_info("peername"))
+        peer = writer.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        old = self.backups.get(node)
+        if old is not None:
+            self.drop(old, "it joined again")
+        backup = AttachedBackup(node, address, writer)
+        self.backups[node] = backup
+        self._start_watch()
+        try:
+            resume_at = self.can_resume(hello.get("resume"))
+            if resume_at is not None:
+                await self._resume(backup, resume_at)
+            else:
+                await self._dump(backup)
+            while not reader.at_eof():
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for message in codec.receive_data(data):
+                    self._on_message(backup, message)
+        except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
+            if backup.state != "dropped":
+                self.drop(backup, f"link lost: {exc}")
+        finally:
+            if backup.state != "dropped":
+                self.drop(backup, "link closed")
+
+    def _on_message(self, backup: AttachedBackup, message: link.LinkMessage) -> None:
+        if message.type == "ack":
+            lsn = int(message.body["lsn"])
+            if lsn > backup.acked:
+                backup.acked = lsn
+                backup.last_ack = time.monotonic()
+            if backup.state == "catching-up" and self.lsn - backup.acked <= READY_LAG:
+                backup.state, backup.reason = "ready", ""
+                self._send(backup, link.encode("state", {"ready": True}))
+                self._grown()
+                log.info("replication: backup %s is ready (acked %d of %d)", backup.node,
+                         backup.acked, self.lsn)
+            self._completed_by_network()
+        elif message.type == "vote":
+            lsn, reason = int(message.body["lsn"]), str(message.body.get("reason", ""))
+            for entry in self.pending:
+                if entry.lsn == lsn and entry.kind == Kind.XA_PREPARE:
+                    entry.vote_failed = f"backup {backup.node} voted fail: {reason}"
+            self.drop(backup, f"it voted fail on entry {lsn}: {reason}")
+        else:
+            raise ProtocolError(f"a backup may not send {message.type!r}")
+
+    # ------------------------------------------------------------------ the suffix
+    async def _resume(self, backup: AttachedBackup, at: int) -> None:
+        """Incremental catch-up: the backup holds this epoch's state up to ``at``; send
+        it every entry after ``at`` from the buffer, then the stream goes on."""
+        # no await until every held frame is written: begin() streams to it from now on
+        backup.state, backup.dump_at, backup.acked = "catching-up", at, 0
+        backup.joined_by = "suffix"
+        writer = backup.writer
+        welcome = link.encode("welcome", {"node": self.node, "epoch": self.epoch, "at": at,
+                                          "incremental": True})
+        writer.write(welcome)
+        entries = sent = 0
+        for lsn, frame in self.suffix:
+            if lsn > at:
+                writer.write(frame)
+                entries += 1
+                sent += len(frame)
+        backup.sent_bytes += len(welcome) + sent
+        shipped = self.shipped
+        shipped["suffixes"] += 1
+        shipped["suffix_entries"] += entries
+        shipped["suffix_bytes"] += sent
+        log.info("replication: %s resumes from LSN %d: %d entries (%d bytes) from the "
+                 "catch-up buffer, no dump", backup.node, at, entries, sent)
+        await writer.drain()
+
+    # ------------------------------------------------------------------ the dump
+    async def _quiet(self) -> None:
+        """Wait until every entry in flight is complete, with clients not read."""
+        ops = self.server.ops
+        ops.hold_input(True)
+        try:
+            deadline = time.monotonic() + QUIET_TIMEOUT
+            while self.pending or check_quiet(self.server.broker) is not None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the broker did not become quiet for a dump")
+                future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiting_quiet.append(future)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(future, 0.05)
+        except BaseException:
+            ops.hold_input(False)
+            raise
+
+    async def _dump(self, backup: AttachedBackup) -> None:
+        await self._quiet()
+        try:  # no await between the quiet check and the description: nothing moves
+            at = self.lsn
+            entries = state_entries(self.server.broker)
+            backup.state, backup.dump_at = "dumping", at
+            self.dumps += 1
+        finally:
+            self.server.ops.hold_input(False)
+        try:
+            writer = backup.writer
+            backup.joined_by = "dump"
+            self.shipped["dumps"] += 1
+            writer.write(link.encode("welcome", {"node": self.node, "epoch": self.epoch,
+                                                 "at": at}))
+            for frame in self._dump_frames(entries):
+                writer.write(frame)
+                backup.sent_bytes += len(frame)
+                self.shipped["dump_bytes"] += len(frame)
+                await writer.drain()
+            self.shipped["dump_entries"] += len(entries)
+            writer.write(link.encode("dumped", {"at": at}))
+            backlog, backup.backlog = backup.backlog, []
+            if backup.state == "dumping":
+                backup.state = "catching-up"
+                backup.acked = 0
+                for frame in backlog:
+                    self._send(backup, frame)
+            await writer.drain()
+            log.info("replication: dump of LSN %d (%d entries) sent to %s", at, len(entries),
+                     backup.node)
+        finally:
+            self.dumps -= 1
+            if not self.dumps and self.deferred:
+                refs, self.deferred = self.deferred, []
+                for ref in refs:
+                    self.server_store().release(ref)
+
+    def _dump_frames(self, entries: list[DumpEntry]) -> Iterator[bytes]:
+        store = self.server_store()
+        for entry in entries:
+            refs = [m.ref for m in entry.messages if m.ref is not None]
+            bodies = store.read_bodies(refs).split() if refs else []
+            yield link.encode("entries", [[0, entry.kind, entry.meta, bodies]])
+
+    def server_store(self) -> Store:
+        """The local store under the replicating one."""
+        store = self.server.store
+        assert isinstance(store, ReplicatingStore)
+        return store.store
+
+    # ------------------------------------------------------------------ timeouts
+    def _start_watch(self) -> None:
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._watch_backups())
+
+    async def _watch_backups(self) -> None:
+        last_beat = 0.0
+        while self.backups:
+            await asyncio.sleep(min(0.2, self.backup_timeout / 4))
+            now = time.monotonic()
+            if now - last_beat >= HEARTBEAT_INTERVAL:  # a silent primary is a gone one
+                last_beat = now
+                beat = link.encode("heartbeat", {"lsn": self.lsn})
+                for backup in list(self.backups.values()):
+                    self._beat(backup, beat)
+            if not self.pending:
+                continue
+            oldest = self.pending[0]
+            late = time.monotonic() - oldest.appended > self.backup_timeout
+            for backup in self._ready():
+                if late and backup.acked < oldest.lsn and backup.state == "ready":
+                    reason = (f"no ack of entry {oldest.lsn} within backup_timeout "
+                              f"({self.backup_timeout:g} s)")
+                    log.warning("replication: backup %s leaves the ready set: %s",
+                                backup.node, reason)
+                    self._leave(backup, reason, functools.partial(self._demote, backup))
+
+    def _beat(self, backup: AttachedBackup, beat: bytes) -> None:
+        """A heartbeat, in any state (a joining backup waiting for its dump hears us too:
+        a peer that says nothing is not a primary)."""
+        writer = backup.writer
+        if backup.state != "dropped" and not writer.is_closing():
+            writer.write(beat)
+
+    def _demote(self, backup: AttachedBackup) -> None:
+        """A late backup is out of the ready set: it catches up without being waited for."""
+        if backup.state == "leaving" or backup.state == "ready":
+            backup.state = "catching-up"
+            self._send(backup, link.encode("state", {"ready": False}))
+        self._completed_by_network()
+
+    def close(self) -> None:
+        """Stop: every backup link closes."""
+        for backup in list(self.backups.values()):
+            backup.writer.close()
+        self.backups.clear()
+        if self._watch is not None:
+            self._watch.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+
+class ReplicatingStore:
+    """The primary's store: the local one, with every append also replicated (see
+    the module docstring). Reads, releases and compaction go to the local store."""
+
+    def __init__(self, store: Store, hub: ReplicationHub) -> None:
+        self.store = store
+        self.hub = hub
+
+    def recover(self) -> Iterator[StoredEntry]:
+        """The local store's entries (a primary recovers from its own disk)."""
+        return self.store.recover()
+
+    def append(self, kind: int, meta: bytes, bodies: Sequence[bytes],
+               on_durable: DurableCallback) -> list[BodyRef]:
+        """Append locally and to every backup; complete when both have it."""
+        hub = self.hub
+        lsn = hub.begin(kind, meta, list(bodies), on_durable)
+        return self.store.append(kind, meta, bodies,
+                                 lambda error: hub.local_durable(lsn, error))
+
+    def read_body(self, ref: BodyRef) -> bytes:
+        """A body (local)."""
+        return self.store.read_body(ref)
+
+    def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
+        """Bodies (local)."""
+        return self.store.read_bodies(refs)
+
+    def body_size(self, ref: BodyRef) -> int:
+        """A body's size (local)."""
+        return self.store.body_size(ref)
+
+    def release(self, ref: BodyRef) -> None:
+        """A dead body: released now, or after the dumps that may still read it."""
+        if self.hub.dumps:
+            self.hub.deferred.append(ref)
+        else:
+            self.store.release(ref)
+
+    def maintain(self) -> Relocation | None:
+        """Compaction (paused while a dump streams)."""
+        return None if self.hub.dumps else self.store.maintain()
+
+    def stats(self) -> StoreStats:
+        """The local store's counters."""
+        return self.store.stats()
+
+    def close(self) -> None:
+        """Close the local store and the backups' links."""
+        self.hub.close()
+        self.store.close()
+
+    def __getattr__(self, name: str) -> Any:  # the store's other attributes (repair_report…)
+        return getattr(self.store, name)
+
+
+#: Wraps a store into a replicating one (``BrokerServer.wrap_store``).
+StoreWrapper = Callable[[Store], Store]

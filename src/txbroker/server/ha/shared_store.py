@@ -1,0 +1,556 @@
+"""Shared-store failover (seed 004): an active and a standby on one data directory.
+
+Theory of operation
+-------------------
+Two brokers are started the same way (``--ha shared-store --ha-port P
+--ha-peer HOST:PORT``, one data directory on a file system both see). Each
+runs a :class:`SharedStoreNode`, which listens on its HA port at once and then
+*contends*:
+
+1. try the store's lock (``storage/store_lock.py``: the store's single-writer
+   lock *is* the HA lock) without waiting. Got it: **activate** — re-read the
+   configuration file (an admin change made on the old active carries over),
+   recover the store, open the client listeners, serve; heartbeats go to
+   whichever standby connects to the HA port.
+2. Else be the **standby**: connect to the peer's HA port, say ``standby``
+   and follow the active's heartbeats (``protocol/ha.py``). **Detection**: no
+   heartbeat for ``activation_interval`` seconds, or the TCP connection broke
+   (the active's process died). **Response**: back to 1 at once. When neither
+   the lock nor the connection can be had, the standby alternates between the
+   two, a short pause per round, until one succeeds — exactly the seed's
+   "Lock Unavailable" rule.
+
+The lock decides, never the heartbeats: a standby takes over only once it holds
+the lock, and the kernel (or the NFS server) hands the lock over only when its
+holder's process is gone. So a stopped (SIGSTOP) or partitioned active keeps
+its role and its store; the standby keeps alternating and never writes. Once
+the old active is restarted it finds the lock held and becomes the standby
+(**role reversal**).
+
+A standby serves no clients. Its native port answers every ``hello`` with the
+``Standby`` error (code 32) and closes, so a client moves on to the next
+address of its failover list at once and an operator who points a tool at it
+reads why; a ``hello`` with ``probe: true`` may ask ``stats`` and ``ping``
+only (``txbroker ha status``). Its STOMP port does not listen: a STOMP client
+with a host list moves on when a connection is refused, while an ``ERROR``
+frame after ``CONNECT`` makes stomp.py and stompman report a failure instead.
+
+``request_stop`` (SIGTERM, SIGINT) stops either role; the active shuts down as
+a single broker does and its lock goes with its store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+from txbroker.errors import (
+    AuthenticationFailed,
+    BadRequest,
+    BrokerError,
+    ProtocolError,
+    Standby,
+    TxBrokerError,
+)
+from txbroker.protocol import ha as link
+from txbroker.protocol.native import (
+    PROTOCOL_VERSION,
+    Err,
+    NativeConnection,
+    Ok,
+    Request,
+    Role,
+    encode_error,
+)
+from txbroker.server.app import BrokerServer, store_lock_path
+from txbroker.server.config import ServerConfig, peer_address
+from txbroker.server.ha.link import LinkSecurity
+from txbroker.server.security.auth import Authenticator
+from txbroker.storage.store_lock import StoreLock, lock_holder
+
+__all__ = ["HaRole", "PeerRefused", "SharedStoreNode"]
+
+log = logging.getLogger("txbroker.ha")
+
+#: Pause between two rounds of "try the lock, try the peer" when both failed (s).
+RETRY_PAUSE: Final = 0.2
+#: Right after detection: tries of the lock, and the pause between them (s).
+FAST_LOCK_TRIES: Final = 10
+FAST_LOCK_PAUSE: Final = 0.01
+#: Ops a probing client may send to a standby (``txbroker ha status``).
+PROBE_OPS: Final = frozenset({"stats", "ping"})
+
+
+class HaRole:
+    """The roles a node goes through (``stats()["ha"]["role"]``)."""
+
+    STARTING: Final = "starting"
+    STANDBY: Final = "standby"
+    ACTIVATING: Final = "activating"  # holds the lock, recovering the store
+    ACTIVE: Final = "active"
+    STOPPED: Final = "stopped"
+
+
+class PeerRefused(TxBrokerError):
+    """The peer's HA port refused us; ``retry`` False: for good (a second standby)."""
+
+    def __init__(self, reason: str, retry: bool) -> None:
+        super().__init__(reason)
+        self.retry = retry
+
+
+@dataclass(slots=True)
+class _Standby:
+    """The standby attached to this active."""
+
+    address: str
+    writer: asyncio.StreamWriter
+    last_ack: float  # monotonic
+
+
+class SharedStoreNode:
+    """One broker of a shared-store pair (see the module docstring).
+
+    ``reload`` re-reads the configuration (file and command line) when the node
+    activates; ``on_role(role, server)`` is told each role change (``server``:
+    the running broker once active).
+    """
+
+    def __init__(self, config: ServerConfig, reload: Callable[[], ServerConfig] | None = None,
+                 on_role: Callable[[str, BrokerServer | None], None] | None = None) -> None:
+        config.validate()
+        if config.ha != "shared-store":
+            raise ValueError("SharedStoreNode needs ha = \"shared-store\"")
+        self.config = config
+        self._reload = reload
+        self._on_role = on_role
+        self.peer = peer_address(config.ha_peer)
+        self.lock_path = store_lock_path(config)
+        self.node = f"{config.host}:{config.ha_port}"
+        #: TLS and the peers' handshake on the HA link (server/ha/link.py)
+        self.security = LinkSecurity.from_config(config)
+        self.role = HaRole.STARTING
+        self.since = time.time()
+        self.server: BrokerServer | None = None
+        self.lock: StoreLock | None = None
+        #: wall-clock time of the last heartbeat from the active (standby side), or
+        #: of the standby's last heartbeat ack (active side)
+        self.last_heartbeat: float | None = None
+        #: the active this standby follows ("HOST:PORT" of its HA port)
+        self.following: str | None = None
+        self._standby: _Standby | None = None
+        self._stopping = asyncio.Event()
+        self._link_server: asyncio.Server | None = None
+        self._refuser: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_problem = ""
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        """Role, peer, last heartbeat, lock holder: what ``txbroker ha status`` prints."""
+        now = time.time()
+        standby = self._standby
+        return {
+            "mode": "shared-store",
+            "role": self.role,
+            "since": round(self.since, 3),
+            "node": self.node,
+            "peer": self.config.ha_peer,
+            "following": self.following,
+            "standby": standby.address if standby is not None else None,
+            "last_heartbeat_age": (round(now - self.last_heartbeat, 3)
+                                   if self.last_heartbeat is not None else None),
+            "heartbeat_interval": self.config.heartbeat_interval,
+            "activation_interval": self.config.activation_interval,
+            "lock_file": str(self.lock_path),
+            "lock_holder": lock_holder(self.lock_path),
+            "link": self.security.status(),
+        }
+
+    def _set_role(self, role: str) -> None:
+        if role == self.role:
+            return
+        log.info("HA role: %s -> %s", self.role, role)
+        self.role = role
+        self.since = time.time()
+        if self._on_role is not None:
+            self._on_role(role, self.server)
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> None:
+        """Contend, then serve as the active until stopped (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        host, port = self.config.host, self.config.ha_port
+        self._link_server = await self.security.start_server(self._on_link, host, port)
+        log.info("HA link on %s (peer %s)", self.node, self.config.ha_peer)
+        self.security.warn_if_open(self.node)
+        try:
+            lock = await self._contend()
+            if lock is not None:
+                await self._activate(lock)
+        finally:
+            await self._close()
+
+    def request_stop(self) -> None:
+        """Stop: a standby stops contending, an active shuts down."""
+        self._stopping.set()
+        if self.server is not None:
+            self.server.request_stop()
+
+    async def _close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._refuser is not None:
+            self._refuser.close()
+            self._refuser = None
+        if self._link_server is not None:
+            self._link_server.close()
+        if self._standby is not None:
+            self._standby.writer.close()
+            self._standby = None
+        if self.lock is not None:
+            self.lock.release()  # the store released it already when it closed
+        self._set_role(HaRole.STOPPED)
+
+    # ------------------------------------------------------------------ standby side
+    async def _contend(self) -> StoreLock | None:
+        """Alternate between the lock and following the active; the lock, or None
+        once stopped."""
+        role_line = f"active broker, HA {self.node}"
+        while not self._stopping.is_set():
+            lock = StoreLock.try_acquire(self.lock_path, role_line)
+            if lock is not None:
+                return lock
+            if self.role != HaRole.STANDBY:
+                await self._open_refuser()
+                self._set_role(HaRole.STANDBY)
+            followed = False
+            try:
+                followed = await self._follow()
+            except PeerRefused as exc:
+                if not exc.retry:
+                    raise
+                self._problem(f"peer {self.config.ha_peer} refused: {exc}")
+            except ProtocolError as exc:
+                self._problem(f"peer {self.config.ha_peer}: {exc}", error=True)
+            except (OSError, TimeoutError) as exc:
+                self._problem(f"peer {self.config.ha_peer} unreachable: "
+                              f"{str(exc) or type(exc).__name__}")
+            if followed:
+                # the active just went silent or its connection broke: when its process
+                # died, the kernel frees the lock a moment after the socket closes
+                lock = await self._lock_soon(role_line)
+                if lock is not None:
+                    return lock
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RETRY_PAUSE):
+                        await self._stopping.wait()
+        return None
+
+    async def _lock_soon(self, role_line: str) -> StoreLock | None:
+        """Try the lock a few times in quick succession (bench/ha_failover.py: in 12 of
+        20 kills the first try came before the dead process's lock was released, and
+        the round trip to the dead peer plus the pause cost 0.2 s)."""
+        for _ in range(FAST_LOCK_TRIES):
+            lock = StoreLock.try_acquire(self.lock_path, role_line)
+            if lock is not None or self._stopping.is_set():
+                return lock
+            await asyncio.sleep(FAST_LOCK_PAUSE)
+        return None
+
+    def _problem(self, text: str, *, error: bool = False) -> None:
+        """Log a contention problem once per distinct text (the loop repeats it)."""
+        if text != self._last_problem:
+            self._last_problem = text
+            log.log(logging.ERROR if error else logging.INFO, "HA: %s", text)
+
+    async def _follow(self) -> bool:
+        """Connect as the standby and follow the heartbeats until detection; True if
+        a handshake succeeded (the caller then tries the lock at once)."""
+        host, port = self.peer
+        timeout = self.config.heartbeat_interval
+        reader, writer = await self.security.connect(host, port, timeout)
+        try:
+            decoder = link.HaDecoder()
+            writer.write(link.encode("standby", node=self.node,
+                                     lock=lock_holder(self.lock_path)))
+            try:
+                async with asyncio.timeout(timeout):
+                    welcome = await self._next_message(reader, decoder)
+            except TimeoutError:
+                raise TimeoutError(f"connected, but no answer to the HA handshake within "
+                                   f"{timeout:g} s (a stopped active, or not a txbroker HA "
+                                   "port)") from None
+            if welcome["type"] == "refused":
+                raise PeerRefused(str(welcome.get("reason", "")), bool(welcome.get("retry")))
+            if welcome["type"] != "welcome":
+                raise ProtocolError(f"expected welcome, got {welcome['type']!r}")
+            self.following = str(welcome.get("node", self.config.ha_peer))
+            self.last_heartbeat = time.time()
+            self._last_problem = ""
+            log.info("HA: standby of the active %s", self.following)
+            await self._watch(reader, writer, decoder)
+            return True
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _next_message(reader: asyncio.StreamReader, decoder: link.HaDecoder
+                            ) -> dict[str, Any]:
+        pending: list[dict[str, Any]] = []
+        while not pending:
+            data = await reader.read(4096)
+            if not data:
+                raise ConnectionResetError("the peer closed the HA link")
+            pending = decoder.feed(data)
+        return pending[0]
+
+    async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     decoder: link.HaDecoder) -> None:
+        """Read heartbeats until none came for the activation interval, the link
+        broke, or the node stops."""
+        activation = self.config.activation_interval
+        last = time.monotonic()
+        while not self._stopping.is_set():
+            remaining = activation - (time.monotonic() - last)
+            if remaining <= 0:
+                log.warning("HA: no heartbeat from the active %s for %.1f s: trying the lock",
+                            self.following, activation)
+                return
+            try:
+                async with asyncio.timeout(min(remaining, 1.0)):
+                    data = await reader.read(4096)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                data = b""
+                log.debug("HA link read failed: %s", exc)
+            if not data:
+                log.warning("HA: the connection to the active %s broke: trying the lock",
+                            self.following)
+                return
+            for message in decoder.feed(data):
+                if message["type"] == "heartbeat":
+                    last = time.monotonic()
+                    self.last_heartbeat = time.time()
+                    writer.write(link.encode("heartbeat_ack", seq=message.get("seq")))
+
+    # ------------------------------------------------------------------ activation
+    async def _activate(self, lock: StoreLock) -> None:
+        """Re-read the configuration, recover the store, open the listeners, serve."""
+        self.lock = lock
+        self.following = None
+        self.last_heartbeat = None  # from now on: the standby's last heartbeat ack
+        self._set_role(HaRole.ACTIVATING)
+        log.info("HA: holding the lock %s: taking over", self.lock_path)
+        config = self.config
+        if self._reload is not None:
+            try:
+                config = self._reload()
+            except (OSError, ValueError) as exc:  # keep the settings we started with
+                log.error("HA: cannot re-read the configuration (%s): keeping the current one",
+                          exc)
+        if self._refuser is not None:
+            self._refuser.close()
+            self._refuser = None
+        server = BrokerServer(config, lock=lock)
+        server.ha_status = self.status
+        self.server = server
+        await server.recover()
+        await server.open_listeners()
+        self._set_role(HaRole.ACTIVE)
+        if self._stopping.is_set():
+            server.request_stop()
+        await server.serve_forever()
+
+    # ------------------------------------------------------------------ active side
+    async def _on_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A peer connected to our HA port: welcome it as our standby, or refuse."""
+        peer = writer.get_extra_info("peername")
+        address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        decoder = link.HaDecoder()
+        try:
+            async with asyncio.timeout(self.config.heartbeat_interval):
+                hello = await self._next_message(reader, decoder)
+        except ProtocolError as exc:
+            log.error("HA: %s on the HA port: %s", address, exc)
+            writer.close()
+            return
+        except (OSError, TimeoutError):
+            writer.close()
+            return
+        refusal = self._refusal(hello)
+        if refusal is not None:
+            reason, retry = refusal
+            writer.write(link.encode("refused", reason=reason, retry=retry))
+            if not retry:
+                log.error("HA: refused %s (%s): %s", hello.get("node"), address, reason)
+            with contextlib.suppress(OSError):
+                await writer.drain()
+            writer.close()
+            return
+        node = str(hello.get("node", address))
+        standby = _Standby(node, writer, time.monotonic())
+        if self._standby is not None:  # the same standby again, or one that went silent
+            self._standby.writer.close()
+        self._standby = standby
+        writer.write(link.encode("welcome", node=self.node, lock=lock_holder(self.lock_path),
+                                 heartbeat_interval=self.config.heartbeat_interval))
+        log.info("HA: %s is the standby", node)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._heartbeats(standby, reader, decoder)
+        finally:
+            self._tasks.discard(task)
+            if self._standby is standby:
+                self._standby = None
+                log.warning("HA: the standby %s is gone", node)
+            writer.close()
+
+    def _refusal(self, hello: dict[str, Any]) -> tuple[str, bool] | None:
+        """Why this active does not take ``hello``'s sender as its standby, if it does not."""
+        if hello.get("type") != "standby":
+            return f"expected a standby hello, got {hello.get('type')!r}", False
+        if self.role not in (HaRole.ACTIVATING, HaRole.ACTIVE):
+            return f"{self.node} is {self.role}, not the active", True
+        current = self._standby
+        if current is not None and current.address != hello.get("node") and \
+                time.monotonic() - current.last_ack < self.config.activation_interval:
+            return (f"the active {self.node} already has a standby ({current.address}); "
+                    "a shared store has one active and one standby"), False
+        ours = lock_holder(self.lock_path)
+        if hello.get("lock") != ours:
+            return (f"the peer reads {hello.get('lock')!r} in its lock file but this active "
+                    f"wrote {ours!r}: the two brokers do not share one data directory"), False
+        return None
+
+    async def _heartbeats(self, standby: _Standby, reader: asyncio.StreamReader,
+                          decoder: link.HaDecoder) -> None:
+        """Send a heartbeat every interval; read the acks; return when the link breaks."""
+        interval = self.config.heartbeat_interval
+        reading = asyncio.ensure_future(reader.read(4096))
+        seq = 0
+        try:
+            while True:
+                seq += 1
+                standby.writer.write(link.encode("heartbeat", seq=seq))
+                deadline = time.monotonic() + interval
+                while (remaining := deadline - time.monotonic()) > 0:
+                    done, _ = await asyncio.wait([reading], timeout=remaining)
+                    if not done:
+                        break
+                    data = reading.result()
+                    if not data:
+                        return
+                    for message in decoder.feed(data):
+                        if message["type"] == "heartbeat_ack":
+                            standby.last_ack = time.monotonic()
+                            self.last_heartbeat = time.time()
+                    reading = asyncio.ensure_future(reader.read(4096))
+        except (OSError, ProtocolError) as exc:
+            log.info("HA: link to the standby %s: %s", standby.address, exc)
+        finally:
+            reading.cancel()
+
+    # ------------------------------------------------------------------ client ports
+    async def _open_refuser(self) -> None:
+        """While standby, the native port answers ``Standby`` (STOMP: not listening)."""
+        config = self.config
+        if not config.port or self._refuser is not None:
+            return
+        auth = Authenticator(config.users)
+        self._refuser = await asyncio.get_running_loop().create_server(
+            lambda: StandbyConnection(config, auth, refusal=self._refusal_text,
+                                      status=self.status, role=lambda: self.role),
+            config.host, config.port, reuse_address=True)
+
+    def _refusal_text(self, op: str) -> str:
+        config = self.config
+        if op == "hello":
+            active = self.following or config.ha_peer
+            return (f"this broker ({config.host}:{config.port}) is the standby of a "
+                    f"shared-store pair (the active is at HA address {active}): try the next "
+                    "address")
+        return f"this broker is the standby of a shared-store pair: {op!r} is served by the active"
+
+
+class StandbyConnection(asyncio.Protocol):
+    """A native client of a broker that serves none (a shared-store standby, a
+    replicated backup): refused with ``Standby`` (``refusal`` says why), except a
+    probe (``hello`` with ``probe: true`` and the broker's users), which may ask
+    ``stats`` and ``ping`` and the ``extra`` ops (``ha_promote`` on a backup)."""
+
+    def __init__(self, config: ServerConfig, auth: Authenticator, *,
+                 refusal: Callable[[str], str], status: Callable[[], dict[str, Any]],
+                 role: Callable[[], str],
+                 extra: dict[str, Callable[[dict[str, Any]], Any]] | None = None) -> None:
+        self.config = config
+        self.auth = auth
+        self.refusal = refusal
+        self.status = status
+        self.role = role
+        self.extra = extra or {}
+        self.codec = NativeConnection(Role.SERVER, max_frame_size=config.max_frame_size)
+        self.transport: asyncio.Transport | None = None
+        self.probe = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Keep the transport."""
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        """Answer each request (see :meth:`answer`)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self.codec.receive_data(data)
+        try:
+            while events := self.codec.drain():
+                for event in events:
+                    if not isinstance(event, Request):
+                        raise ProtocolError("clients may only send requests")
+                    out, close = self.answer(event)
+                    transport.write(out)
+                    if close:
+                        transport.close()
+                        return
+        except ProtocolError as exc:
+            transport.write(encode_error(0, int(exc.code), str(exc)))
+            transport.close()
+
+    def answer(self, request: Request) -> tuple[bytes, bool]:
+        """The reply to ``request`` and whether to close afterwards."""
+        try:
+            result = self._result(request)
+        except BrokerError as exc:
+            return self.codec.send(Err(request.rid, exc.wire_code, exc.message)), True
+        return self.codec.send(Ok(request.rid, result)), False
+
+    def _result(self, request: Request) -> Any:
+        if request.op == "hello" and not self.probe:
+            args = request.args
+            if args.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
+                raise BadRequest(f"unsupported protocol version {args.get('version')!r}")
+            if args.get("probe") is not True:
+                raise Standby(self.refusal("hello"))
+            if not self.auth.check(args.get("user"), args.get("password")):
+                raise AuthenticationFailed("wrong user or password")
+            self.probe = True
+            return {"server": "txbroker", "version": PROTOCOL_VERSION, "role": self.role()}
+        if self.probe and request.op in PROBE_OPS:
+            return {"ha": self.status()} if request.op == "stats" else None
+        if self.probe and request.op in self.extra:
+            return self.extra[request.op](request.args)
+        raise Standby(self.refusal(request.op))
