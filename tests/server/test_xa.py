@@ -238,6 +238,7 @@ class CuttableProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[Any] = []
+        self.refusing = False  #: while True, a new connection is closed at once
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -248,6 +249,9 @@ class CuttableProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            if self.refusing:
+                client.close()
+                continue
             upstream = socket.create_connection(("127.0.0.1", self.target_port))
             self.sockets += [client, upstream]
             for a, b in ((client, upstream), (upstream, client)):
@@ -299,6 +303,48 @@ def test_client_resumes_its_branch_after_a_network_break(broker: BrokerProcess) 
             got = [conn.receive("out", timeout=5) for _ in range(2)]
             assert [m.body for m in got if m is not None] == [b"before", b"after"]
             assert conn.receive("in", timeout=0.2) is None
+    finally:
+        proxy.close()
+
+
+def test_a_send_made_while_failing_over_stays_in_its_branch(broker: BrokerProcess) -> None:
+    """Issue 25's audit: a pipelined send asked while the connection fails over, then the
+    branch's ``end`` at once. The send must reach the broker before the ``end`` and inside
+    the resumed branch; sent after it, it would be a plain send, done at once, and the
+    rollback below would leave it in the queue."""
+    proxy = CuttableProxy(broker.port)
+
+    async def scenario() -> list[bytes]:
+        async with txbroker.aio.connect(f"txb://127.0.0.1:{proxy.port}",
+                                        failover_timeout=20) as conn:
+            xa = conn.xa_resource()
+            xid = conn.xid(0, "order", "b")
+            await xa.start(xid)
+            await conn.send("out", b"before")
+            session = conn.server_info["session"]
+            proxy.refusing = True
+            proxy.cut()
+            for _ in range(500):  # the client notices the break and starts failing over
+                if conn.epoch is None:
+                    break
+                await asyncio.sleep(0.01)
+            assert conn.epoch is None
+            # the broker is reachable again a little later, while both wait for it
+            asyncio.get_running_loop().call_later(0.2, setattr, proxy, "refusing", False)
+            during = conn.send_nowait("out", b"during")
+            await xa.end(xid)  # at once, as a program does (not in a task of its own)
+            await during
+            assert conn.server_info["session"] != session
+            assert await xa.prepare(xid) == XA_OK
+            await xa.rollback(xid)
+            left = []
+            while (msg := await conn.receive("out", timeout=0.3)) is not None:
+                left.append(msg.body)
+                await msg.ack()
+            return left
+
+    try:
+        assert asyncio.run(scenario()) == []
     finally:
         proxy.close()
 

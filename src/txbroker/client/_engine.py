@@ -224,6 +224,7 @@ class Engine:
         finally:
             if not completed:
                 self._abandon(pending)
+        assert pending.session is not None  # sent on a session: it has one
         return result, pending.session.epoch
 
     async def call_on(self, session: Session, op: str, args: dict[str, Any]) -> Any:
@@ -245,12 +246,16 @@ class Engine:
         session = self.session
         if session is not None:
             return self._submit_on(session, op, args, resend, discard_result).future
-
-        async def later() -> Any:  # failing over: send once a session is live
-            result, _ = await self.call(op, args, timeout=None, resend=resend)
-            return None if discard_result else result
-
-        return asyncio.ensure_future(later())
+        # Failing over: the request waits with the carried ones and goes out on the next
+        # session before anything asked after it, in call order — a task waiting for the
+        # session could be overtaken (an ``xa_end`` sent before a send of its branch would
+        # leave the send outside the branch, done at once). Work of an XA branch that is
+        # not resumed there fails with the branch (``_failover.py``).
+        pending = Pending(None, 0, op, args, resend, discard_result)
+        if op in XA_WORK_OPS and "tx" not in args:
+            pending.branch = self.xa.associated
+        self._failover.carry(pending)
+        return pending.future
 
     def submit_send(self, args: dict[str, Any], resend: bool) -> asyncio.Future[None]:
         """A pipelined ``send``: coalesced with the other sends of this loop iteration to
@@ -346,6 +351,9 @@ class Engine:
     def _abandon(self, pending: Pending) -> None:
         """Nobody waits for this request any more (cancelled or timed out)."""
         session, future = pending.session, pending.future
+        if session is None:  # still waiting for a session: never sent
+            future.cancel()
+            return
         if future.done() and not future.cancelled():
             # The reply won the race: a received message must not stay in flight.
             if pending.op == "receive" and future.exception() is None:

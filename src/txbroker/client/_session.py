@@ -82,13 +82,14 @@ class Pending:
 
     def __init__(
         self,
-        session: Session,
+        session: Session | None,
         rid: int,
         op: str,
         args: dict[str, Any],
         resend: bool,
         discard_result: bool = False,
     ) -> None:
+        #: the session it was sent on (None: asked while failing over, not sent yet)
         self.session = session
         self.rid = rid
         self.op = op
