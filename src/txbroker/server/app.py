@@ -118,6 +118,11 @@ def store_lock_path(config: ServerConfig) -> Path:
     return JournalStore.lock_path(config.data)
 
 
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch, from the system's clock."""
+    return time.time_ns() // 1_000_000
+
+
 class BrokerServer:
     """A running broker: see the module docstring."""
 
@@ -166,6 +171,9 @@ class BrokerServer:
         self.ha_status: Callable[[], dict[str, Any]] | None = None
         #: replicated HA: wraps the store once opened (``server/ha/replication.py``)
         self.wrap_store: Callable[[Store], Store] | None = None
+        #: the wall clock, in ms since the epoch; the simulator gives its virtual one
+        #: (``txbroker/sim/loop.py``)
+        self.clock: Callable[[], int] = wall_clock_ms
 
     @property
     def auth(self) -> Authenticator:
@@ -173,10 +181,9 @@ class BrokerServer:
         return self.ops.auth
 
     # ------------------------------------------------------------------ time
-    @staticmethod
-    def now() -> int:
-        """Wall-clock milliseconds: the only clock the core ever sees."""
-        return time.time_ns() // 1_000_000
+    def now(self) -> int:
+        """Wall-clock milliseconds (:attr:`clock`): the only clock the core ever sees."""
+        return self.clock()
 
     # ------------------------------------------------------------------ start / stop
     async def start(self) -> None:

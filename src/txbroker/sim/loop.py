@@ -1,0 +1,208 @@
+"""A deterministic asyncio event loop: one thread, virtual time, an in-memory network.
+
+Theory of operation
+-------------------
+The simulator's first slice drives the pure core directly (``node.py``). The code
+around it — the asyncio edges, the operation layer, HA, the client libraries — runs
+on an event loop. :class:`SimLoop` is an event loop of our own on which that code
+runs unchanged, and deterministically:
+
+- **Virtual time.** ``loop.time()`` is a number the loop advances itself: when no
+  callback is ready, the clock jumps to the next scheduled one (``asyncio.sleep``,
+  ``call_later``, ``asyncio.timeout``, heartbeats and lease timers all run on it). An
+  hour of timers takes no wall time. Nothing is ready and nothing is scheduled while
+  :meth:`run_until_complete` still waits: the system is stuck, and the loop says so
+  (:class:`SimulationStalled`) instead of blocking forever.
+- **No threads.** ``call_soon_threadsafe`` is ``call_soon``; ``run_in_executor`` runs
+  the function at once, inline (its future is already done), so code that hands
+  work to a thread stays on the one thread, in a fixed order.
+- **No real I/O.** ``create_connection`` and ``create_server`` (so also
+  ``asyncio.open_connection`` and ``start_server``) go to the loop's
+  :class:`~txbroker.sim.memnet.SimNetwork`: listeners by (host, port), connections
+  as pairs of in-memory transports whose bytes arrive after virtual delays drawn
+  from the simulation's random source. Sockets, readers/writers on file
+  descriptors, subprocesses, signals, DNS and TLS raise :class:`SimulationError`.
+
+Each callback runs in the order asyncio's own scheduler gives (FIFO for ready
+callbacks; by due time, then by scheduling order, for timers), so one seed and the
+same program give the same run — as long as the program itself does not iterate
+over a set of objects hashed by identity when the order matters (the trace hash of
+a run, compared between two runs, is what catches that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import random
+from collections.abc import Callable
+from typing import Any, TypeVar, TypeVarTuple, Unpack
+
+from txbroker.sim.memnet import SimNetwork
+
+__all__ = ["SimLoop", "SimulationError", "SimulationStalled"]
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+
+class SimulationError(RuntimeError):
+    """Code under simulation asked for something the simulation does not give (a real
+    socket, a thread, a subprocess, TLS)."""
+
+
+class SimulationStalled(SimulationError):
+    """Nothing is ready and nothing is scheduled, yet the awaited work is not done:
+    every task waits for something that will never happen."""
+
+
+class _Clock:
+    """The loop's "selector": waiting for ``timeout`` seconds advances the clock."""
+
+    def __init__(self, loop: SimLoop) -> None:
+        self._loop = loop
+
+    def select(self, timeout: float | None) -> list[Any]:
+        if timeout is None:
+            raise SimulationStalled(
+                f"at virtual time {self._loop.time():.6f} s nothing is ready and nothing "
+                "is scheduled, but the simulation is still waiting")
+        if timeout > 0:
+            self._loop._advance(timeout)
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class SimLoop(asyncio.BaseEventLoop):
+    """An asyncio event loop with virtual time and an in-memory network (see the
+    module docstring). ``seed`` seeds :attr:`random`, the one random source of the
+    simulation (the network's delays come from it); ``start`` is the clock's first
+    value, in seconds."""
+
+    def __init__(self, seed: int, *, start: float = 0.0) -> None:
+        super().__init__()
+        self._now = float(start)
+        self._selector = _Clock(self)
+        #: the simulation's one random source
+        self.random = random.Random(seed)
+        #: listeners and connections (``memnet.py``)
+        self.network = SimNetwork(self)
+        #: virtual seconds the clock jumped over (no callback was ready)
+        self.idle = 0.0
+
+    # -- time ----------------------------------------------------------------------
+
+    def time(self) -> float:
+        """The virtual clock, in seconds."""
+        return self._now
+
+    def _advance(self, seconds: float) -> None:
+        self._now += seconds
+        self.idle += seconds
+
+    # -- what BaseEventLoop asks of a concrete loop ------------------------------
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        pass  # no file descriptors: the network schedules its callbacks itself
+
+    def _write_to_self(self) -> None:
+        pass  # one thread: nothing ever needs waking
+
+    # -- one thread ----------------------------------------------------------------
+
+    def call_soon_threadsafe(self, callback: Callable[[Unpack[_Ts]], object],
+                             *args: *_Ts,
+                             context: contextvars.Context | None = None) -> asyncio.Handle:
+        """There are no other threads: the same as ``call_soon``."""
+        return self.call_soon(callback, *args, context=context)
+
+    def run_in_executor(self, executor: concurrent.futures.Executor | None,
+                        func: Callable[[Unpack[_Ts]], _T], *args: *_Ts
+                        ) -> asyncio.Future[_T]:
+        """Run ``func`` now, on this thread; return its (done) future."""
+        future: asyncio.Future[_T] = self.create_future()
+        try:
+            future.set_result(func(*args))
+        except BaseException as exc:  # handed to the awaiting code
+            future.set_exception(exc)
+        return future
+
+    def set_default_executor(self, executor: Any) -> None:
+        raise SimulationError("a SimLoop runs executor work inline: no executor to set")
+
+    # -- the network ---------------------------------------------------------------
+
+    async def create_connection(  # type: ignore[override]
+            self, protocol_factory: Callable[[], asyncio.BaseProtocol],
+            host: str | None = None, port: int | None = None, *, ssl: Any = None,
+            local_addr: tuple[str, int] | None = None, **_: Any
+    ) -> tuple[asyncio.Transport, asyncio.BaseProtocol]:
+        """A connection over the simulated network (``asyncio.open_connection`` too)."""
+        if ssl:
+            raise SimulationError("TLS is not simulated")
+        if host is None or port is None:
+            raise SimulationError("create_connection needs a host and a port")
+        return await self.network.connect(protocol_factory, host, port,
+                                          local_host=None if local_addr is None
+                                          else local_addr[0])
+
+    async def create_server(
+            self, protocol_factory: Callable[[], asyncio.BaseProtocol],
+            host: Any = None, port: int | None = None, *, ssl: Any = None, **_: Any
+    ) -> Any:
+        """A listener on the simulated network (``asyncio.start_server`` too)."""
+        if ssl:
+            raise SimulationError("TLS is not simulated")
+        if not isinstance(host, str):
+            raise SimulationError("a simulated listener needs one host name")
+        return self.network.listen(protocol_factory, host, port or 0)
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self, main: Any) -> Any:
+        """Run coroutine ``main`` to completion as ``asyncio.run`` would (the loop
+        current on this thread meanwhile), then cancel what is left and close."""
+        asyncio.set_event_loop(self)
+        try:
+            return self.run_until_complete(main)
+        finally:
+            try:
+                _cancel_all(self)
+                self.run_until_complete(self.shutdown_asyncgens())
+            finally:
+                asyncio.set_event_loop(None)
+                self.close()
+
+
+#: The loop's methods that would do real I/O (or start a thread or a process): each
+#: raises :class:`SimulationError` on a SimLoop.
+REFUSED: tuple[str, ...] = (
+    "add_reader", "add_writer", "remove_reader", "remove_writer", "add_signal_handler",
+    "getaddrinfo", "getnameinfo", "create_datagram_endpoint", "create_unix_connection",
+    "create_unix_server", "subprocess_exec", "subprocess_shell", "sock_connect",
+    "sock_accept", "sock_recv", "sock_recv_into", "sock_sendall", "sock_sendfile",
+    "sendfile", "connect_read_pipe", "connect_write_pipe", "connect_accepted_socket",
+    "start_tls")
+
+
+def _refuser(name: str) -> Callable[..., Any]:
+    def refused(self: SimLoop, *args: Any, **kwargs: Any) -> Any:
+        raise SimulationError(f"{name} is real I/O: not available in the simulation")
+
+    refused.__name__ = name
+    return refused
+
+
+for _name in REFUSED:
+    setattr(SimLoop, _name, _refuser(_name))
+
+
+def _cancel_all(loop: SimLoop) -> None:
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
