@@ -39,6 +39,7 @@ process included) over the timed phase; broker CPU is read from /proc for
 
     .venv/bin/python bench/amqpbench.py confirm-publish --port 5672 -n 20000
     .venv/bin/python bench/amqpbench.py tx-publish --port 5673 -n 20000 --procs 2
+    .venv/bin/python bench/amqpbench.py consume-ack --smoke     # 500 messages, a check
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ from amqpbench_wire import (
 from pamqp import commands, frame
 
 VERSION = "1.0"
+#: Messages per run: stompbench's default, and --smoke's.
+DEFAULT_N, SMOKE_N = 20000, 500
 class ConfirmPublisher(Handler):
     """Keeps ``window`` publishes unconfirmed until ``count`` are confirmed (or nacked)."""
 
@@ -430,7 +433,10 @@ def main() -> int:
     ap.add_argument("--password", default="guest")
     ap.add_argument("--vhost", default="/")
     ap.add_argument("--label", default=None, help="broker label copied into the JSON")
-    ap.add_argument("-n", "--n", type=int, default=20000, help="messages (default 20000)")
+    ap.add_argument("-n", "--n", type=int, default=None, help="messages (default 20000)")
+    ap.add_argument("--smoke", action="store_true",
+                    help=f"a check of the generator, not a figure: -n {SMOKE_N} unless given, "
+                         "60 s timeout")
     ap.add_argument("-b", "--body", type=int, default=1024, help="body bytes (>= 12)")
     ap.add_argument("-w", "--window", type=int, default=64,
                     help="unconfirmed publishes per connection (confirm-publish, pre-fill)")
@@ -451,6 +457,9 @@ def main() -> int:
     ap.add_argument("--disk-path", default="/var/lib",
                     help="account disk I/O of the device holding this path")
     args = ap.parse_args()
+    args.n = args.n or (SMOKE_N if args.smoke else DEFAULT_N)
+    if args.smoke:
+        args.timeout = min(args.timeout, 60.0)
     if args.body < SEQ_LEN + 1:
         ap.error(f"--body must be >= {SEQ_LEN + 1}")
     args.connections = args.connections or (8 if args.workload == "tx-publish" else 1)

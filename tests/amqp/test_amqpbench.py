@@ -1,0 +1,136 @@
+"""bench/amqpbench.py, the AMQP load generator of bench/peers.py, against a real
+``txbroker serve``: every workload's smoke mode ends with exact counts (every
+publish confirmed, every commit answered, every message consumed once and acked),
+and its hand-read frames agree with pamqp's reading of the same bytes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from pamqp import commands, frame, header
+from pamqp.body import ContentBody
+
+from tests.amqp.support import AmqpBroker
+from tests.support import ROOT
+
+BENCH = ROOT / "bench"
+sys.path.insert(0, str(BENCH))
+
+import amqpbench_wire as wire  # noqa: E402 - bench/ is not a package
+
+SMOKE_N = 500  # amqpbench.SMOKE_N
+
+
+def amqpbench(broker: AmqpBroker, *args: str) -> dict[str, Any]:
+    """One run of the generator; its JSON line (the exit code must agree with "ok")."""
+    assert broker.proc is not None
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "amqpbench.py"), *args, "--smoke",
+         "--port", str(broker.amqp_port), "--broker-pid", str(broker.proc.pid)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    # 0: ok; 1: a count is wrong; 2: an error (no figure)
+    expected = 0 if result["ok"] else 1 if "verify" in result else 2
+    assert done.returncode == expected, (done.returncode, result, done.stderr)
+    return result
+
+
+@pytest.mark.parametrize("extra", [[], ["--decode", "pamqp"]], ids=["fast", "pamqp"])
+def test_confirm_publish_confirms_every_publish(amqp_broker: AmqpBroker,
+                                                extra: list[str]) -> None:
+    result = amqpbench(amqp_broker, "confirm-publish", *extra)
+    assert result["error"] is None
+    assert result["verify"] == {"expected": SMOKE_N, "done": SMOKE_N, "nacked": 0,
+                                "left_in_queue": SMOKE_N}
+    assert result["confirm_lat_ms"]["n"] == SMOKE_N
+    assert result["ok"] is True and result["n"] == SMOKE_N and result["window"] == 64
+    assert {"client_cpu_s", "broker_cpu_s", "foreign_cpu_pct"} <= set(result)
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_tx_publish_commits_every_transaction(amqp_broker: AmqpBroker, procs: int) -> None:
+    result = amqpbench(amqp_broker, "tx-publish", "--procs", str(procs))
+    assert result["error"] is None
+    assert result["verify"] == {"expected": SMOKE_N, "done": SMOKE_N, "nacked": 0,
+                                "left_in_queue": SMOKE_N}
+    assert result["commits"] == SMOKE_N // 10
+    assert result["commit_lat_ms"]["n"] == SMOKE_N // 10
+    assert result["connections"] == 8 and result["client_procs"] == procs
+    assert len(result["worker_cpu_s"]) == procs
+
+
+@pytest.mark.parametrize("extra", [[], ["--decode", "pamqp"]], ids=["fast", "pamqp"])
+def test_consume_ack_takes_every_message_once(amqp_broker: AmqpBroker,
+                                              extra: list[str]) -> None:
+    result = amqpbench(amqp_broker, "consume-ack", *extra)
+    assert result["error"] is None
+    assert result["verify"] == {
+        "expected": SMOKE_N, "prefilled": SMOKE_N, "prefill_nacked": 0, "received": SMOKE_N,
+        "distinct": SMOKE_N, "duplicates": 0, "redelivered": 0, "unexpected": 0,
+        "left_in_queue": 0}
+    assert result["ok"] is True and result["prefetch"] == 1000
+
+
+def test_a_refused_connection_is_an_error_not_a_figure(amqp_broker: AmqpBroker) -> None:
+    result = amqpbench(amqp_broker, "confirm-publish", "--vhost", "elsewhere")
+    assert result["ok"] is False
+    assert "msgs_per_s" not in result and "verify" not in result
+    assert result["error"].startswith("BrokerError: admin: Connection.Close 530")
+
+
+# ---------------------------------------------------------------- the hand-read frames
+def payload(data: bytes) -> tuple[bytearray, int, int, int]:
+    """(buffer, type, payload start, payload end) of the one frame in ``data``."""
+    buf = bytearray(data)
+    frames, used = wire.split_frames(buf)
+    assert used == len(data) and len(frames) == 1
+    ftype, start, end = frames[0]
+    return buf, ftype, start, end
+
+
+@pytest.mark.parametrize("tag, multiple", [(1, False), (2**40 + 7, True)])
+def test_ack_fields_read_what_pamqp_wrote(tag: int, multiple: bool) -> None:
+    for method in (commands.Basic.Ack(tag, multiple), commands.Basic.Nack(tag, multiple)):
+        buf, ftype, start, end = payload(frame.marshal(method, 1))
+        assert ftype == wire.METHOD
+        assert wire.method_ids(buf, start) == (wire.BASIC_ACK if method.name == "Basic.Ack"
+                                               else wire.BASIC_NACK)
+        assert wire.ack_fields(buf, start) == (tag, multiple)
+        decoded = wire.slow_method(buf, start, end)
+        assert (decoded.delivery_tag, decoded.multiple) == (tag, multiple)
+
+
+@pytest.mark.parametrize("consumer_tag, redelivered", [("", False), ("ctag-" + "x" * 200, True)])
+def test_deliver_fields_read_what_pamqp_wrote(consumer_tag: str, redelivered: bool) -> None:
+    method = commands.Basic.Deliver(consumer_tag, 123456789, redelivered, "ex", "rk")
+    buf, _, start, _ = payload(frame.marshal(method, 1))
+    assert wire.method_ids(buf, start) == wire.BASIC_DELIVER
+    assert wire.deliver_fields(buf, start) == (123456789, redelivered)
+
+
+def test_publisher_frames_are_pamqp_frames_and_split_whole_or_in_pieces() -> None:
+    publisher = wire.Publisher("q", 1024)
+    data = publisher.message(42)
+    expected = (frame.marshal(commands.Basic.Publish(exchange="", routing_key="q"), 1)
+                + frame.marshal(header.ContentHeader(
+                    0, 1024, commands.Basic.Properties(delivery_mode=2)), 1)
+                + frame.marshal(ContentBody(b"%010d;" % 42 + b"x" * 1013), 1))
+    assert data == expected
+    buf = bytearray(data + frame.marshal(commands.Tx.CommitOk(), 1))
+    frames, used = wire.split_frames(buf)
+    assert used == len(buf)
+    assert [f[0] for f in frames] == [wire.METHOD, wire.HEADER, wire.BODY, wire.METHOD]
+    assert wire.body_seq(buf, frames[2][1]) == 42
+    assert wire.method_ids(buf, frames[3][1]) == wire.TX_COMMIT_OK
+    heads = len(publisher.head)  # the method and header frames
+    for cut, whole, used_bytes in ((1, 0, 0), (7, 0, 0), (8, 0, 0), (heads, 2, heads),
+                                   (heads + 8, 2, heads), (len(data) - 1, 2, heads)):
+        frames, used = wire.split_frames(bytearray(data[:cut]))  # a partial frame waits
+        assert (len(frames), used) == (whole, used_bytes), cut
+    with pytest.raises(wire.BrokerError):
+        wire.split_frames(bytearray(data[:-1] + b"\x00"))
+    assert wire.ack_frame(9) == frame.marshal(commands.Basic.Ack(9), 1)
