@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
 from tests.amqp.support import AmqpBroker
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
@@ -134,3 +135,28 @@ def test_publisher_frames_are_pamqp_frames_and_split_whole_or_in_pieces() -> Non
     with pytest.raises(wire.BrokerError):
         wire.split_frames(bytearray(data[:-1] + b"\x00"))
     assert wire.ack_frame(9) == frame.marshal(commands.Basic.Ack(9), 1)
+
+
+def test_peers_harness_runs_amqpbench_and_summarizes(tmp_path: Path) -> None:
+    """``bench/peers.py --protocol amqp --smoke``: its own ``txbroker serve``, every
+    workload warmed up and run twice, every run ok, one summary row each."""
+    out = tmp_path / "peers.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "peers.py"), "--protocol", "amqp", "--smoke",
+         "--txbroker-port", str(free_port()), "--data-root", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds == ["setup"] + ["warmup", "run", "run"] * 3 + ["summary"] * 3
+    assert records[0]["protocol"] == "amqp" and records[0]["brokers"] == ["txbroker"]
+    assert "--amqp-port" in records[0]["txbroker"]["txbroker"]["command"]
+    runs = [r for r in records if r["kind"] in ("warmup", "run")]
+    assert all(r["ok"] and r["tool"] == "amqpbench" for r in runs)
+    assert [r["n"] for r in runs] == [200, 500, 500] * 3
+    summary = [r for r in records if r["kind"] == "summary"]
+    assert [r["workload_name"] for r in summary] == ["confirm-publish", "tx-publish",
+                                                     "consume-ack"]
+    assert all(r["ok_runs"] == r["runs"] == 2 for r in summary)
+    assert all(r["client_cpu_pct"] is not None for r in summary)
+    assert "| confirm-publish | txbroker |" in done.stdout
