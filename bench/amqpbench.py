@@ -267,16 +267,10 @@ class Group:
             self.loop.add(conn, handler)
 
     def run(self) -> dict[str, Any]:
-        """The timed phase: counts, latencies, this process's CPU and end time."""
+        """The timed phase: counts, latencies and this process's CPU (``close`` after)."""
         cpu0 = rusage_cpu()
-        try:
-            self.loop.run(self.timeout)
-        finally:
-            cpu = rusage_cpu() - cpu0
-            ended = time.perf_counter()
-            for handler in self.handlers:
-                handler.conn.close()
-        found: dict[str, Any] = {"latencies": self.latencies, "cpu_s": cpu, "ended": ended}
+        self.loop.run(self.timeout)
+        found: dict[str, Any] = {"latencies": self.latencies, "cpu_s": rusage_cpu() - cpu0}
         if self.tx:
             commits = sum(h.committed for h in self.handlers)
             found.update(messages=commits * self.tx_size, commits=commits, nacked=0)
@@ -284,6 +278,18 @@ class Group:
             found.update(messages=sum(h.confirmed for h in self.handlers),
                          nacked=sum(h.nacked for h in self.handlers))
         return found
+
+    def close(self) -> None:
+        """Close every connection (after the timed phase)."""
+        for handler in self.handlers:
+            handler.conn.close()
+
+    def run_and_close(self) -> dict[str, Any]:
+        """``run``, then ``close`` whatever happened."""
+        try:
+            return self.run()
+        finally:
+            self.close()
 
 
 def worker(args: argparse.Namespace, shares: list[int], seq0s: list[int], ready: Any,
@@ -293,7 +299,10 @@ def worker(args: argparse.Namespace, shares: list[int], seq0s: list[int], ready:
         group = Group(args, shares, seq0s)
         ready.put(True)
         go.wait()
-        results.put(group.run())
+        try:
+            results.put(group.run())
+        finally:
+            group.close()
     except Exception as exc:  # reported by the parent
         ready.put(False)
         results.put({"error": f"{type(exc).__name__}: {exc}"})
@@ -316,8 +325,11 @@ def publish_phase(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
     if procs == 1:
         group = Group(args, shares, seq0s)
         before = sampler.snap()
-        parts = [group.run()]
-        after = sampler.end()
+        try:
+            parts = [group.run()]
+            after = sampler.end()
+        finally:
+            group.close()
     else:
         context = multiprocessing.get_context("fork")
         ready, go, results = context.Queue(), context.Event(), context.Queue()
@@ -341,8 +353,6 @@ def publish_phase(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
     errors = [p["error"] for p in parts if "error" in p]
     if errors:
         raise BrokerError("; ".join(errors))
-    if procs > 1:  # the workers' ends, not the parent's receipt of their results
-        after["t"] = max(p["ended"] for p in parts)
     workers_cpu = sum(p["cpu_s"] for p in parts) if procs > 1 else 0.0
     figures = sampler.diff(before, after, extra_client_cpu=workers_cpu)
     elapsed = after["t"] - before["t"]
@@ -370,7 +380,7 @@ def consume_phase(args: argparse.Namespace, sampler: Sampler) -> dict[str, Any]:
     fill_args = argparse.Namespace(**vars(args))
     fill_args.workload = "confirm-publish"
     fills = split(args.n, args.preload_connections)
-    filled = Group(fill_args, fills, [sum(fills[:i]) for i in range(len(fills))]).run()
+    filled = Group(fill_args, fills, [sum(fills[:i]) for i in range(len(fills))]).run_and_close()
     conn = Connection(args, "consumer")
     conn.call(commands.Basic.Qos(prefetch_count=args.prefetch), "Basic.QosOk")
     consumer = AckingConsumer(conn, args.queue, args.n)

@@ -172,11 +172,15 @@ class Connection:
             client_properties={"product": "amqpbench"}, mechanism="PLAIN",
             response=f"\0{args.user}\0{args.password}", locale="en_US"), 0))
         tune = self.expect("Connection.Tune")
+        self.frame_max = tune.frame_max  # 0: no limit
         self.write_now(frame.marshal(commands.Connection.TuneOk(
             tune.channel_max, tune.frame_max, 0), 0))
         self.write_now(frame.marshal(commands.Connection.Open(virtual_host=args.vhost), 0))
         self.expect("Connection.OpenOk")
         self.call(commands.Channel.Open(), "Channel.OpenOk")
+        if self.frame_max and args.body + 8 > self.frame_max:
+            raise BrokerError(f"--body {args.body} needs more than one body frame "
+                              f"(frame_max {self.frame_max}): not supported")
 
     def close(self) -> None:
         """Connection.close and wait for close-ok (best effort), then the socket."""
