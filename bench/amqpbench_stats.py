@@ -39,6 +39,12 @@ def lat_stats(ns_values: list[int]) -> dict[str, Any] | None:
             "mean": ms(sum(values) / len(values))}
 
 
+def own_cpu() -> float:
+    """This process's CPU seconds (user + system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def find_disk(path: str) -> str | None:
     """The /proc/diskstats name of the block device holding ``path``."""
     try:
@@ -106,22 +112,17 @@ class Sampler:
                 total += int(fields[11]) + int(fields[12])
         return total / CLK_TCK
 
-    @staticmethod
-    def _self_cpu() -> float:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-
     def snap(self) -> dict[str, Any]:
         """The counters now (own CPU read last, so the /proc scan is not counted)."""
         found = {"kthreads": self._kthreads(), "disk": self._disk(), "busy": self._system(),
                  "broker": proc_cpu(self.pid) if self.pid else None}
-        found["client"] = self._self_cpu()
+        found["client"] = own_cpu()
         found["t"] = time.perf_counter()
         return found
 
     def end(self) -> dict[str, Any]:
         """The counters at the end (own CPU and time read first)."""
-        found: dict[str, Any] = {"t": time.perf_counter(), "client": self._self_cpu()}
+        found: dict[str, Any] = {"t": time.perf_counter(), "client": own_cpu()}
         found.update(busy=self._system(), broker=proc_cpu(self.pid) if self.pid else None,
                      disk=self._disk(), kthreads=self._kthreads())
         return found
