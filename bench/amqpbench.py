@@ -54,7 +54,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
-from amqpbench_stats import Sampler, find_disk, lat_stats, own_cpu
+from amqpbench_stats import Sampler, find_disk, lat_stats, loadavg_1m, own_cpu, read_pid
 from amqpbench_wire import (
     BASIC_ACK,
     BASIC_DELIVER,
@@ -81,6 +81,9 @@ from pamqp import commands, frame
 VERSION = "1.0"
 #: Messages per run: stompbench's default, and --smoke's.
 DEFAULT_N, SMOKE_N = 20000, 500
+
+
+# ---------------------------------------------------------------- workloads
 class ConfirmPublisher(Handler):
     """Keeps ``window`` publishes unconfirmed until ``count`` are confirmed (or nacked)."""
 
@@ -98,6 +101,7 @@ class ConfirmPublisher(Handler):
         self.fill(now)
 
     def fill(self, now: int) -> None:
+        """Publish until ``window`` are unconfirmed or all ``count`` are sent."""
         message, out, pending = self.publisher.message, self.conn.out, self.unconfirmed
         while self.sent < self.count and len(pending) < self.window:
             self.sent += 1
@@ -163,6 +167,7 @@ class TxPublisher(Handler):
             self.send_tx(now)
 
     def send_tx(self, now: int) -> None:
+        """Queue one transaction: ``size`` publishes and the commit."""
         out, message = self.conn.out, self.publisher.message
         for _ in range(self.size):
             self.seq += 1
@@ -199,7 +204,8 @@ class AckingConsumer(Handler):
         self.tag = 0
 
     def start(self, now: int) -> None:
-        self.conn.method(commands.Basic.Consume(queue=self.queue, consumer_tag="amqpbench"))
+        self.conn.out += frame.marshal(
+            commands.Basic.Consume(queue=self.queue, consumer_tag="amqpbench"), CHANNEL)
 
     def on_frame(self, ftype: int, buf: bytearray, start: int, end: int, now: int) -> None:
         decode_all = self.conn.decode_all
@@ -214,7 +220,8 @@ class AckingConsumer(Handler):
             self.seen[seq] = 1
             self.conn.out += ack_frame(self.tag)
             if self.received == self.count:  # every ack is written: one round trip
-                self.conn.method(commands.Queue.Declare(queue=self.queue, passive=True))
+                self.conn.out += frame.marshal(
+                    commands.Queue.Declare(queue=self.queue, passive=True), CHANNEL)
             return
         if ftype == HEADER:
             return
@@ -465,20 +472,14 @@ def main() -> int:
         ap.error(f"--body must be >= {SEQ_LEN + 1}")
     args.connections = args.connections or (8 if args.workload == "tx-publish" else 1)
     if args.broker_pidfile and not args.broker_pid:
-        try:
-            with open(args.broker_pidfile) as handle:
-                args.broker_pid = int(handle.read().split()[0])
-        except (OSError, ValueError, IndexError) as exc:
-            print(f"warning: cannot read --broker-pidfile: {exc}", file=sys.stderr)
+        args.broker_pid = read_pid(args.broker_pidfile)
     args.queue = f"amqpbench.{args.workload}.{time.strftime('%H%M%S')}{uuid.uuid4().hex[:6]}"
-    with open("/proc/loadavg") as handle:
-        load = handle.read().split()[0]
     res: dict[str, Any] = {
         "tool": "amqpbench", "v": VERSION, "workload": args.workload, "label": args.label,
         "host": args.host, "port": args.port, "n": args.n, "body": args.body,
         "persistent": True, "decode": args.decode,
         "ts": datetime.now(UTC).isoformat(timespec="seconds"), "ok": False, "error": None,
-        "loadavg_start": load}
+        "loadavg_start": loadavg_1m()}
     sampler = Sampler(args.broker_pid, find_disk(args.disk_path))
     code = 2
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
 from typing import Any
 
@@ -43,6 +44,22 @@ def own_cpu() -> float:
     """This process's CPU seconds (user + system, every thread)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def read_pid(pidfile: str) -> int | None:
+    """The pid written in ``pidfile``; None (and a warning) if there is none."""
+    try:
+        with open(pidfile) as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError) as exc:
+        print(f"warning: cannot read --broker-pidfile: {exc}", file=sys.stderr)
+        return None
+
+
+def loadavg_1m() -> str:
+    """The 1-minute load average, as /proc/loadavg writes it."""
+    with open("/proc/loadavg") as handle:
+        return handle.read().split()[0]
 
 
 def find_disk(path: str) -> str | None:

@@ -86,6 +86,12 @@ def slow_method(buf: bytearray | bytes, start: int, end: int) -> Any:
     return frame.unmarshal(bytes(buf[start - 7:end + 1]))[2]
 
 
+def check_close(name: str, value: Any) -> None:
+    """A ``close`` from the broker ends the run with its reply (``name``: whose)."""
+    if value.name in ("Connection.Close", "Channel.Close"):
+        raise BrokerError(f"{name}: {value.name} {value.reply_code} {value.reply_text}")
+
+
 def ack_frame(tag: int) -> bytes:
     """``basic.ack`` (single) on ``CHANNEL``, built by hand: 21 bytes, the hot path."""
     return ACK_HEAD + struct.pack(">Q", tag) + b"\x00\xce"
@@ -131,10 +137,6 @@ class Connection:
         """Blocking write (setup only)."""
         self.sock.sendall(data)
 
-    def method(self, method: Any) -> None:
-        """Queue a method frame on channel 1 for the next flush."""
-        self.out += frame.marshal(method, CHANNEL)
-
     def expect(self, name: str) -> Any:
         """Blocking: read until the method ``name`` arrives (setup only)."""
         while True:
@@ -143,7 +145,7 @@ class Connection:
                 if ftype != METHOD:
                     continue
                 value = slow_method(self.inbuf, start, end)
-                self.check_close(value)
+                check_close(self.name, value)
                 if value.name == name:
                     del self.inbuf[:frames[index][2] + 1]
                     return value
@@ -157,12 +159,6 @@ class Connection:
         """Send ``method`` and wait for ``reply`` (setup and checks only)."""
         self.write_now(frame.marshal(method, channel))
         return self.expect(reply)
-
-    def check_close(self, value: Any) -> None:
-        """A ``close`` from the broker ends the run with its reply."""
-        if value.name in ("Connection.Close", "Channel.Close"):
-            raise BrokerError(f"{self.name}: {value.name} {value.reply_code} "
-                              f"{value.reply_text}")
 
     def handshake(self, args: argparse.Namespace) -> None:
         """Protocol header to channel.open-ok, PLAIN, heartbeats off."""
@@ -277,5 +273,5 @@ class Handler:
                 return None
             raise BrokerError(f"{self.conn.name}: unexpected frame type {ftype}")
         value = slow_method(buf, start, end)
-        self.conn.check_close(value)
+        check_close(self.conn.name, value)
         return value

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,8 @@ from tests.support import ROOT, free_port
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
-import amqpbench_wire as wire  # noqa: E402 - bench/ is not a package
+import amqpbench as generator  # noqa: E402 - bench/ is not a package
+import amqpbench_wire as wire  # noqa: E402
 
 SMOKE_N = 500  # amqpbench.SMOKE_N
 
@@ -160,3 +162,65 @@ def test_peers_harness_runs_amqpbench_and_summarizes(tmp_path: Path) -> None:
     assert all(r["ok_runs"] == r["runs"] == 2 for r in summary)
     assert all(r["client_cpu_pct"] is not None for r in summary)
     assert "| confirm-publish | txbroker |" in done.stdout
+
+
+# ---------------------------------------------------------------- the handlers, fed bytes
+def feed(handler: Any, data: bytes, now: int) -> None:
+    """Hand every frame of ``data`` to ``handler`` as the loop does."""
+    buf = bytearray(data)
+    frames, used = wire.split_frames(buf)
+    assert used == len(data)
+    for ftype, start, end in frames:
+        handler.on_frame(ftype, buf, start, end, now)
+
+
+@pytest.mark.parametrize("decode_all", [False, True], ids=["fast", "pamqp"])
+def test_confirms_single_multiple_out_of_order_and_nacked(decode_all: bool) -> None:
+    conn = SimpleNamespace(out=bytearray(), decode_all=decode_all, name="c")
+    latencies: list[int] = []
+    publisher = wire.Publisher("q", 64)
+    handler = generator.ConfirmPublisher(conn, publisher, 6, 4, 100, latencies)  # type: ignore[arg-type]
+    handler.start(0)
+    assert conn.out == b"".join(publisher.message(seq) for seq in (101, 102, 103, 104))
+    conn.out.clear()
+    feed(handler, frame.marshal(commands.Basic.Ack(2, True), 1), 10)  # RabbitMQ's way
+    assert (handler.confirmed, handler.sent) == (2, 6)
+    assert conn.out == publisher.message(105) + publisher.message(106)  # the window refilled
+    feed(handler, frame.marshal(commands.Basic.Ack(4), 1), 20)  # overtakes 3
+    feed(handler, frame.marshal(commands.Basic.Ack(3), 1), 30)
+    assert (handler.confirmed, handler.nacked, handler.done) == (4, 0, False)
+    feed(handler, frame.marshal(commands.Basic.Nack(6, True), 1), 40)
+    assert (handler.confirmed, handler.nacked, handler.done) == (4, 2, True)
+    assert latencies == [10, 10, 20, 30, 30, 30]
+    with pytest.raises(wire.BrokerError, match="unknown tag 4"):
+        feed(handler, frame.marshal(commands.Basic.Ack(4), 1), 50)
+    with pytest.raises(wire.BrokerError, match=r"Channel\.Close 406"):
+        feed(handler, frame.marshal(commands.Channel.Close(406, "PRECONDITION_FAILED", 0, 0),
+                                    1), 60)
+
+
+@pytest.mark.parametrize("decode_all", [False, True], ids=["fast", "pamqp"])
+def test_consumer_acks_each_delivery_and_counts_what_is_wrong(decode_all: bool) -> None:
+    conn = SimpleNamespace(out=bytearray(), decode_all=decode_all, name="c")
+    handler = generator.AckingConsumer(conn, "q", 3)  # type: ignore[arg-type]
+    publisher = wire.Publisher("q", 64)
+
+    def delivery(tag: int, seq: int, redelivered: bool = False) -> bytes:
+        content = frame.marshal(header.ContentHeader(
+            0, 64, commands.Basic.Properties(delivery_mode=2)), 1)
+        body = publisher.message(seq)[len(publisher.head):]  # the body frame
+        return (frame.marshal(commands.Basic.Deliver("amqpbench", tag, redelivered, "", "q"), 1)
+                + content + body)
+
+    feed(handler, frame.marshal(commands.Basic.ConsumeOk("amqpbench"), 1)
+         + delivery(1, 2) + delivery(2, 2, redelivered=True), 0)
+    assert conn.out == wire.ack_frame(1) + wire.ack_frame(2)
+    assert (handler.received, handler.duplicates, handler.redelivered) == (2, 1, 1)
+    conn.out.clear()
+    feed(handler, delivery(3, 1) + delivery(4, 3), 0)  # the fourth is one too many
+    assert conn.out == wire.ack_frame(3) + frame.marshal(
+        commands.Queue.Declare(queue="q", passive=True), 1)
+    assert (handler.received, handler.unexpected, sum(handler.seen), handler.done) == (
+        3, 1, 2, False)
+    feed(handler, frame.marshal(commands.Queue.DeclareOk("q", 0, 1), 1), 0)
+    assert handler.done
