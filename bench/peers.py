@@ -1,40 +1,46 @@
 #!/usr/bin/env python3
-"""txbroker side by side with RabbitMQ 3.10 and ActiveMQ 5.17, over STOMP, in one run.
+"""txbroker side by side with RabbitMQ 3.10 (and ActiveMQ 5.17), in one run, over STOMP
+or AMQP 0-9-1.
 
-Runs the workloads of ``../shared/bench/stompbench.py`` (the same raw-socket
-client and the same arguments as ``../shared/bench/run_matrix.py``) against
-txbroker and the peer brokers. txbroker is started as users start it: the
+``--protocol stomp`` (default) runs the workloads of ``../shared/bench/stompbench.py``
+(the same raw-socket client and the same arguments as ``../shared/bench/run_matrix.py``)
+against txbroker, RabbitMQ and ActiveMQ. ``--protocol amqp`` runs issue 31's three
+workloads with ``bench/amqpbench.py`` (pamqp frames over plain sockets, no client
+library) against txbroker and RabbitMQ. txbroker is started as users start it: the
 installed console script, ``.venv/bin/txbroker serve``, with its default
-configuration. Only the ports differ (``--stomp-port 61615`` because RabbitMQ
-holds 61613, ``--port 0 --amqp-port 0`` so that nothing else is opened) and the
-data directory is a fresh one under ``--data-root`` (default ``/var/lib``, the
-peers' directory; see bench/peers.md).
+configuration. Only the ports differ (STOMP: ``--stomp-port 61615`` because RabbitMQ
+holds 61613; AMQP: txbroker's default 5672, RabbitMQ's moved to 5673; the other
+listeners off, ``--port 0`` and ``--stomp-port 0`` / ``--amqp-port 0``) and the data
+directory is a fresh one under ``--data-root`` (default ``/var/lib``, the peers'
+directory; see bench/peers.md).
 
 Every workload warms up each broker once, then repeats ``--reps`` times (default
 5), alternating the brokers' order between repetitions. Each run records the
 load average before it, and the broker's and the load generator's CPU (the
-stompbench client is a Python process on the same 2 cores). The summary gives
+client is a Python process on the same 2 cores). The summary gives
 min / median / max per broker and workload and says where client + broker CPU
 fills the machine. One JSON line per run, then the summary lines, go to
-``bench/results/peers-<time>.jsonl``.
+``bench/results/peers-<time>.jsonl`` (``amqp-peers-<time>.jsonl``).
 
 Usage (as root, for the peers)::
 
     sudo ../shared/bench/install_peers.sh                 # once per machine
     .venv/bin/python bench/peers.py                        # everything, 5 repetitions
     .venv/bin/python bench/peers.py --smoke                # txbroker only, tiny counts
+    .venv/bin/python bench/peers.py --protocol amqp        # AMQP: txbroker and RabbitMQ
+    .venv/bin/python bench/peers.py --protocol amqp --smoke
     .venv/bin/python bench/peers.py --brokers txbroker --workloads send-receipt \\
         --reps 2 --count 2000
     .venv/bin/python bench/peers.py --table-from bench/results/peers-<time>.jsonl
 
 The peers are started with ``start_peers.sh --fresh`` (RabbitMQ STOMP on
-127.0.0.1:61613, ActiveMQ on :61614) unless their ports already answer, and
-stopped with ``stop_peers.sh`` at the end only if this script started them.
+127.0.0.1:61613 and AMQP on :5673 — ``RMQ_AMQP_PORT`` —, ActiveMQ on :61614) unless
+their ports already answer, and stopped with ``stop_peers.sh`` at the end only if
+this script started them.
 
-``--brokers`` also accepts ``txbroker-inprocess``: the harness's earlier way of
-running txbroker (a BrokerServer built in a child of this script, ``--serve``),
-kept only to measure the difference (bench/peers.md); it is not the figure to
-quote.
+``--brokers`` also accepts ``txbroker-inprocess`` (STOMP only): the harness's earlier
+way of running txbroker (a BrokerServer built in a child of this script, ``--serve``),
+kept only to measure the difference (bench/peers.md); it is not the figure to quote.
 """
 
 from __future__ import annotations
@@ -43,7 +49,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,34 +56,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PEERBENCH = Path(os.environ.get("PEERBENCH_DIR", ROOT.parent / "shared" / "bench"))
+from peers_summary import (
+    CORES,
+    PEERBENCH,
+    PROTOCOLS,
+    ROOT,
+    Protocol,
+    is_txbroker,
+    summarize,
+    table,
+    value,
+)
+
 STATE = Path(os.environ.get("PEERBENCH_STATE", "/tmp/peerbench-state"))
 TXBROKER = Path(os.environ.get("TXBROKER_BIN", ROOT / ".venv" / "bin" / "txbroker"))
 
 N = 20000
+#: Messages per run of the paced workload (STOMP roundtrip, at 500 msg/s).
 ROUNDTRIP_N = 5000
-#: The workloads of run_matrix.py, with the same arguments (``-n`` added per run).
-WORKLOADS: dict[str, list[str]] = {
-    "send-receipt": ["send-receipt", "-w", "64", "-b", "1024"],
-    "tx-send": ["tx-send", "-c", "8", "-k", "10", "-b", "1024"],
-    "consume-ack": ["consume-ack", "--prefetch", "1000", "-b", "1024"],
-    "consume-ack-tx": ["consume-ack", "--consume-tx", "-k", "10", "--prefetch", "100",
-                       "-b", "1024"],
-    "roundtrip": ["roundtrip", "--rate", "500", "-b", "1024"],
-}
-#: The issue's aims (issue 30): txbroker / better peer, medians of one run.
-AIMS = {"send-receipt": 4.0, "tx-send": 3.0, "consume-ack": 6.0}
-#: Latency column of each workload (stompbench JSON key).
-LATENCY_KEY = {"send-receipt": "receipt_lat_ms", "tx-send": "commit_lat_ms",
-               "roundtrip": "e2e_lat_ms", "consume-ack-tx": "commit_lat_ms"}
-#: Client + broker CPU at or above this share of all cores: the machine is full, so
-#: the figure is (also) the load generator's, not only the broker's.
-FULL_SHARE = 0.85
-CORES = os.cpu_count() or 1
-#: Median foreign CPU (% of one core: processes other than broker and client) at or
-#: above which the summary says the machine was shared during the runs.
-FOREIGN_PCT = 25.0
 
 
 # ---------------------------------------------------------------- txbroker
@@ -120,7 +115,8 @@ class Txbroker:
     """One txbroker process on a fresh data directory: ``txbroker serve`` (default), or
     the in-process ``--serve`` child (``inprocess``)."""
 
-    def __init__(self, name: str, port: int, data_root: str, inprocess: bool) -> None:
+    def __init__(self, name: str, port: int, data_root: str, inprocess: bool,
+                 listeners: list[str]) -> None:
         self.name = name
         self.port = port
         self.dir = tempfile.mkdtemp(prefix="txbroker-peerbench-", dir=data_root)
@@ -131,7 +127,7 @@ class Txbroker:
                             str(data), str(port)]
         else:
             self.command = [str(TXBROKER), "serve", "--data", str(data), "--host", "127.0.0.1",
-                            "--stomp-port", str(port), "--port", "0", "--amqp-port", "0"]
+                            *listeners]
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, cwd=ROOT)
         assert self.proc.stdout is not None
@@ -188,14 +184,18 @@ def wait_quiet(max_wait: float, cores: float) -> dict[str, Any]:
                     "waited_s": round(time.time() - started, 1)}
 
 
-def workload_args(workload: str, count: int) -> list[str]:
-    return [*WORKLOADS[workload], "-n", str(count)]
+def listener_args(protocol: Protocol, port: int) -> list[str]:
+    """txbroker's listeners: the protocol's on ``port``, the others off."""
+    if protocol.name == "amqp":
+        return ["--amqp-port", str(port), "--port", "0", "--stomp-port", "0"]
+    return ["--stomp-port", str(port), "--port", "0", "--amqp-port", "0"]
 
 
-def run_one(broker: dict[str, Any], workload: str, count: int, timeout: float,
-            data_root: str) -> dict[str, Any]:
-    cmd = [sys.executable, str(PEERBENCH / "stompbench.py"), *workload_args(workload, count),
-           "--port", str(broker["port"]), "--label", broker["name"],
+def run_one(protocol: Protocol, broker: dict[str, Any], workload: str, count: int,
+            timeout: float, data_root: str) -> dict[str, Any]:
+    """One run of the protocol's load generator: its JSON line, and what we add."""
+    cmd = [sys.executable, str(protocol.generator), *protocol.workloads[workload],
+           "-n", str(count), "--port", str(broker["port"]), "--label", broker["name"],
            "--broker-pidfile", str(broker["pidfile"]), "--disk-path", data_root]
     started = time.time()
     try:
@@ -213,129 +213,20 @@ def run_one(broker: dict[str, Any], workload: str, count: int, timeout: float,
     return result
 
 
-def value(result: dict[str, Any]) -> float | None:
-    if not result.get("ok"):
-        return None
-    found = result.get("msgs_per_s", result.get("achieved_rate"))
-    return float(found) if found is not None else None
-
-
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def is_txbroker(name: str) -> bool:
-    return name.startswith("txbroker")
-
-
-# ---------------------------------------------------------------- summary
-def summarize(results: list[dict[str, Any]], brokers: list[str],
-              workloads: list[str]) -> list[dict[str, Any]]:
-    """One record per (workload, broker) over the measured runs, plus the ratio."""
-    summary = []
-    for workload in workloads:
-        rates: dict[str, float | None] = {}
-        rows = []
-        for b in brokers:
-            runs = [r for r in results if r.get("broker") == b
-                    and r.get("workload_name") == workload and r.get("kind") == "run"]
-            good = [r for r in runs if value(r) is not None]
-            vals = [v for r in good if (v := value(r)) is not None]
-            rates[b] = median(vals)
-
-            def med(key: str, runs: list[dict[str, Any]] = good) -> float | None:
-                found = [float(r[key]) for r in runs if r.get(key) is not None]
-                return round(statistics.median(found), 1) if found else None
-
-            lat_key = LATENCY_KEY.get(workload)
-            lats = [r[lat_key] for r in good if lat_key and r.get(lat_key)]
-            per_k = [1e6 * r["broker_cpu_s"] / r["n"] for r in good
-                     if r.get("broker_cpu_s") is not None and r.get("n")]
-            flush_k = [1000 * r["disk"]["flushes"] / r["n"] for r in good
-                       if (r.get("disk") or {}).get("flushes") is not None and r.get("n")]
-            both = [float(r["client_cpu_pct"]) + float(r["broker_cpu_pct"]) for r in good
-                    if r.get("client_cpu_pct") is not None
-                    and r.get("broker_cpu_pct") is not None]
-            both_med = median(both)
-            rows.append({
-                "kind": "summary", "workload_name": workload, "broker": b,
-                "runs": len(runs), "ok_runs": len(good),
-                "min": min(vals) if vals else None, "median": rates[b],
-                "max": max(vals) if vals else None,
-                "client_cpu_pct": med("client_cpu_pct"), "broker_cpu_pct": med("broker_cpu_pct"),
-                "foreign_cpu_pct": med("foreign_cpu_pct"),
-                "client_plus_broker_cores": round(both_med / 100, 2) if both_med else None,
-                "machine_full": bool(both_med and both_med >= FULL_SHARE * 100 * CORES),
-                "broker_cpu_ms_per_1k": round(median(per_k), 1) if per_k else None,
-                "flushes_per_1k": round(median(flush_k), 1) if flush_k else None,
-                "p50_ms": median([x["p50"] for x in lats]),
-                "p99_ms": median([x["p99"] for x in lats]),
-                "loadavg_1m": [r["loadavg"][0] for r in runs if r.get("loadavg")],
-            })
-        peers = [rates[b] for b in brokers if not is_txbroker(b) and rates[b] is not None]
-        for row in rows:
-            if is_txbroker(row["broker"]) and row["median"] is not None and peers:
-                row["ratio_to_better_peer"] = round(row["median"] / max(peers), 2)  # type: ignore[type-var]
-        summary.extend(rows)
-    return summary
-
-
-def fmt(number: float | None, digits: int = 0) -> str:
-    return "–" if number is None else f"{number:,.{digits}f}"
-
-
-def table(summary: list[dict[str, Any]]) -> str:
-    """The summary as markdown: one row per workload and broker."""
-    lines = ["| workload | broker | msg/s median | min | max | runs ok | txbroker / better "
-             "peer (aim) | client CPU % | broker CPU % | other CPU % | client + broker (cores) | "
-             "p50 / p99 ms | broker CPU ms per 1k | flushes per 1k | load avg (1 min) before "
-             "each run |",
-             "|---" * 15 + "|"]
-    notes = []
-    for row in summary:
-        ratio = ""
-        if row.get("ratio_to_better_peer") is not None:
-            aim = AIMS.get(row["workload_name"])
-            ratio = f"{row['ratio_to_better_peer']:.2f}×" + (f" (≥ {aim:g}×)" if aim else "")
-        cores = fmt(row["client_plus_broker_cores"], 2)
-        if row["machine_full"]:
-            cores += " **full**"
-            notes.append(f"{row['workload_name']} / {row['broker']}: client + broker used "
-                         f"{row['client_plus_broker_cores']:.2f} of {CORES} cores (client "
-                         f"{row['client_cpu_pct']} %, broker {row['broker_cpu_pct']} % of one "
-                         "core): the machine, not only the broker, sets this figure.")
-        foreign = row.get("foreign_cpu_pct")
-        if foreign is not None and foreign >= FOREIGN_PCT:
-            notes.append(f"{row['workload_name']} / {row['broker']}: other processes used "
-                         f"{foreign:.0f} % of a core (median) during these runs: the broker "
-                         "got what the scheduler gave it; compare its CPU per 1k messages, "
-                         "not only its rate.")
-        latency = (f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f}" if row["p50_ms"] is not None
-                   else "–")
-        loads = ", ".join(f"{x:.2f}" for x in row["loadavg_1m"])
-        lines.append(
-            f"| {row['workload_name']} | {row['broker']} | {fmt(row['median'])} | "
-            f"{fmt(row['min'])} | {fmt(row['max'])} | {row['ok_runs']}/{row['runs']} | {ratio} | "
-            f"{fmt(row['client_cpu_pct'])} | {fmt(row['broker_cpu_pct'])} | "
-            f"{fmt(row['foreign_cpu_pct'])} | {cores} | "
-            f"{latency} | {fmt(row['broker_cpu_ms_per_1k'])} | {fmt(row['flushes_per_1k'])} | "
-            f"{loads} |")
-    if notes:
-        lines += ["", *(f"- {note}" for note in notes)]
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- main
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line; ``--smoke`` and the protocol fill in the defaults."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", nargs=2, metavar=("DATA", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="stomp",
+                        help="stomp (stompbench.py, default) or amqp (bench/amqpbench.py)")
     parser.add_argument("--reps", type=int, default=None, help="measured runs per broker and "
                         "workload (default 5)")
     parser.add_argument("--brokers", default=None,
-                        help="txbroker, rabbitmq, activemq; txbroker-inprocess only to compare "
-                             "with the earlier harness")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+                        help="txbroker, rabbitmq, activemq (STOMP only); txbroker-inprocess "
+                             "(STOMP only) to compare with the earlier harness")
+    parser.add_argument("--workloads", default=None, help="default: all of the protocol's")
     parser.add_argument("--count", type=int, default=None,
                         help=f"messages per run (default {N}; roundtrip {ROUNDTRIP_N})")
     parser.add_argument("--warmup-count", type=int, default=3000,
@@ -346,10 +237,13 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="a quick check of the harness: txbroker only unless --brokers is "
                              "given, --count 500, --reps 2, warm-up 200, no quiet wait")
-    parser.add_argument("--txbroker-port", type=int, default=61615)
+    parser.add_argument("--txbroker-port", type=int, default=None,
+                        help="STOMP 61615 (RabbitMQ holds 61613); AMQP 5672, txbroker's default")
     parser.add_argument("--txbroker-inprocess-port", type=int, default=61618,
                         help="(61616 is ActiveMQ's OpenWire port)")
-    parser.add_argument("--rabbitmq-port", type=int, default=61613)
+    parser.add_argument("--rabbitmq-port", type=int, default=61613, help="RabbitMQ's STOMP port")
+    parser.add_argument("--rabbitmq-amqp-port", type=int, default=5673,
+                        help="RabbitMQ's AMQP port (RMQ_AMQP_PORT when this script starts it)")
     parser.add_argument("--activemq-port", type=int, default=61614)
     parser.add_argument("--data-root", default="/var/lib",
                         help="txbroker's fresh data directory is made here (default /var/lib, "
@@ -357,6 +251,9 @@ def main() -> None:
     parser.add_argument("--quiet-wait", type=float, default=30,
                         help="wait up to this long before each run for the machine to be quiet")
     parser.add_argument("--quiet-cores", type=float, default=0.3)
+    parser.add_argument("--quiet-budget", type=float, default=300,
+                        help="stop waiting for quiet once this many seconds were spent waiting "
+                             "(bounds a whole run on a busy machine)")
     parser.add_argument("--run-timeout", type=float, default=400)
     parser.add_argument("--keep-peers", action="store_true",
                         help="leave the peers running at the end")
@@ -364,58 +261,92 @@ def main() -> None:
     parser.add_argument("--table-from", default=None, metavar="JSONL",
                         help="print the summary of an earlier run's results and exit")
     args = parser.parse_args()
-    if args.serve:
-        serve_inprocess(args.serve[0], int(args.serve[1]))
-        return
+    protocol = PROTOCOLS[args.protocol]
     if args.smoke:
         args.brokers = args.brokers or "txbroker"
         args.count = args.count or 500
         args.reps = args.reps or 2
         args.warmup_count = 200
         args.quiet_wait = 0
-    args.brokers = args.brokers or "txbroker,rabbitmq,activemq"
+    args.brokers = args.brokers or protocol.default_brokers
+    args.workloads = args.workloads or ",".join(protocol.workloads)
     args.reps = args.reps or 5
+    args.txbroker_port = args.txbroker_port or (5672 if protocol.name == "amqp" else 61615)
+    unknown = [b for b in args.brokers.split(",") if b not in protocol.brokers]
+    unknown += [w for w in args.workloads.split(",") if w not in protocol.workloads]
+    if unknown:
+        parser.error(f"unknown over {protocol.name}: {', '.join(unknown)} (brokers: "
+                     f"{', '.join(protocol.brokers)}; workloads: "
+                     f"{', '.join(protocol.workloads)})")
+    return args
+
+
+def peer_port(args: argparse.Namespace, peer: str) -> int:
+    """The port the load generator talks to ``peer`` on."""
+    if peer == "rabbitmq" and args.protocol == "amqp":
+        return int(args.rabbitmq_amqp_port)
+    return int(getattr(args, f"{peer}_port"))
+
+
+def start_peers(args: argparse.Namespace, brokers: list[str]) -> list[str]:
+    """Start the peers asked for whose port does not answer; return those (to stop)."""
+    started = [b for b in brokers if not is_txbroker(b) and not port_open(peer_port(args, b))]
+    env = {**os.environ, "RMQ_STOMP_PORT": str(args.rabbitmq_port),
+           "RMQ_AMQP_PORT": str(args.rabbitmq_amqp_port),
+           "AMQ_STOMP_PORT": str(args.activemq_port)}
+    for peer in started:
+        subprocess.run([str(PEERBENCH / "start_peers.sh"), "--fresh", peer], check=True, env=env)
+        if not port_open(peer_port(args, peer)):
+            raise SystemExit(f"{peer} runs but port {peer_port(args, peer)} does not answer: "
+                             f"one started with other ports? ({PEERBENCH}/stop_peers.sh {peer})")
+    return started
+
+
+def main() -> None:
+    """Start the brokers, run every workload (warm-up, repetitions), print the table."""
+    args = parse_args()
+    if args.serve:
+        serve_inprocess(args.serve[0], int(args.serve[1]))
+        return
+    protocol = PROTOCOLS[args.protocol]
     brokers = args.brokers.split(",")
     workloads = args.workloads.split(",")
-    unknown = [b for b in brokers if b not in ("txbroker", "txbroker-inprocess", "rabbitmq",
-                                                "activemq")]
-    unknown += [w for w in workloads if w not in WORKLOADS]
-    if unknown:
-        parser.error(f"unknown broker or workload: {', '.join(unknown)}")
     if args.table_from:
         with open(args.table_from) as handle:
             records = [json.loads(line) for line in handle if line.strip()]
-        names = [b for b in brokers if any(r.get("broker") == b for r in records)]
-        print(table(summarize(records, names, workloads)))
+        setup = next((r for r in records if r.get("kind") == "setup"), {})
+        protocol = PROTOCOLS[setup.get("protocol", args.protocol)]
+        names = [b for b in setup.get("brokers", brokers)
+                 if any(r.get("broker") == b for r in records)]
+        print(table(summarize(records, names, setup.get("workloads", workloads), protocol),
+                    protocol))
         return
 
     def count_for(workload: str) -> int:
         if args.count:
-            return args.count
-        return ROUNDTRIP_N if workload == "roundtrip" else N
+            return int(args.count)
+        return ROUNDTRIP_N if workload in protocol.paced else N
 
-    # Start only the peers asked for whose port does not answer; stop only those.
-    started_peers = [b for b in brokers if not is_txbroker(b)
-                     and not port_open(getattr(args, f"{b}_port"))]
-    for peer in started_peers:
-        subprocess.run([str(PEERBENCH / "start_peers.sh"), "--fresh", peer], check=True)
+    started_peers = start_peers(args, brokers)
     info: dict[str, dict[str, Any]] = {
-        "rabbitmq": {"name": "rabbitmq", "port": args.rabbitmq_port,
+        "rabbitmq": {"name": "rabbitmq", "port": peer_port(args, "rabbitmq"),
                      "pidfile": STATE / "run" / "rabbitmq.beam.pid"},
         "activemq": {"name": "activemq", "port": args.activemq_port,
                      "pidfile": STATE / "run" / "activemq.pid"},
     }
     own: list[Txbroker] = []
+    prefix = "peers" if protocol.name == "stomp" else f"{protocol.name}-peers"
     out_path = Path(args.out or ROOT / "bench" / "results" /
-                    f"peers-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+                    f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     begun = time.time()
+    quiet_spent = 0.0
     try:
         for name in [b for b in brokers if is_txbroker(b)]:
             inprocess = name == "txbroker-inprocess"
             port = args.txbroker_inprocess_port if inprocess else args.txbroker_port
-            txb = Txbroker(name, port, args.data_root, inprocess)
+            txb = Txbroker(name, port, args.data_root, inprocess, listener_args(protocol, port))
             own.append(txb)
             info[name] = {"name": name, "port": port, "pidfile": txb.pidfile,
                           "command": txb.command, "ready": txb.ready_line}
@@ -426,40 +357,42 @@ def main() -> None:
                 out.write(json.dumps(record) + "\n")
                 out.flush()
 
-            emit({"kind": "setup", "brokers": brokers, "workloads": workloads,
-                  "reps": args.reps, "count": args.count or N, "cores": CORES,
-                  "warmup": 0 if args.no_warmup else args.warmup_count,
+            emit({"kind": "setup", "protocol": protocol.name, "brokers": brokers,
+                  "workloads": workloads, "reps": args.reps, "count": args.count or N,
+                  "cores": CORES, "warmup": 0 if args.no_warmup else args.warmup_count,
+                  "ports": {b: info[b]["port"] for b in brokers},
                   "txbroker": {b: {"command": info[b]["command"], "ready": info[b]["ready"]}
                                for b in brokers if is_txbroker(b)},
                   "loadavg": loadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                               time.gmtime())})
             for index, workload in enumerate(workloads):
                 if not args.no_warmup:
-                    warm = args.warmup_count // (3 if workload == "roundtrip" else 1)
+                    warm = args.warmup_count // (3 if workload in protocol.paced else 1)
                     for name in brokers:
-                        record = run_one(info[name], workload, max(warm, 50), args.run_timeout,
-                                         args.data_root)
+                        record = run_one(protocol, info[name], workload, max(warm, 50),
+                                         args.run_timeout, args.data_root)
                         record.update(kind="warmup", loadavg=loadavg())
                         emit(record)
                 for rep in range(args.reps):
                     order = brokers if (rep + index) % 2 == 0 else list(reversed(brokers))
                     for name in order:
-                        quiet = (wait_quiet(args.quiet_wait, args.quiet_cores)
-                                 if args.quiet_wait > 0 else None)
+                        wait = min(args.quiet_wait, args.quiet_budget - quiet_spent)
+                        quiet = wait_quiet(wait, args.quiet_cores) if wait > 0 else None
+                        quiet_spent += quiet["waited_s"] if quiet else 0.0
                         load = loadavg()
-                        record = run_one(info[name], workload, count_for(workload),
+                        record = run_one(protocol, info[name], workload, count_for(workload),
                                          args.run_timeout, args.data_root)
                         record.update(kind="run", rep=rep, pre_quiet=quiet, loadavg=load)
                         emit(record)
-                        lat = record.get(LATENCY_KEY.get(workload, ""), {}) or {}
-                        print(f"[{time.time() - begun:6.0f}s] rep{rep} {workload:<14} "
+                        lat = record.get(protocol.latency_keys.get(workload, ""), {}) or {}
+                        print(f"[{time.time() - begun:6.0f}s] rep{rep} {workload:<15} "
                               f"{name:<18} ok={record.get('ok')} msgs/s={value(record)} "
                               f"p50={lat.get('p50')} p99={lat.get('p99')} "
                               f"broker%={record.get('broker_cpu_pct')} "
                               f"client%={record.get('client_cpu_pct')} "
                               f"foreign%={record.get('foreign_cpu_pct')} load={load[0]:.2f} "
                               f"{record.get('error') or ''}", flush=True)
-            summary = summarize(results, brokers, workloads)
+            summary = summarize(results, brokers, workloads, protocol)
             for row in summary:
                 emit(row)
     finally:
@@ -469,12 +402,12 @@ def main() -> None:
             for peer in started_peers:
                 subprocess.run([str(PEERBENCH / "stop_peers.sh"), peer], check=False)
     print()
-    count = args.count or N
-    print(f"{args.reps} measured runs per broker and workload after "
-          f"{'no' if args.no_warmup else 'a'} warm-up, {count} × 1 KiB persistent "
-          f"(roundtrip {args.count or ROUNDTRIP_N} at 500 msg/s), {CORES} cores; "
-          f"results in {out_path}")
-    print(table(summary))
+    paced = (f" (roundtrip {args.count or ROUNDTRIP_N} at 500 msg/s)"
+             if set(workloads) & protocol.paced else "")
+    print(f"{protocol.name}: {args.reps} measured runs per broker and workload after "
+          f"{'no' if args.no_warmup else 'a'} warm-up, {args.count or N} × 1 KiB persistent"
+          f"{paced}, {CORES} cores; results in {out_path}")
+    print(table(summary, protocol))
 
 
 if __name__ == "__main__":
