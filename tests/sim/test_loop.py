@@ -89,9 +89,12 @@ def test_bytes_arrive_in_order_are_held_by_a_partition_and_reset_by_a_crash() ->
             while data := await reader.read(100):
                 writer.write(data.upper())
 
-        HOST.set(BROKER)
-        server = await asyncio.start_server(echo, BROKER, 0)
-        port = server.sockets[0].getsockname()[1]
+        async def serve() -> int:
+            server = await asyncio.start_server(echo, BROKER, 0)
+            return int(server.sockets[0].getsockname()[1])
+
+        echo_process, started = loop.spawn(BROKER, serve())
+        port = await started
         HOST.set("127.0.0.20")
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection(BROKER, port + 1)
@@ -106,7 +109,7 @@ def test_bytes_arrive_in_order_are_held_by_a_partition_and_reset_by_a_crash() ->
         assert loop.network.trace[-1][3] != 4  # not delivered while cut
         loop.network.heal()
         got.append(await reader.readexactly(4))
-        loop.network.crash(BROKER)
+        loop.kill(echo_process)
         with pytest.raises(ConnectionResetError):
             await reader.read(10)
         with pytest.raises(ConnectionRefusedError):  # its listener died with it
@@ -182,14 +185,18 @@ def test_a_client_sees_a_crashed_broker_as_a_lost_connection(
     loop = SimLoop(5)
     monkeypatch.setattr(app_module, "open_store", _memory_store(MemoryState()))
 
-    async def main() -> None:
-        HOST.set(BROKER)
+    async def broker() -> None:
         server = BrokerServer(ServerConfig(host=BROKER, port=5445, stomp_port=0, amqp_port=0))
         await server.start()
+        await server.serve_forever()
+
+    async def main() -> None:
+        process, _ = loop.spawn(BROKER, broker())
+        await asyncio.sleep(0.01)
         HOST.set("127.0.0.20")
-        conn = await connect(f"txb://{BROKER}:{server.port}", reconnect=False)
+        conn = await connect(f"txb://{BROKER}:5445", reconnect=False)
         await conn.send("q", b"one")
-        loop.network.crash(BROKER)
+        loop.kill(process)
         with pytest.raises(ConnectionLost):
             for _ in range(100):
                 await conn.ping()

@@ -84,6 +84,10 @@ def describe_refusal(error: BaseException) -> str:
     return text
 
 
+#: The random source of the retry pauses' jitter (one per process; the simulator seeds
+#: it, ``txbroker/sim/live.py``, so that a seed replays a run exactly).
+JITTER = random.Random()
+
 class FailoverHost(Protocol):
     """What the failover part needs of the engine."""
 
@@ -188,7 +192,7 @@ class Failover:
             index = (index + 1) % len(hosts)
             attempts += 1
             if attempts % len(hosts) == 0:
-                pause = backoff * random.uniform(0.5, 1.0)
+                pause = backoff * JITTER.uniform(0.5, 1.0)
                 await asyncio.sleep(max(0.0, min(pause, deadline - loop.time())))
                 backoff = min(backoff * 2, MAX_BACKOFF)
         said = "; ".join(f"{hosts[i]}: {describe_refusal(error)}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -58,7 +59,8 @@ from txbroker.server.edges.stomp.connection import StompServerConnection, StompS
 from txbroker.server.ops import Operations, is_loopback
 from txbroker.server.security.auth import Authenticator
 from txbroker.server.security.tls import tls_factory
-from txbroker.storage.interface import PackedBodies, Relocation, Store, StoreStats
+from txbroker.storage.interface import (Dispatch, PackedBodies, Relocation, SnapshotProvider,
+                                        Store, StoreStats)
 from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.server")
@@ -76,7 +78,13 @@ RELOCATE_PAUSE = 0.005
 #: Pending connections the kernel queues on each listener.
 LISTEN_BACKLOG = 1024
 
-__all__ = ["BrokerServer", "is_loopback", "open_store", "run", "serve", "store_lock_path"]
+__all__ = ["BrokerServer", "StoreOpener", "is_loopback", "open_store", "run", "serve",
+           "store_lock_path"]
+
+#: Opens a server's store from the completion dispatcher, the snapshot provider and the
+#: store's lock (if already held): :func:`open_store` on the server's config by default;
+#: tests pass one that opens a ``MemoryStore`` (``tests/inmemory.py``).
+StoreOpener = Callable[[Dispatch, SnapshotProvider, StoreLock | None], Store]
 
 
 def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], None],
@@ -127,7 +135,8 @@ class BrokerServer:
     """A running broker: see the module docstring."""
 
     def __init__(self, config: ServerConfig, stomp_settings: StompSettings | None = None,
-                 *, lock: StoreLock | None = None) -> None:
+                 *, lock: StoreLock | None = None,
+                 store_opener: StoreOpener | None = None) -> None:
         config.validate()
         if stomp_settings is not None:
             stomp_settings.validate()
@@ -147,7 +156,9 @@ class BrokerServer:
         self.http_port = 0
         #: the HTTP edge (server/edges/http/), when --http-port is set
         self._http: Any = None
-        self._started = time.monotonic()
+        #: the event loop's clock when the store opened (uptime); the loop's clock is
+        #: the monotonic one (or the simulator's virtual one)
+        self._started = 0.0
         #: the bound ports of the TLS listeners (0: not listening)
         self.tls_port = 0
         self.stomp_tls_port = 0
@@ -167,6 +178,8 @@ class BrokerServer:
         self.recovered_messages = 0
         #: the store's lock when the HA part took it before the store opened
         self._lock = lock
+        #: opens the store (``open_store`` on ``config`` unless one is given)
+        self._store_opener = store_opener or functools.partial(open_store, config)
         #: the HA part's status (``stats()["ha"]``), when the broker is one of a pair
         self.ha_status: Callable[[], dict[str, Any]] | None = None
         #: replicated HA: wraps the store once opened (``server/ha/replication.py``)
@@ -193,7 +206,7 @@ class BrokerServer:
 
     async def recover(self) -> None:
         """Open the store and rebuild the broker from it (no listener yet)."""
-        started = time.monotonic()
+        started = asyncio.get_running_loop().time()
         self.open_store()
         self.finish_recovery(started)
 
@@ -202,6 +215,7 @@ class BrokerServer:
         finishing recovery: a backup of ``--ha replicated`` goes on replaying what its
         primary sends (``server/ha/replica.py``) until it is promoted."""
         self.loop = asyncio.get_running_loop()
+        self._started = self.loop.time()
         self.ops.check_listen(self.config.host)  # before a long recovery
         if self.auth.open:
             log.warning("no users configured: the broker is OPEN (no authentication), "
@@ -211,7 +225,7 @@ class BrokerServer:
         def dispatch(completions: Callable[[], None]) -> None:
             loop.call_soon_threadsafe(self._completed, completions)
 
-        store = open_store(self.config, dispatch, self.broker.snapshot, self._lock)
+        store = self._store_opener(dispatch, self.broker.snapshot, self._lock)
         if self.wrap_store is not None:
             store = self.wrap_store(store)
         self.broker.body_size_of = store.body_size
@@ -229,7 +243,7 @@ class BrokerServer:
         self._restore_router()
         self.run_effects()
         release_free_memory()  # the replay's garbage (issue 12: memory per message)
-        self.recovery_seconds = time.monotonic() - started
+        self.recovery_seconds = asyncio.get_running_loop().time() - started
         log.info("recovered %d messages in %d queues in %.2f s", self.recovered_messages,
                  len(self.broker.queues), self.recovery_seconds)
 
@@ -538,7 +552,8 @@ class BrokerServer:
         result = self.broker.stats()
         result["connections"] = len(self.ops.sessions)
         result["recovery_seconds"] = round(self.recovery_seconds, 3)
-        result["uptime_seconds"] = round(time.monotonic() - self._started, 3)
+        uptime = 0.0 if self.loop is None else self.loop.time() - self._started
+        result["uptime_seconds"] = round(uptime, 3)
         if self.ha_status is not None:
             result["ha"] = self.ha_status()
         if self.store is not None:

@@ -36,10 +36,10 @@ import asyncio
 import concurrent.futures
 import contextvars
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
-from txbroker.sim.memnet import SimNetwork
+from txbroker.sim.memnet import HOST, PROCESS, SimNetwork
 
 __all__ = ["SimLoop", "SimulationError", "SimulationStalled"]
 
@@ -92,6 +92,17 @@ class SimLoop(asyncio.BaseEventLoop):
         self.network = SimNetwork(self)
         #: virtual seconds the clock jumped over (no callback was ready)
         self.idle = 0.0
+        #: simulated processes that died: none of their callbacks runs again
+        self.dead: set[int] = set()
+        self._next_process = 1
+        #: the process each task belongs to (where it was created); strong references,
+        #: so that a dead process's tasks stay (pending, never run) until the loop closes
+        #: instead of being collected at a moment that depends on the garbage collector
+        self._process_of: dict[asyncio.Future[Any], int] = {}
+        self.set_task_factory(self._new_task)
+        #: what reached the loop's exception handler (an exception no code handled),
+        #: but the pending tasks of dead processes being collected
+        self.errors: list[str] = []
 
     # -- time ----------------------------------------------------------------------
 
@@ -132,6 +143,71 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def set_default_executor(self, executor: Any) -> None:
         raise SimulationError("a SimLoop runs executor work inline: no executor to set")
+
+    # -- processes -----------------------------------------------------------------
+
+    def spawn(self, host: str, main: Coroutine[Any, Any, _T]) -> tuple[int, asyncio.Task[_T]]:
+        """Start a simulated process on ``host``: ``main`` runs in a context of its own
+        (:data:`~txbroker.sim.memnet.PROCESS`, :data:`~txbroker.sim.memnet.HOST`), and
+        so does every task and callback it starts. Returns its number and main task."""
+        process = self._next_process
+        self._next_process += 1
+        context = contextvars.copy_context()
+        context.run(HOST.set, host)
+        context.run(PROCESS.set, process)
+        return process, self.create_task(main, context=context)
+
+    def kill(self, process: int) -> None:
+        """The process dies as under ``kill -9``: none of its callbacks runs again (no
+        ``finally`` block, no cleanup), its connections are reset after what was on
+        its way, and its listeners go."""
+        self.dead.add(process)
+        for handle in [*self._ready, *self._scheduled]:  # type: ignore[attr-defined]
+            self._bury(handle)
+        self.network.crash(process)
+
+    def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any,
+                  context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, context=context)
+        self._process_of[task] = (PROCESS.get() if context is None
+                                  else context.get(PROCESS, 0))
+        return task
+
+    def process_of(self, task: asyncio.Future[Any]) -> int:
+        """The simulated process ``task`` belongs to (0: the simulation itself)."""
+        return self._process_of.get(task, 0)
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        """Keep what no code handled in :attr:`errors` (the run's checkers judge it);
+        a dead process's task collected while pending is no news."""
+        task = context.get("task")
+        if task is not None and self.process_of(task) in self.dead:
+            return
+        exception = context.get("exception")
+        where = f" ({task!r})" if task is not None else ""
+        self.errors.append(f"{context.get('message')}{where}"
+                           + (f": {exception!r}" if exception else ""))
+
+    def _bury(self, handle: asyncio.Handle) -> None:
+        context: contextvars.Context | None = getattr(handle, "_context", None)
+        if context is not None and context.get(PROCESS, 0) in self.dead:
+            handle.cancel()
+
+    def call_soon(self, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts,
+                  context: contextvars.Context | None = None) -> asyncio.Handle:
+        """``call_soon``; never for a dead process."""
+        handle = super().call_soon(callback, *args, context=context)
+        if self.dead:
+            self._bury(handle)
+        return handle
+
+    def call_at(self, when: float, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts,
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        """``call_at`` (and ``call_later``); never for a dead process."""
+        handle = super().call_at(when, callback, *args, context=context)
+        if self.dead:
+            self._bury(handle)
+        return handle
 
     # -- the network ---------------------------------------------------------------
 
@@ -175,6 +251,8 @@ class SimLoop(asyncio.BaseEventLoop):
             finally:
                 asyncio.set_event_loop(None)
                 self.close()
+                self.dead.update(self._process_of.values())  # collected now: no news
+                self._process_of.clear()
 
 
 #: The loop's methods that would do real I/O (or start a thread or a process): each
@@ -201,7 +279,8 @@ for _name in REFUSED:
 
 
 def _cancel_all(loop: SimLoop) -> None:
-    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    tasks = [task for task in asyncio.all_tasks(loop)
+             if not task.done() and loop.process_of(task) not in loop.dead]
     for task in tasks:
         task.cancel()
     if tasks:

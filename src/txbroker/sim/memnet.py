@@ -21,9 +21,13 @@ Code under simulation listens and connects as it does in production
 - **Faults.** :meth:`SimNetwork.partition` cuts one direction (or both) between two
   hosts: bytes sent across it are held — TCP keeps retransmitting — and arrive after
   :meth:`SimNetwork.heal`, in order; a connection attempt across it hangs (the
-  caller's timeout decides). :meth:`SimNetwork.crash` is a host's process dying: its
-  listeners vanish, its connections' other ends get what was in flight, then a reset,
-  and nothing reaches the dead host's protocols any more.
+  caller's timeout decides). :meth:`SimNetwork.crash` is a process dying
+  (``SimLoop.kill``): its listeners vanish, its connections' other ends get what was
+  in flight, then a reset, and nothing reaches the dead process's protocols any more.
+- **Processes.** What reaches one end of a connection runs in the context of the
+  process that owns that end (:data:`PROCESS`, :data:`HOST`): the connecting
+  process, or a copy of the listening process's context for an accepted one — so the
+  tasks a broker starts for a connection belong to the broker.
 
 Every delivery is recorded in :attr:`SimNetwork.trace` (time, connection, direction,
 bytes); :meth:`SimNetwork.trace_hash` is its digest, equal for two runs of one seed.
@@ -41,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from txbroker.sim.loop import SimLoop
 
-__all__ = ["HOST", "MemoryTransport", "SimListener", "SimNetwork"]
+__all__ = ["HOST", "PROCESS", "MemoryTransport", "SimListener", "SimNetwork"]
 
 #: The simulated host the running code is on: the address its connections come from.
 #: A task inherits it from the code that created it, so setting it where a simulated
@@ -50,6 +54,11 @@ __all__ = ["HOST", "MemoryTransport", "SimListener", "SimNetwork"]
 #: (127.x.y.z), so that a broker without users, which serves loopback only, serves them.
 HOST: contextvars.ContextVar[str] = contextvars.ContextVar("txbroker_sim_host",
                                                             default="127.0.0.1")
+#: The simulated process the running code belongs to (0: the simulation itself).
+#: ``SimLoop.spawn`` starts a process; ``SimLoop.kill`` ends it: none of its callbacks
+#: runs again, and its connections and listeners go as a dead process's do.
+PROCESS: contextvars.ContextVar[int] = contextvars.ContextVar("txbroker_sim_process",
+                                                              default=0)
 
 #: One-way delay of a network message, seconds (uniform).
 DELAY_S = (0.000_05, 0.002)
@@ -80,6 +89,9 @@ class SimListener:
         self.port = port
         self.sockets = [_Socket(host, port)]
         self._serving = True
+        #: the listening process's context: its accepted connections run in copies of it
+        self.context = contextvars.copy_context()
+        self.owner = self.context.get(PROCESS, 0)
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._network.loop
@@ -113,8 +125,12 @@ class MemoryTransport(asyncio.Transport):
     """One end of a simulated connection (see the module docstring)."""
 
     def __init__(self, network: SimNetwork, conn_id: int, side: str,
-                 local: tuple[str, int], remote: tuple[str, int]) -> None:
+                 local: tuple[str, int], remote: tuple[str, int],
+                 context: contextvars.Context) -> None:
         super().__init__({"peername": remote, "sockname": local, "socket": None})
+        #: the owning process's context: what reaches this end runs in it
+        self.context = context
+        self.owner = context.get(PROCESS, 0)
         self._network = network
         self.conn_id = conn_id
         self.side = side  #: "c" (the connecting end) or "s" (the listener's end)
@@ -125,7 +141,8 @@ class MemoryTransport(asyncio.Transport):
         self._closing = False  # close() or abort() called here
         self._dead = False  # nothing reaches this end's protocol any more
         self._paused = False
-        self._parked: list[bytes | None] = []  # arrived while reading was paused
+        self._parked: list[bytes | None] = []  # arrived while paused (or not connected)
+        self._reset_early = False  # reset before this end was connected
         #: the earliest time the next message towards the peer may arrive (FIFO)
         self.next_arrival = 0.0
 
@@ -181,7 +198,7 @@ class MemoryTransport(asyncio.Transport):
         self._paused = False
         parked, self._parked = self._parked, []
         for data in parked:
-            self._network.loop.call_soon(self.arrive, data)
+            self._network.loop.call_soon(self.arrive, data, context=self.context)
 
     def is_reading(self) -> bool:
         return not self._paused
@@ -199,9 +216,9 @@ class MemoryTransport(asyncio.Transport):
 
     def arrive(self, data: bytes | None) -> None:
         """Bytes (or, for None, the end of the stream) reach this end."""
-        if self._dead or self._protocol is None:
+        if self._dead:
             return
-        if self._paused:
+        if self._paused or self._protocol is None:  # (None: not connected yet here)
             self._parked.append(data)
             return
         if data is None:
@@ -215,8 +232,17 @@ class MemoryTransport(asyncio.Transport):
         """The other end reset the connection."""
         if self._dead:
             return
+        if self._protocol is None:  # not connected yet here: the connect fails
+            self._reset_early = True
+            return
         self._closing = True
         self._lost(ConnectionResetError(errno.ECONNRESET, "connection reset by peer"))
+
+    def connected(self) -> None:
+        """This end's protocol is connected: what arrived meanwhile is handed to it."""
+        parked, self._parked = self._parked, []
+        for data in parked:
+            self._network.loop.call_soon(self.arrive, data, context=self.context)
 
     def kill(self) -> None:
         """This end's process died: nothing reaches its protocol any more."""
@@ -238,8 +264,8 @@ class SimNetwork:
         self.loop = loop
         self.delay = delay
         self.listeners: dict[tuple[str, int], SimListener] = {}
-        #: every connection end made, by host
-        self.ends: dict[str, list[MemoryTransport]] = {}
+        #: every connection end made (and not yet crashed)
+        self.ends: list[MemoryTransport] = []
         #: (from host, to host) pairs cut, and what waits for them to heal
         self.cut: set[tuple[str, str]] = set()
         self._held: list[tuple[MemoryTransport, bytes | None, bool]] = []
@@ -285,19 +311,31 @@ class SimNetwork:
         conn_id = self._next_conn
         self._next_conn += 1
         client_address = (local, self._port())
-        client = MemoryTransport(self, conn_id, "c", client_address, (host, port))
-        server = MemoryTransport(self, conn_id, "s", (host, port), client_address)
+        client = MemoryTransport(self, conn_id, "c", client_address, (host, port),
+                                 contextvars.copy_context())
+        server = MemoryTransport(self, conn_id, "s", (host, port), client_address,
+                                 listener.context.copy())
         client.peer, server.peer = server, client
-        self.ends.setdefault(local, []).append(client)
-        self.ends.setdefault(host, []).append(server)
-        server_protocol = listener.factory()
-        server.set_protocol(server_protocol)
-        server_protocol.connection_made(server)
+        self.ends.append(client)
+        self.ends.append(server)
+        server.context.run(self._accept, listener, server)
         await asyncio.sleep(self._delay())
+        if client._reset_early or client._dead:  # the listener's process died meanwhile
+            client.kill()
+            raise ConnectionResetError(errno.ECONNRESET,
+                                       f"connect to {host}:{port}: connection reset by peer")
         client_protocol = factory()
         client.set_protocol(client_protocol)
         client_protocol.connection_made(client)
+        client.connected()
         return client, client_protocol
+
+    @staticmethod
+    def _accept(listener: SimListener, server: MemoryTransport) -> None:
+        protocol = listener.factory()
+        server.set_protocol(protocol)
+        protocol.connection_made(server)
+        server.connected()
 
     # -- carrying bytes ------------------------------------------------------------
 
@@ -319,7 +357,8 @@ class SimNetwork:
         # strictly after the one before: timers due at the same instant have no order
         at = max(self.loop.time() + self._delay(), source.next_arrival + ORDER_STEP_S)
         source.next_arrival = at
-        self.loop.call_at(at, self._deliver, source, peer, data, reset)
+        self.loop.call_at(at, self._deliver, source, peer, data, reset,
+                          context=peer.context)
 
     def _deliver(self, source: MemoryTransport, peer: MemoryTransport, data: bytes | None,
                  reset: bool) -> None:
@@ -346,15 +385,20 @@ class SimNetwork:
         for source, data, reset in held:
             self._carry(source, data, reset=reset)
 
-    def crash(self, host: str) -> None:
-        """``host``'s process died: its listeners go, the other end of each of its
-        connections gets what was on its way and then a reset."""
-        for key in [key for key in self.listeners if key[0] == host]:
-            self.listeners.pop(key).close()
-        for end in self.ends.pop(host, []):
-            if not end._dead:
+    def crash(self, process: int) -> None:
+        """Process ``process`` died: its listeners go, the other end of each of its
+        connections gets what was on its way and then a reset (``SimLoop.kill``)."""
+        for key, listener in list(self.listeners.items()):
+            if listener.owner == process:
+                self.listeners.pop(key).close()
+        kept = []
+        for end in self.ends:
+            if end.owner != process:
+                kept.append(end)
+            elif not end._dead:
                 end.kill()
                 self.reset(end)
+        self.ends = kept
 
     def trace_hash(self) -> str:
         """SHA-256 of :attr:`trace`: two runs of one seed give the same one."""

@@ -36,6 +36,9 @@ PLANTS: Final = {plant.name: plant for plant in (
           "table"),
     Plant("server-commit-on-vote", "router-bank",
           "a partition server commits its leg when it votes, before the outcome"),
+    Plant("live-fsync-lies", "queue-live",
+          "the broker's disk reports a sync done that a crash then loses: a kill drops "
+          "the last synced entry too"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

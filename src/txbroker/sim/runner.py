@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_bank_resets
+from txbroker.sim.live_queue import run_queue_live
 from txbroker.sim.plants import PLANTS
 from txbroker.sim.queue_scenario import run_queue, run_queue_failing_fsync
 from txbroker.sim.world import World
@@ -15,6 +16,7 @@ from txbroker.sim.world import World
 SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "queue": run_queue,
     "queue-failing-fsync": run_queue_failing_fsync,
+    "queue-live": run_queue_live,
     "router-bank": run_bank,
     "router-bank-failing-fsync": run_bank_failing_fsync,
     "router-bank-resets": run_bank_resets,

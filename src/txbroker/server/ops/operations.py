@@ -104,7 +104,10 @@ class Operations:
         self.server = server
         self.auth = auth
         self.sessions: dict[int, Session] = {}  #: session id -> session (admitted)
-        self._touched: set[Session] = set()
+        #: sessions with output to flush, in the order they got it (a dict: a set of
+        #: objects iterates in an order of memory addresses, and the simulator replays
+        #: a run only if the flushes come in the same order)
+        self._touched: dict[Session, None] = {}
         self._next_session = 1
         #: the ``[acl]`` rules (everything allowed without them) and the audit log
         self.acl = AccessControl(self.config.acl)
@@ -260,7 +263,7 @@ class Operations:
         if session is not None:
             session.answered(effect.rid)
             session.sink.answer(effect.rid, effect.result)
-            self._touched.add(session)
+            self._touched[session] = None
 
     def fail(self, effect: Fail) -> None:
         """A request the core answered later was refused."""
@@ -268,7 +271,7 @@ class Operations:
         if session is not None:
             session.answered(effect.rid)
             session.sink.refuse(effect.rid, effect.error)
-            self._touched.add(session)
+            self._touched[session] = None
 
     def deliver(self, effect: Deliver) -> None:
         """A message for a subscription, or the answer to a ``receive``."""
@@ -278,7 +281,7 @@ class Operations:
         delivery = Delivery(effect.message, self.server.body(effect.message), effect.tag,
                             effect.sub, effect.rid, effect.redelivered)
         session.delivered(delivery)
-        self._touched.add(session)
+        self._touched[session] = None
 
     def cancelled(self, effect: Cancelled) -> None:
         """A subscription ended on the broker's side."""
@@ -286,7 +289,7 @@ class Operations:
         if session is not None:
             session.forget_subscription(effect.sub)
             session.sink.cancelled(effect.sub, effect.reason)
-            self._touched.add(session)
+            self._touched[session] = None
 
     def hold_input(self, held: bool) -> None:
         """Stop (or go on) reading every client connection: replication takes a dump
@@ -313,7 +316,7 @@ class Operations:
         session = self.sessions.get(effect.session)
         if session is not None:
             session.sink.push(effect.event, effect.body)
-            self._touched.add(session)
+            self._touched[session] = None
 
     def flush(self) -> None:
         """Write to every connection an effect touched."""
@@ -324,7 +327,7 @@ class Operations:
     def _ended(self, session: Session) -> None:
         if self.sessions.pop(session.id, None) is None:
             return
-        self._touched.discard(session)
+        self._touched.pop(session, None)
         if session.authenticated:
             self.broker.close_session(session.id, self.now())
             self.run_effects()
