@@ -46,7 +46,7 @@ def test_every_module_the_console_imports_is_there() -> None:
 def test_pyproject_ships_every_static_file() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["txbroker"]
-    package = STATIC_DIR.parent.parent.parent  # src/txbroker
+    package = ROOT / "src" / "txbroker"
     for path in STATIC_DIR.rglob("*"):
         if path.is_file():
             relative = path.relative_to(package).as_posix()

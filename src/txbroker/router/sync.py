@@ -128,9 +128,10 @@ class TransactionController(_SyncController[AsyncTransactionController]):
         return self._run(self._inner.register_facility(facility, recipient=recipient,
                                                        events=list(events)))
 
-    def start_transaction(self) -> str:
-        """Start a transaction; returns its tid (IllegalState before the last outcome)."""
-        return self._run(self._inner.start_transaction())
+    def start_transaction(self, *, tid: str | None = None) -> str:
+        """Start a transaction; returns its tid (IllegalState before the last outcome);
+        ``tid`` as for the async one."""
+        return self._run(self._inner.start_transaction(tid=tid))
 
     def send(self, body: bytes, *, key: Key, headers: dict[str, Any] | None = None) -> str:
         """Send a message to the partition owning ``key`` (pipelined); returns its name."""

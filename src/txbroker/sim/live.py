@@ -57,11 +57,14 @@ class SimDisk:
             self.state.entries.pop()
 
 
-async def run_broker(loop: SimLoop, disk: SimDisk, host: str, port: int) -> None:
+async def run_broker(loop: SimLoop, disk: SimDisk, host: str, port: int,
+                     facilities: dict[str, list[dict[str, Any]]] | None = None) -> None:
     """A broker process: ``txbroker serve`` on ``disk``, native port only, the loop's
-    virtual clock as its wall clock; until it is killed."""
-    server = BrokerServer(ServerConfig(host=host, port=port, stomp_port=0, amqp_port=0),
-                          store_opener=disk.open)
+    virtual clock as its wall clock, ``facilities`` as its configuration file's
+    ``[router]`` section; until it is killed."""
+    config = ServerConfig(host=host, port=port, stomp_port=0, amqp_port=0,
+                          router_facilities=dict(facilities or {}))
+    server = BrokerServer(config, store_opener=disk.open)
     server.clock = lambda: EPOCH_MS + int(loop.time() * 1000)
     await server.start()
     await server.serve_forever()

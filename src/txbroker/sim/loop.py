@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import random
 from collections.abc import Callable, Coroutine
@@ -188,6 +189,15 @@ class SimLoop(asyncio.BaseEventLoop):
         self.errors.append(f"{context.get('message')}{where}"
                            + (f": {exception!r}" if exception else ""))
 
+    async def _close_the_dead(self) -> None:
+        """The coroutines of dead processes' tasks are closed now, while the loop runs
+        (what they schedule is buried), rather than by the garbage collector later,
+        after the loop is gone, at a moment nobody chose."""
+        for task, process in list(self._process_of.items()):
+            if process in self.dead and not task.done():
+                with contextlib.suppress(BaseException):
+                    task.get_coro().close()  # type: ignore[attr-defined]
+
     def _bury(self, handle: asyncio.Handle) -> None:
         context: contextvars.Context | None = getattr(handle, "_context", None)
         if context is not None and context.get(PROCESS, 0) in self.dead:
@@ -247,6 +257,7 @@ class SimLoop(asyncio.BaseEventLoop):
         finally:
             try:
                 _cancel_all(self)
+                self.run_until_complete(self._close_the_dead())
                 self.run_until_complete(self.shutdown_asyncgens())
             finally:
                 asyncio.set_event_loop(None)

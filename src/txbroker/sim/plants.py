@@ -39,6 +39,9 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("live-fsync-lies", "queue-live",
           "the broker's disk reports a sync done that a crash then loses: a kill drops "
           "the last synced entry too"),
+    Plant("live-server-no-tid-check", "router-bank-live",
+          "a partition server (over the production router server library) applies an "
+          "UNCERTAIN replay without checking its TID table"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

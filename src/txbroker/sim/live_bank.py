@@ -1,0 +1,297 @@
+"""Scenario ``router-bank-live``: bank transfers through the production router, with
+the production router client and server libraries, on the deterministic event loop.
+
+``router-bank`` (``bank_scenario.py``) drives the router core and models the
+libraries' recovery rules; here the libraries themselves run — ``txbroker.router.aio``
+``AsyncTransactionController`` and ``AsyncServerTransactionController`` over
+``txbroker.aio`` connections with failover — against ``txbroker serve``'s
+``BrokerServer``, on a :class:`~txbroker.sim.loop.SimLoop`. The bugs issue 25 found
+were in a client library's order of steps across a failover: this is where such
+bugs show.
+
+Facility BANK has partitions A (keys 0-999) and B (1000-1999), one server each.
+
+- **A server** (a simulated process) applies its leg to its partition's
+  :class:`Ledger`, which outlives the server (a database): on ``MSG1`` it votes —
+  ``INSUFFICIENT`` refuses a debit that would overdraw (unless the router says the
+  transaction is decided) — and keeps the leg pending; on ``ACCEPTED`` it applies
+  the pending leg and records the tid in the ledger's TID table in one step, then
+  acknowledges; on ``UNCERTAIN`` (a replay after it may have committed) it looks the
+  tid up first and, if it is there, only votes again. A killed server loses its
+  pending leg; a new one registers after a pause.
+- **A client** (a simulated process) runs one transfer at a time: ``start_transaction``
+  (with a tid of its own: the run replays exactly), ``send`` of the debit,
+  ``set_accept`` of the credit, then ``receive`` until the outcome — whatever the
+  calls before raised (a lost transaction's outcome comes by ``receive`` too).
+- **The broker** is killed at random in the fault phase and restarted on its data.
+
+Checkers, after a healed phase: money is conserved; a transfer is applied on both
+sides or on neither, and never twice on one side; what the client was told agrees
+with what was applied (ACCEPTED: both sides; REJECTED: neither); every transfer has
+an outcome; nothing unhandled in the loop; no server got an ACCEPTED it knew
+nothing of. (Whether an accept was *answered* the library does not say — a lost
+connection there is not final — so "an answered accept never ends UNKNOWN" stays
+with ``router-bank``, which sees the core's answers.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from txbroker.aio import connect
+from txbroker.client.aio import AsyncConnection
+from txbroker.errors import TxBrokerError
+from txbroker.router.aio import (
+    AsyncServerTransactionController,
+    AsyncTransactionController,
+    MessageType,
+)
+from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
+from txbroker.sim.loop import SimLoop
+from txbroker.sim.world import World
+
+BROKER = "127.0.0.10"
+PORT = 5445
+URL = f"txb://{BROKER}:{PORT}"
+FACILITY = "BANK"
+PARTITIONS = [{"name": "A", "low": 0, "high": 999}, {"name": "B", "low": 1000, "high": 1999}]
+#: Accounts of each partition, and their opening balance.
+ACCOUNTS = {"A": range(0, 4), "B": range(1000, 1004)}
+OPENING_BALANCE = 100
+#: A transfer's amount (uniform): large enough that some debits are refused.
+AMOUNT = (1, 60)
+CLIENTS = 3
+#: Virtual lengths of the fault phase and of the healed phase (s).
+FAULT_S = 2.0
+HEAL_S = 8.0
+#: Mean time between broker kills, and between one server's deaths (s); pauses.
+MEAN_BROKER_KILL_GAP_S = 0.6
+MEAN_SERVER_DEATH_GAP_S = 0.7
+RESTART_S = (0.001, 0.06)
+#: How long a failing-over connection keeps trying (s): longer than any outage here.
+FAILOVER_TIMEOUT_S = 30.0
+INSUFFICIENT = "INSUFFICIENT"
+
+
+@dataclass
+class Ledger:
+    """One partition's database: balances, the TID table, every commit made."""
+
+    balances: dict[int, int]
+    tids: set[str] = field(default_factory=set)
+    applied: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Transfer:
+    """One transfer as its client saw it."""
+
+    tid: str
+    debit: int
+    credit: int
+    amount: int
+    #: ``set_accept`` returned (not: the broker answered it — a loss of the connection
+    #: is not final there, and the outcome comes by ``receive``)
+    accept_returned: bool = False
+    #: the outcome ``receive`` gave: "ACCEPTED", "REJECTED <reason>", or None
+    told: str | None = None
+
+
+@dataclass
+class Bank:
+    """The run's shared record."""
+
+    ledgers: dict[str, Ledger]
+    transfers: dict[str, Transfer] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def _leg(account: int, amount: int) -> bytes:
+    return f"{account}:{amount}".encode()
+
+
+def _unleg(body: bytes) -> tuple[int, int]:
+    account, amount = body.decode().split(":")
+    return int(account), int(amount)
+
+
+async def _connect(loop: SimLoop) -> AsyncConnection:
+    """Connect, trying again while the broker is down (as a process supervisor restarts
+    a program that could not connect at start)."""
+    while True:
+        try:
+            return await connect(URL, failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
+        except (TxBrokerError, TimeoutError, OSError):
+            await asyncio.sleep(loop.random.uniform(0.01, 0.05))
+
+
+async def _server(loop: SimLoop, world: World, bank: Bank, partition: str,
+                  plants: frozenset[str]) -> None:
+    """One partition server, until it is killed (or the run ends)."""
+    ledger = bank.ledgers[partition]
+    conn = await _connect(loop)
+    server = AsyncServerTransactionController(conn)
+    await server.register_partition(FACILITY, partition)
+    pending: tuple[str, int, int] | None = None  # tid, account, amount (None: skip)
+    while True:
+        try:
+            message = await server.receive(timeout=0.5)
+        except (TxBrokerError, TimeoutError) as exc:
+            world.log(f"{loop.time():.6f} server {partition} receive: {exc!r}")
+            await asyncio.sleep(0.01)
+            continue
+        if message is None or message.tid is None:
+            continue
+        tid = message.tid
+        try:
+            if message.type in (MessageType.MSG1, MessageType.UNCERTAIN, MessageType.MSG):
+                if (message.type is MessageType.UNCERTAIN and tid in ledger.tids
+                        and "live-server-no-tid-check" not in plants):
+                    pending = None  # applied here before: only vote again
+                    world.log(f"{loop.time():.6f} server {partition} skip {tid}")
+                    await server.accept_transaction()
+                    continue
+                account, amount = _unleg(message.body)
+                if (amount < 0 and not message.decided
+                        and ledger.balances[account] + amount < 0):
+                    pending = None
+                    await server.reject_transaction(INSUFFICIENT)
+                    continue
+                pending = (tid, account, amount)
+                await server.accept_transaction()
+            elif message.type is MessageType.ACCEPTED:
+                if pending is not None and pending[0] == tid and (
+                        tid not in ledger.tids or "live-server-no-tid-check" in plants):
+                    _, account, amount = pending
+                    ledger.balances[account] += amount  # the commit: one step
+                    ledger.tids.add(tid)
+                    ledger.applied.append(tid)
+                    world.log(f"{loop.time():.6f} server {partition} commit {tid}")
+                elif tid not in ledger.tids:
+                    bank.failures.append(f"server {partition}: ACCEPTED {tid} with no "
+                                         "pending leg and no record of it")
+                pending = None
+                await server.acknowledge_outcome()
+            elif message.type is MessageType.REJECTED:
+                pending = None
+                await server.acknowledge_outcome()
+        except (TxBrokerError, TimeoutError) as exc:
+            world.log(f"{loop.time():.6f} server {partition} {message.type} {tid}: {exc!r}")
+
+
+async def _client(loop: SimLoop, world: World, bank: Bank, number: int,
+                  until: float) -> None:
+    conn = await _connect(loop)
+    client = AsyncTransactionController(conn)
+    await client.register_facility(FACILITY)
+    count = 0
+    while loop.time() < until:
+        count += 1
+        tid = f"c{number}-{count}"
+        first, second = ("A", "B") if loop.random.random() < 0.5 else ("B", "A")
+        debit = loop.random.choice(ACCOUNTS[first])
+        credit = loop.random.choice(ACCOUNTS[second])
+        amount = loop.random.randint(*AMOUNT)
+        transfer = bank.transfers[tid] = Transfer(tid, debit, credit, amount)
+        try:
+            await client.start_transaction(tid=tid)
+            await client.send(_leg(debit, -amount), key=debit)
+            await client.set_accept(_leg(credit, amount), key=credit)
+            transfer.accept_returned = True
+        except (TxBrokerError, TimeoutError) as exc:
+            world.log(f"{loop.time():.6f} client {tid}: {exc!r}")
+        while transfer.told is None:
+            try:
+                outcome = await client.receive(timeout=1.0)
+            except (TxBrokerError, TimeoutError) as exc:
+                world.log(f"{loop.time():.6f} client {tid} receive: {exc!r}")
+                await asyncio.sleep(0.05)
+                continue
+            if outcome is None or outcome.is_event:
+                continue
+            if outcome.type is MessageType.ACCEPTED:
+                transfer.told = "ACCEPTED"
+            elif outcome.type is MessageType.REJECTED:
+                transfer.told = f"REJECTED {outcome.reason}"
+        world.log(f"{loop.time():.6f} client {tid} told {transfer.told}")
+    await conn.close()
+
+
+def run_bank_live(world: World, plants: frozenset[str]) -> list[str]:
+    """One seed of ``router-bank-live``; returns the violations."""
+    loop = SimLoop(world.rng.getrandbits(63))
+    seed_client_jitter(loop)
+    disk = SimDisk(loop)
+    bank = Bank({name: Ledger({a: OPENING_BALANCE for a in accounts})
+                 for name, accounts in ACCOUNTS.items()})
+    facilities = {FACILITY: PARTITIONS}
+
+    async def supervise_server(partition: str, fault_end: float) -> None:
+        host = "127.0.1.1" if partition == "A" else "127.0.1.2"
+        while True:
+            process, _ = loop.spawn(host, _server(loop, world, bank, partition, plants))
+            await asyncio.sleep(loop.random.expovariate(1 / MEAN_SERVER_DEATH_GAP_S))
+            if loop.time() >= fault_end:
+                return
+            loop.kill(process)
+            world.log(f"{loop.time():.6f} server {partition} killed")
+            await asyncio.sleep(loop.random.uniform(*RESTART_S))
+
+    async def main() -> None:
+        broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
+        await asyncio.sleep(0.01)
+        fault_end = loop.time() + FAULT_S
+        end = fault_end + HEAL_S
+        for partition in ("A", "B"):
+            loop.create_task(supervise_server(partition, fault_end))
+        clients = [loop.spawn(f"127.0.2.{n + 1}", _client(loop, world, bank, n,
+                                                           fault_end))[1]
+                   for n in range(CLIENTS)]
+        while True:
+            await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
+            if loop.time() >= fault_end:
+                break
+            loop.kill(broker)
+            disk.crash()
+            world.log(f"{loop.time():.6f} broker killed")
+            await asyncio.sleep(loop.random.uniform(*RESTART_S))
+            broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
+            world.log(f"{loop.time():.6f} broker started")
+        for client in clients:
+            try:
+                await asyncio.wait_for(client, max(0.0, end - loop.time()))
+            except Exception as exc:  # a client that died or never finished is a finding
+                bank.failures.append(f"a client did not finish: {exc!r}")
+        await asyncio.sleep(max(0.0, end - loop.time()))  # servers finish their outcomes
+
+    with captured_logs(world, loop):
+        loop.run(main())
+    world.log(f"network {loop.network.trace_hash()}")
+    violations = [f"unhandled in the event loop: {error}" for error in loop.errors]
+    return violations + _check(bank)
+
+
+def _check(bank: Bank) -> list[str]:
+    violations: list[str] = list(bank.failures)
+    total = sum(sum(ledger.balances.values()) for ledger in bank.ledgers.values())
+    opening = OPENING_BALANCE * sum(len(accounts) for accounts in ACCOUNTS.values())
+    if total != opening:
+        violations.append(f"money not conserved: {total} != {opening}")
+    if not any(t.told == "ACCEPTED" for t in bank.transfers.values()):
+        violations.append("no transfer was accepted: the run tested nothing")
+    for tid, transfer in bank.transfers.items():
+        sides = {name: ledger.applied.count(tid) for name, ledger in bank.ledgers.items()}
+        if any(count > 1 for count in sides.values()):
+            violations.append(f"{tid} applied twice on a side: {sides}")
+        applied = [count > 0 for count in sides.values()]
+        if any(applied) and not all(applied):
+            violations.append(f"{tid} applied on one side only: {sides}, told "
+                              f"{transfer.told}")
+        if transfer.told is None:
+            violations.append(f"{tid}: no outcome was received")
+        elif transfer.told == "ACCEPTED" and not all(applied):
+            violations.append(f"{tid}: told ACCEPTED but applied {sides}")
+        elif transfer.told.startswith("REJECTED") and any(applied):
+            violations.append(f"{tid}: told {transfer.told} but applied {sides}")
+    return violations
