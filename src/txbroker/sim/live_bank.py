@@ -11,8 +11,8 @@ bugs show.
 
 Facility BANK has partitions A (keys 0-999) and B (1000-1999), one server each.
 
-- **A server** (a simulated process) applies its leg to its partition's
-  :class:`Ledger`, which outlives the server (a database): on ``MSG1`` it votes —
+- **A server** (a simulated process) applies its leg to its partition's ledger
+  (``bank_scenario.Database``), which outlives the server: on ``MSG1`` it votes —
   ``INSUFFICIENT`` refuses a debit that would overdraw (unless the router says the
   transaction is decided) — and keeps the leg pending; on ``ACCEPTED`` it applies
   the pending leg and records the tid in the ledger's TID table in one step, then
@@ -47,6 +47,14 @@ from txbroker.router.aio import (
     AsyncTransactionController,
     MessageType,
 )
+from txbroker.sim.bank_scenario import (
+    ACCOUNTS,
+    AMOUNT,
+    FACILITY,
+    OPENING_BALANCE,
+    PARTITIONS,
+    Database,
+)
 from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
@@ -54,13 +62,6 @@ from txbroker.sim.world import World
 BROKER = "127.0.0.10"
 PORT = 5445
 URL = f"txb://{BROKER}:{PORT}"
-FACILITY = "BANK"
-PARTITIONS = [{"name": "A", "low": 0, "high": 999}, {"name": "B", "low": 1000, "high": 1999}]
-#: Accounts of each partition, and their opening balance.
-ACCOUNTS = {"A": range(0, 4), "B": range(1000, 1004)}
-OPENING_BALANCE = 100
-#: A transfer's amount (uniform): large enough that some debits are refused.
-AMOUNT = (1, 60)
 CLIENTS = 3
 #: Virtual lengths of the fault phase and of the healed phase (s).
 FAULT_S = 2.0
@@ -72,15 +73,6 @@ RESTART_S = (0.001, 0.06)
 #: How long a failing-over connection keeps trying (s): longer than any outage here.
 FAILOVER_TIMEOUT_S = 30.0
 INSUFFICIENT = "INSUFFICIENT"
-
-
-@dataclass
-class Ledger:
-    """One partition's database: balances, the TID table, every commit made."""
-
-    balances: dict[int, int]
-    tids: set[str] = field(default_factory=set)
-    applied: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -102,7 +94,7 @@ class Transfer:
 class Bank:
     """The run's shared record."""
 
-    ledgers: dict[str, Ledger]
+    ledgers: dict[str, Database]
     transfers: dict[str, Transfer] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
@@ -223,7 +215,7 @@ def run_bank_live(world: World, plants: frozenset[str]) -> list[str]:
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
     disk = SimDisk(loop)
-    bank = Bank({name: Ledger({a: OPENING_BALANCE for a in accounts})
+    bank = Bank({name: Database({a: OPENING_BALANCE for a in accounts})
                  for name, accounts in ACCOUNTS.items()})
     facilities = {FACILITY: PARTITIONS}
 
