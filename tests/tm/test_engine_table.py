@@ -12,32 +12,29 @@ import pytest
 from txbroker.errors import XA_HEURCOM, XA_HEURRB, XA_RBROLLBACK, XAER_NOTA, XAER_RMFAIL, XAError
 from txbroker.tm.aio import ASYNC_STEPS
 from txbroker.tm.engine import (
+    NOT_ASKED,
     RULES,
     Call,
     Calls,
     Coordinator,
     Decide,
-    Effect,
     Fault,
     Forget,
-    InDoubt,
     Input,
     Op,
-    RolledBack,
     State,
     Steps,
-    TMError,
     transition,
 )
+from txbroker.tm.errors import InDoubt, RolledBack, TMError
 from txbroker.tm.manager import STEPS
 from txbroker.tm.recovery import RESOLUTIONS, Outcome, Resolved, resolved
 
 # (state, input) -> (actions, next state), by their values. Written from the protocol
 # in docs/tm.md, not copied from engine.py.
 EXPECTED_TABLE: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
-    # opening the branches: one by one (sync) or all at once (async)
+    # opening the branches: one by one, stopping at a failure (sync), or all at once
     ("new", "begin"): (("begin",), "beginning"),
-    ("beginning", "began-more"): (("begin",), "beginning"),
     ("beginning", "all-began"): ((), "active"),
     # a branch that does not open: the open ones are aborted, its error raised, and
     # nothing is counted
@@ -49,7 +46,6 @@ EXPECTED_TABLE: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("one-phase", "cut-off"): (("count-in-doubt", "raise"), "in-doubt"),
     # phase one
     ("active", "commit"): (("before_prepare", "vote"), "preparing"),
-    ("preparing", "yes-more"): (("between_prepares", "vote"), "preparing"),
     ("preparing", "all-yes"): (("after_votes", "decide"), "deciding"),
     ("preparing", "all-read-only"): (("after_votes", "count-committed"), "committed"),
     ("preparing", "voted-no"): (("clean-up", "count-rolled-back", "raise"), "rolled-back"),
@@ -57,7 +53,6 @@ EXPECTED_TABLE: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("deciding", "durable"): (("after_decision", "commit"), "committing"),
     ("deciding", "decision-failed"): (("raise",), "undecided"),
     # phase two
-    ("committing", "finished-more"): (("between_commits", "commit"), "committing"),
     ("committing", "all-finished"): (("forget", "count-committed"), "committed"),
     ("committing", "some-unfinished"): (("count-in-doubt", "count-committed"), "committed"),
     # rollback by the application
@@ -99,6 +94,7 @@ def test_completed_transactions_refuse_commit_and_rollback() -> None:
 
 # ---------------------------------------------------------------------- effects
 Answer = Callable[[Call], object]
+GTRID = b"\x07" * 16
 
 
 def yes(call: Call) -> object:
@@ -106,148 +102,167 @@ def yes(call: Call) -> object:
     return {Op.VOTE: False, Op.COMMIT: True, Op.ROLLBACK: True}.get(call.op)
 
 
-def drive(steps: Steps, answer: Answer = yes,
-          decide: BaseException | None = None) -> list[Effect]:
-    """Run ``steps``, answering each call with ``answer``; return every effect."""
-    effects: list[Effect] = []
+def drive(coordinator: Coordinator, steps: Steps, answer: Answer = yes,
+          decide: BaseException | None = None) -> list[str]:
+    """Run ``steps`` as the coordinator's kind of driver would (one call after another
+    when sequential, honouring ``between`` and ``stop_at_failure``; else a batch at
+    once), answering each call with ``answer``. Returns what was done, in order:
+    ``"vote 1"`` (a call), ``"vote 0 1 2"`` (a batch at once), ``"! step"`` (a crash
+    point), ``"decide"``, ``"forget"``."""
+    done: list[str] = []
     reply: object = None
     while True:
         try:
             effect = steps.send(reply)
         except StopIteration:
-            return effects
-        effects.append(effect)
+            return done
         reply = None
         if isinstance(effect, Calls):
-            reply = [answer(call) for call in effect.calls]
+            results: list[object] = []
+            if coordinator.sequential:
+                for call in effect.calls:
+                    if results and effect.stop_at_failure \
+                            and isinstance(results[-1], BaseException):
+                        results.append(NOT_ASKED)
+                        continue
+                    if results and effect.between is not None:
+                        done.append(f"! {effect.between}")
+                    done.append(f"{call.op.value} {call.index}")
+                    results.append(answer(call))
+            else:
+                assert effect.between is None  # no crash point inside a batch made at once
+                op = effect.calls[0].op
+                assert all(call.op is op for call in effect.calls)
+                done.append(" ".join([op.value, *(str(c.index) for c in effect.calls)]))
+                results = [answer(call) for call in effect.calls]
+            reply = results
+        elif isinstance(effect, Fault):
+            done.append(f"! {effect.step}")
         elif isinstance(effect, Decide):
+            assert effect.gtrid == GTRID
+            done.append("decide")
             reply = decide
+        else:
+            assert isinstance(effect, Forget) and effect.gtrid == GTRID
+            done.append("forget")
 
 
 def opened(n: int, *, sequential: bool) -> tuple[Coordinator, dict[str, int]]:
     counters = {"committed": 0, "rolled_back": 0, "one_phase": 0, "in_doubt": 0}
-    coordinator = Coordinator(b"\x07" * 16, [f"p{i}" for i in range(n)],
-                              sequential=sequential, counters=counters)
-    drive(coordinator.begin())
+    coordinator = Coordinator(GTRID, [f"p{i}" for i in range(n)], sequential=sequential,
+                              counters=counters)
+    drive(coordinator, coordinator.begin())
     assert coordinator.state is State.ACTIVE
     return coordinator, counters
 
 
-def calls(*pairs: tuple[Op, int]) -> Calls:
-    return Calls(tuple(Call(op, index) for op, index in pairs))
-
-
-GTRID = b"\x07" * 16
-
-
 def test_sequential_commit_asks_one_at_a_time_and_passes_the_sync_steps() -> None:
     coordinator, counters = opened(3, sequential=True)
-    effects = drive(coordinator.commit())
-    assert effects == [
-        Fault("before_prepare"), calls((Op.VOTE, 0)),
-        Fault("between_prepares"), calls((Op.VOTE, 1)),
-        Fault("between_prepares"), calls((Op.VOTE, 2)),
-        Decide(GTRID), Fault("after_decision"), calls((Op.COMMIT, 0)),
-        Fault("between_commits"), calls((Op.COMMIT, 1)),
-        Fault("between_commits"), calls((Op.COMMIT, 2)),
-        Forget(GTRID)]
-    assert coordinator.state is State.COMMITTED and counters["committed"] == 1
-    assert [f.step for f in effects if isinstance(f, Fault)] == [
-        "before_prepare", "between_prepares", "between_prepares", "after_decision",
-        "between_commits", "between_commits"]
-    assert {f.step for f in effects if isinstance(f, Fault)} == set(STEPS)
+    done = drive(coordinator, coordinator.commit())
+    assert done == ["! before_prepare", "vote 0", "! between_prepares", "vote 1",
+                    "! between_prepares", "vote 2", "decide", "! after_decision",
+                    "commit 0", "! between_commits", "commit 1", "! between_commits",
+                    "commit 2", "forget"]
+    assert coordinator.state is State.COMMITTED
+    assert counters == {"committed": 1, "rolled_back": 0, "one_phase": 0, "in_doubt": 0}
+    assert {d[2:] for d in done if d.startswith("!")} == set(STEPS)
 
 
 def test_concurrent_commit_asks_everyone_at_once_and_passes_the_async_steps() -> None:
     coordinator, counters = opened(3, sequential=False)
-    effects = drive(coordinator.commit())
-    assert effects == [
-        Fault("before_prepare"), calls((Op.VOTE, 0), (Op.VOTE, 1), (Op.VOTE, 2)),
-        Fault("after_votes"), Decide(GTRID), Fault("after_decision"),
-        calls((Op.COMMIT, 0), (Op.COMMIT, 1), (Op.COMMIT, 2)), Forget(GTRID)]
-    assert tuple(f.step for f in effects if isinstance(f, Fault)) == ASYNC_STEPS
+    done = drive(coordinator, coordinator.commit())
+    assert done == ["! before_prepare", "vote 0 1 2", "! after_votes", "decide",
+                    "! after_decision", "commit 0 1 2", "forget"]
+    assert tuple(d[2:] for d in done if d.startswith("!")) == ASYNC_STEPS
     assert counters == {"committed": 1, "rolled_back": 0, "one_phase": 0, "in_doubt": 0}
 
 
 @pytest.mark.parametrize("sequential", [True, False], ids=["sync", "async"])
 def test_begin_opens_every_branch_in_order(sequential: bool) -> None:
     coordinator = Coordinator(GTRID, ["a", "b"], sequential=sequential, counters={})
-    effects = drive(coordinator.begin())
-    if sequential:
-        assert effects == [calls((Op.BEGIN, 0)), calls((Op.BEGIN, 1))]
-    else:
-        assert effects == [calls((Op.BEGIN, 0), (Op.BEGIN, 1))]
+    done = drive(coordinator, coordinator.begin())
+    assert done == (["begin 0", "begin 1"] if sequential else ["begin 0 1"])
+    assert coordinator.started == [0, 1] and not coordinator.done
 
 
 @pytest.mark.parametrize("sequential", [True, False], ids=["sync", "async"])
 def test_a_failed_begin_aborts_the_open_branches_and_raises_its_error(sequential: bool) -> None:
     coordinator = Coordinator(GTRID, ["a", "b", "c"], sequential=sequential, counters={})
-    down = RuntimeError("resource down")
+    made: list[str] = []
 
     def answer(call: Call) -> object:
-        return down if (call.op, call.index) == (Op.BEGIN, 1) else None
+        made.append(f"{call.op.value} {call.index}")
+        return RuntimeError("resource down") if call == Call(Op.BEGIN, 1) else None
 
-    steps = coordinator.begin()
     with pytest.raises(RuntimeError, match="resource down"):
-        drive(steps, answer)
+        drive(coordinator, coordinator.begin(), answer)
     assert coordinator.state is State.ROLLED_BACK and coordinator.done
-    # sequential: c was never asked; concurrent: c opened and is aborted too
-    assert coordinator.started == ([0] if sequential else [0, 2])
+    # sequential: c is never asked; at once: c opened, and is aborted too
+    if sequential:
+        assert made == ["begin 0", "begin 1", "abort 0"]
+    else:
+        assert made == ["begin 0", "begin 1", "begin 2", "abort 0", "abort 2"]
 
 
 def test_sequential_no_stops_the_voting_and_cleans_up() -> None:
     coordinator, counters = opened(4, sequential=True)
-    made: list[Call] = []
 
     def answer(call: Call) -> object:
-        made.append(call)
         if call.op is Op.VOTE:
             return {0: True, 1: False, 2: RuntimeError("no")}[call.index]
         return yes(call)
 
+    made: list[str] = []
+
+    def recording(call: Call) -> object:
+        made.append(f"{call.op.value} {call.index}")
+        return answer(call)
+
     with pytest.raises(RolledBack, match="p2 voted no: no") as info:
-        drive(coordinator.commit(), answer)
+        drive(coordinator, coordinator.commit(), recording)
     assert isinstance(info.value.__cause__, RuntimeError)
     # p0 read-only, p1 prepared, p2 said no, p3 never asked: roll back p1, abort the rest
-    assert made == [Call(Op.VOTE, 0), Call(Op.VOTE, 1), Call(Op.VOTE, 2),
-                    Call(Op.ROLLBACK, 1), Call(Op.ABORT, 0), Call(Op.ABORT, 2),
-                    Call(Op.ABORT, 3)]
+    assert made == ["vote 0", "vote 1", "vote 2", "rollback 1", "abort 0", "abort 2",
+                    "abort 3"]
+    assert coordinator.asked == 3 and coordinator.prepared == [1]
     assert counters["rolled_back"] == 1 and coordinator.state is State.ROLLED_BACK
 
 
-def test_the_clean_up_after_a_no_rolls_back_the_prepared_then_aborts_the_rest() -> None:
-    coordinator, _ = opened(4, sequential=False)
-    seen: list[Calls] = []
+def test_concurrent_no_asks_everyone_then_cleans_up_in_one_batch() -> None:
+    coordinator, counters = opened(4, sequential=False)
+    made: list[list[str]] = []
     steps = coordinator.commit()
     reply: object = None
-    with pytest.raises(RolledBack):
+    with pytest.raises(RolledBack, match="p2 voted no"):
         while True:
             effect = steps.send(reply)
             reply = None
             if isinstance(effect, Calls):
-                seen.append(effect)
+                made.append([f"{c.op.value} {c.index}" for c in effect.calls])
                 reply = [{0: True, 1: False, 2: RuntimeError("no"), 3: False}[c.index]
                          if c.op is Op.VOTE else None for c in effect.calls]
-    assert seen[-1] == calls((Op.ROLLBACK, 1), (Op.ROLLBACK, 3), (Op.ABORT, 0), (Op.ABORT, 2))
-    assert not any(isinstance(c, Calls) and c.calls[0].op is Op.COMMIT for c in seen)
+    assert made == [["vote 0", "vote 1", "vote 2", "vote 3"],
+                    ["rollback 1", "rollback 3", "abort 0", "abort 2"]]
+    assert counters["rolled_back"] == 1 and coordinator.asked == 4
 
 
 @pytest.mark.parametrize("sequential", [True, False], ids=["sync", "async"])
 def test_read_only_voters_need_no_decision(sequential: bool) -> None:
     coordinator, counters = opened(2, sequential=sequential)
-    effects = drive(coordinator.commit(), lambda call: True if call.op is Op.VOTE else None)
-    assert not any(isinstance(e, Decide | Forget) for e in effects)
+    done = drive(coordinator, coordinator.commit(),
+                 lambda call: True if call.op is Op.VOTE else None)
+    assert "decide" not in done and "forget" not in done
+    assert not any(d.startswith("commit") for d in done)
     assert counters["committed"] == 1 and coordinator.state is State.COMMITTED
 
 
 @pytest.mark.parametrize("sequential", [True, False], ids=["sync", "async"])
 def test_a_read_only_voter_is_not_asked_to_commit(sequential: bool) -> None:
     coordinator, _ = opened(3, sequential=sequential)
-    effects = drive(coordinator.commit(),
-                    lambda call: (call.index == 1) if call.op is Op.VOTE else yes(call))
-    committed = [c.index for e in effects if isinstance(e, Calls) for c in e.calls
-                 if c.op is Op.COMMIT]
-    assert committed == [0, 2]
+    done = drive(coordinator, coordinator.commit(),
+                 lambda call: (call.index == 1) if call.op is Op.VOTE else yes(call))
+    commits = [d for d in done if d.startswith("commit")]
+    assert commits == (["commit 0", "commit 2"] if sequential else ["commit 0 2"])
 
 
 @pytest.mark.parametrize("sequential", [True, False], ids=["sync", "async"])
@@ -259,20 +274,26 @@ def test_an_unfinished_commit_keeps_the_decision(sequential: bool) -> None:
             return {0: True, 1: False, 2: RuntimeError("broke its contract")}[call.index]
         return yes(call)
 
-    effects = drive(coordinator.commit(), answer)
-    assert not any(isinstance(e, Forget) for e in effects)
+    done = drive(coordinator, coordinator.commit(), answer)
     # every voter is still asked to commit; the two that did not finish are recovery's
-    assert sum(len(e.calls) for e in effects if isinstance(e, Calls)) == 6
-    assert coordinator.unfinished == 2
+    assert done[-1] == ("commit 2" if sequential else "commit 0 1 2")
+    assert "forget" not in done and coordinator.unfinished == 2
     assert counters == {"committed": 1, "rolled_back": 0, "one_phase": 0, "in_doubt": 1}
 
 
 @pytest.mark.parametrize("sequential", [True, False], ids=["sync", "async"])
 def test_a_failed_decision_raises_and_starts_no_phase_two(sequential: bool) -> None:
     coordinator, counters = opened(2, sequential=sequential)
+    made: list[Call] = []
+
+    def answer(call: Call) -> object:
+        made.append(call)
+        return yes(call)
+
     with pytest.raises(OSError, match="disk gone"):
-        drive(coordinator.commit(), decide=OSError("disk gone"))
-    assert coordinator.state is State.UNDECIDED and coordinator.committed_to == 0
+        drive(coordinator, coordinator.commit(), answer, decide=OSError("disk gone"))
+    assert coordinator.state is State.UNDECIDED
+    assert [call.op for call in made] == [Op.VOTE, Op.VOTE]  # no commit, no rollback
     assert counters == {"committed": 0, "rolled_back": 0, "one_phase": 0, "in_doubt": 0}
 
 
@@ -287,7 +308,7 @@ def test_one_participant_commits_in_one_phase(error: Exception | None,
                                               counter: str) -> None:
     coordinator, counters = opened(1, sequential=True)
     steps = coordinator.commit()
-    assert next(steps) == calls((Op.COMMIT_ONE_PHASE, 0))
+    assert next(steps) == Calls([Call(Op.COMMIT_ONE_PHASE, 0)])
     if raised is None:
         with pytest.raises(StopIteration):
             steps.send([error])
@@ -302,24 +323,27 @@ def test_a_keyboard_interrupt_is_never_a_vote() -> None:
     coordinator, counters = opened(2, sequential=True)
     steps = coordinator.commit()
     assert next(steps) == Fault("before_prepare")
-    assert steps.send(None) == calls((Op.VOTE, 0))
+    votes = steps.send(None)
+    assert votes == Calls([Call(Op.VOTE, 0), Call(Op.VOTE, 1)], True, "between_prepares")
     with pytest.raises(KeyboardInterrupt):
-        steps.send([KeyboardInterrupt()])
+        steps.send([KeyboardInterrupt(), NOT_ASKED])
     assert counters["rolled_back"] == 0 and coordinator.state is State.PREPARING
 
 
 def test_commit_twice_and_rollback_after_commit_are_refused() -> None:
     coordinator, _ = opened(2, sequential=True)
-    drive(coordinator.commit())
+    drive(coordinator, coordinator.commit())
     with pytest.raises(TMError, match="already completed"):
-        drive(coordinator.commit())
+        drive(coordinator, coordinator.commit())
     with pytest.raises(TMError, match="already completed"):
-        drive(coordinator.rollback())
+        drive(coordinator, coordinator.rollback())
 
 
-def test_rollback_aborts_everyone_and_logs_nothing() -> None:
-    coordinator, counters = opened(3, sequential=False)
-    assert drive(coordinator.rollback()) == [calls((Op.ABORT, 0), (Op.ABORT, 1), (Op.ABORT, 2))]
+@pytest.mark.parametrize("sequential", [True, False], ids=["sync", "async"])
+def test_rollback_aborts_everyone_and_logs_nothing(sequential: bool) -> None:
+    coordinator, counters = opened(3, sequential=sequential)
+    done = drive(coordinator, coordinator.rollback())
+    assert done == (["abort 0", "abort 1", "abort 2"] if sequential else ["abort 0 1 2"])
     assert counters["rolled_back"] == 1 and coordinator.state is State.ROLLED_BACK
 
 

@@ -256,19 +256,7 @@ class AsyncGlobalTransaction:
                 self.manager.decisions.forget(effect.gtrid)
 
     def _call(self, call: Call) -> Coroutine[Any, Any, object]:
-        participant, xid = self.participants[call.index], self.xids[call.index]
-        op = call.op
-        if op is Op.VOTE:
-            return participant.vote(xid)
-        if op is Op.COMMIT:
-            return participant.finish(xid, True)
-        if op is Op.BEGIN:
-            return participant.begin(xid)
-        if op is Op.ABORT:
-            return participant.abort(xid)
-        if op is Op.ROLLBACK:
-            return participant.finish(xid, False)
-        return participant.commit_one_phase(xid)
+        return _CALL[call.op](self.participants[call.index], self.xids[call.index])
 
     async def __aenter__(self) -> AsyncGlobalTransaction:
         return self
@@ -281,6 +269,17 @@ class AsyncGlobalTransaction:
             await self.commit()
         else:
             await self.rollback()
+
+
+#: How the asyncio driver makes each participant call.
+_CALL: dict[Op, Callable[[AsyncParticipant, Xid], Coroutine[Any, Any, object]]] = {
+    Op.BEGIN: lambda participant, xid: participant.begin(xid),
+    Op.VOTE: lambda participant, xid: participant.vote(xid),
+    Op.COMMIT_ONE_PHASE: lambda participant, xid: participant.commit_one_phase(xid),
+    Op.COMMIT: lambda participant, xid: participant.finish(xid, True),
+    Op.ROLLBACK: lambda participant, xid: participant.finish(xid, False),
+    Op.ABORT: lambda participant, xid: participant.abort(xid),
+}
 
 
 # ---------------------------------------------------------------------- participants

@@ -43,18 +43,11 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from txbroker.errors import (
-    XAER_RMERR,
-    XAER_RMFAIL,
-    ConnectionLost,
-    TransactionRolledBack,
-    TxBrokerError,
-    XAError,
-)
+from txbroker.tm.errors import InDoubt, RolledBack, TMError, one_phase_failure
 
 log = logging.getLogger("txbroker.tm")
 
@@ -62,40 +55,6 @@ log = logging.getLogger("txbroker.tm")
 SEQUENTIAL_STEPS = ("before_prepare", "between_prepares", "after_decision", "between_commits")
 #: The asyncio manager's crash points (its votes and commits overlap: no "between").
 CONCURRENT_STEPS = ("before_prepare", "after_votes", "after_decision")
-
-
-# ---------------------------------------------------------------------- errors
-class TMError(TxBrokerError):
-    """A global transaction could not be carried out."""
-
-
-class RolledBack(TMError):
-    """A participant voted no (or failed before the decision): everything rolled back."""
-
-
-class InDoubt(TMError):
-    """The only participant's one-phase commit lost its connection before the answer:
-    it may have committed. Never reported as RolledBack, since redoing the work could
-    apply it twice."""
-
-
-def one_phase_failure(exc: BaseException) -> TMError:
-    """What a failed one-phase commit means: RolledBack when the participant said it
-    rolled back (an XA error, TransactionRolledBack, a refusal by the database);
-    InDoubt when the connection or the resource manager failed while it committed
-    (ConnectionLost, TimeoutError, OSError, XAER_RMFAIL/XAER_RMERR, or a psycopg error
-    without an SQLSTATE: the connection)."""
-    if isinstance(exc, XAError):  # the resource manager failed in the commit: unknown
-        rolled_back = exc.errcode not in (XAER_RMFAIL, XAER_RMERR)
-    elif isinstance(exc, TransactionRolledBack):
-        rolled_back = True
-    elif isinstance(exc, ConnectionLost | TimeoutError | OSError):
-        rolled_back = False
-    else:  # psycopg: an error from the server has an SQLSTATE; a broken connection not
-        rolled_back = not (hasattr(exc, "sqlstate") and exc.sqlstate is None)
-    if rolled_back:
-        return RolledBack(f"one-phase commit failed: {exc}")
-    return InDoubt(f"one-phase commit lost its connection, it may have committed: {exc}")
 
 
 class _Named(Protocol):
@@ -121,6 +80,8 @@ def in_branch_order(participants: Sequence[_P]) -> list[_P]:
 class Op(enum.Enum):
     """A participant call (the ``Participant`` protocol's methods)."""
 
+    __hash__ = object.__hash__  # members are singletons: hash by identity (C speed)
+
     BEGIN = "begin"  #: ``begin(xid)``
     VOTE = "vote"  #: ``vote(xid)`` -> read_only
     COMMIT_ONE_PHASE = "commit_one_phase"  #: ``commit_one_phase(xid)``
@@ -129,7 +90,7 @@ class Op(enum.Enum):
     ABORT = "abort"  #: ``abort(xid)``
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
     """Call ``op`` on the participant at ``index`` (branch order) with its Xid."""
 
@@ -137,12 +98,33 @@ class Call:
     index: int
 
 
-@dataclass(frozen=True, slots=True)
-class Calls:
-    """Make these calls (in order, or concurrently) and send back every result or
-    exception, in order."""
+def _calls(op: Op, indexes: Iterable[int]) -> list[Call]:
+    return [Call(op, index) for index in indexes]
 
-    calls: tuple[Call, ...]
+
+class _NotAsked:
+    """The type of :data:`NOT_ASKED`."""
+
+    def __repr__(self) -> str:
+        return "NOT_ASKED"
+
+
+#: The answer of a call a sequential driver did not make (an earlier one raised).
+NOT_ASKED = _NotAsked()
+
+
+@dataclass(slots=True)
+class Calls:
+    """Make these calls and send back, in order, every call's result or exception.
+
+    A driver that makes them one after another (the sync manager) passes the crash
+    point ``between`` (when not None) between two calls, and with ``stop_at_failure``
+    makes no more calls after one that raised: their answers are :data:`NOT_ASKED`.
+    A driver that makes them at once (the asyncio manager) makes them all."""
+
+    calls: list[Call]
+    stop_at_failure: bool = False
+    between: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +134,7 @@ class Fault:
     step: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decide:
     """Write the commit decision for ``gtrid`` and wait until it is durable; send back
     None, or the exception the write raised."""
@@ -160,7 +142,7 @@ class Decide:
     gtrid: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Forget:
     """Every voter finished: append END for ``gtrid`` (not synced)."""
 
@@ -175,6 +157,8 @@ Steps = Generator[Effect, object, None]
 # ---------------------------------------------------------------------- the table
 class State(enum.Enum):
     """The coordinator's states for one global transaction."""
+
+    __hash__ = object.__hash__  # members are singletons: hash by identity (C speed)
 
     NEW = "new"  #: created, no branch open
     BEGINNING = "beginning"  #: branches being opened
@@ -192,8 +176,9 @@ class State(enum.Enum):
 class Input(enum.Enum):
     """What happens to a coordinator: a request, or the answers to its last calls."""
 
+    __hash__ = object.__hash__  # members are singletons: hash by identity (C speed)
+
     BEGIN = "begin"  #: the application opens the transaction
-    BEGAN_MORE = "began-more"  #: a branch opened, more to open (sequential)
     ALL_BEGAN = "all-began"  #: every branch is open
     BEGIN_FAILED = "begin-failed"  #: a branch did not open
     COMMIT = "commit"  #: the application commits, two or more participants
@@ -202,33 +187,33 @@ class Input(enum.Enum):
     COMMITTED_ALONE = "committed-alone"  #: the one-phase commit succeeded
     REFUSED = "refused"  #: the one-phase commit failed: rolled back
     CUT_OFF = "cut-off"  #: the one-phase commit lost its connection: unknown
-    YES_MORE = "yes-more"  #: a yes (or read-only), more to ask (sequential)
-    ALL_YES = "all-yes"  #: every vote is in, at least one prepared
-    ALL_READ_ONLY = "all-read-only"  #: every vote is in, none prepared
+    ALL_YES = "all-yes"  #: every vote is yes, at least one prepared
+    ALL_READ_ONLY = "all-read-only"  #: every vote is yes, none prepared (read-only)
     VOTED_NO = "voted-no"  #: a vote raised
     DURABLE = "durable"  #: the decision is on disk
     DECISION_FAILED = "decision-failed"  #: the decision could not be written
-    FINISHED_MORE = "finished-more"  #: a voter answered, more to commit (sequential)
     ALL_FINISHED = "all-finished"  #: every voter committed
     SOME_UNFINISHED = "some-unfinished"  #: a voter's commit failed: left to recovery
 
 
 class Action(enum.Enum):
-    """What a rule makes the coordinator do, in the order listed."""
+    """What a rule makes the coordinator do, in the order listed. The participant
+    calls are one :class:`Calls` each; a sequential coordinator asks them one after
+    another, stopping at a failure where noted, with a crash point in between."""
 
-    BEGIN = "begin"  #: open branches: the next one (sequential) or all the rest
+    __hash__ = object.__hash__  # members are singletons: hash by identity (C speed)
+
+    BEGIN = "begin"  #: open every branch (sequential: stop at a failure)
     ABORT_STARTED = "abort-started"  #: abort the branches that opened
     ABORT_ALL = "abort-all"  #: abort every branch
     COMMIT_ONE_PHASE = "commit-one-phase"  #: the only participant commits alone
-    FAULT_BEFORE_PREPARE = "before_prepare"  #: crash point (both)
-    FAULT_BETWEEN_PREPARES = "between_prepares"  #: crash point (sequential)
-    FAULT_AFTER_VOTES = "after_votes"  #: crash point (concurrent)
-    FAULT_AFTER_DECISION = "after_decision"  #: crash point (both)
-    FAULT_BETWEEN_COMMITS = "between_commits"  #: crash point (sequential)
-    VOTE = "vote"  #: ask for votes: the next one (sequential) or all
+    FAULT_BEFORE_PREPARE = "before_prepare"  #: crash point
+    VOTE = "vote"  #: ask every vote (sequential: stop at a no, between_prepares)
+    FAULT_AFTER_VOTES = "after_votes"  #: crash point (concurrent only: ASYNC_STEPS)
     CLEAN_UP = "clean-up"  #: roll back the prepared voters, then abort the others
     DECIDE = "decide"  #: write the commit decision, wait until durable
-    COMMIT = "commit"  #: commit the prepared voters: the next one or all
+    FAULT_AFTER_DECISION = "after_decision"  #: crash point
+    COMMIT = "commit"  #: commit every prepared voter (sequential: between_commits)
     FORGET = "forget"  #: END record (not synced)
     COUNT_COMMITTED = "count-committed"  #: counters["committed"] += 1
     COUNT_ONE_PHASE = "count-one-phase"  #: counters["one_phase"] += 1
@@ -241,10 +226,8 @@ S, E, A = State, Input, Action
 #: The coordinator: (state, input) -> (actions, next state). A pair not listed is a
 #: misuse (commit or rollback of a completed transaction): TMError.
 RULES: dict[tuple[State, Input], tuple[tuple[Action, ...], State]] = {
-    # Begin: open the branches (one at a time when sequential, else all at once).
+    # Begin: open the branches.
     (S.NEW, E.BEGIN): ((A.BEGIN,), S.BEGINNING),
-    # Sequential: one more branch to open.
-    (S.BEGINNING, E.BEGAN_MORE): ((A.BEGIN,), S.BEGINNING),
     # Every branch open: the application works.
     (S.BEGINNING, E.ALL_BEGAN): ((), S.ACTIVE),
     # A branch did not open: abort those that did and raise its error (not counted).
@@ -258,8 +241,6 @@ RULES: dict[tuple[State, Input], tuple[tuple[Action, ...], State]] = {
     (S.ONE_PHASE, E.CUT_OFF): ((A.COUNT_IN_DOUBT, A.RAISE), S.IN_DOUBT),
     # Two or more: phase one (nothing is logged before the decision: presumed abort).
     (S.ACTIVE, E.COMMIT): ((A.FAULT_BEFORE_PREPARE, A.VOTE), S.PREPARING),
-    # Sequential: a yes, ask the next one.
-    (S.PREPARING, E.YES_MORE): ((A.FAULT_BETWEEN_PREPARES, A.VOTE), S.PREPARING),
     # Every vote yes: write the decision; phase two waits for it to be durable.
     (S.PREPARING, E.ALL_YES): ((A.FAULT_AFTER_VOTES, A.DECIDE), S.DECIDING),
     # Every voter read-only: nothing to commit, nothing logged.
@@ -272,23 +253,16 @@ RULES: dict[tuple[State, Input], tuple[tuple[Action, ...], State]] = {
     # The decision could not be written: raise; no phase two, the prepared branches
     # are recovery's (which rolls them back: no decision).
     (S.DECIDING, E.DECISION_FAILED): ((A.RAISE,), S.UNDECIDED),
-    # Sequential: commit the next voter (whatever the last one answered).
-    (S.COMMITTING, E.FINISHED_MORE): ((A.FAULT_BETWEEN_COMMITS, A.COMMIT), S.COMMITTING),
     # Every voter committed: the decision is no longer needed.
     (S.COMMITTING, E.ALL_FINISHED): ((A.FORGET, A.COUNT_COMMITTED), S.COMMITTED),
-    # A voter did not finish: its branch and the decision stay for recovery.
+    # A voter did not finish (False, or its finish raised): the others were still
+    # asked; its branch and the decision stay for recovery.
     (S.COMMITTING, E.SOME_UNFINISHED): ((A.COUNT_IN_DOUBT, A.COUNT_COMMITTED),
                                         S.COMMITTED),
     # Rollback of an open transaction: abort every branch, nothing logged.
     (S.ACTIVE, E.ROLLBACK): ((A.ABORT_ALL, A.COUNT_ROLLED_BACK), S.ROLLED_BACK),
 }
 del S, E, A
-
-_FAULTS = {Action.FAULT_BEFORE_PREPARE, Action.FAULT_BETWEEN_PREPARES,
-           Action.FAULT_AFTER_VOTES, Action.FAULT_AFTER_DECISION,
-           Action.FAULT_BETWEEN_COMMITS}
-_COUNTS = {Action.COUNT_COMMITTED: "committed", Action.COUNT_ONE_PHASE: "one_phase",
-           Action.COUNT_ROLLED_BACK: "rolled_back", Action.COUNT_IN_DOUBT: "in_doubt"}
 
 
 def transition(state: State, event: Input) -> tuple[tuple[Action, ...], State]:
@@ -318,16 +292,15 @@ class Coordinator:
     def __init__(self, gtrid: bytes, names: Sequence[str], *, sequential: bool,
                  counters: dict[str, int]) -> None:
         self.gtrid = gtrid
-        self.names = list(names)
+        self.names = names
         self.sequential = sequential
         #: the crash points this coordinator passes
         self.steps = SEQUENTIAL_STEPS if sequential else CONCURRENT_STEPS
         self.counters = counters
         self.state = State.NEW
         self.started: list[int] = []  #: branches open, by index
-        self.asked = 0  #: votes asked so far
+        self.asked = 0  #: votes asked
         self.prepared: list[int] = []  #: yes voters that are not read-only, by index
-        self.committed_to = 0  #: prepared voters asked to commit so far
         self.unfinished = 0  #: prepared voters whose commit did not finish
         self.failure: BaseException | None = None  #: raised by Action.RAISE
         self.cause: BaseException | None = None  #: its ``__cause__``
@@ -335,92 +308,73 @@ class Coordinator:
     @property
     def done(self) -> bool:
         """Commit or rollback has started (or the begin failed)."""
-        return self.state not in (State.NEW, State.BEGINNING, State.ACTIVE)
+        return self.state not in _OPEN
 
     def begin(self) -> Steps:
         """Open every branch; raises the error of a branch that did not open (after
         aborting those that did)."""
-        yield from self._run(Input.BEGIN)
+        return self._run(Input.BEGIN)
 
     def commit(self) -> Steps:
         """Commit: one phase for a single participant, else two; raises RolledBack,
         InDoubt, or the decision log's error."""
-        yield from self._run(Input.COMMIT_ALONE if len(self.names) == 1 else Input.COMMIT)
+        return self._run(Input.COMMIT_ALONE if len(self.names) == 1 else Input.COMMIT)
 
     def rollback(self) -> Steps:
         """Roll every branch back (nothing is logged)."""
-        yield from self._run(Input.ROLLBACK)
+        return self._run(Input.ROLLBACK)
 
     def _run(self, event: Input | None) -> Steps:
         while event is not None:
-            actions, self.state = transition(self.state, event)
+            rule = _COMPILED.get((self.state, event))
+            if rule is None:
+                transition(self.state, event)  # raises TMError
+                return
+            plan, self.state = rule
             event = None
-            for action in actions:
-                found = yield from self._do(action)
-                if found is not None:
-                    event = found
+            for kind, argument in plan:
+                if kind == _FAULT:
+                    if argument in self.steps:
+                        yield _FAULT_EFFECTS[argument]
+                elif kind == _COUNT:
+                    self.counters[argument] += 1
+                elif kind == _ASK:
+                    event = yield from argument(self)
+                elif kind == _FORGET:
+                    yield Forget(self.gtrid)
+                elif kind == _CLEAN_UP:
+                    yield from self._clean_up(argument)
+                else:
+                    assert self.failure is not None
+                    if self.cause is None:
+                        raise self.failure
+                    raise self.failure from self.cause
 
-    def _do(self, action: Action) -> Generator[Effect, object, Input | None]:
-        if action in _FAULTS:
-            if action.value in self.steps:
-                yield Fault(action.value)
-            return None
-        counter = _COUNTS.get(action)
-        if counter is not None:
-            self.counters[counter] += 1
-            return None
-        if action is Action.BEGIN:
-            return (yield from self._begin())
-        if action is Action.VOTE:
-            return (yield from self._vote())
-        if action is Action.COMMIT:
-            return (yield from self._commit())
-        if action is Action.COMMIT_ONE_PHASE:
-            return (yield from self._commit_one_phase())
-        if action is Action.DECIDE:
-            return (yield from self._decide())
-        if action is Action.FORGET:
-            yield Forget(self.gtrid)
-            return None
-        if action is Action.RAISE:
-            assert self.failure is not None
-            if self.cause is None:
-                raise self.failure
-            raise self.failure from self.cause
-        yield from self._clean_up(action)
-        return None
-
-    def _calls(self, op: Op, indexes: Sequence[int]) -> Generator[Effect, object,
-                                                                   list[object]]:
-        if not indexes:
-            return []
-        results = yield Calls(tuple(Call(op, index) for index in indexes))
-        assert isinstance(results, list) and len(results) == len(indexes)
-        return results
+    def _between(self, step: str) -> str | None:
+        return step if step in self.steps else None
 
     def _begin(self) -> Generator[Effect, object, Input]:
-        first = len(self.started)
-        indexes = range(first, first + 1 if self.sequential else len(self.names))
-        results = yield from self._calls(Op.BEGIN, indexes)
-        for index, result in zip(indexes, results, strict=True):
+        results = yield Calls(_calls(Op.BEGIN, range(len(self.names))),
+                              stop_at_failure=True)
+        assert isinstance(results, list)
+        for index, result in enumerate(results):
             if isinstance(result, BaseException):
                 if self.failure is None:
                     self.failure = result
-            else:
+            elif result is not NOT_ASKED:
                 self.started.append(index)
-        if self.failure is not None:
-            return Input.BEGIN_FAILED
-        return Input.ALL_BEGAN if len(self.started) == len(self.names) else Input.BEGAN_MORE
+        return Input.ALL_BEGAN if self.failure is None else Input.BEGIN_FAILED
 
     def _vote(self) -> Generator[Effect, object, Input]:
-        first = self.asked
-        indexes = range(first, first + 1 if self.sequential else len(self.names))
-        results = yield from self._calls(Op.VOTE, indexes)
-        self.asked = indexes.stop
-        for result in results:
-            _fatal(result)
-        for index, result in zip(indexes, results, strict=True):
+        results = yield Calls(_calls(Op.VOTE, range(len(self.names))),
+                              True, self._between("between_prepares"))
+        assert isinstance(results, list)
+        for index, result in enumerate(results):
+            if result is NOT_ASKED:
+                continue
+            self.asked += 1
             if isinstance(result, BaseException):
+                _fatal(result)
                 if self.failure is None:
                     name = self.names[index]
                     log.info("global transaction %s rolled back (%s voted no)",
@@ -431,12 +385,12 @@ class Coordinator:
                 self.prepared.append(index)
         if self.failure is not None:
             return Input.VOTED_NO
-        if self.asked < len(self.names):
-            return Input.YES_MORE
         return Input.ALL_YES if self.prepared else Input.ALL_READ_ONLY
 
     def _commit_one_phase(self) -> Generator[Effect, object, Input]:
-        (result,) = yield from self._calls(Op.COMMIT_ONE_PHASE, [0])
+        results = yield Calls(_calls(Op.COMMIT_ONE_PHASE, (0,)))
+        assert isinstance(results, list)
+        (result,) = results
         if not isinstance(result, BaseException):
             return Input.COMMITTED_ALONE
         _fatal(result)
@@ -453,32 +407,67 @@ class Coordinator:
         return Input.DECISION_FAILED
 
     def _commit(self) -> Generator[Effect, object, Input]:
-        first = self.committed_to
-        indexes = self.prepared[first:first + 1] if self.sequential else self.prepared
-        results = yield from self._calls(Op.COMMIT, indexes)
-        self.committed_to = first + len(indexes)
+        results = yield Calls(_calls(Op.COMMIT, self.prepared),
+                              False, self._between("between_commits"))
+        assert isinstance(results, list)
         for result in results:
-            _fatal(result)
             if result is not True:  # False, or a finish that raised: recovery's
+                _fatal(result)
                 self.unfinished += 1
-        if self.committed_to < len(self.prepared):
-            return Input.FINISHED_MORE
         return Input.SOME_UNFINISHED if self.unfinished else Input.ALL_FINISHED
 
     def _clean_up(self, action: Action) -> Generator[Effect, object, None]:
         everyone = range(len(self.names))
         if action is Action.CLEAN_UP:
-            calls = [Call(Op.ROLLBACK, index) for index in self.prepared]
-            calls += [Call(Op.ABORT, index) for index in everyone
-                      if index not in self.prepared]
+            calls = _calls(Op.ROLLBACK, self.prepared)
+            calls += _calls(Op.ABORT, [index for index in everyone
+                                       if index not in self.prepared])
         elif action is Action.ABORT_STARTED:
-            calls = [Call(Op.ABORT, index) for index in self.started]
+            calls = _calls(Op.ABORT, self.started)
         else:
             assert action is Action.ABORT_ALL
-            calls = [Call(Op.ABORT, index) for index in everyone]
+            calls = _calls(Op.ABORT, everyone)
         if calls:
-            results = yield Calls(tuple(calls))
+            results = yield Calls(calls)
             assert isinstance(results, list)
             for result in results:  # cleanup must not fail: an error is not an answer
                 _fatal(result)
 
+
+# How ``Coordinator._run`` carries out an action (plain ints: compared per action).
+_FAULT = 0  #: yield a crash point (when the coordinator's steps name it)
+_COUNT = 1  #: bump a counter
+_ASK = 2  #: make calls or the decision: their answers are the next input
+_FORGET = 3  #: yield Forget
+_CLEAN_UP = 4  #: make cleanup calls (answers ignored)
+_RAISE = 5  #: raise the failure
+_OPEN = frozenset({State.NEW, State.BEGINNING, State.ACTIVE})
+
+
+_COUNTERS = {Action.COUNT_COMMITTED: "committed", Action.COUNT_ONE_PHASE: "one_phase",
+             Action.COUNT_ROLLED_BACK: "rolled_back", Action.COUNT_IN_DOUBT: "in_doubt"}
+_ASKS: dict[Action, Callable[[Coordinator], Generator[Effect, object, Input]]] = {
+    Action.BEGIN: Coordinator._begin, Action.VOTE: Coordinator._vote,
+    Action.COMMIT_ONE_PHASE: Coordinator._commit_one_phase,
+    Action.DECIDE: Coordinator._decide, Action.COMMIT: Coordinator._commit}
+_FAULT_EFFECTS = {step: Fault(step) for step in (*SEQUENTIAL_STEPS, *CONCURRENT_STEPS)}
+
+
+def _plan(action: Action) -> tuple[int, Any]:
+    if action.value in _FAULT_EFFECTS:
+        return _FAULT, action.value
+    if action in _COUNTERS:
+        return _COUNT, _COUNTERS[action]
+    if action in _ASKS:
+        return _ASK, _ASKS[action]
+    if action is Action.FORGET:
+        return _FORGET, None
+    if action is Action.RAISE:
+        return _RAISE, None
+    return _CLEAN_UP, action
+
+
+#: :data:`RULES` with each action worked out once: what ``_run`` does for it.
+_COMPILED: dict[tuple[State, Input], tuple[tuple[tuple[int, Any], ...], State]] = {
+    key: (tuple(_plan(action) for action in actions), after)
+    for key, (actions, after) in RULES.items()}

@@ -38,19 +38,17 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 
 from txbroker.tm.engine import (
+    NOT_ASKED,
     SEQUENTIAL_STEPS,
     Calls,
     Coordinator,
     Decide,
     Fault,
-    InDoubt,
     Op,
-    RolledBack,
     Steps,
-    TMError,
     in_branch_order,
-    one_phase_failure,
 )
+from txbroker.tm.errors import InDoubt, RolledBack, TMError, one_phase_failure
 from txbroker.tm.log import DecisionLog
 from txbroker.tm.participants import Participant, branch_xid
 from txbroker.xid import Xid
@@ -122,7 +120,7 @@ class GlobalTransaction:
                 return
             reply = None
             if isinstance(effect, Calls):
-                reply = [self._call(call.op, call.index) for call in effect.calls]
+                reply = self._calls(effect)
             elif isinstance(effect, Fault):
                 self.manager.hook(effect.step)
             elif isinstance(effect, Decide):
@@ -133,24 +131,25 @@ class GlobalTransaction:
             else:
                 self.manager.log.forget(effect.gtrid)
 
+    def _calls(self, effect: Calls) -> list[object]:
+        """One call after another; the crash point ``between`` between two, and no more
+        calls after one that raised when ``stop_at_failure``."""
+        results: list[object] = []
+        for call in effect.calls:
+            if results:
+                if effect.stop_at_failure and isinstance(results[-1], BaseException):
+                    results += [NOT_ASKED] * (len(effect.calls) - len(results))
+                    break
+                if effect.between is not None:
+                    self.manager.hook(effect.between)
+            results.append(self._call(call.op, call.index))
+        return results
+
     def _call(self, op: Op, index: int) -> object:
-        participant, xid = self.participants[index], self._xids[index]
         try:
-            if op is Op.VOTE:
-                return participant.vote(xid)
-            if op is Op.COMMIT:
-                return participant.finish(xid, True)
-            if op is Op.BEGIN:
-                participant.begin(xid)
-            elif op is Op.ABORT:
-                participant.abort(xid)
-            elif op is Op.ROLLBACK:
-                return participant.finish(xid, False)
-            else:
-                participant.commit_one_phase(xid)
+            return _CALL[op](self.participants[index], self._xids[index])
         except BaseException as exc:  # the coordinator decides what it means
             return exc
-        return None
 
     def __enter__(self) -> GlobalTransaction:
         return self
@@ -163,3 +162,14 @@ class GlobalTransaction:
             self.commit()
         else:
             self.rollback()
+
+
+#: How the sync driver makes each participant call (a dict: no chain of enum compares).
+_CALL: dict[Op, Callable[[Participant, Xid], object]] = {
+    Op.BEGIN: lambda participant, xid: participant.begin(xid),
+    Op.VOTE: lambda participant, xid: participant.vote(xid),
+    Op.COMMIT_ONE_PHASE: lambda participant, xid: participant.commit_one_phase(xid),
+    Op.COMMIT: lambda participant, xid: participant.finish(xid, True),
+    Op.ROLLBACK: lambda participant, xid: participant.finish(xid, False),
+    Op.ABORT: lambda participant, xid: participant.abort(xid),
+}
