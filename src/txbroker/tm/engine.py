@@ -13,17 +13,23 @@ point), :class:`Decide` (make the commit decision durable), :class:`Forget`
 :class:`Calls` a list with the result or the exception of every call, in
 order; for :class:`Decide` ``None`` or the exception the write raised.
 
-Two drivers run it:
+Each phase is one :class:`Calls` batch (open every branch, ask every vote,
+commit every prepared voter), and two drivers run it:
 
-* the sync manager (:mod:`txbroker.tm.manager`) makes the calls one after
-  another in the caller's thread (no thread hop, no event loop). Its
-  coordinator is *sequential*: it asks one participant at a time wherever the
-  next step depends on the answer (begin, vote, commit), so a no stops the
-  voting, and it passes the crash points :data:`SEQUENTIAL_STEPS`;
-* the asyncio manager (:mod:`txbroker.tm.aio`) runs each :class:`Calls`
-  batch concurrently (the participants are different resource managers); its
-  coordinator is *concurrent*: every vote and every commit is one batch, and
-  it passes the crash points :data:`CONCURRENT_STEPS`.
+* the sync manager (:mod:`txbroker.tm.manager`) makes a batch's calls one
+  after another in the caller's thread (no thread hop, no event loop). It
+  stops a batch at the first call that raised when the batch says
+  ``stop_at_failure`` (a failed begin, a no: the rest are not asked), and
+  passes the crash point the batch names ``between`` two calls. Its
+  coordinator is *sequential*: it names the crash points of
+  :data:`SEQUENTIAL_STEPS` (``between_prepares``, ``between_commits``);
+* the asyncio manager (:mod:`txbroker.tm.aio`) makes a batch's calls at once
+  (the participants are different resource managers); its coordinator is
+  *concurrent*: it passes the crash points of :data:`CONCURRENT_STEPS`
+  (``after_votes`` instead of the two "between" points).
+
+Either way the rules below decide what the answers mean: the table and the
+coordinator's methods are the only copy of the protocol.
 
 The protocol: presumed abort (nothing is logged before the decision, a
 transaction without a decision is rolled back by recovery); a single
