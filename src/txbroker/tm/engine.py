@@ -338,14 +338,14 @@ class Coordinator:
                 return
             plan, self.state = rule
             event = None
-            for kind, argument in plan:
-                if kind == _FAULT:
+            for kind, argument, reading in plan:
+                if kind == _ASK:  # the question's answers are the next input
+                    event = reading(self, (yield argument(self)))
+                elif kind == _FAULT:
                     if argument in self.steps:
                         yield _FAULT_EFFECTS[argument]
                 elif kind == _COUNT:
                     self.counters[argument] += 1
-                elif kind == _ASK:
-                    event = yield from argument(self)
                 elif kind == _FORGET:
                     yield Forget(self.gtrid)
                 elif kind == _CLEAN_UP:
@@ -356,12 +356,11 @@ class Coordinator:
                         raise self.failure
                     raise self.failure from self.cause
 
-    def _between(self, step: str) -> str | None:
-        return step if step in self.steps else None
+    # Each ask is a question (the effect to yield) and the reading of its answers.
+    def _ask_begin(self) -> Effect:
+        return Calls(_calls(Op.BEGIN, range(len(self.names))), True)
 
-    def _begin(self) -> Generator[Effect, object, Input]:
-        results = yield Calls(_calls(Op.BEGIN, range(len(self.names))),
-                              stop_at_failure=True)
+    def _read_begin(self, results: object) -> Input:
         assert isinstance(results, list)
         for index, result in enumerate(results):
             if isinstance(result, BaseException):
@@ -371,9 +370,11 @@ class Coordinator:
                 self.started.append(index)
         return Input.ALL_BEGAN if self.failure is None else Input.BEGIN_FAILED
 
-    def _vote(self) -> Generator[Effect, object, Input]:
-        results = yield Calls(_calls(Op.VOTE, range(len(self.names))),
-                              True, self._between("between_prepares"))
+    def _ask_votes(self) -> Effect:
+        between = "between_prepares" if self.sequential else None
+        return Calls(_calls(Op.VOTE, range(len(self.names))), True, between)
+
+    def _read_votes(self, results: object) -> Input:
         assert isinstance(results, list)
         for index, result in enumerate(results):
             if result is NOT_ASKED:
@@ -393,8 +394,10 @@ class Coordinator:
             return Input.VOTED_NO
         return Input.ALL_YES if self.prepared else Input.ALL_READ_ONLY
 
-    def _commit_one_phase(self) -> Generator[Effect, object, Input]:
-        results = yield Calls(_calls(Op.COMMIT_ONE_PHASE, (0,)))
+    def _ask_one_phase(self) -> Effect:
+        return Calls(_calls(Op.COMMIT_ONE_PHASE, (0,)))
+
+    def _read_one_phase(self, results: object) -> Input:
         assert isinstance(results, list)
         (result,) = results
         if not isinstance(result, BaseException):
@@ -403,8 +406,10 @@ class Coordinator:
         self.failure, self.cause = one_phase_failure(result), result
         return Input.CUT_OFF if isinstance(self.failure, InDoubt) else Input.REFUSED
 
-    def _decide(self) -> Generator[Effect, object, Input]:
-        error = yield Decide(self.gtrid)
+    def _ask_decision(self) -> Effect:
+        return Decide(self.gtrid)
+
+    def _read_decision(self, error: object) -> Input:
         if error is None:
             return Input.DURABLE
         assert isinstance(error, BaseException)
@@ -412,9 +417,11 @@ class Coordinator:
         self.failure = error
         return Input.DECISION_FAILED
 
-    def _commit(self) -> Generator[Effect, object, Input]:
-        results = yield Calls(_calls(Op.COMMIT, self.prepared),
-                              False, self._between("between_commits"))
+    def _ask_commits(self) -> Effect:
+        between = "between_commits" if self.sequential else None
+        return Calls(_calls(Op.COMMIT, self.prepared), False, between)
+
+    def _read_commits(self, results: object) -> Input:
         assert isinstance(results, list)
         for result in results:
             if result is not True:  # False, or a finish that raised: recovery's
@@ -452,28 +459,31 @@ _OPEN = frozenset({State.NEW, State.BEGINNING, State.ACTIVE})
 
 _COUNTERS = {Action.COUNT_COMMITTED: "committed", Action.COUNT_ONE_PHASE: "one_phase",
              Action.COUNT_ROLLED_BACK: "rolled_back", Action.COUNT_IN_DOUBT: "in_doubt"}
-_ASKS: dict[Action, Callable[[Coordinator], Generator[Effect, object, Input]]] = {
-    Action.BEGIN: Coordinator._begin, Action.VOTE: Coordinator._vote,
-    Action.COMMIT_ONE_PHASE: Coordinator._commit_one_phase,
-    Action.DECIDE: Coordinator._decide, Action.COMMIT: Coordinator._commit}
+_ASKS: dict[Action, tuple[Callable[[Coordinator], Effect],
+                          Callable[[Coordinator, object], Input]]] = {
+    Action.BEGIN: (Coordinator._ask_begin, Coordinator._read_begin),
+    Action.VOTE: (Coordinator._ask_votes, Coordinator._read_votes),
+    Action.COMMIT_ONE_PHASE: (Coordinator._ask_one_phase, Coordinator._read_one_phase),
+    Action.DECIDE: (Coordinator._ask_decision, Coordinator._read_decision),
+    Action.COMMIT: (Coordinator._ask_commits, Coordinator._read_commits)}
 _FAULT_EFFECTS = {step: Fault(step) for step in (*SEQUENTIAL_STEPS, *CONCURRENT_STEPS)}
 
 
-def _plan(action: Action) -> tuple[int, Any]:
+def _plan(action: Action) -> tuple[int, Any, Any]:
     if action.value in _FAULT_EFFECTS:
-        return _FAULT, action.value
+        return _FAULT, action.value, None
     if action in _COUNTERS:
-        return _COUNT, _COUNTERS[action]
+        return _COUNT, _COUNTERS[action], None
     if action in _ASKS:
-        return _ASK, _ASKS[action]
+        return _ASK, *_ASKS[action]
     if action is Action.FORGET:
-        return _FORGET, None
+        return _FORGET, None, None
     if action is Action.RAISE:
-        return _RAISE, None
-    return _CLEAN_UP, action
+        return _RAISE, None, None
+    return _CLEAN_UP, action, None
 
 
 #: :data:`RULES` with each action worked out once: what ``_run`` does for it.
-_COMPILED: dict[tuple[State, Input], tuple[tuple[tuple[int, Any], ...], State]] = {
+_COMPILED: dict[tuple[State, Input], tuple[tuple[tuple[int, Any, Any], ...], State]] = {
     key: (tuple(_plan(action) for action in actions), after)
     for key, (actions, after) in RULES.items()}
