@@ -60,6 +60,9 @@ from txbroker.tm.engine import (
     Steps,
     in_branch_order,
 )
+from txbroker.tm.errors import InDoubt as InDoubt  # re-exported, as before
+from txbroker.tm.errors import RolledBack as RolledBack
+from txbroker.tm.errors import TMError as TMError
 from txbroker.tm.log import DecisionLog
 from txbroker.tm.participants import _pg_xid, branch_xid, finish_failed
 from txbroker.xid import Xid
