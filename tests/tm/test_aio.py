@@ -234,6 +234,25 @@ def test_decide_many_is_one_sync_and_reloads(log_path: Path) -> None:
     assert DecisionLog(log_path).open_decisions == {b"\x02" * 16}
 
 
+def test_crash_points_are_passed_in_order(log_path: Path) -> None:
+    """The asyncio manager's named fault points (ASYNC_STEPS), in the order of a commit."""
+    from txbroker.tm.aio import ASYNC_STEPS
+
+    async def main() -> list[str]:
+        journal: list[str] = []
+        tm = AsyncTransactionManager(log_path, hook=lambda step: journal.append(step))
+        async with await tm.begin([AsyncFake("b", journal, log_path),
+                                   AsyncFake("a", journal, log_path)]):
+            pass
+        tm.close()
+        return journal
+
+    journal = asyncio.run(main())
+    assert journal == ["begin a", "begin b", "before_prepare", "vote a", "vote b",
+                       "after_votes", "after_decision", "commit a", "commit b"]
+    assert [step for step in journal if step in ASYNC_STEPS] == list(ASYNC_STEPS)
+
+
 # ---------------------------------------------------------------- a real broker + PostgreSQL
 def test_dequeue_and_insert_many_in_flight(broker: BrokerProcess, orders: str,
                                            log_path: Path) -> None:

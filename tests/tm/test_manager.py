@@ -143,3 +143,41 @@ def test_a_one_phase_commit_cut_off_is_in_doubt_never_rolled_back() -> None:
     assert [type(one_phase_failure(e)) for e in in_doubt] == [InDoubt] * 4
     assert [type(one_phase_failure(e)) for e in rolled_back] == [RolledBack] * 4
     assert type(one_phase_failure(XAError(XAER_RMFAIL, "rm failed"))) is InDoubt
+
+
+def test_crash_points_are_passed_in_order(tmp_path: Path) -> None:
+    """The sync manager's named fault points (STEPS), in the order of a commit over three
+    participants, between the participant calls they name."""
+    from txbroker.tm import STEPS
+
+    journal: list[str] = []
+    tm = TransactionManager(tmp_path / "tm.log", hook=lambda step: journal.append(step))
+    with tm.begin([Fake("c", journal), Fake("a", journal), Fake("b", journal)]):
+        pass
+    assert journal == ["begin a", "begin b", "begin c", "before_prepare", "vote a",
+                       "between_prepares", "vote b", "between_prepares", "vote c",
+                       "after_decision", "commit a", "between_commits", "commit b",
+                       "between_commits", "commit c"]
+    assert set(journal) >= set(STEPS)
+
+
+def test_a_no_stops_the_crash_points_and_a_failed_begin_aborts_in_order(
+        tmp_path: Path) -> None:
+    journal: list[str] = []
+    tm = TransactionManager(tmp_path / "tm.log", hook=lambda step: journal.append(step))
+    with pytest.raises(RolledBack), tm.begin([Fake("a", journal, no=True),
+                                              Fake("b", journal)]):
+        pass
+    assert journal == ["begin a", "begin b", "before_prepare", "vote a", "abort a",
+                       "abort b"]
+
+    class NoBegin(Fake):
+        def begin(self, xid: Xid) -> None:
+            super().begin(xid)
+            raise RuntimeError("resource down")
+
+    journal.clear()
+    with pytest.raises(RuntimeError, match="resource down"):
+        tm.begin([Fake("a", journal), NoBegin("b", journal), Fake("c", journal)])
+    assert journal == ["begin a", "begin b", "abort a"]
+    assert tm.counters == {"committed": 0, "rolled_back": 1, "one_phase": 0, "in_doubt": 0}

@@ -22,6 +22,11 @@ applications that keep many global transactions in flight on one event loop:
    the branch prepared and the decision in the log for recovery;
 6. ``END gtrid`` (not synced) once all finished.
 
+These rules are written once, in :mod:`txbroker.tm.engine` (the sans-IO
+coordinator the sync manager drives too); this module runs it on the event
+loop as a *concurrent* coordinator: each batch of participant calls it yields
+runs at once.
+
 Crash points: ``hook(step)`` runs at ``before_prepare``, ``after_votes`` and
 ``after_decision`` (:data:`ASYNC_STEPS`); tests make it kill the process.
 
@@ -44,8 +49,21 @@ from typing import Any, Protocol, TypeVar
 
 from txbroker.client.xa import TMFAIL, TMSUCCESS, XA_RDONLY
 from txbroker.errors import XAError
+from txbroker.tm.engine import (
+    CONCURRENT_STEPS,
+    Call,
+    Calls,
+    Coordinator,
+    Decide,
+    Fault,
+    Op,
+    Steps,
+    in_branch_order,
+)
+from txbroker.tm.errors import InDoubt as InDoubt  # re-exported, as before
+from txbroker.tm.errors import RolledBack as RolledBack
+from txbroker.tm.errors import TMError as TMError
 from txbroker.tm.log import DecisionLog
-from txbroker.tm.manager import InDoubt, RolledBack, TMError, in_branch_order, one_phase_failure
 from txbroker.tm.participants import _pg_xid, branch_xid, finish_failed
 from txbroker.xid import Xid
 
@@ -54,7 +72,7 @@ log = logging.getLogger("txbroker.tm")
 T = TypeVar("T")
 
 #: The crash points of the asyncio manager, in the order a commit passes them.
-ASYNC_STEPS = ("before_prepare", "after_votes", "after_decision")
+ASYNC_STEPS = CONCURRENT_STEPS
 
 
 class AsyncParticipant(Protocol):
@@ -104,10 +122,6 @@ async def _together(calls: list[Coroutine[Any, Any, T]], *,
         except Exception as exc:
             results.append(exc)
     return results
-
-
-async def _nothing() -> None:
-    return None
 
 
 class AsyncDecisionLog:
@@ -185,22 +199,18 @@ class AsyncGlobalTransaction:
         self.gtrid = os.urandom(16)
         self.participants = in_branch_order(participants)
         self.xids = [branch_xid(self.gtrid, p.sort_key) for p in self.participants]
-        self.done = False
+        self.coordinator = Coordinator(self.gtrid, [p.sort_key for p in self.participants],
+                                       sequential=False, counters=manager.counters)
         #: seconds the commit spent voting, deciding (the log sync) and finishing
         self.timings: dict[str, float] = {}
 
+    @property
+    def done(self) -> bool:
+        """Commit or rollback has started (or the begin failed)."""
+        return self.coordinator.done
+
     async def _begin(self) -> None:
-        # every branch begins at once, on the next loop iteration (the broker's pipelined
-        # xa_start then shares a write with what the application queues meanwhile, e.g.
-        # a receive)
-        pairs = list(zip(self.participants, self.xids, strict=True))
-        outcomes = await _together([p.begin(x) for p, x in pairs], inline_first=False)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if failed:
-            self.done = True
-            await _together([p.abort(x) for (p, x), o in zip(pairs, outcomes, strict=True)
-                             if not isinstance(o, BaseException)] or [_nothing()])
-            raise failed[0]
+        await self._drive(self.coordinator.begin())
 
     def xid_of(self, participant: AsyncParticipant) -> Xid:
         """The branch Xid of one participant."""
@@ -209,68 +219,47 @@ class AsyncGlobalTransaction:
     async def commit(self) -> None:
         """Two-phase commit (one phase for a single participant); see the module
         docstring. Raises RolledBack when a participant voted no."""
-        self._check_open()
-        self.done = True
-        manager, hook = self.manager, self.manager.hook
-        pairs = list(zip(self.participants, self.xids, strict=True))
-        if len(pairs) == 1:
-            participant, xid = pairs[0]
-            try:
-                await participant.commit_one_phase(xid)
-            except Exception as exc:
-                failure = one_phase_failure(exc)
-                manager.counters["in_doubt" if isinstance(failure, InDoubt)
-                                 else "rolled_back"] += 1
-                raise failure from exc
-            manager.counters["one_phase"] += 1
-            return
-        hook("before_prepare")
-        started = time.monotonic()
-        votes = await _together([p.vote(x) for p, x in pairs])
-        voted = time.monotonic()
-        self.timings["votes"] = voted - started
-        failed = [(p, v) for (p, _), v in zip(pairs, votes, strict=True)
-                  if isinstance(v, BaseException)]
-        if failed:
-            await _together([
-                p.abort(x) if isinstance(v, BaseException) else p.finish(x, False)
-                for (p, x), v in zip(pairs, votes, strict=True)])
-            manager.counters["rolled_back"] += 1
-            participant, error = failed[0]
-            log.info("global transaction %s rolled back (%s voted no)", self.gtrid.hex(),
-                     participant.sort_key)
-            if not isinstance(error, Exception):
-                raise error
-            raise RolledBack(f"{participant.sort_key} voted no: {error}") from error
-        hook("after_votes")
-        voters = [(p, x) for (p, x), read_only in zip(pairs, votes, strict=True)
-                  if not read_only]
-        if not voters:
-            manager.counters["committed"] += 1
-            return
-        await manager.decisions.decide(self.gtrid)
-        decided = time.monotonic()
-        self.timings["decision"] = decided - voted
-        hook("after_decision")
-        finished = await _together([p.finish(x, True) for p, x in voters])
-        self.timings["finishes"] = time.monotonic() - decided
-        if all(done is True for done in finished):
-            manager.decisions.forget(self.gtrid)
-        else:
-            manager.counters["in_doubt"] += 1  # the decision stays for recovery
-        manager.counters["committed"] += 1
+        await self._drive(self.coordinator.commit())
 
     async def rollback(self) -> None:
         """Roll every participant back (nothing is logged: presumed abort)."""
-        self._check_open()
-        self.done = True
-        await _together([p.abort(x) for p, x in zip(self.participants, self.xids,
-                                                     strict=True)])
-        self.manager.counters["rolled_back"] += 1
+        await self._drive(self.coordinator.rollback())
 
-    def _check_open(self) -> None:
-        if self.done:
-            raise TMError("the global transaction is already completed")
+    async def _drive(self, steps: Steps) -> None:
+        """Run the coordinator's effects on the loop, each batch of calls at once."""
+        reply: object = None
+        while True:
+            try:
+                effect = steps.send(reply)
+            except StopIteration:
+                return
+            reply = None
+            if isinstance(effect, Calls):
+                op = effect.calls[0].op
+                started = time.monotonic()
+                # begins start together on the next loop iteration (the broker's pipelined
+                # xa_start then shares a write with what the application queues meanwhile,
+                # e.g. a receive); other batches run their first call in this task
+                reply = await _together([self._call(call) for call in effect.calls],
+                                        inline_first=op is not Op.BEGIN)
+                if op is Op.VOTE:
+                    self.timings["votes"] = time.monotonic() - started
+                elif op is Op.COMMIT:
+                    self.timings["finishes"] = time.monotonic() - started
+            elif isinstance(effect, Fault):
+                self.manager.hook(effect.step)
+            elif isinstance(effect, Decide):
+                started = time.monotonic()
+                try:
+                    await self.manager.decisions.decide(effect.gtrid)
+                except Exception as exc:
+                    reply = exc
+                self.timings["decision"] = time.monotonic() - started
+            else:
+                self.manager.decisions.forget(effect.gtrid)
+
+    def _call(self, call: Call) -> Coroutine[Any, Any, object]:
+        return _CALL[call.op](self.participants[call.index], self.xids[call.index])
 
     async def __aenter__(self) -> AsyncGlobalTransaction:
         return self
@@ -283,6 +272,17 @@ class AsyncGlobalTransaction:
             await self.commit()
         else:
             await self.rollback()
+
+
+#: How the asyncio driver makes each participant call.
+_CALL: dict[Op, Callable[[AsyncParticipant, Xid], Coroutine[Any, Any, object]]] = {
+    Op.BEGIN: lambda participant, xid: participant.begin(xid),
+    Op.VOTE: lambda participant, xid: participant.vote(xid),
+    Op.COMMIT_ONE_PHASE: lambda participant, xid: participant.commit_one_phase(xid),
+    Op.COMMIT: lambda participant, xid: participant.finish(xid, True),
+    Op.ROLLBACK: lambda participant, xid: participant.finish(xid, False),
+    Op.ABORT: lambda participant, xid: participant.abort(xid),
+}
 
 
 # ---------------------------------------------------------------------- participants

@@ -8,10 +8,15 @@ was decided, roll back the rest (presumed abort: no decision means abort),
 then forget every decision whose branches are all resolved. Anything that
 cannot be resolved — a resource that does not answer, a resolve that fails,
 a heuristic outcome — is reported, never hidden; run recovery again later.
+
+What happens to each branch found is one table, :data:`RESOLUTIONS`
+(decided?, how the resolve went) -> (report, keep the decision); the
+coordinator's own rules are :data:`txbroker.tm.engine.RULES`.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +27,66 @@ from txbroker.tm.participants import Resource
 from txbroker.xid import Xid
 
 log = logging.getLogger("txbroker.tm")
+
+
+class Resolved(enum.Enum):
+    """How a resource answered recovery's commit or rollback of one in-doubt branch."""
+
+    OK = "ok"  #: done
+    GONE = "gone"  #: XAER_NOTA: already complete (e.g. finished by the coordinator)
+    HEURISTIC = "heuristic"  #: XA_HEURCOM / XA_HEURRB: the resource decided on its own
+    FAILED = "failed"  #: any other error: still in doubt
+
+
+class Outcome(enum.Enum):
+    """Where recovery reports one branch."""
+
+    COMMITTED = "committed"
+    ROLLED_BACK = "rolled_back"
+    HEURISTIC = "heuristic"
+    UNRESOLVED = "unresolved"
+    NOT_REPORTED = "not reported"
+
+
+#: Recovery, per branch found prepared: (decided?, how the resolve went) -> (where it
+#: is reported, whether its decision must stay in the log).
+RESOLUTIONS: dict[tuple[bool, Resolved], tuple[Outcome, bool]] = {
+    # A decision exists: the branch was committed.
+    (True, Resolved.OK): (Outcome.COMMITTED, False),
+    # No decision (presumed abort): the branch was rolled back.
+    (False, Resolved.OK): (Outcome.ROLLED_BACK, False),
+    # Already complete: nothing to report, nothing to keep.
+    (True, Resolved.GONE): (Outcome.NOT_REPORTED, False),
+    (False, Resolved.GONE): (Outcome.NOT_REPORTED, False),
+    # A heuristic outcome is reported, never hidden; the resource keeps it (forget is
+    # an operator's act), so the decision need not stay.
+    (True, Resolved.HEURISTIC): (Outcome.HEURISTIC, False),
+    (False, Resolved.HEURISTIC): (Outcome.HEURISTIC, False),
+    # Any other failure: still in doubt; keep the decision for the next run.
+    (True, Resolved.FAILED): (Outcome.UNRESOLVED, True),
+    (False, Resolved.FAILED): (Outcome.UNRESOLVED, True),
+}
+
+
+def resolved(error: Exception | None) -> Resolved:
+    """Classify the error (or None) of a resource's commit or rollback of one branch."""
+    if error is None:
+        return Resolved.OK
+    if isinstance(error, XAError):
+        if error.errcode in (XA_HEURCOM, XA_HEURRB):
+            return Resolved.HEURISTIC
+        if error.errcode == XAER_NOTA:
+            return Resolved.GONE
+    return Resolved.FAILED
+
+
+def global_id(gtrid_text: bytes) -> bytes | None:
+    """The global id of one of our branches (its gtrid is the id as hex text), or None
+    when the branch is not one of ours."""
+    try:
+        return bytes.fromhex(gtrid_text.decode())
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -53,28 +118,31 @@ def recover(decisions: DecisionLog, resources: Sequence[Resource]) -> RecoveryRe
             report.unresolved.append((resource.name, f"recover failed: {exc}"))
             continue
         for xid in found:
-            try:
-                gtrid = bytes.fromhex(xid.gtrid.decode())
-            except ValueError:
+            gtrid = global_id(xid.gtrid)
+            if gtrid is None:
                 report.unresolved.append((resource.name, f"{xid}: not one of ours"))
                 continue
             commit = gtrid in decided
+            error: Exception | None = None
             try:
                 resource.resolve(xid, commit)
-            except XAError as exc:
-                if exc.errcode in (XA_HEURCOM, XA_HEURRB):
-                    report.heuristic.append((resource.name, xid, exc.message))
-                elif exc.errcode != XAER_NOTA:
-                    blocked.add(gtrid)
-                    report.unresolved.append((resource.name, f"{xid}: {exc}"))
-                continue
             except Exception as exc:
+                error = exc
+            outcome, keep = RESOLUTIONS[commit, resolved(error)]
+            if keep:
                 blocked.add(gtrid)
-                report.unresolved.append((resource.name, f"{xid}: {exc}"))
-                continue
-            (report.committed if commit else report.rolled_back).append((resource.name, xid))
-            log.info("recovery: %s %s on %s", "committed" if commit else "rolled back", xid,
-                     resource.name)
+            if outcome is Outcome.COMMITTED:
+                report.committed.append((resource.name, xid))
+            elif outcome is Outcome.ROLLED_BACK:
+                report.rolled_back.append((resource.name, xid))
+            elif outcome is Outcome.HEURISTIC:
+                assert isinstance(error, XAError)
+                report.heuristic.append((resource.name, xid, error.message))
+            elif outcome is Outcome.UNRESOLVED:
+                report.unresolved.append((resource.name, f"{xid}: {error}"))
+            if outcome in (Outcome.COMMITTED, Outcome.ROLLED_BACK):
+                log.info("recovery: %s %s on %s", outcome.value.replace("_", " "), xid,
+                         resource.name)
     if all_answered:
         for gtrid in decided - blocked:
             decisions.forget(gtrid)
