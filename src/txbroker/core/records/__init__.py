@@ -177,6 +177,11 @@ def from_value(kind: int, value: Any) -> Any:
     return cls.from_value(value)
 
 
+def entry(record: Record, refs: tuple[BodyRef, ...] = ()) -> StoredEntry:
+    """A store entry holding ``record`` (a store handing entries back builds them so)."""
+    return StoredEntry(record.KIND, record.encode(), refs)
+
+
 def decode(kind: int, meta: bytes) -> Any:
     """The record of ``kind`` from its meta bytes (see :func:`from_value`)."""
     return from_value(kind, unpack_meta(meta, f"kind {kind}"))
@@ -188,5 +193,5 @@ __all__ = ["MSG_DELIVERY_COUNT", "MSG_DELIVER_AT", "MSG_EXPIRES", "MSG_FIELDS",
            "BodyRef", "Drop", "Kind", "MalformedRecord", "Move", "QueueDelete", "QueuePut",
            "Record", "Relocate", "RelocateMany", "SinkBranch", "SinkCommit", "Snapshot",
            "SnapshotBranch", "StoredEntry", "Tx", "Update", "XaCommit", "XaForget",
-           "XaHeuristic", "XaPrepare", "XaRollback", "check_msg", "decode", "from_value",
-           "pack", "unpack", "unpack_meta"]
+           "XaHeuristic", "XaPrepare", "XaRollback", "check_msg", "decode", "entry",
+           "from_value", "pack", "unpack", "unpack_meta"]
