@@ -89,6 +89,8 @@ class DropJob:
         self._maybe_done()
 
     def _write(self, stored: list[Message]) -> None:
+        reason = self.reason
+        assert reason is not None  # (a job without a reason stores no messages)
         self.outstanding += 1
 
         def on_durable(error: BaseException | None) -> None:
@@ -102,7 +104,7 @@ class DropJob:
             self._maybe_done()
 
         try:
-            self.outbox.write(Drop([m.id for m in stored], self.reason), on_durable)
+            self.outbox.write(Drop([m.id for m in stored], reason), on_durable)
         except StorageFailed as error:  # the store failed: no more records
             on_durable(error)
 

@@ -291,14 +291,14 @@ class Replay:
             self._rollback(parse_xid(records.XaRollback.from_value(meta).xid))
         elif kind == Kind.XA_HEURISTIC:
             heuristic = records.XaHeuristic.from_value(meta)
-            branch = self.xa.branches.get(parse_xid(heuristic.xid))
-            if branch is not None and branch.state is S.PREPARED:
+            known = self.xa.branches.get(parse_xid(heuristic.xid))
+            if known is not None and known.state is S.PREPARED:
                 commit = heuristic.commit
-                branch.discards.update(heuristic.discards)
+                known.discards.update(heuristic.discards)
                 if commit and heuristic.seqs is not None:
-                    self._seqs(branch, heuristic.seqs)
-                self._outcome(branch, commit=commit)
-                branch.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
+                    self._seqs(known, heuristic.seqs)
+                self._outcome(known, commit=commit)
+                known.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
         else:  # XA_FORGET
             xid = parse_xid(records.XaForget.from_value(meta).xid)
             self.xa.branches.pop(xid, None)

@@ -197,9 +197,7 @@ def decode_operation(kind: int, meta: bytes, bodies: list[bytes]) -> Operation:
             return op
         if bodies:
             raise ValueError(f"record kind {kind} carries no bodies")
-        if isinstance(record, records.Ack):
-            op.deletes = record.ids
-        elif isinstance(record, records.Drop):
+        if isinstance(record, (records.Ack, records.Drop)):
             op.deletes = record.ids
         elif isinstance(record, records.Move):
             target = record.queue

@@ -63,7 +63,8 @@ messages' seqs in the target queue). XA_PREPARE has a 6th element
 ``prepared_ms`` (in a backup's dump written before the record classes, the
 branch's ``created_ms``: ``xa_records.py`` says why). XA_COMMIT is ``[xid,
 [discard id…], [[id, seq]…], committed_ms]``; XA_ROLLBACK is ``[xid,
-rolled_back_ms]`` (formerly the bare xid); XA_HEURISTIC is ``[xid, outcome, [discard id…], [[id, seq]…], at_ms]``.
+rolled_back_ms]`` (formerly the bare xid); XA_HEURISTIC is ``[xid, outcome,
+[discard id…], [[id, seq]…], at_ms]``.
 A queue ``def`` carries ``"next_seq"`` and ``"delivered_seq"`` (the delivered
 mark, ``core/queue_index.py``: a ``QUEUE_PUT`` is also written to move it); the
 SNAPSHOT carries ``"sinks": {sink: last batch id}``. Seqs, marks and sink batch
