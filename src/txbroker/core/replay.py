@@ -124,8 +124,7 @@ class Replay:
     def replay(self, entry: StoredEntry) -> None:
         """Apply one stored entry (log order) to the recovering state."""
         try:
-            self._replay(entry.kind, records.unpack_meta(entry.meta, f"kind {entry.kind}"),
-                         entry.refs)
+            self._replay(entry.kind, records.unpack(entry.meta), entry.refs)
         except (ValueError, TypeError, KeyError, IndexError) as exc:  # (MalformedRecord too)
             raise CorruptStore("<entry>", 0, f"undecodable record of kind {entry.kind}: {exc}") \
                 from exc
