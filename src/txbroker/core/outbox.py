@@ -79,7 +79,7 @@ class Outbox:
         self.check_writable()
         if self.group:
             self.close_group()
-        self.items.append(Persist(record.KIND, record.encode(), bodies or [], on_durable,
+        self.items.append(Persist(record.kind, record.encode(), bodies or [], on_durable,
                                   on_refs))
 
     def persist(self, kind: Kind, meta: Any, on_durable: OnDurable,

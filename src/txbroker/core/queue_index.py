@@ -228,7 +228,7 @@ class QueueIndex:
         else:
             record = Tx([m.to_record() for m in adds], [m.id for m in acks])
         bodies = [m.body for m in adds if m.body is not None]
-        self.outbox.emit(Persist(record.KIND, record.encode(), bodies, on_durable, on_refs))
+        self.outbox.emit(Persist(record.kind, record.encode(), bodies, on_durable, on_refs))
 
     def _fail_group(self, adds: list[Message], replies: list[Reply],
                     error: BaseException) -> None:

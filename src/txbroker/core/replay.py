@@ -93,7 +93,7 @@ class Replay:
         snapshot = Snapshot(index.next_id, defs, dups,
                             self._xa_snapshot() if self.xa.branches else None,
                             dict(self.sinks.sinks) if self.sinks.sinks else None)
-        return snapshot.KIND, snapshot.encode()
+        return snapshot.kind, snapshot.encode()
 
     def _xa_snapshot(self) -> dict[str, SnapshotBranch]:
         """The ``"xa"`` part of the SNAPSHOT: the durable branches whose XA_PREPARE

@@ -86,7 +86,7 @@ def state_entries(broker: Broker) -> list[DumpEntry]:
     for start in range(0, len(live), DUMP_SLICE):
         chunk = live[start:start + DUMP_SLICE]
         relocate = RelocateMany([m.to_record() for m in chunk])
-        entries.append(DumpEntry(relocate.KIND, relocate.encode(), chunk))
+        entries.append(DumpEntry(relocate.kind, relocate.encode(), chunk))
     for branch in broker.xa.branches.values():
         if branch.state not in _PREPARED or str(branch.xid) in covered:
             continue
@@ -96,7 +96,7 @@ def state_entries(broker: Broker) -> list[DumpEntry]:
         prepare = XaPrepare(str(branch.xid), [m.to_record() for m in sends], consumed,
                             sorted(branch.discards), branch.created_ms,
                             branch.prepared_ms or branch.created_ms)
-        entries.append(DumpEntry(prepare.KIND, prepare.encode(), sends))
+        entries.append(DumpEntry(prepare.kind, prepare.encode(), sends))
     return entries
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from txbroker.core import records
+from txbroker.core.records import Kind
 from txbroker.storage.dirstore_format import (
     FLAG_LOCAL,
     FLAG_XA,
@@ -167,7 +168,7 @@ class MessageIndex:
         entries: list[StoredEntry] = []
         if found.metadata is not None:
             model.apply_snapshot(records.Snapshot.decode(found.metadata))
-            entries.append(StoredEntry(records.Snapshot.KIND, found.metadata, ()))
+            entries.append(StoredEntry(Kind.SNAPSHOT, found.metadata, ()))
         moved: list[tuple[int, list[Any], str]] = []
         for message in found.messages:
             msg, moved_to = unpack_message_info(message.info)
@@ -183,7 +184,7 @@ class MessageIndex:
             self.live_bytes += message.body_length
             self.stored_bytes += message.file_bytes
             if moved_to is None:  # the info is the ADD's meta as it came
-                entries.append(StoredEntry(records.Add.KIND, message.info,
+                entries.append(StoredEntry(Kind.ADD, message.info,
                                            (message.message_id,)))
             else:
                 entries.append(records.entry(records.Add(msg), (message.message_id,)))
@@ -194,7 +195,7 @@ class MessageIndex:
         self.next_tid = found.max_tid + 1
         self.next_branch_block = found.next_branch_block
         for entry in entries:  # duplicate ids as the broker's replay remembers them
-            if entry.kind == records.Add.KIND:
+            if entry.kind == Kind.ADD:
                 msg = records.Add.decode(entry.meta).msg
                 queue, client_id = msg[records.MSG_QUEUE], msg[records.MSG_MESSAGE_ID]
                 if client_id is not None and queue != PHANTOM_QUEUE:

@@ -152,7 +152,7 @@ def _decode_xa(record: Any, bodies: list[bytes], op: Operation) -> None:
             record.created_ms, record.prepared_or_created)
         return
     if bodies:
-        raise ValueError(f"record kind {record.KIND} carries no bodies")
+        raise ValueError(f"record kind {record.kind} carries no bodies")
     if isinstance(record, records.XaCommit):
         op.resolves.append(BranchResolve(_xid(record.xid), COMMIT, record.seqs or [],
                                          record.discards))

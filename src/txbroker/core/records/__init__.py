@@ -97,7 +97,7 @@ The vocabulary
 One class per kind (:data:`RECORD_CLASSES`): ``metadata.py`` (SNAPSHOT,
 QUEUE_PUT, QUEUE_DELETE), ``message_records.py`` (ADD, TX, ACK, DROP, MOVE,
 UPDATE, RELOCATE, RELOCATE_MANY) and ``xa_records.py`` (XA_*, SINK_COMMIT).
-Every writer builds one and appends ``record.encode()`` under ``record.KIND``
+Every writer builds one and appends ``record.encode()`` under ``record.kind``
 (``Outbox.persist`` takes the record); every reader decodes with
 :func:`decode` (or a class's ``decode``/``from_value``), which accepts every
 shape above and raises :class:`~txbroker.errors.MalformedRecord` (a
@@ -107,7 +107,7 @@ type. ``common.py`` holds the kinds, the codec and the field checks.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Final, Protocol
+from typing import Any, Final, Protocol
 
 from txbroker.core.records.common import (
     MSG_DELIVER_AT,
@@ -156,23 +156,31 @@ from txbroker.core.records.xa_records import (
 class Record(Protocol):
     """What every record class is: a kind and its meta bytes."""
 
-    KIND: ClassVar[int]
+    @property
+    def kind(self) -> int:
+        """The record kind (:class:`Kind`)."""
 
     def encode(self) -> bytes:
         """The meta bytes."""
 
 
-#: The record classes, one per kind, in kind order.
-RECORD_CLASSES: Final = (Snapshot, QueuePut, QueueDelete, Add, Tx, Ack, Drop, Move, Update,
-                         Relocate, XaPrepare, XaCommit, XaRollback, XaHeuristic, XaForget,
-                         SinkCommit, RelocateMany)
-_BY_KIND: Final[dict[int, Any]] = {cls.KIND: cls for cls in RECORD_CLASSES}
+#: The record class of each kind. (The kind is a property of each class, not a class
+#: attribute: mypyc takes a ``ClassVar`` in a dataclass for a field.)
+RECORD_CLASSES: Final[dict[int, Any]] = {
+    int(Kind.SNAPSHOT): Snapshot, int(Kind.QUEUE_PUT): QueuePut,
+    int(Kind.QUEUE_DELETE): QueueDelete, int(Kind.ADD): Add, int(Kind.TX): Tx,
+    int(Kind.ACK): Ack, int(Kind.DROP): Drop, int(Kind.MOVE): Move, int(Kind.UPDATE): Update,
+    int(Kind.RELOCATE): Relocate, int(Kind.XA_PREPARE): XaPrepare,
+    int(Kind.XA_COMMIT): XaCommit, int(Kind.XA_ROLLBACK): XaRollback,
+    int(Kind.XA_HEURISTIC): XaHeuristic, int(Kind.XA_FORGET): XaForget,
+    int(Kind.SINK_COMMIT): SinkCommit, int(Kind.RELOCATE_MANY): RelocateMany,
+}
 
 
 def from_value(kind: int, value: Any) -> Any:
     """The record of ``kind`` from its unpacked meta value (``MalformedRecord`` if it
     is not one, or the kind is unknown)."""
-    cls = _BY_KIND.get(kind)
+    cls = RECORD_CLASSES.get(kind)
     if cls is None:
         raise MalformedRecord(f"unknown record kind {kind}")
     return cls.from_value(value)
@@ -180,7 +188,7 @@ def from_value(kind: int, value: Any) -> Any:
 
 def entry(record: Record, refs: tuple[BodyRef, ...] = ()) -> StoredEntry:
     """A store entry holding ``record`` (a store handing entries back builds them so)."""
-    return StoredEntry(record.KIND, record.encode(), refs)
+    return StoredEntry(record.kind, record.encode(), refs)
 
 
 def decode(kind: int, meta: bytes) -> Any:

@@ -15,7 +15,7 @@ them as they come, with no object per message.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Final
 
 from txbroker.core.records.common import (
     Kind,
@@ -30,12 +30,25 @@ from txbroker.core.records.common import (
     unpack_meta,
 )
 
+_ADD: Final = int(Kind.ADD)
+_RELOCATE: Final = int(Kind.RELOCATE)
+_RELOCATE_MANY: Final = int(Kind.RELOCATE_MANY)
+_TX: Final = int(Kind.TX)
+_ACK: Final = int(Kind.ACK)
+_DROP: Final = int(Kind.DROP)
+_MOVE: Final = int(Kind.MOVE)
+_UPDATE: Final = int(Kind.UPDATE)
+
 
 @dataclass(slots=True)
 class Add:
     """ADD: one plain persistent message (one body)."""
 
-    KIND: ClassVar[int] = int(Kind.ADD)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.ADD``."""
+        return _ADD
+
     msg: list[Any]
 
     def encode(self) -> bytes:
@@ -58,7 +71,11 @@ class Relocate:
     """RELOCATE: a fresh copy of a live message written by compaction (one body);
     replayed like ADD."""
 
-    KIND: ClassVar[int] = int(Kind.RELOCATE)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.RELOCATE``."""
+        return _RELOCATE
+
     msg: list[Any]
 
     def encode(self) -> bytes:
@@ -80,7 +97,11 @@ class Relocate:
 class RelocateMany:
     """RELOCATE_MANY: fresh copies of many live messages (bodies in ``msg`` order)."""
 
-    KIND: ClassVar[int] = int(Kind.RELOCATE_MANY)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.RELOCATE_MANY``."""
+        return _RELOCATE_MANY
+
     msgs: list[list[Any]]
 
     def encode(self) -> bytes:
@@ -103,7 +124,11 @@ class Tx:
     """TX: one local transaction (or one record group of plain sends and acks),
     atomic; one body per added message."""
 
-    KIND: ClassVar[int] = int(Kind.TX)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.TX``."""
+        return _TX
+
     adds: list[list[Any]]  #: ``msg`` tuples
     acks: list[int]  #: ids of the messages consumed
     #: when a local transaction committed; None for a record group (two fields)
@@ -133,7 +158,11 @@ class Tx:
 class Ack:
     """ACK: messages consumed (gone)."""
 
-    KIND: ClassVar[int] = int(Kind.ACK)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.ACK``."""
+        return _ACK
+
     ids: list[int]
 
     def encode(self) -> bytes:
@@ -155,7 +184,11 @@ class Ack:
 class Drop:
     """DROP: messages purged, expired or deleted, and why."""
 
-    KIND: ClassVar[int] = int(Kind.DROP)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.DROP``."""
+        return _DROP
+
     ids: list[int]
     reason: str
 
@@ -181,7 +214,11 @@ class Move:
     """MOVE: messages dead-lettered, expired or moved to another queue (same id and
     body)."""
 
-    KIND: ClassVar[int] = int(Kind.MOVE)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.MOVE``."""
+        return _MOVE
+
     ids: list[int]
     queue: str  #: the target queue
     reason: str
@@ -219,7 +256,11 @@ class Move:
 class Update:
     """UPDATE: a message's delivery count and delivery time changed."""
 
-    KIND: ClassVar[int] = int(Kind.UPDATE)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.UPDATE``."""
+        return _UPDATE
+
     id: int
     delivery_count: int
     deliver_at_ms: int

@@ -13,7 +13,7 @@ as much to build in pure Python, and writers build one per record).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Final
 
 from txbroker.core.records.common import (
     Kind,
@@ -29,6 +29,10 @@ from txbroker.core.records.common import (
     pack,
     unpack_meta,
 )
+
+_SNAPSHOT: Final = int(Kind.SNAPSHOT)
+_QUEUE_PUT: Final = int(Kind.QUEUE_PUT)
+_QUEUE_DELETE: Final = int(Kind.QUEUE_DELETE)
 
 #: Fields of one branch of a SNAPSHOT's ``"xa"`` map.
 SNAPSHOT_BRANCH_FIELDS = 6
@@ -71,7 +75,11 @@ class SnapshotBranch:
 class Snapshot:
     """SNAPSHOT: the whole metadata state; replaces it on replay."""
 
-    KIND: ClassVar[int] = int(Kind.SNAPSHOT)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.SNAPSHOT``."""
+        return _SNAPSHOT
+
     next_id: int
     queues: dict[str, dict[str, Any]]  #: name -> ``def``
     dups: dict[str, list[str]]  #: queue -> the client message ids of its window
@@ -131,7 +139,11 @@ class Snapshot:
 class QueuePut:
     """QUEUE_PUT: the ``def`` of one queue or topic (declare / update)."""
 
-    KIND: ClassVar[int] = int(Kind.QUEUE_PUT)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.QUEUE_PUT``."""
+        return _QUEUE_PUT
+
     definition: dict[str, Any]  #: ``{"name", "kind", "topic", "settings", …}``
 
     def encode(self) -> bytes:
@@ -153,7 +165,11 @@ class QueuePut:
 class QueueDelete:
     """QUEUE_DELETE: a queue or topic deleted (its messages go with it)."""
 
-    KIND: ClassVar[int] = int(Kind.QUEUE_DELETE)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.QUEUE_DELETE``."""
+        return _QUEUE_DELETE
+
     name: str
 
     def encode(self) -> bytes:

@@ -24,7 +24,7 @@ field existed have five fields: ``prepared_ms`` is None and readers take
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from txbroker.core.records.common import (
     Kind,
@@ -41,6 +41,13 @@ from txbroker.core.records.common import (
     unpack_meta,
 )
 
+_XA_PREPARE: Final = int(Kind.XA_PREPARE)
+_XA_COMMIT: Final = int(Kind.XA_COMMIT)
+_XA_ROLLBACK: Final = int(Kind.XA_ROLLBACK)
+_XA_HEURISTIC: Final = int(Kind.XA_HEURISTIC)
+_XA_FORGET: Final = int(Kind.XA_FORGET)
+_SINK_COMMIT: Final = int(Kind.SINK_COMMIT)
+
 #: The outcomes an XA_HEURISTIC names.
 HEURISTIC_OUTCOMES: Final = ("commit", "rollback")
 
@@ -49,7 +56,11 @@ HEURISTIC_OUTCOMES: Final = ("commit", "rollback")
 class XaPrepare:
     """XA_PREPARE: a prepared branch's whole content, atomic (bodies: the sends')."""
 
-    KIND: ClassVar[int] = int(Kind.XA_PREPARE)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.XA_PREPARE``."""
+        return _XA_PREPARE
+
     xid: str
     sends: list[list[Any]]  #: ``msg`` tuples
     consumed: list[list[int]]  #: ``[id, delivery count]``
@@ -91,7 +102,11 @@ class XaPrepare:
 class XaCommit:
     """XA_COMMIT: two-phase commit of a prepared branch."""
 
-    KIND: ClassVar[int] = int(Kind.XA_COMMIT)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.XA_COMMIT``."""
+        return _XA_COMMIT
+
     xid: str
     discards: list[int]  #: sends not added
     seqs: list[list[int]] | None = None  #: ``[id, seq]`` of the added sends (None: absent)
@@ -126,7 +141,11 @@ class XaRollback:
     """XA_ROLLBACK: a prepared branch rolled back (``[xid, rolled_back_ms]``; formerly
     the bare xid)."""
 
-    KIND: ClassVar[int] = int(Kind.XA_ROLLBACK)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.XA_ROLLBACK``."""
+        return _XA_ROLLBACK
+
     xid: str
     rolled_back_ms: int | None = None  #: None: the old bare-xid shape
 
@@ -155,7 +174,11 @@ class XaRollback:
 class XaHeuristic:
     """XA_HEURISTIC: an operator completed a prepared branch."""
 
-    KIND: ClassVar[int] = int(Kind.XA_HEURISTIC)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.XA_HEURISTIC``."""
+        return _XA_HEURISTIC
+
     xid: str
     outcome: str  #: ``"commit"`` or ``"rollback"``
     discards: list[int]
@@ -198,7 +221,11 @@ class XaHeuristic:
 class XaForget:
     """XA_FORGET: a heuristically completed branch removed."""
 
-    KIND: ClassVar[int] = int(Kind.XA_FORGET)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.XA_FORGET``."""
+        return _XA_FORGET
+
     xid: str
 
     def encode(self) -> bytes:
@@ -245,7 +272,11 @@ class SinkCommit:
     """SINK_COMMIT: the Spark sink's commit (``core/sinks.py``): commits the listed
     prepared branches, rolls back the others and sets the sink's last batch id."""
 
-    KIND: ClassVar[int] = int(Kind.SINK_COMMIT)
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.SINK_COMMIT``."""
+        return _SINK_COMMIT
+
     sink: str
     last_batch: int
     commits: list[SinkBranch]
