@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 On start the edge feeds every stored entry, in log order, to
 :meth:`Replay.replay`, then calls :meth:`Replay.finish`. Replay keeps
-messages only as their decoded ``msg`` lists (``core/records.py``, with the
+messages only as their decoded ``msg`` lists (``core/records/__init__.py``, with the
 seq and the body ref appended: :data:`RAW_SEQ`, :data:`RAW_REF`) in a dict by
 id, in log order — no object per message: acks, drops and moves of later
 records are cheap dict operations, and the bodies of everything that died are
@@ -16,7 +16,7 @@ log order (commit order): plain ones as compact chunk slots
 windows, the next message id, durable XA branches a body does not keep, the
 sinks' last batches) that the store writes first in every segment; replaying
 a snapshot replaces the metadata, so deleting old segments never loses a
-queue. ``core/records.py`` describes every record kind.
+queue. ``core/records/__init__.py`` describes every record kind.
 
 XA branches come back PREPARED (rule 16 of ``core/xa.py``) from their
 ``XA_PREPARE`` record or the snapshot; a later completion record applies

@@ -3,7 +3,7 @@ first (``--ha replicated``, ``server/ha/replication.py``), and the follower's si
 
 Theory of operation
 -------------------
-Replication ships the primary's store entries (``core/records.py``) to every
+Replication ships the primary's store entries (``core/records/__init__.py``) to every
 backup, which writes them to its own store and replays them into its own core
 (:meth:`Broker.replay <txbroker.core.broker.Broker.replay>`), never finishing
 recovery until it is promoted. A backup that joins — new, or back after any
