@@ -68,7 +68,7 @@ HEARTBEAT_INTERVAL: Final = 0.25
 STATE_FILE: Final = "REPLICA_STATE"
 #: A test's fault point (house rule: crash points are steps tests can break on purpose):
 #: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
-#: record kind (``core/records/__init__.py``), once per process, as a backup whose disk refused it would;
+#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would;
 #: ``vote_fail:local_commit`` on the first entry that commits a local transaction or a
 #: one-phase XA commit (a ``TX``, or the ``XA_PREPARE`` of an internal branch: a voted
 #: commit, ``core/local_tx.py``). ``freeze_after:local_commit``: this backup writes and
