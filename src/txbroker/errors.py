@@ -296,6 +296,12 @@ class CorruptStore(StoreError):
         self.reason = reason
 
 
+class MalformedRecord(StoreError, ValueError):
+    """A store entry's meta does not decode as its record kind (``core/records``): a
+    field missing, extra or of the wrong type. A ``ValueError`` too, as every
+    refused record was before the record classes existed."""
+
+
 class StoreLocked(StoreError):
     """Another broker process holds the data directory."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from tests.core.harness import Harness
 from tests.core.test_xa import X1, XA, bodies
+from txbroker.core.records import Kind, XaPrepare
 from txbroker.core.replica import check_quiet, state_entries
 from txbroker.core.router_log import ROUTER_QUEUE
 from txbroker.storage.interface import StoredEntry
@@ -99,3 +100,28 @@ def test_a_failed_backup_vote_rolls_the_prepare_back() -> None:
     assert [kind for kind, _, _ in h.log][-1:] == [Kind.XA_ROLLBACK]
     assert h.broker.xa_recover(1, 0x01800000) == []
     assert bodies(h, "in") == [b"order"] and bodies(h, "out") == []
+
+
+def test_a_dumped_prepare_carries_the_branch_prepare_time() -> None:
+    """XA_PREPARE's sixth field is ``prepared_ms`` (core/records/xa_records.py): the dump
+    writes the branch's own prepare time (it used to write ``created_ms`` there), and a
+    backup that replayed it dumps the same time again."""
+    h = Harness()
+    branch = XA(h)
+    created = h.now
+    branch.start()
+    branch.send("out", b"reply")
+    branch.end()
+    h.now += 5_000
+    branch.prepare()
+    h.run()
+
+    def dumped_prepare(source: Harness) -> XaPrepare:
+        [prepare] = [XaPrepare.decode(entry.meta) for entry in state_entries(source.broker)
+                     if entry.kind == Kind.XA_PREPARE]
+        return prepare
+
+    prepare = dumped_prepare(h)
+    assert (prepare.xid, prepare.created_ms, prepare.prepared_ms) == (X1, created,
+                                                                      created + 5_000)
+    assert dumped_prepare(replay_dump(h)).prepared_ms == created + 5_000

@@ -23,7 +23,7 @@ from txbroker.core.queue_index import (
     readdress,
 )
 from txbroker.core.queues import Queue, QueueSettings
-from txbroker.core.records import Kind
+from txbroker.core.records import Move, QueueDelete, QueuePut
 from txbroker.core.router_log import RESERVED_PREFIX
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import AlreadyExists, BadRequest, NotFound
@@ -65,8 +65,8 @@ class Admin:
             return queue.info()
         queue = Queue(name, wanted)
         index.queues[name] = queue
-        self.outbox.persist(Kind.QUEUE_PUT, queue.definition(),
-                            self.outbox.reply_when_durable(session_id, rid, queue.info()))
+        self.outbox.write(QueuePut(queue.definition()),
+                          self.outbox.reply_when_durable(session_id, rid, queue.info()))
         return LATER
 
     def _declare_topic(self, session_id: int, rid: int, name: str) -> Any:
@@ -78,8 +78,8 @@ class Admin:
             return topic.info()
         topic = Topic(name)
         index.topics[name] = topic
-        self.outbox.persist(Kind.QUEUE_PUT, topic.definition(),
-                            self.outbox.reply_when_durable(session_id, rid, topic.info()))
+        self.outbox.write(QueuePut(topic.definition()),
+                          self.outbox.reply_when_durable(session_id, rid, topic.info()))
         return LATER
 
     def topic_subscribe(
@@ -112,8 +112,8 @@ class Admin:
             queue.owner = session.id
             session.owned_queues.add(queue_name)
             return queue.info()
-        self.outbox.persist(Kind.QUEUE_PUT, queue.definition(),
-                            self.outbox.reply_when_durable(session.id, rid, queue.info()))
+        self.outbox.write(QueuePut(queue.definition()),
+                          self.outbox.reply_when_durable(session.id, rid, queue.info()))
         return LATER
 
     def queue_update(
@@ -127,8 +127,8 @@ class Admin:
             self.index.dispatch(queue, now)
         if not queue.durable:
             return info
-        self.outbox.persist(Kind.QUEUE_PUT, queue.definition(),
-                            self.outbox.reply_when_durable(session_id, rid, info))
+        self.outbox.write(QueuePut(queue.definition()),
+                          self.outbox.reply_when_durable(session_id, rid, info))
         return LATER
 
     def queue_delete(self, session_id: int, rid: int, name: str, now: int) -> Any:
@@ -139,7 +139,7 @@ class Admin:
             dropped = 0
             for sub in list(topic.subscriptions):
                 dropped += delete_queue(index, sub, now)
-            self.outbox.persist(Kind.QUEUE_DELETE, name, self.outbox.reply_when_durable(
+            self.outbox.write(QueueDelete(name), self.outbox.reply_when_durable(
                 session_id, rid, {"deleted": dropped}))
             return LATER
         queue = index.existing_queue(name)
@@ -208,8 +208,8 @@ class Admin:
                     settled.settle(first, count)
                 reply(error)
 
-            self.outbox.persist(Kind.MOVE, [[m.id for m in stored], into.name, "moved",
-                                            [m.seq for m in stored]], durable)
+            self.outbox.write(Move([m.id for m in stored], into.name, "moved",
+                                   [m.seq for m in stored]), durable)
         for message in chosen:
             into.count_in(message)
             into.enqueued += 1

@@ -22,22 +22,33 @@ from txbroker.core.effects import Release
 from txbroker.core.messages import COMPACT_REF_LIMIT, Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
-from txbroker.core.records import Kind, StoredEntry
+from txbroker.core.records import (
+    Add,
+    Kind,
+    Relocate,
+    RelocateMany,
+    StoredEntry,
+    Tx,
+    XaPrepare,
+)
 
 #: Record kinds that carry message bodies (and the ids of their messages).
 BODY_KINDS = frozenset({Kind.ADD, Kind.TX, Kind.RELOCATE, Kind.RELOCATE_MANY, Kind.XA_PREPARE})
 
 
 def message_ids(kind: int, meta: bytes) -> list[int]:
-    """The ids of the messages whose bodies an entry of ``kind`` holds, in body order."""
-    value = records.unpack(meta)
-    if kind == Kind.ADD or kind == Kind.RELOCATE:
-        return [value[records.MSG_ID]]
-    if kind == Kind.TX:
-        return [msg[records.MSG_ID] for msg in value[0]]
-    if kind == Kind.XA_PREPARE:  # committed sends of a branch (else unindexed)
-        return [msg[records.MSG_ID] for msg in value[1]]
-    return [msg[records.MSG_ID] for msg in value]  # RELOCATE_MANY
+    """The ids of the messages whose bodies an entry of ``kind`` (one of
+    :data:`BODY_KINDS`) holds, in body order."""
+    record = records.decode(kind, meta)
+    if isinstance(record, (Add, Relocate)):
+        return [record.msg[records.MSG_ID]]
+    if isinstance(record, Tx):
+        return [msg[records.MSG_ID] for msg in record.adds]
+    if isinstance(record, XaPrepare):  # committed sends of a branch (else unindexed)
+        return [msg[records.MSG_ID] for msg in record.sends]
+    if isinstance(record, RelocateMany):
+        return [msg[records.MSG_ID] for msg in record.msgs]
+    return []
 
 
 class Compaction:
@@ -92,17 +103,17 @@ class Compaction:
         messages = self.index.messages
         objects = messages.objects
         copied: list[tuple[int, int, Message | None]] = []  # (id, old ref, object)
-        records: list[list[Any]] = []
+        relocated: list[list[Any]] = []
         kept: list[bytes] = []
         for (message_id, old_ref), body in zip(pairs, bodies, strict=True):
             message = objects.get(message_id)
             if message is not None:
-                records.append(message.to_record())
+                relocated.append(message.to_record())
             else:
                 slot = messages.compact_slot(message_id)
                 if slot is None:
                     continue  # gone meanwhile
-                records.append(slot[0].record_at(slot[1]))
+                relocated.append(slot[0].record_at(slot[1]))
             copied.append((message_id, old_ref, message))
             kept.append(body)
         if not copied:
@@ -138,7 +149,7 @@ class Compaction:
                 else:
                     emit(Release(new_ref))
 
-        self.outbox.persist(Kind.RELOCATE_MANY, records, on_durable, kept, new_refs.extend)
+        self.outbox.write(RelocateMany(relocated), on_durable, kept, new_refs.extend)
 
 
 __all__ = ["BODY_KINDS", "Compaction", "message_ids"]

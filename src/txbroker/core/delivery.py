@@ -28,7 +28,7 @@ from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, QueueIndex, check_name, check_not_streamed
 from txbroker.core.queues import Consumer
-from txbroker.core.records import Kind
+from txbroker.core.records import Update
 from txbroker.core.sessions import Session
 from txbroker.core.transactions import LocalTransaction, TxEvent
 from txbroker.errors import BadRequest, IllegalState, NotFound, TooManyUnacked
@@ -249,8 +249,8 @@ class Delivery:
 
     def _persist_delivery_count(self, message: Message) -> None:
         if message.persistent and message.state is State.READY:
-            self.outbox.persist(Kind.UPDATE, [message.id, message.delivery_count,
-                                              message.deliver_at_ms], self.outbox.ignore_durable)
+            self.outbox.write(Update(message.id, message.delivery_count,
+                                     message.deliver_at_ms), self.outbox.ignore_durable)
 
     def take_deliveries(self, session: Session,
                         tags: Iterable[int]) -> list[tuple[int, Consumer]]:

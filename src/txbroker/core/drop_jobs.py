@@ -37,7 +37,7 @@ from txbroker.core.messages import Message, State
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.queues import Consumer, Queue
-from txbroker.core.records import Kind
+from txbroker.core.records import Drop, QueueDelete
 from txbroker.errors import NotFound, StorageFailed
 
 #: Messages a purge or a deletion handles per loop turn. Measured on this machine
@@ -89,6 +89,8 @@ class DropJob:
         self._maybe_done()
 
     def _write(self, stored: list[Message]) -> None:
+        reason = self.reason
+        assert reason is not None  # (a job without a reason stores no messages)
         self.outstanding += 1
 
         def on_durable(error: BaseException | None) -> None:
@@ -102,7 +104,7 @@ class DropJob:
             self._maybe_done()
 
         try:
-            self.outbox.persist(Kind.DROP, [[m.id for m in stored], self.reason], on_durable)
+            self.outbox.write(Drop([m.id for m in stored], reason), on_durable)
         except StorageFailed as error:  # the store failed: no more records
             on_durable(error)
 
@@ -122,7 +124,7 @@ def delete_queue(index: QueueIndex, name: str, now: int, on_durable: OnDurable |
         return 0
     count = queue.messages
     if queue.durable:
-        index.outbox.persist(Kind.QUEUE_DELETE, name, on_durable or index.outbox.ignore_durable)
+        index.outbox.write(QueueDelete(name), on_durable or index.outbox.ignore_durable)
     if queue.topic is not None and queue.topic in index.topics:
         index.topics[queue.topic].subscriptions.discard(name)
     for consumer in list(queue.consumers):

@@ -35,7 +35,7 @@ from txbroker.core.limits import Limits
 from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
-from txbroker.core.records import Kind
+from txbroker.core.records import Tx, XaCommit, XaPrepare, XaRollback
 from txbroker.core.sessions import Session
 from txbroker.core.transactions import LocalTransaction, TxEvent, TxState
 from txbroker.errors import ReplicaVoteFailed, TransactionError, TransactionRolledBack
@@ -98,9 +98,9 @@ class LocalTransactions:
             self.finish(tx, max(self.outbox.now, now))
             self.outbox.emit(Reply(session.id, rid, {}))
 
-        meta = [[m.to_record() for m in stored_sends], [m.id for m in stored_acks], now]
+        record = Tx([m.to_record() for m in stored_sends], [m.id for m in stored_acks], now)
         bodies = [m.body for m in stored_sends if m.body is not None]
-        self.outbox.persist(Kind.TX, meta, on_durable, bodies, on_refs)
+        self.outbox.write(record, on_durable, bodies, on_refs)
         return LATER
 
     def _commit_voted(self, session: Session, rid: int, tx: LocalTransaction,
@@ -129,16 +129,16 @@ class LocalTransactions:
             index.assign_seqs(stored_sends)  # seqs in log order: the XA_COMMIT's
             for message in tx.acks.values():
                 message.state = State.GONE  # its ack is in the log from now on
-            outbox.persist(Kind.XA_COMMIT,
-                           [xid, [], [[m.id, m.seq] for m in stored_sends if m.seq], at],
-                           self._outcome_written)
+            outbox.write(XaCommit(xid, [], [[m.id, m.seq] for m in stored_sends if m.seq], at),
+                         self._outcome_written)
             self.finish(tx, at)
             outbox.emit(Reply(session.id, rid, {}))
 
-        meta = [xid, [m.to_record() for m in stored_sends],
-                [[m.id, m.delivery_count] for m in stored_acks], [], now, now]
+        # an internal branch is created and prepared at once: prepared_ms == created_ms
+        record = XaPrepare(xid, [m.to_record() for m in stored_sends],
+                           [[m.id, m.delivery_count] for m in stored_acks], [], now, now)
         bodies = [m.body for m in stored_sends if m.body is not None]
-        outbox.persist(Kind.XA_PREPARE, meta, on_durable, bodies, on_refs)
+        outbox.write(record, on_durable, bodies, on_refs)
         return LATER
 
     def _vote_failed(self, tx: LocalTransaction, session_id: int, rid: int, xid: str,
@@ -156,7 +156,7 @@ class LocalTransactions:
             outbox.emit(Fail(session_id, rid, TransactionRolledBack(
                 f"transaction {tx.id} rolled back: {error}")))
 
-        outbox.persist(Kind.XA_ROLLBACK, [xid, outbox.now], rolled_back)
+        outbox.write(XaRollback(xid, outbox.now), rolled_back)
 
     def _outcome_written(self, error: BaseException | None) -> None:
         """The XA_COMMIT of a voted commit is durable (nobody waits for it)."""

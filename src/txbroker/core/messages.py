@@ -81,7 +81,7 @@ class Message:
         self.seq = 0  #: the queue's gap-free sequence number, set when committed (0 = none)
 
     def to_record(self) -> list[Any]:
-        """The ``msg`` tuple of ``core/records.py``."""
+        """The ``msg`` tuple of ``core/records/__init__.py``."""
         return [
             self.id,
             self.queue,

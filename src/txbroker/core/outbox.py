@@ -28,10 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from txbroker.core import records
 from txbroker.core.effects import Effect, Fail, Persist, Reply
 from txbroker.core.messages import Message
-from txbroker.core.records import Kind
+from txbroker.core.records import Kind, Record, pack
 from txbroker.errors import StorageFailed
 
 #: What a part passes as ``on_durable``: called with ``None`` once durable, else the error.
@@ -73,15 +72,26 @@ class Outbox:
         items, self.items = self.items, []
         return items
 
-    def persist(self, kind: Kind, meta: Any, on_durable: OnDurable,
-                bodies: list[bytes] | None = None,
-                on_refs: Callable[[list[int]], None] | None = None) -> None:
+    def write(self, record: Record, on_durable: OnDurable,
+              bodies: list[bytes] | None = None,
+              on_refs: Callable[[list[int]], None] | None = None) -> None:
         """Append one record (after the open group, to keep the log in command order)."""
         self.check_writable()
         if self.group:
             self.close_group()
-        self.items.append(Persist(int(kind), records.pack(meta), bodies or [], on_durable,
+        self.items.append(Persist(record.kind, record.encode(), bodies or [], on_durable,
                                   on_refs))
+
+    def persist(self, kind: Kind, meta: Any, on_durable: OnDurable,
+                bodies: list[bytes] | None = None,
+                on_refs: Callable[[list[int]], None] | None = None) -> None:
+        """Append one record given as a kind and a bare meta value: only the router's
+        log (``core/router_log.py``) still writes this way, until it builds record
+        classes too (every other writer uses :meth:`write`)."""
+        self.check_writable()
+        if self.group:
+            self.close_group()
+        self.items.append(Persist(int(kind), pack(meta), bodies or [], on_durable, on_refs))
 
     def reply_later(self, session: int, rid: int, result: Any) -> None:
         """Answer ``rid`` when the open record group is durable."""

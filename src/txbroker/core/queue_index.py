@@ -61,7 +61,7 @@ from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, MessageIndex, State, compactable
 from txbroker.core.outbox import Outbox, RecordGroup
 from txbroker.core.queues import MARK_AHEAD, Consumer, Queue
-from txbroker.core.records import Kind, pack
+from txbroker.core.records import Add, Drop, Move, QueuePut, Tx
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 
@@ -150,7 +150,7 @@ class QueueIndex:
         check_name(name)
         queue = Queue(name)
         self.queues[name] = queue
-        self.outbox.persist(Kind.QUEUE_PUT, queue.definition(), self.outbox.ignore_durable)
+        self.outbox.write(QueuePut(queue.definition()), self.outbox.ignore_durable)
         return queue
 
     def targets(self, dest: str, now: int) -> list[Queue]:
@@ -222,12 +222,13 @@ class QueueIndex:
             self.outbox.items.extend(replies)  # the waiting Reply effects, in order
 
         self.assign_seqs(adds)
+        record: Add | Tx  # (a record group has no committed_ms: two fields)
         if len(adds) == 1 and not acks:
-            kind, meta = Kind.ADD, adds[0].to_record()
+            record = Add(adds[0].to_record())
         else:
-            kind, meta = Kind.TX, [[m.to_record() for m in adds], [m.id for m in acks]]
+            record = Tx([m.to_record() for m in adds], [m.id for m in acks])
         bodies = [m.body for m in adds if m.body is not None]
-        self.outbox.emit(Persist(int(kind), pack(meta), bodies, on_durable, on_refs))
+        self.outbox.emit(Persist(record.kind, record.encode(), bodies, on_durable, on_refs))
 
     def _fail_group(self, adds: list[Message], replies: list[Reply],
                     error: BaseException) -> None:
@@ -442,7 +443,7 @@ class QueueIndex:
             queue.delivered_seq = max(queue.delivered_seq, mark)
             self._release_held(queue)
 
-        self.outbox.persist(Kind.QUEUE_PUT, queue.definition(), durable)
+        self.outbox.write(QueuePut(queue.definition()), durable)
 
     def _release_held(self, queue: Queue) -> None:
         """Hand out the held deliveries the durable mark now covers, in order; those
@@ -539,7 +540,7 @@ class QueueIndex:
             message.state = State.GONE
             if message.persistent:
                 stored = message
-                self.outbox.persist(Kind.DROP, [[message.id], reason],
+                self.outbox.write(Drop([message.id], reason),
                                     lambda error: self._after_drop(stored, error))
             else:
                 self.forget(message)
@@ -547,7 +548,7 @@ class QueueIndex:
         readdress(message, target.name)
         if message.persistent:
             seq = target.assign_seq(message)
-            self.outbox.persist(Kind.MOVE, [[message.id], target.name, reason, [seq]],
+            self.outbox.write(Move([message.id], target.name, reason, [seq]),
                                 lambda error: self._after_move(target.name, seq, error))
         target.count_in(message)
         target.enqueued += 1

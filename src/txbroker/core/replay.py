@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 On start the edge feeds every stored entry, in log order, to
 :meth:`Replay.replay`, then calls :meth:`Replay.finish`. Replay keeps
-messages only as their decoded ``msg`` lists (``core/records.py``, with the
+messages only as their decoded ``msg`` lists (``core/records/__init__.py``, with the
 seq and the body ref appended: :data:`RAW_SEQ`, :data:`RAW_REF`) in a dict by
 id, in log order — no object per message: acks, drops and moves of later
 records are cheap dict operations, and the bodies of everything that died are
@@ -16,7 +16,7 @@ log order (commit order): plain ones as compact chunk slots
 windows, the next message id, durable XA branches a body does not keep, the
 sinks' last batches) that the store writes first in every segment; replaying
 a snapshot replaces the metadata, so deleting old segments never loses a
-queue. ``core/records.py`` describes every record kind.
+queue. ``core/records/__init__.py`` describes every record kind.
 
 XA branches come back PREPARED (rule 16 of ``core/xa.py``) from their
 ``XA_PREPARE`` record or the snapshot; a later completion record applies
@@ -36,7 +36,7 @@ from txbroker.core.messages import COMPACT_REF_LIMIT, COMPACT_SIZE_LIMIT, Messag
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.queues import Queue, QueueSettings
-from txbroker.core.records import MSG_FIELDS, Kind, StoredEntry
+from txbroker.core.records import MSG_FIELDS, Kind, Snapshot, SnapshotBranch, StoredEntry
 from txbroker.core.sessions import Topic
 from txbroker.core.sinks import Sinks
 from txbroker.core.xa import Branch, BranchState, Request
@@ -90,17 +90,15 @@ class Replay:
             defs[queue.name] = queue.definition()
             if queue.dups:
                 dups[queue.name] = queue.durable_dups()
-        meta: dict[str, Any] = {"next_id": index.next_id, "queues": defs, "dups": dups}
-        if self.xa.branches:
-            meta["xa"] = self._xa_snapshot()
-        if self.sinks.sinks:
-            meta["sinks"] = dict(self.sinks.sinks)
-        return int(Kind.SNAPSHOT), records.pack(meta)
+        snapshot = Snapshot(index.next_id, defs, dups,
+                            self._xa_snapshot() if self.xa.branches else None,
+                            dict(self.sinks.sinks) if self.sinks.sinks else None)
+        return snapshot.kind, snapshot.encode()
 
-    def _xa_snapshot(self) -> dict[str, Any]:
+    def _xa_snapshot(self) -> dict[str, SnapshotBranch]:
         """The ``"xa"`` part of the SNAPSHOT: the durable branches whose XA_PREPARE
         entry no stored body keeps (consumes only), and heuristic ones."""
-        found: dict[str, Any] = {}
+        found: dict[str, SnapshotBranch] = {}
         for branch in self.xa.branches.values():
             if branch.state in (S.PREPARED, S.COMMITTING, S.ROLLING_BACK):
                 sends = [m for m in branch.work.sends if m.persistent]
@@ -111,65 +109,71 @@ class Replay:
                     # roll as much as all prepared sends (a Spark micro-batch prepares
                     # millions), quadratic in the batch.
                     continue
-                found[str(branch.xid)] = [
+                found[str(branch.xid)] = SnapshotBranch(
                     S.PREPARED.value, [m.to_record() for m in sends],
                     [pack_ref(m.ref) for m in sends],
                     [[m.id, m.delivery_count] for m in branch.work.acks.values()]
                     + branch.ref_ids,
-                    sorted(branch.discards), branch.created_ms]
+                    sorted(branch.discards), branch.created_ms)
             elif branch.state in (S.HEURISTIC_COMMITTED, S.HEURISTIC_ROLLED_BACK):
-                found[str(branch.xid)] = [branch.state.value, [], [], [], [],
-                                          branch.created_ms]
+                found[str(branch.xid)] = SnapshotBranch(branch.state.value, [], [], [], [],
+                                                        branch.created_ms)
         return found
 
     # ------------------------------------------------------------------ replay
     def replay(self, entry: StoredEntry) -> None:
         """Apply one stored entry (log order) to the recovering state."""
         try:
-            meta = records.unpack(entry.meta)
-            self._replay(entry.kind, meta, entry.refs)
-        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            self._replay(entry.kind, records.unpack(entry.meta), entry.refs)
+        except (ValueError, TypeError, KeyError, IndexError) as exc:  # (MalformedRecord too)
             raise CorruptStore("<entry>", 0, f"undecodable record of kind {entry.kind}: {exc}") \
                 from exc
 
     def _replay(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
+        """Decode ``meta`` as its kind's record (``core/records``) and apply it."""
         if kind == Kind.TX:
-            adds, acks = meta[0], meta[1]  # (a local transaction adds committed_ms)
-            if len(adds) != len(refs):
-                raise ValueError(f"{len(adds)} messages but {len(refs)} bodies")
-            self._add_many(adds, refs)
-            self._gone(acks)
-        elif kind == Kind.ADD or kind == Kind.RELOCATE:
-            # RELOCATE: the full, current message: the segment with its ADD may be gone
-            self._add_many([meta], refs[:1] if refs else (None,))
+            tx = records.Tx.from_value(meta)
+            if len(tx.adds) != len(refs):
+                raise ValueError(f"{len(tx.adds)} messages but {len(refs)} bodies")
+            self._add_many(tx.adds, refs)
+            self._gone(tx.acks)
+        elif kind == Kind.ADD:
+            self._add_many([records.Add.from_value(meta).msg], refs[:1] if refs else (None,))
+        elif kind == Kind.RELOCATE:
+            # the full, current message: the segment with its ADD may be gone
+            self._add_many([records.Relocate.from_value(meta).msg], refs[:1] if refs else (None,))
         elif kind == Kind.ACK:
-            self._gone(meta)
+            self._gone(records.Ack.from_value(meta).ids)
         elif kind == Kind.DROP:
-            self._gone(meta[0])
+            self._gone(records.Drop.from_value(meta).ids)
         elif kind == Kind.MOVE:
-            self._move(meta)
+            self._move(records.Move.from_value(meta))
         elif kind == Kind.UPDATE:
-            msg = self.raw.get(meta[0])
+            update = records.Update.from_value(meta)
+            msg = self.raw.get(update.id)
             if msg is not None:
-                msg[records.MSG_DELIVERY_COUNT], msg[records.MSG_DELIVER_AT] = meta[1], meta[2]
+                msg[records.MSG_DELIVERY_COUNT] = update.delivery_count
+                msg[records.MSG_DELIVER_AT] = update.deliver_at_ms
         elif kind == Kind.RELOCATE_MANY:
-            if len(meta) != len(refs):
-                raise ValueError(f"{len(meta)} messages but {len(refs)} bodies")
-            self._add_many(meta, refs)
+            msgs = records.RelocateMany.from_value(meta).msgs
+            if len(msgs) != len(refs):
+                raise ValueError(f"{len(msgs)} messages but {len(refs)} bodies")
+            self._add_many(msgs, refs)
         elif kind == Kind.QUEUE_PUT:
-            self._definition(meta)
+            self._definition(records.QueuePut.from_value(meta).definition)
         elif kind == Kind.QUEUE_DELETE:
-            self._delete(meta)
+            self._delete(records.QueueDelete.from_value(meta).name)
         elif kind == Kind.SNAPSHOT:
-            self._snapshot(meta)
-            if "xa" in meta:
-                self._xa_snapshot_entries(meta["xa"])
+            snapshot = Snapshot.from_value(meta)
+            self._snapshot(snapshot)
+            if snapshot.xa is not None:
+                self._xa_snapshot_entries(snapshot.xa)
         elif Kind.XA_PREPARE <= kind <= Kind.XA_FORGET:
             self._xa(kind, meta, refs)
         elif kind == Kind.SINK_COMMIT:
-            self._sink(meta)
+            self._sink(records.SinkCommit.from_value(meta))
         else:
-            raise ValueError(f"unknown record kind {kind}")
+            raise records.MalformedRecord(f"unknown record kind {kind}")
 
     def _add_many(self, msgs: list[list[Any]], refs: Sequence[int | None]) -> None:
         """Index replayed messages, ``msg`` tuples with their body refs (the hottest loop
@@ -177,11 +181,9 @@ class Replay:
         index = self.index
         raw, emit = self.raw, self.outbox.emit
         next_id = index.next_id
-        for msg, ref in zip(msgs, refs, strict=True):
+        for msg, ref in zip(msgs, refs, strict=True):  # (9 or 10 fields: records.check_msg)
             if len(msg) == MSG_FIELDS:  # written before seqs
                 msg.append(0)
-            elif len(msg) > RAW_REF:
-                del msg[RAW_REF:]
             msg.append(ref)
             message_id = msg[0]
             old = raw.get(message_id)
@@ -201,9 +203,9 @@ class Replay:
             if msg is not None and msg[RAW_REF] is not None:
                 self.outbox.emit(Release(msg[RAW_REF]))
 
-    def _move(self, meta: list[Any]) -> None:
-        ids, target = meta[0], meta[1]
-        seqs = meta[3] if len(meta) > 3 else [0] * len(ids)
+    def _move(self, move: records.Move) -> None:
+        ids, target = move.ids, move.queue
+        seqs = move.seqs if move.seqs is not None else [0] * len(ids)
         self._queue(target)
         raw = self.raw
         for message_id, seq in zip(ids, seqs, strict=True):
@@ -249,10 +251,10 @@ class Replay:
         # queues are created lazily during replay: drop its messages either way
         self._gone([i for i, msg in self.raw.items() if msg[records.MSG_QUEUE] == name])
 
-    def _snapshot(self, meta: dict[str, Any]) -> None:
+    def _snapshot(self, snapshot: Snapshot) -> None:
         index = self.index
-        index.next_id = max(index.next_id, int(meta["next_id"]))
-        defs: dict[str, Any] = meta["queues"]
+        index.next_id = max(index.next_id, snapshot.next_id)
+        defs = snapshot.queues
         for name in [n for n in index.queues if n not in defs]:
             self._delete(name)
         for name in [n for n in index.topics if n not in defs]:
@@ -264,9 +266,9 @@ class Replay:
             if definition["kind"] != "topic":
                 self._definition(definition)
         sinks = self.sinks.sinks
-        for sink, last in meta.get("sinks", {}).items():
-            sinks[sink] = max(sinks.get(sink, -1), int(last))
-        for name, ids in meta.get("dups", {}).items():
+        for sink, last in (snapshot.sinks or {}).items():
+            sinks[sink] = max(sinks.get(sink, -1), last)
+        for name, ids in snapshot.dups.items():
             queue = index.queues.get(name)
             if queue is not None:
                 for message_id in ids:
@@ -275,30 +277,31 @@ class Replay:
     # ------------------------------------------------------------------ XA and sinks
     def _xa(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
         if kind == Kind.XA_PREPARE:
-            xid_text, sends, consumed, discards, created = meta[:5]
-            xid = parse_xid(xid_text)
+            prepare = records.XaPrepare.from_value(meta)
+            xid = parse_xid(prepare.xid)
             self._completed.discard(xid)
-            self._branch(xid, sends, list(refs), consumed, discards, created)
+            branch = self._branch(xid, prepare.sends, list(refs), prepare.consumed,
+                                  prepare.discards, prepare.created_ms)
+            branch.prepared_ms = prepare.prepared_or_created
         elif kind == Kind.XA_COMMIT:
-            self._commit(parse_xid(meta[0]), meta[1], meta[2] if len(meta) > 2 else [])
+            commit_ = records.XaCommit.from_value(meta)
+            self._commit(parse_xid(commit_.xid), commit_.discards, commit_.seqs or [])
         elif kind == Kind.XA_ROLLBACK:
-            self._rollback(parse_xid(meta if isinstance(meta, str) else meta[0]))
+            self._rollback(parse_xid(records.XaRollback.from_value(meta).xid))
         elif kind == Kind.XA_HEURISTIC:
-            xid_text, outcome, discards = meta[:3]
-            branch = self.xa.branches.get(parse_xid(xid_text))
-            if branch is not None and branch.state is S.PREPARED:
-                commit = outcome == "commit"
-                branch.discards.update(discards)
-                if commit and len(meta) > 3:
-                    self._seqs(branch, meta[3])
-                self._outcome(branch, commit=commit)
-                branch.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
-        elif kind == Kind.XA_FORGET:
-            xid = parse_xid(meta)
+            heuristic = records.XaHeuristic.from_value(meta)
+            known = self.xa.branches.get(parse_xid(heuristic.xid))
+            if known is not None and known.state is S.PREPARED:
+                commit = heuristic.commit
+                known.discards.update(heuristic.discards)
+                if commit and heuristic.seqs is not None:
+                    self._seqs(known, heuristic.seqs)
+                self._outcome(known, commit=commit)
+                known.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
+        else:  # XA_FORGET
+            xid = parse_xid(records.XaForget.from_value(meta).xid)
             self.xa.branches.pop(xid, None)
             self._completed.add(xid)
-        else:
-            raise ValueError(f"unknown record kind {kind}")
 
     def _commit(self, xid: Xid, discards: list[int], seqs: list[Any]) -> None:
         """Replay a branch's commit (XA_COMMIT, or one branch of a SINK_COMMIT)."""
@@ -316,20 +319,22 @@ class Replay:
             self._outcome(branch, commit=False)
 
     @staticmethod
-    def _seqs(branch: Branch, pairs: list[Any]) -> None:
+    def _seqs(branch: Branch, pairs: list[list[int]]) -> None:
         seqs = dict((int(pair[0]), int(pair[1])) for pair in pairs)
         for message in branch.work.sends:
             message.seq = seqs.get(message.id, 0)
 
-    def _xa_snapshot_entries(self, found: dict[str, Any]) -> None:
-        for xid_text, (state, sends, refs, consumed, discards, created) in found.items():
+    def _xa_snapshot_entries(self, found: dict[str, SnapshotBranch]) -> None:
+        for xid_text, saved in found.items():
             xid = parse_xid(xid_text)
             if xid in self._completed:
                 continue
-            wanted = S(state)
+            wanted = S(saved.state)
             branch = self.xa.branches.get(xid)
             if branch is None:
-                branch = self._branch(xid, sends, refs, consumed, discards, created)
+                branch = self._branch(xid, saved.sends, list(saved.refs), saved.consumed,
+                                      saved.discards, saved.created_ms)
+                branch.prepared_ms = saved.created_ms  # (a snapshot does not keep it)
             if wanted is not S.PREPARED and branch.state is S.PREPARED:
                 commit = wanted is S.HEURISTIC_COMMITTED
                 self._outcome(branch, commit=commit)
@@ -368,13 +373,12 @@ class Replay:
         branch.ref_ids = []
         branch.discards = set()
 
-    def _sink(self, meta: Any) -> None:
-        sink, last, entries, rollbacks = meta[:4]
+    def _sink(self, record: records.SinkCommit) -> None:
         sinks = self.sinks.sinks
-        sinks[sink] = max(sinks.get(sink, -1), int(last))
-        for entry in entries:
-            self._commit(parse_xid(entry[0]), entry[2] if len(entry) > 2 else [], entry[1])
-        for xid_text in rollbacks:
+        sinks[record.sink] = max(sinks.get(record.sink, -1), record.last_batch)
+        for committed in record.commits:
+            self._commit(parse_xid(committed.xid), committed.discards or [], committed.seqs)
+        for xid_text in record.rollbacks:
             self._rollback(parse_xid(xid_text))
 
     # ------------------------------------------------------------------ finish

@@ -3,7 +3,7 @@ first (``--ha replicated``, ``server/ha/replication.py``), and the follower's si
 
 Theory of operation
 -------------------
-Replication ships the primary's store entries (``core/records.py``) to every
+Replication ships the primary's store entries (``core/records/__init__.py``) to every
 backup, which writes them to its own store and replays them into its own core
 (:meth:`Broker.replay <txbroker.core.broker.Broker.replay>`), never finishing
 recovery until it is promoted. A backup that joins — new, or back after any
@@ -31,9 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from txbroker.core import records
 from txbroker.core.messages import Message, State
-from txbroker.core.records import Kind
+from txbroker.core.records import RelocateMany, Snapshot, XaPrepare
 from txbroker.core.xa import BranchState
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def state_entries(broker: Broker) -> list[DumpEntry]:
     """The dump of the broker's state (see the module docstring)."""
     kind, meta = broker.snapshot()
     entries = [DumpEntry(kind, meta)]
-    covered = set(records.unpack(meta).get("xa", {}))
+    covered = set(Snapshot.decode(meta).xa or {})
     found = {m.id: m for m in broker.index.messages.values()}
     for branch in broker.xa.branches.values():  # consumed by a prepared branch: held there
         if branch.state in _PREPARED:
@@ -86,17 +85,18 @@ def state_entries(broker: Broker) -> list[DumpEntry]:
     live.sort(key=lambda m: (m.queue, m.seq, m.id))
     for start in range(0, len(live), DUMP_SLICE):
         chunk = live[start:start + DUMP_SLICE]
-        entries.append(DumpEntry(int(Kind.RELOCATE_MANY),
-                                 records.pack([m.to_record() for m in chunk]), chunk))
+        relocate = RelocateMany([m.to_record() for m in chunk])
+        entries.append(DumpEntry(relocate.kind, relocate.encode(), chunk))
     for branch in broker.xa.branches.values():
         if branch.state not in _PREPARED or str(branch.xid) in covered:
             continue
         sends = [m for m in branch.work.sends if m.persistent]
         consumed = [[m.id, m.delivery_count] for m in branch.work.acks.values()
                     if m.persistent] + branch.ref_ids
-        meta_list = [str(branch.xid), [m.to_record() for m in sends], consumed,
-                     sorted(branch.discards), branch.created_ms, branch.created_ms]
-        entries.append(DumpEntry(int(Kind.XA_PREPARE), records.pack(meta_list), sends))
+        prepare = XaPrepare(str(branch.xid), [m.to_record() for m in sends], consumed,
+                            sorted(branch.discards), branch.created_ms,
+                            branch.prepared_ms or branch.created_ms)
+        entries.append(DumpEntry(prepare.kind, prepare.encode(), sends))
     return entries
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from txbroker.core.effects import Reply
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER
-from txbroker.core.records import Kind
+from txbroker.core.records import SinkBranch, SinkCommit
 from txbroker.core.xa import Branch, BranchState, Request
 from txbroker.core.xa_branches import XaBranches, parse_xid
 from txbroker.core.xa_endpoints import commit_discards
@@ -116,11 +116,11 @@ class Sinks:
     def _write(self, session_id: int, rid: int, sink: str, last: int, commits: list[Branch],
                rollbacks: list[Branch], now: int, result: dict[str, Any]) -> Any:
         xa = self.xa
-        entries = []
+        entries: list[SinkBranch] = []
         for branch in commits:
             branch.fire(Request.COMMIT)
             discards = sorted(commit_discards(xa.index, branch))
-            entries.append([str(branch.xid), xa.commit_seqs(branch), discards])
+            entries.append(SinkBranch(str(branch.xid), xa.commit_seqs(branch), discards))
         for branch in rollbacks:
             branch.fire(Request.ROLLBACK)
         if last > self.sinks.get(sink, -1):
@@ -139,8 +139,8 @@ class Sinks:
                 xa.remove(branch)
             self.outbox.emit(Reply(session_id, rid, result))
 
-        meta = [sink, last, entries, [str(b.xid) for b in rollbacks], now]
-        self.outbox.persist(Kind.SINK_COMMIT, meta, on_durable)
+        record = SinkCommit(sink, last, entries, [str(b.xid) for b in rollbacks], now)
+        self.outbox.write(record, on_durable)
         return LATER
 
 

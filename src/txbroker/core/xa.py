@@ -269,14 +269,17 @@ def next_state(state: BranchState, request: Request, xid: Xid | str = "") -> tup
 class Branch:
     """One XA branch: its state, association, timers and staged work."""
 
-    __slots__ = ("created_ms", "discards", "error", "idle_since_ms", "ref_ids", "session",
-                 "session_lost", "state", "timeout_ms", "work", "xid")
+    __slots__ = ("created_ms", "discards", "error", "idle_since_ms", "prepared_ms", "ref_ids",
+                 "session", "session_lost", "state", "timeout_ms", "work", "xid")
 
     def __init__(self, xid: Xid, session: int, now: int, timeout_ms: int) -> None:
         self.xid = xid
         self.state = S.NONE
         self.session: int | None = session  #: the associated session (ACTIVE), else None
         self.created_ms = now
+        #: when its XA_PREPARE was written (0: not prepared; replay takes the record's
+        #: ``prepared_ms``, a snapshot's branch its ``created_ms``: records.xa_records)
+        self.prepared_ms = 0
         #: the transaction timeout of the XAResource that started it: seed 002's idle
         #: timeout, counted from ``end`` (0: none, a replayed prepared branch)
         self.timeout_ms = timeout_ms

@@ -39,7 +39,7 @@ from txbroker.core.limits import Limits
 from txbroker.core.messages import Message, State
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
-from txbroker.core.records import Kind
+from txbroker.core.records import Tx, XaCommit, XaForget, XaHeuristic, XaPrepare, XaRollback
 from txbroker.core.sessions import Session
 from txbroker.core.transactions import LocalTransaction
 from txbroker.core.xa import (
@@ -239,9 +239,11 @@ class XaBranches:
             return {"vote": code}
         work = branch.work
         stored = [m for m in work.sends if m.persistent]
-        meta = [str(xid), [m.to_record() for m in stored],
-                [[m.id, m.delivery_count] for m in work.acks.values() if m.persistent],
-                sorted(branch.discards), branch.created_ms, now]
+        branch.prepared_ms = now
+        record = XaPrepare(str(xid), [m.to_record() for m in stored],
+                           [[m.id, m.delivery_count] for m in work.acks.values()
+                            if m.persistent],
+                           sorted(branch.discards), branch.created_ms, now)
 
         def on_refs(refs: list[int]) -> None:
             for message, ref in zip(stored, refs, strict=True):
@@ -258,7 +260,7 @@ class XaBranches:
             self.outbox.emit(Reply(session.id, rid, {"vote": XA_OK}))
 
         bodies = [m.body for m in stored if m.body is not None]
-        self.outbox.persist(Kind.XA_PREPARE, meta, on_durable, bodies, on_refs)
+        self.outbox.write(record, on_durable, bodies, on_refs)
         return LATER
 
     def _vote_failed(self, branch: Branch, session_id: int, rid: int,
@@ -280,7 +282,7 @@ class XaBranches:
             self.outbox.emit(Fail(session_id, rid, XAError(
                 XA_RBROLLBACK, f"branch {xid} rolled back at prepare: {error}")))
 
-        self.outbox.persist(Kind.XA_ROLLBACK, [str(xid), self.outbox.now], rolled_back)
+        self.outbox.write(XaRollback(str(xid), self.outbox.now), rolled_back)
 
     def store_failed(self, session_id: int, rid: int, error: BaseException) -> None:
         """A branch's record could not be written: the request fails with XAER_RMFAIL."""
@@ -308,8 +310,8 @@ class XaBranches:
             return self._write_one_phase(branch, session.id, rid, now)
         branch.fire(request)
         discards = commit_discards(self.index, branch)
-        self.outbox.persist(
-            Kind.XA_COMMIT, [str(xid), sorted(discards), self.commit_seqs(branch), now],
+        self.outbox.write(
+            XaCommit(str(xid), sorted(discards), self.commit_seqs(branch), now),
             self.when_complete(branch, session.id, rid, commit=True,
                                request=Request.COMMIT_DURABLE))
         return LATER
@@ -339,12 +341,12 @@ class XaBranches:
                 message.ref = ref
 
         self.index.assign_seqs(stored)
-        meta = [[m.to_record() for m in stored], [m.id for m in acked], now]
+        record = Tx([m.to_record() for m in stored], [m.id for m in acked], now)
         bodies = [m.body for m in stored if m.body is not None]
-        self.outbox.persist(Kind.TX, meta,
-                            self.when_complete(branch, session_id, rid, commit=True,
-                                               request=Request.COMMIT_DURABLE),
-                            bodies, on_refs)
+        self.outbox.write(record,
+                          self.when_complete(branch, session_id, rid, commit=True,
+                                             request=Request.COMMIT_DURABLE),
+                          bodies, on_refs)
         return LATER
 
     def _one_phase_voted(self, branch: Branch, session_id: int, rid: int,
@@ -373,15 +375,15 @@ class XaBranches:
         def on_durable(error: BaseException | None) -> None:
             if isinstance(error, ReplicaVoteFailed):
                 branch.fire(Request.VOTE_FAILED)
-                outbox.persist(Kind.XA_ROLLBACK, [internal, outbox.now],
-                               lambda failure: rolled_back(failure, error))
+                outbox.write(XaRollback(internal, outbox.now),
+                             lambda failure: rolled_back(failure, error))
                 return
             if error is not None:
                 self.store_failed(session_id, rid, error)
                 return
             at = max(outbox.now, now)
-            outbox.persist(Kind.XA_COMMIT, [internal, [], self.commit_seqs(branch), at],
-                           self._leftover_written)
+            outbox.write(XaCommit(internal, [], self.commit_seqs(branch), at),
+                         self._leftover_written)
             for message in branch.work.acks.values():
                 message.state = State.GONE  # its ack is in the log from now on
             self.apply(branch, commit=True, now=at)
@@ -389,10 +391,11 @@ class XaBranches:
             self.remove(branch)
             outbox.emit(Reply(session_id, rid, {}))
 
-        meta = [internal, [m.to_record() for m in stored],
-                [[m.id, m.delivery_count] for m in acked], [], branch.created_ms, now]
+        record = XaPrepare(internal, [m.to_record() for m in stored],
+                           [[m.id, m.delivery_count] for m in acked], [], branch.created_ms,
+                           now)
         bodies = [m.body for m in stored if m.body is not None]
-        outbox.persist(Kind.XA_PREPARE, meta, on_durable, bodies, on_refs)
+        outbox.write(record, on_durable, bodies, on_refs)
         return LATER
 
     def when_complete(self, branch: Branch, session_id: int, rid: int, *, commit: bool,
@@ -423,9 +426,9 @@ class XaBranches:
             self.undo(branch, now)
             return {}
         branch.fire(Request.ROLLBACK)
-        self.outbox.persist(Kind.XA_ROLLBACK, [str(xid), now],
-                            self.when_complete(branch, session.id, rid, commit=False,
-                                               request=Request.ROLLBACK_DURABLE))
+        self.outbox.write(XaRollback(str(xid), now),
+                          self.when_complete(branch, session.id, rid, commit=False,
+                                             request=Request.ROLLBACK_DURABLE))
         return LATER
 
     def undo(self, branch: Branch, now: int) -> None:
@@ -471,9 +474,9 @@ class XaBranches:
         branch.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
         discards = commit_discards(self.index, branch) if commit else set()
         seqs = self.commit_seqs(branch) if commit else []
-        self.outbox.persist(
-            Kind.XA_HEURISTIC,
-            [str(xid), "commit" if commit else "rollback", sorted(discards), seqs, now],
+        self.outbox.write(
+            XaHeuristic(str(xid), "commit" if commit else "rollback", sorted(discards), seqs,
+                        now),
             self.when_complete(branch, session.id, rid, commit=commit, request=None))
         return LATER
 
@@ -483,8 +486,8 @@ class XaBranches:
         branch = self.find(xid)
         branch.fire(Request.FORGET)
         self.remove(branch)
-        self.outbox.persist(Kind.XA_FORGET, str(xid),
-                            self.outbox.reply_when_durable(session.id, rid, {}))
+        self.outbox.write(XaForget(str(xid)),
+                          self.outbox.reply_when_durable(session.id, rid, {}))
         return LATER
 
     # ------------------------------------------------------------------ recover, timeouts
@@ -540,8 +543,8 @@ class XaBranches:
             self.apply(branch, commit=True, now=now)
             self.remove(branch)
             self.leftovers_committed += 1
-            self.outbox.persist(Kind.XA_COMMIT, [str(branch.xid), [], seqs, now],
-                                self._leftover_written)
+            self.outbox.write(XaCommit(str(branch.xid), [], seqs, now),
+                              self._leftover_written)
 
     def _leftover_written(self, error: BaseException | None) -> None:
         if error is not None:

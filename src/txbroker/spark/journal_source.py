@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 ``spark.read.format("txbroker-journal").option("path", DATA).load()`` gives
-one row per journal record (see ``core/records.py``), in no particular
+one row per journal record (see ``core/records/__init__.py``), in no particular
 order: sort by ``position`` (``segment_id << 40 | offset``) for log order.
 
 The driver lists the segment files once (:func:`journal_segments`) and makes

@@ -167,8 +167,8 @@ class MessageIndex:
         model = self.model
         entries: list[StoredEntry] = []
         if found.metadata is not None:
-            model.apply_snapshot(records.unpack(found.metadata))
-            entries.append(StoredEntry(int(Kind.SNAPSHOT), found.metadata, ()))
+            model.apply_snapshot(records.Snapshot.decode(found.metadata))
+            entries.append(StoredEntry(Kind.SNAPSHOT, found.metadata, ()))
         moved: list[tuple[int, list[Any], str]] = []
         for message in found.messages:
             msg, moved_to = unpack_message_info(message.info)
@@ -183,8 +183,11 @@ class MessageIndex:
             self.live_bodies += 1
             self.live_bytes += message.body_length
             self.stored_bytes += message.file_bytes
-            info = message.info if moved_to is None else records.pack(msg)
-            entries.append(StoredEntry(int(Kind.ADD), info, (message.message_id,)))
+            if moved_to is None:  # the info is the ADD's meta as it came
+                entries.append(StoredEntry(Kind.ADD, message.info,
+                                           (message.message_id,)))
+            else:
+                entries.append(records.entry(records.Add(msg), (message.message_id,)))
         self.stored_files = len(found.messages)
         entries = replay_moves(entries, moved, model.definitions)
         for branch in found.branches:
@@ -193,7 +196,7 @@ class MessageIndex:
         self.next_branch_block = found.next_branch_block
         for entry in entries:  # duplicate ids as the broker's replay remembers them
             if entry.kind == Kind.ADD:
-                msg = records.unpack(entry.meta)
+                msg = records.Add.decode(entry.meta).msg
                 queue, client_id = msg[records.MSG_QUEUE], msg[records.MSG_MESSAGE_ID]
                 if client_id is not None and queue != PHANTOM_QUEUE:
                     model.ensure_queue(queue)
@@ -224,14 +227,12 @@ class MessageIndex:
             self.stored_files += 1
             self.stored_bytes += message.file_bytes
         self.branches[found.xid] = branch
-        prepare = [found.xid, msgs, [list(pair) for pair in found.consumed], found.discards,
-                   found.created_ms, found.prepared_ms]
-        entries = [StoredEntry(int(Kind.XA_PREPARE), records.pack(prepare),
-                               tuple(branch.sends))]
+        prepare = records.XaPrepare(found.xid, msgs, [list(pair) for pair in found.consumed],
+                                    found.discards, found.created_ms, found.prepared_ms)
+        entries = [records.entry(prepare, tuple(branch.sends))]
         if found.state != PREPARED_STATE:
             outcome = "commit" if found.state == HEURISTIC_COMMIT else "rollback"
-            entries.append(StoredEntry(int(Kind.XA_HEURISTIC),
-                                       records.pack([found.xid, outcome, [], [], 0]), ()))
+            entries.append(records.entry(records.XaHeuristic(found.xid, outcome, [], [], 0)))
         return entries
 
     def new_message_ids(self, operation: Operation) -> list[int]:

@@ -85,12 +85,16 @@ COMMITTING_OUTCOMES: Final = frozenset({COMMIT, HEURISTIC_COMMIT})
 HEURISTIC_OUTCOMES: Final = frozenset({HEURISTIC_COMMIT, HEURISTIC_ROLLBACK})
 
 
+#: One message an entry adds: its ``msg``, its info (the packed msg) and its body.
+Send = tuple[list[Any], bytes, bytes]
+
+
 @dataclass(slots=True)
 class BranchPrepare:
     """An ``XA_PREPARE``: the whole content of a branch being prepared."""
 
     xid: str  #: the Xid's text form
-    sends: list[tuple[list[Any], bytes, bytes]]  #: msg, info, body
+    sends: list[Send]  #: msg, info, body
     consumed: list[tuple[int, int]]  #: message id, delivery count
     discards: list[int]
     created_ms: int
@@ -112,167 +116,107 @@ class BranchResolve:
 class Operation:
     """What one entry asks of the store (see the module docstring)."""
 
-    adds: list[tuple[list[Any], bytes, bytes]] = field(default_factory=list)  #: msg, info, body
+    adds: list[Send] = field(default_factory=list)  #: msg, info, body
     deletes: list[int] = field(default_factory=list)
     updates: list[tuple[int, dict[int, Any], str | None]] = field(default_factory=list)
     move_target: str | None = None  #: a MOVE's target queue (replay creates it)
     put: dict[str, Any] | None = None  #: a queue or topic definition
     delete_queue: str | None = None
-    snapshot: dict[str, Any] | None = None
+    snapshot: records.Snapshot | None = None
     prepare: BranchPrepare | None = None  #: an XA branch to prepare
     resolves: list[BranchResolve] = field(default_factory=list)  #: XA branches to complete
     sink: tuple[str, int] | None = None  #: a SINK_COMMIT's sink and last batch id
 
 
-def _xid(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("an XA record names its branch by the Xid's text form")
+def _xid(value: str) -> str:
     Xid.parse(value)  # XAError when malformed (decode_operation makes it a ValueError)
     return value
 
 
-def _pairs(value: Any) -> list[list[int]]:
-    if not isinstance(value, list) or not all(
-            isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
-            for pair in value):
-        raise ValueError("expected a list of [int, int] pairs")
-    return value
+def _sends(msgs: list[list[Any]], bodies: list[bytes], what: str) -> list[Send]:
+    """Each ``msg`` with its info (the msg packed alone) and its body."""
+    if len(msgs) != len(bodies):
+        raise ValueError(f"{what} has one body per message sent")
+    for msg in msgs:
+        if msg[records.MSG_ID] <= 0:
+            raise ValueError("a msg's id is positive")
+    return [(msg, records.pack(msg), body) for msg, body in zip(msgs, bodies, strict=True)]
 
 
-def _decode_xa(kind: int, value: Any, bodies: list[bytes], op: Operation) -> None:
+def _decode_xa(record: Any, bodies: list[bytes], op: Operation) -> None:
     """The XA kinds (records.py 11–16) of :func:`decode_operation`."""
-    if kind == Kind.XA_PREPARE:
-        xid, msgs, consumed, discards, created = value[:5]
-        prepared = value[5] if len(value) > 5 else created
-        if not isinstance(msgs, list) or len(msgs) != len(bodies):
-            raise ValueError("an XA_PREPARE has one body per message sent")
-        if type(created) is not int or type(prepared) is not int:
-            raise ValueError("an XA_PREPARE's times are ints")
+    if isinstance(record, records.XaPrepare):
         op.prepare = BranchPrepare(
-            _xid(xid), [(_msg(msg), records.pack(msg), body)
-                        for msg, body in zip(msgs, bodies, strict=True)],
-            [(pair[0], pair[1]) for pair in _pairs(consumed)], _ids(discards), created, prepared)
+            _xid(record.xid), _sends(record.sends, bodies, "an XA_PREPARE"),
+            [(pair[0], pair[1]) for pair in record.consumed], record.discards,
+            record.created_ms, record.prepared_or_created)
         return
     if bodies:
-        raise ValueError(f"record kind {kind} carries no bodies")
-    if kind == Kind.XA_COMMIT:
-        op.resolves.append(BranchResolve(_xid(value[0]), COMMIT,
-                                         _pairs(value[2]) if len(value) > 2 else [],
-                                         _ids(value[1])))
-    elif kind == Kind.XA_ROLLBACK:
-        op.resolves.append(BranchResolve(_xid(value if isinstance(value, str) else value[0]),
-                                         ROLLBACK))
-    elif kind == Kind.XA_HEURISTIC:
-        outcome = value[1]
-        if outcome not in ("commit", "rollback"):
-            raise ValueError("an XA_HEURISTIC's outcome is commit or rollback")
-        commit = outcome == "commit"
+        raise ValueError(f"record kind {record.kind} carries no bodies")
+    if isinstance(record, records.XaCommit):
+        op.resolves.append(BranchResolve(_xid(record.xid), COMMIT, record.seqs or [],
+                                         record.discards))
+    elif isinstance(record, records.XaRollback):
+        op.resolves.append(BranchResolve(_xid(record.xid), ROLLBACK))
+    elif isinstance(record, records.XaHeuristic):
+        commit = record.commit
         op.resolves.append(BranchResolve(
-            _xid(value[0]), HEURISTIC_COMMIT if commit else HEURISTIC_ROLLBACK,
-            _pairs(value[3]) if commit and len(value) > 3 else [],
-            _ids(value[2]) if commit else []))
-    elif kind == Kind.XA_FORGET:
-        op.resolves.append(BranchResolve(_xid(value), FORGET))
-    elif kind == Kind.SINK_COMMIT:
-        sink, last, entries, rollbacks = value[:4]
-        if not isinstance(sink, str) or type(last) is not int:
-            raise ValueError("a SINK_COMMIT names its sink and last batch id")
-        for entry in entries:
-            op.resolves.append(BranchResolve(_xid(entry[0]), COMMIT, _pairs(entry[1]),
-                                             _ids(entry[2]) if len(entry) > 2 else []))
-        for xid in rollbacks:
+            _xid(record.xid), HEURISTIC_COMMIT if commit else HEURISTIC_ROLLBACK,
+            (record.seqs or []) if commit else [], record.discards if commit else []))
+    elif isinstance(record, records.XaForget):
+        op.resolves.append(BranchResolve(_xid(record.xid), FORGET))
+    elif isinstance(record, records.SinkCommit):
+        for branch in record.commits:
+            op.resolves.append(BranchResolve(_xid(branch.xid), COMMIT, branch.seqs,
+                                             branch.discards or []))
+        for xid in record.rollbacks:
             op.resolves.append(BranchResolve(_xid(xid), ROLLBACK))
-        op.sink = (sink, last)
-
-
-def _ids(value: Any) -> list[int]:
-    if not isinstance(value, list) or not all(type(i) is int for i in value):
-        raise ValueError("expected a list of message ids")
-    return value
-
-
-def _msg(value: Any) -> list[Any]:
-    if (not isinstance(value, list) or len(value) < records.MSG_FIELDS
-            or type(value[records.MSG_ID]) is not int or value[records.MSG_ID] <= 0
-            or not isinstance(value[records.MSG_QUEUE], str)
-            or not isinstance(value[records.MSG_MESSAGE_ID], str | None)):
-        raise ValueError("malformed msg tuple")
-    return value
-
-
-def _definition(value: Any) -> dict[str, Any]:
-    if (not isinstance(value, dict) or not isinstance(value.get("name"), str)
-            or value.get("kind") not in ("queue", "topic")):
-        raise ValueError("malformed queue definition")
-    return value
+        op.sink = (record.sink, record.last_batch)
 
 
 def decode_operation(kind: int, meta: bytes, bodies: list[bytes]) -> Operation:
-    """The operation an entry asks for; ``ValueError`` if the store cannot take it."""
-    try:
-        value = records.unpack(meta)
-    except Exception as exc:
-        raise ValueError(f"undecodable meta of record kind {kind}: {exc}") from exc
+    """The operation an entry asks for; ``ValueError`` (``MalformedRecord`` for a record
+    that does not decode as its kind) if the store cannot take it."""
+    if kind in (Kind.RELOCATE, Kind.RELOCATE_MANY):
+        raise ValueError("the dir store never asks for relocation (RELOCATE)")
+    record = records.decode(kind, meta)
     op = Operation()
     try:
-        if kind == Kind.ADD:
+        if isinstance(record, records.Add):
             if len(bodies) != 1:
                 raise ValueError(f"an ADD has exactly one body, not {len(bodies)}")
-            op.adds.append((_msg(value), meta, bodies[0]))
+            _sends([record.msg], bodies, "an ADD")  # (checks it)
+            op.adds = [(record.msg, meta, bodies[0])]  # its info: the meta as it came
             return op
-        if kind == Kind.TX:
-            msgs, acks = value[0], value[1]  # (a local transaction adds committed_ms)
-            if not isinstance(msgs, list) or len(msgs) != len(bodies):
-                raise ValueError("a TX has one body per message")
-            op.adds = [(_msg(msg), records.pack(msg), body)
-                       for msg, body in zip(msgs, bodies, strict=True)]
-            op.deletes = _ids(acks)
+        if isinstance(record, records.Tx):
+            op.adds = _sends(record.adds, bodies, "a TX")
+            op.deletes = record.acks
             return op
         if Kind.XA_PREPARE <= kind <= Kind.SINK_COMMIT:
-            _decode_xa(kind, value, bodies, op)
+            _decode_xa(record, bodies, op)
             return op
         if bodies:
             raise ValueError(f"record kind {kind} carries no bodies")
-        if kind == Kind.ACK:
-            op.deletes = _ids(value)
-        elif kind == Kind.DROP:
-            op.deletes = _ids(value[0])
-        elif kind == Kind.MOVE:
-            ids, target = value[0], value[1]
-            if not isinstance(target, str):
-                raise ValueError("a MOVE names its target queue")
-            moved = _ids(ids)
-            seqs = value[3] if len(value) > 3 else [0] * len(moved)
-            if len(seqs) != len(moved) or not all(type(v) is int for v in seqs):
-                raise ValueError("a MOVE's seqs are one int per message")
+        if isinstance(record, (records.Ack, records.Drop)):
+            op.deletes = record.ids
+        elif isinstance(record, records.Move):
+            target = record.queue
+            seqs = record.seqs if record.seqs is not None else [0] * len(record.ids)
             op.updates = [(message_id, {PATCH_MOVED_TO: target, records.MSG_EXPIRES: 0,
                                         records.MSG_DELIVER_AT: 0, records.MSG_SEQ: seq}, target)
-                          for message_id, seq in zip(moved, seqs, strict=True)]
+                          for message_id, seq in zip(record.ids, seqs, strict=True)]
             op.move_target = target
-        elif kind == Kind.UPDATE:
-            message_id, delivery_count, deliver_at = value
-            if not all(type(v) is int for v in value):
-                raise ValueError("an UPDATE is [id, delivery_count, deliver_at_ms]")
-            op.updates = [(message_id, dict(zip(_UPDATE_FIELDS, (delivery_count, deliver_at),
-                                                strict=True)), None)]
-        elif kind == Kind.QUEUE_PUT:
-            op.put = _definition(value)
-        elif kind == Kind.QUEUE_DELETE:
-            if not isinstance(value, str):
-                raise ValueError("a QUEUE_DELETE names a queue")
-            op.delete_queue = value
-        elif kind == Kind.SNAPSHOT:
-            if (not isinstance(value, dict) or type(value.get("next_id")) is not int
-                    or not isinstance(value.get("queues"), dict)):
-                raise ValueError("malformed snapshot")
-            for definition in value["queues"].values():
-                _definition(definition)
-            op.snapshot = value
-        elif kind in (Kind.RELOCATE, Kind.RELOCATE_MANY):
-            raise ValueError("the dir store never asks for relocation (RELOCATE)")
-        else:
-            raise ValueError(f"the dir store does not know record kind {kind}")
-    except (TypeError, IndexError, KeyError, XAError) as exc:
+        elif isinstance(record, records.Update):
+            op.updates = [(record.id, dict(zip(
+                _UPDATE_FIELDS, (record.delivery_count, record.deliver_at_ms), strict=True)),
+                None)]
+        elif isinstance(record, records.QueuePut):
+            op.put = record.definition
+        elif isinstance(record, records.QueueDelete):
+            op.delete_queue = record.name
+        elif isinstance(record, records.Snapshot):
+            op.snapshot = record
+    except XAError as exc:
         raise ValueError(f"malformed meta of record kind {kind}: {exc}") from exc
     return op
 
@@ -290,30 +234,26 @@ class MetadataModel:
 
     def pack(self) -> bytes:
         """The SNAPSHOT meta of this state (the METADATA block's info)."""
-        meta: dict[str, Any] = {
-            "next_id": self.next_id,
-            "queues": self.definitions,
-            "dups": {name: list(ids) for name, ids in self.dups.items() if ids},
-        }
-        if self.sinks:
-            meta["sinks"] = self.sinks
-        return records.pack(meta)
+        return records.Snapshot(
+            self.next_id, self.definitions,
+            {name: list(ids) for name, ids in self.dups.items() if ids}, None,
+            self.sinks or None).encode()
 
     def set_sink(self, sink: str, last: int) -> None:
         """A sink committed batch ``last`` (batch ids only grow, as in replay)."""
         self.sinks[sink] = max(self.sinks.get(sink, -1), last)
 
-    def apply_snapshot(self, meta: dict[str, Any]) -> list[str]:
+    def apply_snapshot(self, snapshot: records.Snapshot) -> list[str]:
         """Replace the state by a snapshot; return the queues it deleted."""
-        self.next_id = max(self.next_id, int(meta["next_id"]))
-        definitions: dict[str, Any] = meta["queues"]
+        self.next_id = max(self.next_id, snapshot.next_id)
+        definitions = snapshot.queues
         gone = [name for name in self.definitions if name not in definitions]
         deleted = [name for name in gone if self.delete(name)]  # (all of them were known)
         for definition in definitions.values():
             self.put(definition)
-        for sink, last in (meta.get("sinks") or {}).items():
-            self.set_sink(sink, int(last))
-        for name, ids in (meta.get("dups") or {}).items():
+        for sink, last in (snapshot.sinks or {}).items():
+            self.set_sink(sink, last)
+        for name, ids in snapshot.dups.items():
             if self.definitions.get(name, {}).get("kind") == "queue":
                 for message_id in ids:
                     self.remember(name, message_id)

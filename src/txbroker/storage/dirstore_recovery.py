@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from txbroker.core import records
-from txbroker.core.records import Kind
 from txbroker.errors import StoreError
 from txbroker.storage.dirstore_format import (
     FLAG_LOCAL,
@@ -467,22 +466,20 @@ def replay_moves(
     for position, msg, target in moved:
         message_id = msg[records.MSG_ID]
         seq = msg[records.MSG_SEQ] if len(msg) > records.MSG_SEQ else 0
-        follow = [StoredEntry(int(Kind.MOVE), records.pack([[message_id], target,
-                                                            "recovered", [seq]]), ())]
+        follow = [records.entry(records.Move([message_id], target, "recovered", [seq]))]
         if msg[records.MSG_DELIVER_AT]:
-            update = [message_id, msg[records.MSG_DELIVERY_COUNT],
-                      msg[records.MSG_DELIVER_AT]]
-            follow.append(StoredEntry(int(Kind.UPDATE), records.pack(update), ()))
+            follow.append(records.entry(records.Update(
+                message_id, msg[records.MSG_DELIVERY_COUNT], msg[records.MSG_DELIVER_AT])))
         extra[position] = follow
         if msg[records.MSG_QUEUE] not in definitions:
             phantom = True
             msg = [*msg]
             msg[records.MSG_QUEUE] = PHANTOM_QUEUE
-            entries[position] = StoredEntry(int(Kind.ADD), records.pack(msg), (message_id,))
+            entries[position] = records.entry(records.Add(msg), (message_id,))
     result: list[StoredEntry] = []
     for position, entry in enumerate(entries):
         result.append(entry)
         result += extra.get(position, ())
     if phantom:
-        result.append(StoredEntry(int(Kind.QUEUE_DELETE), records.pack(PHANTOM_QUEUE), ()))
+        result.append(records.entry(records.QueueDelete(PHANTOM_QUEUE)))
     return result

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A store is an ordered log of *entries*. An entry is ``(kind, meta, bodies)``:
 
-* ``kind`` — a small int naming the record type (see ``core/records.py``);
+* ``kind`` — a small int naming the record type (see ``core/records/__init__.py``);
   the store never interprets it, except that it writes the snapshot entry
   given by ``snapshot_provider`` first in every new segment;
 * ``meta`` — opaque bytes (msgpack written by ``records.py``);
@@ -53,7 +53,7 @@ from txbroker.core.records import StoredEntry as StoredEntry
 from txbroker.protocol.columns import split_bodies
 
 #: ``BodyRef``: an opaque handle to a stored body (only the store that issued it
-#: interprets it) and ``StoredEntry`` live in ``core/records.py`` (replay takes them).
+#: interprets it) and ``StoredEntry`` live in ``core/records/__init__.py`` (replay takes them).
 
 #: Called once per entry when it is durable (``None``) or failed (the error).
 DurableCallback = Callable[[BaseException | None], None]

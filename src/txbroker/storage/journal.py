@@ -319,7 +319,8 @@ class JournalStore:
                 starts = accumulate(lengths, initial=body)  # one more than lengths
                 refs = [base | start << REF_LENGTH_BITS | length
                         for start, length in zip(starts, lengths, strict=False)]
-            queue.items.append((segment, offset, size, kind, meta, bodies, refs, on_durable))
+            queue.items.append(EntryItem(segment, offset, size, kind, meta, bodies, refs,
+                                         on_durable))
             if queue.writer_idle:
                 queue.wakeup.notify()
             self._offset = offset + size
@@ -348,8 +349,7 @@ class JournalStore:
         if snapshot is not None:
             kind, meta = snapshot
             size = ENTRY_OVERHEAD + len(meta)
-            snap: EntryItem = (self._head, self._offset, size, kind, meta, (), [], None)
-            items.append(snap)
+            items.append(EntryItem(self._head, self._offset, size, kind, meta, (), [], None))
             self._offset += size
             info.size += size
             info.lead = size

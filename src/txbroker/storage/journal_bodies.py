@@ -38,7 +38,7 @@ from txbroker.storage.journal_format import (
     segment_name,
     unpack_ref,
 )
-from txbroker.storage.journal_writer import GroupCommitWriter
+from txbroker.storage.journal_writer import EntryItem, GroupCommitWriter
 from txbroker.storage.writer_thread import PendingQueue
 
 #: The body length packed in the low bits of a ref.
@@ -172,8 +172,8 @@ class BodyReader:
         with self._queue.lock:
             in_flight = self.writer.in_flight if self.writer is not None else []
             for item in (*in_flight, *self._queue.items):
-                if type(item) is tuple and ref in item[6]:
-                    return bytes(item[5][item[6].index(ref)])
+                if isinstance(item, EntryItem) and ref in item.refs:
+                    return bytes(item.bodies[item.refs.index(ref)])
         return None
 
     def _cache_put(self, ref: BodyRef, body: bytes) -> None:

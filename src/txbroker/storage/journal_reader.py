@@ -16,7 +16,8 @@ meanwhile are simply not seen.
 
 :func:`decode_record` turns an entry's ``kind`` and msgpack ``meta`` into one
 flat row of plain Python values (the columns of the ``txbroker-journal``
-Spark source). It accepts every shape ``core/records.py`` has had: the
+Spark source). It decodes through the record classes of ``core/records``,
+which accept every shape the records have had: the
 9- and 10-field ``msg`` tuple (``seq``), optional trailing times on TX,
 XA_PREPARE, XA_COMMIT, XA_ROLLBACK and XA_HEURISTIC, MOVE's optional
 ``[seq…]``, and kinds 16 SINK_COMMIT and 17 RELOCATE_MANY. A kind it does not
@@ -227,99 +228,103 @@ def _seq_pairs(pairs: Any) -> list[dict[str, Any]] | None:
     return None if pairs is None else [{"id": int(i), "seq": int(s)} for i, s in pairs]
 
 
-def _snapshot(row: dict[str, Any], meta: dict[str, Any], _lengths: tuple[int, ...]) -> None:
-    row["next_id"] = meta.get("next_id")
+def _snapshot(row: dict[str, Any], record: records.Snapshot, _lengths: tuple[int, ...]) -> None:
+    row["next_id"] = record.next_id
     row["branches"] = [
-        {"xid": _text(xid), "state": _text(branch[0]), "created_ms": _time(_opt(branch, 5))}
-        for xid, branch in (meta.get("xa") or {}).items()
+        {"xid": xid, "state": branch.state, "created_ms": _time(branch.created_ms)}
+        for xid, branch in (record.xa or {}).items()
     ]
 
 
-def _queue_put(row: dict[str, Any], meta: dict[str, Any], _lengths: tuple[int, ...]) -> None:
-    row["queue"], row["queue_kind"] = _text(meta["name"]), _text(meta.get("kind"))
-    row["topic"] = _text(meta.get("topic"))
+def _queue_put(row: dict[str, Any], record: records.QueuePut, _lengths: tuple[int, ...]) -> None:
+    definition = record.definition
+    row["queue"], row["queue_kind"] = definition["name"], _text(definition.get("kind"))
+    row["topic"] = _text(definition.get("topic"))
 
 
-def _queue_delete(row: dict[str, Any], meta: Any, _lengths: tuple[int, ...]) -> None:
-    row["queue"] = _text(meta)
+def _queue_delete(row: dict[str, Any], record: records.QueueDelete,
+                  _lengths: tuple[int, ...]) -> None:
+    row["queue"] = record.name
 
 
-def _add(row: dict[str, Any], meta: list[Any], lengths: tuple[int, ...]) -> None:
-    row["messages"] = _messages([meta], lengths[:1])
+def _add(row: dict[str, Any], record: records.Add | records.Relocate,
+         lengths: tuple[int, ...]) -> None:
+    row["messages"] = _messages([record.msg], lengths[:1])
 
 
-def _tx(row: dict[str, Any], meta: list[Any], lengths: tuple[int, ...]) -> None:
-    row["messages"] = _messages(meta[0], lengths)
-    row["ids"] = [int(i) for i in meta[1]]
-    row["time_ms"] = _time(_opt(meta, 2))
+def _tx(row: dict[str, Any], record: records.Tx, lengths: tuple[int, ...]) -> None:
+    row["messages"] = _messages(record.adds, lengths)
+    row["ids"] = list(record.acks)
+    row["time_ms"] = _time(record.committed_ms)
 
 
-def _relocate_many(row: dict[str, Any], meta: list[Any], lengths: tuple[int, ...]) -> None:
-    row["messages"] = _messages(meta, lengths)
+def _relocate_many(row: dict[str, Any], record: records.RelocateMany,
+                   lengths: tuple[int, ...]) -> None:
+    row["messages"] = _messages(record.msgs, lengths)
 
 
-def _ack(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
-    row["ids"] = [int(i) for i in meta]
+def _ack(row: dict[str, Any], record: records.Ack, _lengths: tuple[int, ...]) -> None:
+    row["ids"] = list(record.ids)
 
 
-def _drop(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
-    row["ids"], row["reason"] = [int(i) for i in meta[0]], _text(meta[1])
+def _drop(row: dict[str, Any], record: records.Drop, _lengths: tuple[int, ...]) -> None:
+    row["ids"], row["reason"] = list(record.ids), record.reason
 
 
-def _move(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
-    row["ids"], row["queue"], row["reason"] = [int(i) for i in meta[0]], _text(meta[1]), \
-        _text(meta[2])
-    seqs = _opt(meta, 3)
-    if seqs is not None:
-        row["seqs"] = _seq_pairs(zip(meta[0], seqs, strict=False))
+def _move(row: dict[str, Any], record: records.Move, _lengths: tuple[int, ...]) -> None:
+    row["ids"], row["queue"], row["reason"] = list(record.ids), record.queue, record.reason
+    if record.seqs is not None:
+        row["seqs"] = _seq_pairs(zip(record.ids, record.seqs, strict=True))
 
 
-def _update(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
-    row["ids"], row["delivery_count"] = [int(meta[0])], meta[1]
-    row["deliver_at_ms"] = _time(meta[2])
+def _update(row: dict[str, Any], record: records.Update, _lengths: tuple[int, ...]) -> None:
+    row["ids"], row["delivery_count"] = [record.id], record.delivery_count
+    row["deliver_at_ms"] = _time(record.deliver_at_ms)
 
 
-def _xa_prepare(row: dict[str, Any], meta: list[Any], lengths: tuple[int, ...]) -> None:
-    row["xid"], row["messages"] = _text(meta[0]), _messages(meta[1], lengths)
-    row["consumed"] = [{"id": int(i), "delivery_count": int(c)} for i, c in meta[2]]
-    row["discards"] = [int(i) for i in meta[3]]
-    row["created_ms"], row["time_ms"] = _time(meta[4]), _time(_opt(meta, 5))
+def _xa_prepare(row: dict[str, Any], record: records.XaPrepare,
+                lengths: tuple[int, ...]) -> None:
+    row["xid"], row["messages"] = record.xid, _messages(record.sends, lengths)
+    row["consumed"] = [{"id": i, "delivery_count": c} for i, c in record.consumed]
+    row["discards"] = list(record.discards)
+    row["created_ms"], row["time_ms"] = _time(record.created_ms), _time(record.prepared_ms)
 
 
-def _xa_commit(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
-    row["xid"], row["discards"] = _text(meta[0]), [int(i) for i in meta[1]]
-    row["seqs"], row["time_ms"] = _seq_pairs(_opt(meta, 2)), _time(_opt(meta, 3))
+def _xa_commit(row: dict[str, Any], record: records.XaCommit,
+               _lengths: tuple[int, ...]) -> None:
+    row["xid"], row["discards"] = record.xid, list(record.discards)
+    row["seqs"], row["time_ms"] = _seq_pairs(record.seqs), _time(record.committed_ms)
 
 
-def _xa_rollback(row: dict[str, Any], meta: Any, _lengths: tuple[int, ...]) -> None:
-    if isinstance(meta, list):
-        row["xid"], row["time_ms"] = _text(meta[0]), _time(_opt(meta, 1))
-    else:
-        row["xid"] = _text(meta)
+def _xa_rollback(row: dict[str, Any], record: records.XaRollback,
+                 _lengths: tuple[int, ...]) -> None:
+    row["xid"], row["time_ms"] = record.xid, _time(record.rolled_back_ms)
 
 
-def _xa_heuristic(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
-    row["xid"], row["outcome"] = _text(meta[0]), _text(meta[1])
-    row["discards"] = [int(i) for i in meta[2]]
-    row["seqs"], row["time_ms"] = _seq_pairs(_opt(meta, 3)), _time(_opt(meta, 4))
+def _xa_heuristic(row: dict[str, Any], record: records.XaHeuristic,
+                  _lengths: tuple[int, ...]) -> None:
+    row["xid"], row["outcome"] = record.xid, record.outcome
+    row["discards"] = list(record.discards)
+    row["seqs"], row["time_ms"] = _seq_pairs(record.seqs), _time(record.at_ms)
 
 
-def _xa_forget(row: dict[str, Any], meta: Any, _lengths: tuple[int, ...]) -> None:
-    row["xid"] = _text(meta)
+def _xa_forget(row: dict[str, Any], record: records.XaForget, _lengths: tuple[int, ...]) -> None:
+    row["xid"] = record.xid
 
 
-def _sink_commit(row: dict[str, Any], meta: list[Any], _lengths: tuple[int, ...]) -> None:
-    row["sink_id"], row["batch_id"] = _text(meta[0]), meta[1]
+def _sink_commit(row: dict[str, Any], record: records.SinkCommit,
+                 _lengths: tuple[int, ...]) -> None:
+    row["sink_id"], row["batch_id"] = record.sink, record.last_batch
     row["sink_branches"] = [
-        {"xid": _text(branch[0]), "seqs": _seq_pairs(branch[1]),
-         "discards": [int(i) for i in _opt(branch, 2) or []]}
-        for branch in meta[2]
+        {"xid": branch.xid, "seqs": _seq_pairs(branch.seqs),
+         "discards": list(branch.discards or [])}
+        for branch in record.commits
     ]
-    row["rolled_back"] = [_text(xid) for xid in meta[3]]
-    row["time_ms"] = _time(_opt(meta, 4))
+    row["rolled_back"] = list(record.rollbacks)
+    row["time_ms"] = _time(record.at_ms)
 
 
-#: How each known kind fills its columns.
+#: How each known kind fills its columns from its record (``core/records``).
 _DECODERS: Final[dict[int, Callable[[dict[str, Any], Any, tuple[int, ...]], None]]] = {
     Kind.SNAPSHOT: _snapshot, Kind.QUEUE_PUT: _queue_put, Kind.QUEUE_DELETE: _queue_delete,
     Kind.ADD: _add, Kind.TX: _tx, Kind.ACK: _ack, Kind.DROP: _drop, Kind.MOVE: _move,
@@ -352,7 +357,7 @@ def decode_record(entry: JournalEntry, path: str = "<journal>") -> dict[str, Any
     row["kind_name"] = KIND_NAMES[entry.kind]
     try:
         meta = records.unpack(entry.meta)
-        decoder(row, meta, entry.body_lengths)
+        decoder(row, records.from_value(entry.kind, meta), entry.body_lengths)
         row["meta_json"] = json.dumps(meta, default=_json_default, separators=(",", ":"))
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
         raise CorruptStore(path, entry.offset,

@@ -16,7 +16,7 @@ batches.
 
 The work items, in queue order:
 
-* an entry tuple (see :data:`EntryItem`), written at the offset ``append`` chose;
+* an :class:`EntryItem`, written at the offset ``append`` chose;
 * :class:`Roll` — seal the current segment (write + sync what is buffered,
   close it) and create the next one;
 * :class:`Delete` — unlink a dead segment *after* this batch's sync, so that
@@ -74,8 +74,22 @@ from txbroker.storage.writer_thread import (
 
 log = logging.getLogger("txbroker.journal")
 
-#: (segment id, offset, size, kind, meta, bodies, refs, on_durable or None for a snapshot).
-EntryItem = tuple[int, int, int, int, bytes, Sequence[bytes], list[BodyRef], DurableCallback | None]
+class EntryItem:
+    """Work item: one entry to write at the place ``append`` chose for it."""
+
+    __slots__ = ("bodies", "kind", "meta", "offset", "on_durable", "refs", "segment", "size")
+
+    def __init__(self, segment: int, offset: int, size: int, kind: int, meta: bytes,
+                 bodies: Sequence[bytes], refs: list[BodyRef],
+                 on_durable: DurableCallback | None) -> None:
+        self.segment = segment  #: the segment id
+        self.offset = offset  #: where in the segment
+        self.size = size  #: the encoded entry's size
+        self.kind = kind  #: the record kind (``core/records``)
+        self.meta = meta
+        self.bodies = bodies
+        self.refs = refs  #: the bodies' refs, handed back by ``append``
+        self.on_durable = on_durable  #: None for a segment's snapshot
 
 #: Permission bits of new segment files (before the umask).
 SEGMENT_FILE_MODE = 0o640
@@ -194,9 +208,10 @@ class GroupCommitWriter(WriterThread):
         created = False
         try:
             for item in batch:
-                if type(item) is tuple:
-                    _segment, offset, size, kind, meta, bodies, _refs, on_durable = item
-                    assert offset == self._offset, (offset, self._offset)
+                if type(item) is EntryItem:
+                    size, kind, meta, on_durable = item.size, item.kind, item.meta, item.on_durable
+                    bodies = item.bodies
+                    assert item.offset == self._offset, (item.offset, self._offset)
                     if type(meta) is not bytes:
                         meta = bytes(meta)
                     body_list = _as_bytes(bodies)
@@ -277,7 +292,7 @@ class GroupCommitWriter(WriterThread):
     def _pass_synced(self, batch: list[WorkItem]) -> None:
         """Crash point ``synced:KIND``: the batch holds an entry of that kind, durable."""
         points = self.crash_points
-        if any(type(item) is tuple and item[3] == points.kind for item in batch):
+        if any(type(item) is EntryItem and item.kind == points.kind for item in batch):
             points.passed(points.point)
 
     def _write(self, parts: list[bytes], offset: int) -> bool:
@@ -353,7 +368,8 @@ class GroupCommitWriter(WriterThread):
             batch = batch + self.queue.items
             self.queue.items = []
             self.in_flight = []
-        callbacks = [item[7] for item in batch if type(item) is tuple and item[7] is not None]
+        callbacks = [item.on_durable for item in batch
+                     if type(item) is EntryItem and item.on_durable is not None]
         if callbacks:
             self._dispatch(completion(callbacks, failure))
         for item in batch:

@@ -60,9 +60,11 @@ in its queue (0 = none: not yet committed, or not persistent). A local
 transaction's TX record has a 3rd element ``committed_ms`` (a record group of
 plain sends and acks has two). MOVE has a 4th element ``[seq…]`` (the moved
 messages' seqs in the target queue). XA_PREPARE has a 6th element
-``prepared_ms``. XA_COMMIT is ``[xid, [discard id…], [[id, seq]…],
-committed_ms]``; XA_ROLLBACK is ``[xid, rolled_back_ms]`` (formerly the bare
-xid); XA_HEURISTIC is ``[xid, outcome, [discard id…], [[id, seq]…], at_ms]``.
+``prepared_ms`` (in a backup's dump written before the record classes, the
+branch's ``created_ms``: ``xa_records.py`` says why). XA_COMMIT is ``[xid,
+[discard id…], [[id, seq]…], committed_ms]``; XA_ROLLBACK is ``[xid,
+rolled_back_ms]`` (formerly the bare xid); XA_HEURISTIC is ``[xid, outcome,
+[discard id…], [[id, seq]…], at_ms]``.
 A queue ``def`` carries ``"next_seq"`` and ``"delivered_seq"`` (the delivered
 mark, ``core/queue_index.py``: a ``QUEUE_PUT`` is also written to move it); the
 SNAPSHOT carries ``"sinks": {sink: last batch id}``. Seqs, marks and sink batch
@@ -89,66 +91,116 @@ may be nil; 0 means "none" for the times).
 
 Every metadata record is idempotent on replay (a snapshot may already
 contain the change a later record repeats).
+
+The vocabulary
+--------------
+One class per kind (:data:`RECORD_CLASSES`): ``metadata.py`` (SNAPSHOT,
+QUEUE_PUT, QUEUE_DELETE), ``message_records.py`` (ADD, TX, ACK, DROP, MOVE,
+UPDATE, RELOCATE, RELOCATE_MANY) and ``xa_records.py`` (XA_*, SINK_COMMIT).
+Every writer builds one and appends ``record.encode()`` under ``record.kind``
+(``Outbox.persist`` takes the record); every reader decodes with
+:func:`decode` (or a class's ``decode``/``from_value``), which accepts every
+shape above and raises :class:`~txbroker.errors.MalformedRecord` (a
+``ValueError``) for anything else: a field missing or extra, or of the wrong
+type. ``common.py`` holds the kinds, the codec and the field checks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any
+from typing import Any, Final, Protocol
 
-import msgpack
-
-#: What the store hands back per body (an opaque int; ``storage/interface.py``).
-BodyRef = int
-
-
-class Kind(IntEnum):
-    """Record kinds (the ``kind`` of a store entry)."""
-
-    SNAPSHOT = 1
-    QUEUE_PUT = 2
-    QUEUE_DELETE = 3
-    ADD = 4
-    TX = 5
-    ACK = 6
-    DROP = 7
-    MOVE = 8
-    UPDATE = 9
-    RELOCATE = 10
-    XA_PREPARE = 11
-    XA_COMMIT = 12
-    XA_ROLLBACK = 13
-    XA_HEURISTIC = 14
-    XA_FORGET = 15
-    SINK_COMMIT = 16
-    RELOCATE_MANY = 17
-
-
-#: Positions in the ``msg`` tuple.
-MSG_ID, MSG_QUEUE, MSG_MESSAGE_ID, MSG_HEADERS, MSG_PRIORITY = 0, 1, 2, 3, 4
-MSG_TIMESTAMP, MSG_EXPIRES, MSG_DELIVER_AT, MSG_DELIVERY_COUNT = 5, 6, 7, 8
-MSG_SEQ = 9
-MSG_FIELDS = 9  #: the fewest fields a ``msg`` has (records written before seqs)
-
-_packer = msgpack.Packer(use_bin_type=True)
-
-
-def pack(value: Any) -> bytes:
-    """Encode a meta value."""
-    return _packer.pack(value)
-
-
-def unpack(meta: bytes) -> Any:
-    """Decode a meta value (strings as ``str``, bodies never appear here)."""
-    return msgpack.unpackb(meta, raw=False, strict_map_key=False, use_list=True)
+from txbroker.core.records.common import (
+    MSG_DELIVER_AT,
+    MSG_DELIVERY_COUNT,
+    MSG_EXPIRES,
+    MSG_FIELDS,
+    MSG_FIELDS_MAX,
+    MSG_HEADERS,
+    MSG_ID,
+    MSG_MESSAGE_ID,
+    MSG_PRIORITY,
+    MSG_QUEUE,
+    MSG_SEQ,
+    MSG_TIMESTAMP,
+    BodyRef,
+    Kind,
+    MalformedRecord,
+    StoredEntry,
+    check_msg,
+    pack,
+    unpack,
+    unpack_meta,
+)
+from txbroker.core.records.message_records import (
+    Ack,
+    Add,
+    Drop,
+    Move,
+    Relocate,
+    RelocateMany,
+    Tx,
+    Update,
+)
+from txbroker.core.records.metadata import QueueDelete, QueuePut, Snapshot, SnapshotBranch
+from txbroker.core.records.xa_records import (
+    SinkBranch,
+    SinkCommit,
+    XaCommit,
+    XaForget,
+    XaHeuristic,
+    XaPrepare,
+    XaRollback,
+)
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEntry:
-    """One entry read back by a store's ``recover`` or ``entries_of``: what replay
-    takes (``core/replay.py``)."""
+class Record(Protocol):
+    """What every record class is: a kind and its meta bytes."""
 
-    kind: int
-    meta: bytes
-    refs: tuple[BodyRef, ...]
+    @property
+    def kind(self) -> int:
+        """The record kind (:class:`Kind`)."""
+
+    def encode(self) -> bytes:
+        """The meta bytes."""
+
+
+#: The record class of each kind. (The kind is a property of each class, not a class
+#: attribute: mypyc takes a ``ClassVar`` in a dataclass for a field.)
+RECORD_CLASSES: Final[dict[int, Any]] = {
+    int(Kind.SNAPSHOT): Snapshot, int(Kind.QUEUE_PUT): QueuePut,
+    int(Kind.QUEUE_DELETE): QueueDelete, int(Kind.ADD): Add, int(Kind.TX): Tx,
+    int(Kind.ACK): Ack, int(Kind.DROP): Drop, int(Kind.MOVE): Move, int(Kind.UPDATE): Update,
+    int(Kind.RELOCATE): Relocate, int(Kind.XA_PREPARE): XaPrepare,
+    int(Kind.XA_COMMIT): XaCommit, int(Kind.XA_ROLLBACK): XaRollback,
+    int(Kind.XA_HEURISTIC): XaHeuristic, int(Kind.XA_FORGET): XaForget,
+    int(Kind.SINK_COMMIT): SinkCommit, int(Kind.RELOCATE_MANY): RelocateMany,
+}
+
+
+def from_value(kind: int, value: Any) -> Any:
+    """The record of ``kind`` from its unpacked meta value (``MalformedRecord`` if it
+    is not one, or the kind is unknown)."""
+    cls = RECORD_CLASSES.get(kind)
+    if cls is None:
+        raise MalformedRecord(f"unknown record kind {kind}")
+    return cls.from_value(value)
+
+
+def entry(record: Record, refs: tuple[BodyRef, ...] = ()) -> StoredEntry:
+    """A store entry holding ``record`` (a store handing entries back builds them so)."""
+    return StoredEntry(record.kind, record.encode(), refs)
+
+
+def decode(kind: int, meta: bytes) -> Any:
+    """The record of ``kind`` from its meta bytes (see :func:`from_value`)."""
+    return from_value(kind, unpack_meta(meta, f"kind {kind}"))
+
+
+__all__ = ["MSG_DELIVERY_COUNT", "MSG_DELIVER_AT", "MSG_EXPIRES", "MSG_FIELDS",
+           "MSG_FIELDS_MAX", "MSG_HEADERS", "MSG_ID", "MSG_MESSAGE_ID", "MSG_PRIORITY",
+           "MSG_QUEUE", "MSG_SEQ", "MSG_TIMESTAMP", "RECORD_CLASSES", "Ack", "Add",
+           "BodyRef", "Drop", "Kind", "MalformedRecord", "Move", "QueueDelete", "QueuePut",
+           "Record", "Relocate", "RelocateMany", "SinkBranch", "SinkCommit", "Snapshot",
+           "SnapshotBranch", "StoredEntry", "Tx", "Update", "XaCommit", "XaForget",
+           "XaHeuristic", "XaPrepare", "XaRollback", "check_msg", "decode", "entry",
+           "from_value", "pack", "unpack", "unpack_meta"]
