@@ -122,9 +122,16 @@ async def _server(loop: SimLoop, world: World, bank: Bank, partition: str,
                   plants: frozenset[str]) -> None:
     """One partition server, until it is killed (or the run ends)."""
     ledger = bank.ledgers[partition]
-    conn = await _connect(loop)
-    server = AsyncServerTransactionController(conn)
-    await server.register_partition(FACILITY, partition)
+    while True:  # a server that cannot register exits and its supervisor starts it again
+        conn = await _connect(loop)
+        server = AsyncServerTransactionController(conn)
+        try:
+            await server.register_partition(FACILITY, partition)
+            break
+        except (TxBrokerError, TimeoutError) as exc:
+            world.log(f"{loop.time():.6f} server {partition} register: {exc!r}")
+            await conn.close()
+            await asyncio.sleep(loop.random.uniform(0.01, 0.05))
     pending: tuple[str, int, int] | None = None  # tid, account, amount (None: skip)
     while True:
         try:
@@ -174,9 +181,16 @@ async def _server(loop: SimLoop, world: World, bank: Bank, partition: str,
 
 async def _client(loop: SimLoop, world: World, bank: Bank, number: int,
                   until: float) -> None:
-    conn = await _connect(loop)
-    client = AsyncTransactionController(conn)
-    await client.register_facility(FACILITY)
+    while True:
+        conn = await _connect(loop)
+        client = AsyncTransactionController(conn)
+        try:
+            await client.register_facility(FACILITY)
+            break
+        except (TxBrokerError, TimeoutError) as exc:
+            world.log(f"{loop.time():.6f} client {number} register: {exc!r}")
+            await conn.close()
+            await asyncio.sleep(loop.random.uniform(0.01, 0.05))
     count = 0
     while loop.time() < until:
         count += 1
