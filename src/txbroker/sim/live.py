@@ -3,12 +3,16 @@ broker's simulated disk, a broker process, and the broker's logs in the trace.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
 
+from txbroker.aio import connect
 from txbroker.client._failover import JITTER
+from txbroker.client.aio import AsyncConnection
+from txbroker.errors import TxBrokerError
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.sim.loop import SimLoop
@@ -17,8 +21,8 @@ from txbroker.storage.interface import Dispatch, SnapshotProvider, Store
 from txbroker.storage.memory import MemoryState, MemoryStore
 from txbroker.storage.store_lock import StoreLock
 
-__all__ = ["EPOCH_MS", "SYNC_S", "SimDisk", "captured_logs", "run_broker",
-           "seed_client_jitter"]
+__all__ = ["EPOCH_MS", "SYNC_S", "SimDisk", "captured_logs", "connect_retrying",
+           "run_broker", "seed_client_jitter"]
 
 #: The broker's wall clock at virtual time 0 (ms): 2026-01-01.
 EPOCH_MS = 1_767_225_600_000
@@ -70,6 +74,16 @@ async def run_broker(loop: SimLoop, disk: SimDisk, host: str, port: int,
     await server.serve_forever()
 
 
+
+
+async def connect_retrying(loop: SimLoop, url: str, **options: Any) -> AsyncConnection:
+    """Connect, trying again while the broker is down — as a supervisor restarts a
+    program that could not connect at start (the first connect does not fail over)."""
+    while True:
+        try:
+            return await connect(url, **options)
+        except (TxBrokerError, TimeoutError, OSError):
+            await asyncio.sleep(loop.random.uniform(0.01, 0.05))
 
 
 def seed_client_jitter(loop: SimLoop) -> None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from txbroker.aio import connect
 from txbroker.client.aio import AsyncConnection
 from txbroker.errors import TxBrokerError
 from txbroker.router.aio import (
@@ -55,7 +54,13 @@ from txbroker.sim.bank_scenario import (
     PARTITIONS,
     Database,
 )
-from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
+from txbroker.sim.live import (
+    SimDisk,
+    captured_logs,
+    connect_retrying,
+    run_broker,
+    seed_client_jitter,
+)
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
@@ -109,13 +114,7 @@ def _unleg(body: bytes) -> tuple[int, int]:
 
 
 async def _connect(loop: SimLoop) -> AsyncConnection:
-    """Connect, trying again while the broker is down (as a process supervisor restarts
-    a program that could not connect at start)."""
-    while True:
-        try:
-            return await connect(URL, failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
-        except (TxBrokerError, TimeoutError, OSError):
-            await asyncio.sleep(loop.random.uniform(0.01, 0.05))
+    return await connect_retrying(loop, URL, failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
 
 
 async def _server(loop: SimLoop, world: World, bank: Bank, partition: str,

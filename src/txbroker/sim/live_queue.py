@@ -37,10 +37,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from txbroker.aio import connect
 from txbroker.client.aio import AsyncConnection
-from txbroker.errors import TxBrokerError
-from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
+from txbroker.errors import NotFound, TxBrokerError
+from txbroker.sim.live import (
+    SimDisk,
+    captured_logs,
+    connect_retrying,
+    run_broker,
+    seed_client_jitter,
+)
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
@@ -77,14 +82,14 @@ class Record:
     failures: list[str] = field(default_factory=list)
 
 
-async def _connect() -> AsyncConnection:
-    return await connect(f"txb://{BROKER}:{PORT}", failover_timeout=FAILOVER_TIMEOUT_S,
-                         timeout=5.0)
+async def _connect(loop: SimLoop) -> AsyncConnection:
+    return await connect_retrying(loop, f"txb://{BROKER}:{PORT}",
+                                  failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
 
 
 async def _producer(loop: SimLoop, world: World, number: int, record: Record,
                     until: float) -> None:
-    conn = await _connect()
+    conn = await _connect(loop)
     count = 0
     while loop.time() < until:
         count += 1
@@ -119,7 +124,7 @@ async def _producer(loop: SimLoop, world: World, number: int, record: Record,
 
 
 async def _consumer(loop: SimLoop, world: World, record: Record, until: float) -> None:
-    conn = await _connect()
+    conn = await _connect(loop)
     while loop.time() < until:
         try:
             message = await conn.receive(QUEUE, timeout=0.1)
@@ -138,13 +143,15 @@ async def _consumer(loop: SimLoop, world: World, record: Record, until: float) -
     await conn.close()
 
 
-async def _left_in_queue() -> int:
-    conn = await _connect()
+async def _left_in_queue(loop: SimLoop) -> int:
+    conn = await _connect(loop)
     try:
         info = await conn.queue_info(QUEUE)
-        return int(info["messages"])
+    except NotFound:  # never made (nothing was sent): nothing left
+        return 0
     finally:
         await conn.close()
+    return int(info["messages"])
 
 
 def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
@@ -180,7 +187,7 @@ def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
                 await client
             except Exception as exc:  # a client that died is a finding
                 record.failures.append(f"a client raised {exc!r}")
-        _, counting = loop.spawn("127.0.3.1", _left_in_queue())
+        _, counting = loop.spawn("127.0.3.1", _left_in_queue(loop))
         left.append(await counting)
 
     with captured_logs(world, loop):
