@@ -1,0 +1,595 @@
+"""Real brokers in memory, for the client libraries' tests (issue 26): the real core, the
+real operation layer and the real native edge, joined to the real client library by
+pipes that pass bytes in memory instead of a socket.
+
+Theory of operation
+-------------------
+Like h11's ``ConnectionPair``, with asyncio's ``Transport``/``Protocol`` on the broker's
+side and the client's :class:`~txbroker.client.transport.Stream` on the other.
+
+An :class:`InMemoryNetwork` is the client's transport (``connect(url,
+transport=network)``, ``ConnectOptions.transport``): it maps ``host:port`` addresses
+to :class:`Node` objects. A node is one broker process at one address:
+
+* :meth:`Node.start` runs a real ``BrokerServer`` (``server/app.py``: store → Broker →
+  Operations; its ``store_opener`` opens a ``MemoryStore``) on the node's
+  ``MemoryState``; each connection gets the real native edge, ``ClientConnection``.
+  Several nodes may share one state, as the two brokers of a shared-store HA pair share
+  their store: only one may hold it at a time (the state's lock);
+* :meth:`Node.standby` serves the real standby edge (``StandbyConnection``, which
+  refuses ``hello`` with ``Standby``), as the other broker of a pair does;
+* :meth:`Node.kill` crashes the broker: the store loses what was not synced
+  (``MemoryStore.crash``), the server runs no more code for its connections, every
+  client sees its connection reset, and the address refuses connections until the
+  node is started again (on the same state: a restart, or another node's takeover).
+
+Each connection is a :class:`Pipe`. Bytes the client writes reach the broker
+protocol's ``data_received`` in a later turn of the broker's loop; bytes the broker
+writes reach the client's ``read`` on the client's loop. The two loops may differ (the
+sync client runs its own loop on a thread): bytes always cross with
+``call_soon_threadsafe``, which keeps their order. Faults are injected here, never by
+faking an answer: :meth:`Pipe.cut` (a reset both sides see), :meth:`Node.stall`
+(the broker's bytes held back, in order, until :meth:`Node.unstall`: a stalled
+reply), a refused connect (a node that is down).
+
+Every byte also passes a wire tap: the node's :class:`WireLog` decodes both directions
+with the real codec, so that a test can see which requests reached the broker and
+what it answered (and when).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from txbroker.errors import ErrorCode, ProtocolError
+from txbroker.protocol.native import (
+    HEADER_SIZE,
+    Err,
+    NativeConnection,
+    Ok,
+    Push,
+    Request,
+    Role,
+)
+from txbroker.server.app import BrokerServer
+from txbroker.server.config import ServerConfig
+from txbroker.server.edges.native.connection import ClientConnection
+from txbroker.server.ha.shared_store import StandbyConnection
+from txbroker.server.security.auth import Authenticator
+from txbroker.storage.interface import Dispatch, SnapshotProvider, Store
+from txbroker.storage.memory import MemoryState, MemoryStore
+from txbroker.storage.store_lock import StoreLock
+
+T = TypeVar("T")
+
+#: The largest frame the wire tap decodes (it judges nothing: the edges do).
+TAP_MAX_FRAME = 1 << 30
+#: Where every in-memory client seems to connect from: loopback, which a broker without
+#: users serves (``Operations.open``).
+CLIENT_HOST = "127.0.0.1"
+#: The errors a broker refuses a connection with (at open or in reply to ``hello``).
+REFUSALS = frozenset({ErrorCode.STANDBY, ErrorCode.SHUTTING_DOWN,
+                      ErrorCode.TOO_MANY_CONNECTIONS})
+#: The most messages ``queue_browse`` shows (its own limit, ``core/admin.py``).
+BROWSE_LIMIT = 1000
+#: Seconds a call into a :class:`LoopThread` may take.
+THREAD_CALL_TIMEOUT = 10.0
+
+Reply = Ok | Err | Push
+
+
+@dataclass
+class WireLog:
+    """What one node's connections carried, decoded: ``(pipe id, event)`` in order."""
+
+    requests: list[tuple[int, Request]] = field(default_factory=list)
+    replies: list[tuple[int, Reply]] = field(default_factory=list)
+
+    def ops(self, *names: str) -> list[dict[str, Any]]:
+        """The arguments of every request named one of ``names``, in arrival order."""
+        return [request.args for _, request in self.requests if request.op in names]
+
+    def names(self) -> list[str]:
+        """Every request's op, in arrival order."""
+        return [request.op for _, request in self.requests]
+
+    def _matching(self, op: str, args: dict[str, Any]) -> list[tuple[int, Request]]:
+        return [(pipe, request) for pipe, request in self.requests if request.op == op
+                and all(request.args.get(key) == value for key, value in args.items())]
+
+    def seen(self, op: str, **args: Any) -> bool:
+        """True once the broker read a request ``op`` whose arguments include ``args``."""
+        return bool(self._matching(op, args))
+
+    def answered(self, op: str, **args: Any) -> bool:
+        """True once the broker wrote its reply to such a request (even a held one)."""
+        wanted = {(pipe, request.rid) for pipe, request in self._matching(op, args)}
+        return any((pipe, reply.rid) in wanted for pipe, reply in self.replies
+                   if isinstance(reply, Ok | Err))
+
+    @property
+    def refusals(self) -> int:
+        """Connections the broker refused (``Standby``, ``TooManyConnections`` …)."""
+        return sum(1 for _, reply in self.replies
+                   if isinstance(reply, Err) and reply.code in REFUSALS)
+
+    @property
+    def hellos(self) -> list[dict[str, Any]]:
+        """The ``hello`` arguments of every connection the broker accepted."""
+        accepted = {(pipe, reply.rid) for pipe, reply in self.replies if isinstance(reply, Ok)}
+        return [request.args for pipe, request in self.requests
+                if request.op == "hello" and (pipe, request.rid) in accepted]
+
+
+class _BrokerSide(asyncio.Transport):
+    """The transport the broker's protocol writes to: one end of a :class:`Pipe`."""
+
+    def __init__(self, pipe: Pipe) -> None:
+        super().__init__()
+        self._pipe = pipe
+        self._closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """``peername``: the client's (loopback) address; nothing else is known."""
+        return (CLIENT_HOST, self._pipe.id) if name == "peername" else default
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Send bytes to the client (held while the node is stalled)."""
+        if not self._closing:
+            self._pipe.to_client(bytes(data))
+
+    def is_closing(self) -> bool:
+        """True once closed or aborted."""
+        return self._closing
+
+    def close(self) -> None:
+        """Close after what was written: the client reads end of stream."""
+        if not self._closing:
+            self._closing = True
+            self._pipe.broker_closed(reset=False)
+
+    def abort(self) -> None:
+        """Close at once: the client sees a reset."""
+        if not self._closing:
+            self._closing = True
+            self._pipe.broker_closed(reset=True)
+
+    def pause_reading(self) -> None:
+        """Stop handing the client's bytes to the protocol (back-pressure)."""
+        self._pipe.paused = True
+
+    def resume_reading(self) -> None:
+        """Hand over what arrived meanwhile, in a later loop turn."""
+        self._pipe.resume()
+
+    def is_reading(self) -> bool:
+        """False while paused."""
+        return not self._pipe.paused
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        """Nothing is buffered here."""
+
+    def get_write_buffer_size(self) -> int:
+        """Nothing is buffered here."""
+        return 0
+
+
+class _ClientSide:
+    """The client's :class:`~txbroker.client.transport.Stream`: the other end of a pipe."""
+
+    def __init__(self, pipe: Pipe, loop: asyncio.AbstractEventLoop) -> None:
+        self._pipe = pipe
+        self._loop = loop
+        self._buffer = bytearray()
+        self._ended = False
+        self._error: Exception | None = None
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    async def read(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` bytes; ``b""`` at end of stream; ConnectionResetError."""
+        while not self._buffer and not self._ended:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._buffer:
+            chunk = bytes(self._buffer[:max_bytes])
+            del self._buffer[:max_bytes]
+            return chunk
+        if self._error is not None:
+            raise self._error
+        return b""
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the broker (dropped once the stream ended, as TCP's are)."""
+        if not self._closed and not self._ended:
+            self._pipe.to_broker(bytes(data))
+
+    async def drain(self) -> None:
+        """Nothing is buffered here."""
+
+    def close(self) -> None:
+        """Close our end: the broker sees the connection lost."""
+        if not self._closed:
+            self._closed = True
+            self._pipe.client_closed()
+            self.feed_end(None)
+
+    # ---- called on the client's loop by the pipe
+    def feed(self, data: bytes) -> None:
+        """Bytes from the broker."""
+        if not self._ended:
+            self._buffer += data
+            self._wake()
+
+    def feed_end(self, error: Exception | None) -> None:
+        """End of stream (``error``: a reset)."""
+        if not self._ended:
+            self._ended = True
+            self._error = error
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Pipe:
+    """One in-memory connection between a client and a node (see the module docstring)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, node: Node, protocol: asyncio.Protocol,
+                 client_loop: asyncio.AbstractEventLoop) -> None:
+        self.id = next(Pipe._ids)
+        self.node = node
+        self.protocol = protocol
+        self.broker_loop = node.loop
+        self.client_loop = client_loop
+        self.stream = _ClientSide(self, client_loop)
+        self.transport = _BrokerSide(self)
+        #: False once the broker side is gone (closed, lost, or its process killed)
+        self.broker_open = True
+        self.paused = False
+        self._unread: list[bytes] = []
+        self._held: list[bytes] = []
+        self._requests = NativeConnection(Role.SERVER, max_frame_size=TAP_MAX_FRAME)
+        self._replies = NativeConnection(Role.CLIENT, max_frame_size=TAP_MAX_FRAME)
+        self._out = bytearray()
+
+    # ---- the broker's loop
+    def connect(self) -> None:
+        """``connection_made`` on the broker's side."""
+        if self.broker_open:
+            self.protocol.connection_made(self.transport)
+
+    def _arrive(self, data: bytes) -> None:
+        if not self.broker_open:
+            return
+        self._requests.receive_data(data)
+        with contextlib.suppress(ProtocolError):  # garbage: the edge itself answers it
+            while events := self._requests.drain():
+                self.node.log.requests.extend((self.id, event) for event in events
+                                              if isinstance(event, Request))
+        if self.paused:
+            self._unread.append(data)
+        else:
+            self.protocol.data_received(data)
+
+    def resume(self) -> None:
+        """Reading resumes: what arrived meanwhile goes in, in a later turn."""
+        self.paused = False
+
+        def hand_over() -> None:
+            while self._unread and not self.paused and self.broker_open:
+                self.protocol.data_received(self._unread.pop(0))
+
+        self.broker_loop.call_soon(hand_over)
+
+    def to_client(self, data: bytes) -> None:
+        """Bytes the broker wrote: tapped frame by frame, held while the node stalls."""
+        if not self.broker_open:  # written by a dead broker: nobody reads it
+            return
+        self._out += data
+        while len(self._out) >= HEADER_SIZE:
+            size = HEADER_SIZE + int.from_bytes(self._out[:HEADER_SIZE], "big")
+            if len(self._out) < size:
+                break
+            frame = bytes(self._out[:size])
+            del self._out[:size]
+            self._replies.receive_data(frame)
+            with contextlib.suppress(ProtocolError):  # garbage: the client itself judges it
+                self.node.log.replies.extend((self.id, event) for event in self._replies.drain()
+                                             if not isinstance(event, Request))
+            if self.node.stalled:
+                self._held.append(frame)
+            else:
+                self.client_loop.call_soon_threadsafe(self.stream.feed, frame)
+
+    def release(self) -> None:
+        """The stall is over: the held bytes go, in order."""
+        held, self._held = self._held, []
+        for frame in held:
+            self.client_loop.call_soon_threadsafe(self.stream.feed, frame)
+
+    def broker_closed(self, *, reset: bool) -> None:
+        """The broker closed (or aborted) the connection."""
+        if not reset:
+            self.release()
+        self.client_loop.call_soon_threadsafe(
+            self.stream.feed_end, ConnectionResetError("reset by the broker") if reset else None)
+        self.broker_loop.call_soon(self._lost, None)
+
+    def _lost(self, exc: Exception | None) -> None:
+        if self.broker_open:
+            self.broker_open = False
+            self.node.pipes.discard(self)
+            self.protocol.connection_lost(exc)
+
+    def cut(self) -> None:
+        """A reset that both sides see (the broker lives on)."""
+        self._held.clear()
+        self.client_loop.call_soon_threadsafe(
+            self.stream.feed_end, ConnectionResetError("connection reset"))
+        self._lost(ConnectionResetError("connection reset"))
+
+    def sever(self) -> None:
+        """The broker's process died: the client sees a reset; the broker runs nothing."""
+        self.broker_open = False
+        self._held.clear()
+        self.client_loop.call_soon_threadsafe(
+            self.stream.feed_end, ConnectionResetError("the broker died"))
+
+    # ---- the client's loop
+    def to_broker(self, data: bytes) -> None:
+        """Bytes the client wrote."""
+        self.broker_loop.call_soon_threadsafe(self._arrive, data)
+
+    def client_closed(self) -> None:
+        """The client closed its end."""
+        self.broker_loop.call_soon_threadsafe(self._lost, None)
+
+
+class Node:
+    """One broker "process" at one address (see the module docstring)."""
+
+    def __init__(self, network: InMemoryNetwork, address: str, state: MemoryState,
+                 config: ServerConfig) -> None:
+        self.network = network
+        self.address = address
+        self.state = state
+        self.config = config
+        self.server: BrokerServer | None = None
+        self.log = WireLog()
+        self.pipes: set[Pipe] = set()
+        #: what each new connection is served by (None: refused, the node is down)
+        self.serve: Callable[[], asyncio.Protocol] | None = None
+        #: True while the broker's bytes are held back (:meth:`stall`)
+        self.stalled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        """``txb://`` URL of this node alone."""
+        return f"txb://{self.address}"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the node's broker runs on (the one it was started on)."""
+        assert self._loop is not None, "the node was never started"
+        return self._loop
+
+    @property
+    def running(self) -> BrokerServer:
+        """The running broker (AssertionError if there is none)."""
+        assert self.server is not None, f"{self.address} is not running a broker"
+        return self.server
+
+    # ---- life
+    def _open_store(self, dispatch: Dispatch, snapshot: SnapshotProvider,
+                    lock: StoreLock | None) -> Store:
+        return MemoryStore(self.state, dispatch=dispatch, snapshot_provider=snapshot)
+
+    async def start(self) -> Node:
+        """Run a broker on the node's store (a restart, or a standby's takeover)."""
+        assert self.server is None, f"{self.address} already runs a broker"
+        self._loop = asyncio.get_running_loop()
+        server = BrokerServer(self.config, store_opener=self._open_store)
+        await server.recover()
+        self.server = server
+        ops = server.ops
+        self.serve = lambda: ClientConnection(ops)
+        return self
+
+    def standby(self) -> Node:
+        """Serve the standby edge: every ``hello`` is refused with ``Standby``."""
+        assert self.server is None, f"{self.address} runs a broker: kill it first"
+        self._loop = asyncio.get_running_loop()
+        config = self.config
+        text = (f"this broker ({self.address}) is the standby of a shared-store pair: "
+                "connect to the active one")
+        self.serve = lambda: StandbyConnection(
+            config, Authenticator(config.users), refusal=lambda op: text,
+            status=lambda: {"role": "standby"}, role=lambda: "standby")
+        return self
+
+    def serve_with(self, factory: Callable[[], asyncio.Protocol]) -> Node:
+        """Serve each new connection with ``factory()`` (a wire-edge test's peer)."""
+        self._loop = asyncio.get_running_loop()
+        self.serve = factory
+        return self
+
+    async def kill(self) -> None:
+        """Crash: unsynced records are lost, clients see a reset, connects are refused."""
+        self.serve = None
+        for pipe in list(self.pipes):
+            pipe.sever()
+        self.pipes.clear()
+        server, self.server = self.server, None
+        if server is not None:
+            if isinstance(server.store, MemoryStore):
+                server.store.crash()
+            await server.stop()  # its timers; the crashed store and dead pipes ignore it
+        await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        """A clean shutdown (``BrokerServer.stop``: clients read end of stream)."""
+        self.serve = None
+        server, self.server = self.server, None
+        if server is not None:
+            await server.stop()
+        await asyncio.sleep(0)
+
+    def drop_connections(self) -> None:
+        """Reset every connection (the broker lives on and sees them lost)."""
+        for pipe in list(self.pipes):
+            pipe.cut()
+
+    def stall(self) -> None:
+        """Hold back every byte the broker writes from now on (requests still arrive)."""
+        self.stalled = True
+
+    def unstall(self) -> None:
+        """Let the held bytes go, in order."""
+        self.stalled = False
+        for pipe in list(self.pipes):
+            pipe.release()
+
+    def fail_store(self) -> None:
+        """The store's next sync fails (``MemoryStore.sync_step``): the broker takes
+        no more writes, and what waited for that sync is refused."""
+        store = self.running.store
+        assert isinstance(store, MemoryStore)
+
+        def failing_sync() -> None:
+            raise OSError("injected: the disk failed")
+
+        store.sync_step = failing_sync
+
+    # ---- the real core's state, for assertions
+    def info(self, queue: str) -> dict[str, Any]:
+        """The core's ``queue_info`` (depth, in_flight, consumers …)."""
+        return self.running.broker.queue_info(queue)
+
+    def bodies(self, queue: str) -> list[bytes]:
+        """The bodies of the (first 1,000) messages ready in ``queue``, in the order they
+        would go."""
+        server = self.running
+        if queue not in server.broker.queues:
+            return []
+        return [server.body(m) for m in server.broker.queue_browse(queue, BROWSE_LIMIT)]
+
+    # ---- the network's side
+    def accept(self, client_loop: asyncio.AbstractEventLoop) -> _ClientSide:
+        """A new connection (called on the client's loop)."""
+        serve = self.serve
+        if serve is None:
+            raise ConnectionRefusedError(f"{self.address}: connection refused")
+        pipe = Pipe(self, serve(), client_loop)
+        self.pipes.add(pipe)
+        self.loop.call_soon_threadsafe(pipe.connect)
+        return pipe.stream
+
+
+class InMemoryNetwork:
+    """Addresses → nodes; the client's transport (``connect(url, transport=network)``)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self._ports = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def node(self, state: MemoryState | None = None, *, host: str = "broker",
+             **config: Any) -> Node:
+        """A node (down until started) at a new address, on ``state`` (a new store by
+        default; give another node's ``state`` for an HA pair); ``config``:
+        ``ServerConfig`` settings (``users``, ``max_connections``, ``router_facilities`` …)."""
+        with self._lock:
+            address = f"{host}:{next(self._ports)}"
+        settings = ServerConfig(data=Path("/nonexistent/in-memory"), **config)
+        node = Node(self, address, state if state is not None else MemoryState(name=address),
+                    settings)
+        self.nodes[address] = node
+        return node
+
+    async def broker(self, state: MemoryState | None = None, **config: Any) -> Node:
+        """A node running a broker (see :meth:`node`)."""
+        return await self.node(state, **config).start()
+
+    def url(self, *nodes: Node, auth: str = "") -> str:
+        """The failover list of ``nodes`` (``auth``: ``"user:password@"``)."""
+        return "txb://" + auth + ",".join(node.address for node in nodes)
+
+    async def open(self, host: str, port: int) -> _ClientSide:
+        """Connect to ``host:port`` (the client's ``Transport``); OSError if refused."""
+        node = self.nodes.get(f"{host}:{port}")
+        if node is None:
+            raise ConnectionRefusedError(f"{host}:{port}: connection refused")
+        return node.accept(asyncio.get_running_loop())
+
+    async def close(self) -> None:
+        """Stop every running broker (cleanly)."""
+        for node in list(self.nodes.values()):
+            if node.server is not None and node.loop is asyncio.get_running_loop():
+                await node.stop()
+
+
+async def until(condition: Callable[[], object], what: str = "condition",
+                timeout: float = 10.0) -> None:
+    """Wait (bounded) until ``condition()`` is true, yielding to the loop."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.002)
+
+
+def run(main: Callable[[InMemoryNetwork], Coroutine[Any, Any, T]], timeout: float = 15.0) -> T:
+    """Run ``main(network)`` on a fresh event loop, bounded in time; stop its brokers after."""
+
+    async def runner() -> T:
+        network = InMemoryNetwork()
+        try:
+            return await asyncio.wait_for(main(network), timeout)
+        finally:
+            await network.close()
+
+    return asyncio.run(runner())
+
+
+class LoopThread:
+    """An event loop on a thread for the brokers of the sync clients' tests (the sync
+    client runs its own loop: the pipes carry bytes across)."""
+
+    def __init__(self) -> None:
+        self.network = InMemoryNetwork()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the brokers' loop and return its result."""
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro,
+                                                                                self.loop)
+        return future.result(THREAD_CALL_TIMEOUT)
+
+    def broker(self, state: MemoryState | None = None, **config: Any) -> Node:
+        """A running broker on the loop's thread (see :meth:`InMemoryNetwork.node`)."""
+        return self.call(self.network.broker(state, **config))
+
+    def stop(self) -> None:
+        """Stop the brokers, then the loop and its thread."""
+        self.call(self.network.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(THREAD_CALL_TIMEOUT)
+        self.loop.close()
