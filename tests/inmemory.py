@@ -429,18 +429,40 @@ class Node:
         self.serve = factory
         return self
 
-    async def kill(self) -> None:
-        """Crash: unsynced records are lost, clients see a reset, connects are refused."""
+    def crash(self) -> BrokerServer | None:
+        """Die at once (no loop turn): the address refuses connections, every client
+        sees a reset, the store loses what was not synced. Returns the dead server, for
+        :meth:`bury`."""
         self.serve = None
         for pipe in list(self.pipes):
             pipe.sever()
         self.pipes.clear()
         server, self.server = self.server, None
+        if server is not None and isinstance(server.store, MemoryStore):
+            server.store.crash()
+        return server
+
+    @staticmethod
+    async def bury(server: BrokerServer | None) -> None:
+        """Stop a crashed server's timers (its crashed store and dead pipes ignore the
+        rest of ``BrokerServer.stop``)."""
         if server is not None:
-            if isinstance(server.store, MemoryStore):
-                server.store.crash()
-            await server.stop()  # its timers; the crashed store and dead pipes ignore it
+            await server.stop()
         await asyncio.sleep(0)
+
+    async def kill(self) -> None:
+        """Crash (see :meth:`crash`); the node stays down until started again."""
+        await self.bury(self.crash())
+
+    async def take_over(self, active: Node) -> Node:
+        """``active`` (on this node's store) crashes and this node, its standby, runs a
+        broker on the store at once — no client gets a turn in between."""
+        assert active.state is self.state, "a takeover needs the same store"
+        dead = active.crash()
+        self.serve = None
+        await self.start()  # (recovering a MemoryStore never yields to the loop)
+        await self.bury(dead)
+        return self
 
     async def stop(self) -> None:
         """A clean shutdown (``BrokerServer.stop``: clients read end of stream)."""

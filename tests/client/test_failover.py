@@ -23,8 +23,7 @@ async def pair(net: InMemoryNetwork) -> tuple[Node, Node]:
 
 async def fail_over(active: Node, standby: Node) -> None:
     """The active crashes; the standby takes the store over (recovers it, then serves)."""
-    await active.kill()
-    await standby.start()
+    await standby.take_over(active)
 
 
 def connect(net: InMemoryNetwork, *nodes: Node, **options: Any) -> Any:

@@ -46,9 +46,7 @@ class ServerThread(LoopThread):
         """The active dies; the standby takes over its store."""
 
         async def fail_over() -> None:
-            await active.kill()
-            standby.serve = None
-            await standby.start()
+            await standby.take_over(active)
 
         self.call(fail_over())
 
