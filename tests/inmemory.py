@@ -434,6 +434,7 @@ class Node:
         sees a reset, the store loses what was not synced. Returns the dead server, for
         :meth:`bury`."""
         self.serve = None
+        self.stalled = False  # (the held bytes die with the connections)
         for pipe in list(self.pipes):
             pipe.sever()
         self.pipes.clear()
