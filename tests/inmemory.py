@@ -23,16 +23,17 @@ to :class:`Node` objects. A node is one broker process at one address:
   client sees its connection reset, and the address refuses connections until the
   node is started again (on the same state: a restart, or another node's takeover).
 
-Each connection is a :class:`Pipe`. Bytes the client writes reach the broker
+Each connection is a ``Pipe`` (``tests/inmemory_pipe.py``). Bytes the client writes reach the broker
 protocol's ``data_received`` in a later turn of the broker's loop; bytes the broker
 writes reach the client's ``read`` on the client's loop. The two loops may differ (the
 sync client runs its own loop on a thread): bytes always cross with
 ``call_soon_threadsafe``, which keeps their order. Faults are injected here, never by
-faking an answer: :meth:`Pipe.cut` (a reset both sides see), :meth:`Node.stall`
-(the broker's bytes held back, in order, until :meth:`Node.unstall`: a stalled
-reply), a refused connect (a node that is down).
+faking an answer: :meth:`Node.drop_connections` (a reset both sides see),
+:meth:`Node.stall` (the broker's bytes held back, in order, until
+:meth:`Node.unstall`: a stalled reply), a refused connect (a node that is down),
+:meth:`Node.fail_store` (the store's next sync fails), :meth:`Node.crash`.
 
-Every byte also passes a wire tap: the node's :class:`WireLog` decodes both directions
+Every byte also passes a wire tap: the node's ``WireLog`` decodes both directions
 with the real codec, so that a test can see which requests reached the broker and
 what it answered (and when).
 """
@@ -41,24 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import itertools
 import threading
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from txbroker.errors import ErrorCode, ProtocolError
-from txbroker.protocol.native import (
-    HEADER_SIZE,
-    Err,
-    NativeConnection,
-    Ok,
-    Push,
-    Request,
-    Role,
-)
+from tests.inmemory_pipe import ClientSide, Pipe, WireLog
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.server.edges.native.connection import ClientConnection
@@ -70,294 +60,10 @@ from txbroker.storage.store_lock import StoreLock
 
 T = TypeVar("T")
 
-#: The largest frame the wire tap decodes (it judges nothing: the edges do).
-TAP_MAX_FRAME = 1 << 30
-#: Where every in-memory client seems to connect from: loopback, which a broker without
-#: users serves (``Operations.open``).
-CLIENT_HOST = "127.0.0.1"
-#: The errors a broker refuses a connection with (at open or in reply to ``hello``).
-REFUSALS = frozenset({ErrorCode.STANDBY, ErrorCode.SHUTTING_DOWN,
-                      ErrorCode.TOO_MANY_CONNECTIONS})
 #: The most messages ``queue_browse`` shows (its own limit, ``core/admin.py``).
 BROWSE_LIMIT = 1000
 #: Seconds a call into a :class:`LoopThread` may take.
 THREAD_CALL_TIMEOUT = 10.0
-
-Reply = Ok | Err | Push
-
-
-@dataclass
-class WireLog:
-    """What one node's connections carried, decoded: ``(pipe id, event)`` in order."""
-
-    requests: list[tuple[int, Request]] = field(default_factory=list)
-    replies: list[tuple[int, Reply]] = field(default_factory=list)
-
-    def ops(self, *names: str) -> list[dict[str, Any]]:
-        """The arguments of every request named one of ``names``, in arrival order."""
-        return [request.args for _, request in self.requests if request.op in names]
-
-    def names(self) -> list[str]:
-        """Every request's op, in arrival order."""
-        return [request.op for _, request in self.requests]
-
-    def _matching(self, op: str, args: dict[str, Any]) -> list[tuple[int, Request]]:
-        return [(pipe, request) for pipe, request in self.requests if request.op == op
-                and all(request.args.get(key) == value for key, value in args.items())]
-
-    def seen(self, op: str, **args: Any) -> bool:
-        """True once the broker read a request ``op`` whose arguments include ``args``."""
-        return bool(self._matching(op, args))
-
-    def answered(self, op: str, **args: Any) -> bool:
-        """True once the broker wrote its reply to such a request (even a held one)."""
-        wanted = {(pipe, request.rid) for pipe, request in self._matching(op, args)}
-        return any((pipe, reply.rid) in wanted for pipe, reply in self.replies
-                   if isinstance(reply, Ok | Err))
-
-    @property
-    def refusals(self) -> int:
-        """Connections the broker refused (``Standby``, ``TooManyConnections`` …)."""
-        return sum(1 for _, reply in self.replies
-                   if isinstance(reply, Err) and reply.code in REFUSALS)
-
-    @property
-    def hellos(self) -> list[dict[str, Any]]:
-        """The ``hello`` arguments of every connection the broker accepted."""
-        accepted = {(pipe, reply.rid) for pipe, reply in self.replies if isinstance(reply, Ok)}
-        return [request.args for pipe, request in self.requests
-                if request.op == "hello" and (pipe, request.rid) in accepted]
-
-
-class _BrokerSide(asyncio.Transport):
-    """The transport the broker's protocol writes to: one end of a :class:`Pipe`."""
-
-    def __init__(self, pipe: Pipe) -> None:
-        super().__init__()
-        self._pipe = pipe
-        self._closing = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """``peername``: the client's (loopback) address; nothing else is known."""
-        return (CLIENT_HOST, self._pipe.id) if name == "peername" else default
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Send bytes to the client (held while the node is stalled)."""
-        if not self._closing:
-            self._pipe.to_client(bytes(data))
-
-    def is_closing(self) -> bool:
-        """True once closed or aborted."""
-        return self._closing
-
-    def close(self) -> None:
-        """Close after what was written: the client reads end of stream."""
-        if not self._closing:
-            self._closing = True
-            self._pipe.broker_closed(reset=False)
-
-    def abort(self) -> None:
-        """Close at once: the client sees a reset."""
-        if not self._closing:
-            self._closing = True
-            self._pipe.broker_closed(reset=True)
-
-    def pause_reading(self) -> None:
-        """Stop handing the client's bytes to the protocol (back-pressure)."""
-        self._pipe.paused = True
-
-    def resume_reading(self) -> None:
-        """Hand over what arrived meanwhile, in a later loop turn."""
-        self._pipe.resume()
-
-    def is_reading(self) -> bool:
-        """False while paused."""
-        return not self._pipe.paused
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        """Nothing is buffered here."""
-
-    def get_write_buffer_size(self) -> int:
-        """Nothing is buffered here."""
-        return 0
-
-
-class _ClientSide:
-    """The client's :class:`~txbroker.client.transport.Stream`: the other end of a pipe."""
-
-    def __init__(self, pipe: Pipe, loop: asyncio.AbstractEventLoop) -> None:
-        self._pipe = pipe
-        self._loop = loop
-        self._buffer = bytearray()
-        self._ended = False
-        self._error: Exception | None = None
-        self._closed = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    async def read(self, max_bytes: int) -> bytes:
-        """Up to ``max_bytes`` bytes; ``b""`` at end of stream; ConnectionResetError."""
-        while not self._buffer and not self._ended:
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        if self._buffer:
-            chunk = bytes(self._buffer[:max_bytes])
-            del self._buffer[:max_bytes]
-            return chunk
-        if self._error is not None:
-            raise self._error
-        return b""
-
-    def write(self, data: bytes) -> None:
-        """Queue bytes for the broker (dropped once the stream ended, as TCP's are)."""
-        if not self._closed and not self._ended:
-            self._pipe.to_broker(bytes(data))
-
-    async def drain(self) -> None:
-        """Nothing is buffered here."""
-
-    def close(self) -> None:
-        """Close our end: the broker sees the connection lost."""
-        if not self._closed:
-            self._closed = True
-            self._pipe.client_closed()
-            self.feed_end(None)
-
-    # ---- called on the client's loop by the pipe
-    def feed(self, data: bytes) -> None:
-        """Bytes from the broker."""
-        if not self._ended:
-            self._buffer += data
-            self._wake()
-
-    def feed_end(self, error: Exception | None) -> None:
-        """End of stream (``error``: a reset)."""
-        if not self._ended:
-            self._ended = True
-            self._error = error
-            self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-
-class Pipe:
-    """One in-memory connection between a client and a node (see the module docstring)."""
-
-    _ids = itertools.count(1)
-
-    def __init__(self, node: Node, protocol: asyncio.Protocol,
-                 client_loop: asyncio.AbstractEventLoop) -> None:
-        self.id = next(Pipe._ids)
-        self.node = node
-        self.protocol = protocol
-        self.broker_loop = node.loop
-        self.client_loop = client_loop
-        self.stream = _ClientSide(self, client_loop)
-        self.transport = _BrokerSide(self)
-        #: False once the broker side is gone (closed, lost, or its process killed)
-        self.broker_open = True
-        self.paused = False
-        self._unread: list[bytes] = []
-        self._held: list[bytes] = []
-        self._requests = NativeConnection(Role.SERVER, max_frame_size=TAP_MAX_FRAME)
-        self._replies = NativeConnection(Role.CLIENT, max_frame_size=TAP_MAX_FRAME)
-        self._out = bytearray()
-
-    # ---- the broker's loop
-    def connect(self) -> None:
-        """``connection_made`` on the broker's side."""
-        if self.broker_open:
-            self.protocol.connection_made(self.transport)
-
-    def _arrive(self, data: bytes) -> None:
-        if not self.broker_open:
-            return
-        self._requests.receive_data(data)
-        with contextlib.suppress(ProtocolError):  # garbage: the edge itself answers it
-            while events := self._requests.drain():
-                self.node.log.requests.extend((self.id, event) for event in events
-                                              if isinstance(event, Request))
-        if self.paused:
-            self._unread.append(data)
-        else:
-            self.protocol.data_received(data)
-
-    def resume(self) -> None:
-        """Reading resumes: what arrived meanwhile goes in, in a later turn."""
-        self.paused = False
-
-        def hand_over() -> None:
-            while self._unread and not self.paused and self.broker_open:
-                self.protocol.data_received(self._unread.pop(0))
-
-        self.broker_loop.call_soon(hand_over)
-
-    def to_client(self, data: bytes) -> None:
-        """Bytes the broker wrote: tapped frame by frame, held while the node stalls."""
-        if not self.broker_open:  # written by a dead broker: nobody reads it
-            return
-        self._out += data
-        while len(self._out) >= HEADER_SIZE:
-            size = HEADER_SIZE + int.from_bytes(self._out[:HEADER_SIZE], "big")
-            if len(self._out) < size:
-                break
-            frame = bytes(self._out[:size])
-            del self._out[:size]
-            self._replies.receive_data(frame)
-            with contextlib.suppress(ProtocolError):  # garbage: the client itself judges it
-                self.node.log.replies.extend((self.id, event) for event in self._replies.drain()
-                                             if not isinstance(event, Request))
-            if self.node.stalled:
-                self._held.append(frame)
-            else:
-                self.client_loop.call_soon_threadsafe(self.stream.feed, frame)
-
-    def release(self) -> None:
-        """The stall is over: the held bytes go, in order."""
-        held, self._held = self._held, []
-        for frame in held:
-            self.client_loop.call_soon_threadsafe(self.stream.feed, frame)
-
-    def broker_closed(self, *, reset: bool) -> None:
-        """The broker closed (or aborted) the connection."""
-        if not reset:
-            self.release()
-        self.client_loop.call_soon_threadsafe(
-            self.stream.feed_end, ConnectionResetError("reset by the broker") if reset else None)
-        self.broker_loop.call_soon(self._lost, None)
-
-    def _lost(self, exc: Exception | None) -> None:
-        if self.broker_open:
-            self.broker_open = False
-            self.node.pipes.discard(self)
-            self.protocol.connection_lost(exc)
-
-    def cut(self) -> None:
-        """A reset that both sides see (the broker lives on)."""
-        self._held.clear()
-        self.client_loop.call_soon_threadsafe(
-            self.stream.feed_end, ConnectionResetError("connection reset"))
-        self._lost(ConnectionResetError("connection reset"))
-
-    def sever(self) -> None:
-        """The broker's process died: the client sees a reset; the broker runs nothing."""
-        self.broker_open = False
-        self._held.clear()
-        self.client_loop.call_soon_threadsafe(
-            self.stream.feed_end, ConnectionResetError("the broker died"))
-
-    # ---- the client's loop
-    def to_broker(self, data: bytes) -> None:
-        """Bytes the client wrote."""
-        self.broker_loop.call_soon_threadsafe(self._arrive, data)
-
-    def client_closed(self) -> None:
-        """The client closed its end."""
-        self.broker_loop.call_soon_threadsafe(self._lost, None)
 
 
 class Node:
@@ -513,7 +219,7 @@ class Node:
         return [server.body(m) for m in server.broker.queue_browse(queue, BROWSE_LIMIT)]
 
     # ---- the network's side
-    def accept(self, client_loop: asyncio.AbstractEventLoop) -> _ClientSide:
+    def accept(self, client_loop: asyncio.AbstractEventLoop) -> ClientSide:
         """A new connection (called on the client's loop)."""
         serve = self.serve
         if serve is None:
@@ -553,7 +259,7 @@ class InMemoryNetwork:
         """The failover list of ``nodes`` (``auth``: ``"user:password@"``)."""
         return "txb://" + auth + ",".join(node.address for node in nodes)
 
-    async def open(self, host: str, port: int) -> _ClientSide:
+    async def open(self, host: str, port: int) -> ClientSide:
         """Connect to ``host:port`` (the client's ``Transport``); OSError if refused."""
         node = self.nodes.get(f"{host}:{port}")
         if node is None:

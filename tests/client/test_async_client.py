@@ -14,7 +14,6 @@ from txbroker.client.aio import AsyncConnection
 from txbroker.client.async_objects import AUTO_ACK_BUFFER
 from txbroker.client.transport import Stream
 from txbroker.core.limits import Limits
-from txbroker.server.security.auth import hash_password
 from txbroker.errors import (
     AlreadyExists,
     AuthenticationFailed,
@@ -30,6 +29,7 @@ from txbroker.errors import (
     TransactionRolledBack,
 )
 from txbroker.protocol.native import NativeConnection, Ok, Request, Role
+from txbroker.server.security.auth import hash_password
 
 pytestmark = pytest.mark.timeout(30)
 
