@@ -82,6 +82,8 @@ class Node:
         self.serve: Callable[[], asyncio.Protocol] | None = None
         #: True while the broker's bytes are held back (:meth:`stall`)
         self.stalled = False
+        #: counts the node's processes: each start (broker, standby, peer) and crash ends one
+        self.incarnation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -110,6 +112,7 @@ class Node:
         """Run a broker on the node's store (a restart, or a standby's takeover)."""
         assert self.server is None, f"{self.address} already runs a broker"
         self._loop = asyncio.get_running_loop()
+        self.incarnation += 1
         server = BrokerServer(self.config, store_opener=self._open_store)
         await server.recover()
         self.server = server
@@ -121,6 +124,7 @@ class Node:
         """Serve the standby edge: every ``hello`` is refused with ``Standby``."""
         assert self.server is None, f"{self.address} runs a broker: kill it first"
         self._loop = asyncio.get_running_loop()
+        self.incarnation += 1
         config = self.config
         text = (f"this broker ({self.address}) is the standby of a shared-store pair: "
                 "connect to the active one")
@@ -132,6 +136,7 @@ class Node:
     def serve_with(self, factory: Callable[[], asyncio.Protocol]) -> Node:
         """Serve each new connection with ``factory()`` (a wire-edge test's peer)."""
         self._loop = asyncio.get_running_loop()
+        self.incarnation += 1
         self.serve = factory
         return self
 
@@ -140,6 +145,7 @@ class Node:
         sees a reset, the store loses what was not synced. Returns the dead server, for
         :meth:`bury`."""
         self.serve = None
+        self.incarnation += 1
         self.stalled = False  # (the held bytes die with the connections)
         for pipe in list(self.pipes):
             pipe.sever()
@@ -225,7 +231,6 @@ class Node:
         if serve is None:
             raise ConnectionRefusedError(f"{self.address}: connection refused")
         pipe = Pipe(self, serve(), client_loop)
-        self.pipes.add(pipe)
         self.loop.call_soon_threadsafe(pipe.connect)
         return pipe.stream
 
@@ -311,6 +316,11 @@ class LoopThread:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro,
                                                                                 self.loop)
         return future.result(THREAD_CALL_TIMEOUT)
+
+    def settle(self) -> None:
+        """Return once the brokers' loop ran what was queued for it before (bytes the
+        clients wrote are read in that order)."""
+        self.call(asyncio.sleep(0))
 
     def broker(self, state: MemoryState | None = None, **config: Any) -> Node:
         """A running broker on the loop's thread (see :meth:`InMemoryNetwork.node`)."""

@@ -207,6 +207,8 @@ class Pipe:
         self.node = node
         self.protocol = protocol
         self.broker_loop = node.loop
+        #: the life of the node's process this connection reached (see :meth:`connect`)
+        self.incarnation = node.incarnation
         self.client_loop = client_loop
         self.stream = ClientSide(self, client_loop)
         self.transport = BrokerSide(self)
@@ -221,8 +223,12 @@ class Pipe:
 
     # ---- the broker's loop
     def connect(self) -> None:
-        """``connection_made`` on the broker's side."""
-        if self.broker_open:
+        """``connection_made`` on the broker's side: the connection was accepted on the
+        client's loop, and the process that accepted it may have died since."""
+        if self.node.incarnation != self.incarnation:
+            self.sever()
+        elif self.broker_open:
+            self.node.pipes.add(self)
             self.protocol.connection_made(self.transport)
 
     def _arrive(self, data: bytes) -> None:

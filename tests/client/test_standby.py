@@ -125,19 +125,32 @@ def test_failover_skips_a_standby_for_the_next_active_host() -> None:
     run(main)
 
 
-def test_failover_waits_for_the_standby_to_take_over() -> None:
+@pytest.mark.parametrize("way", WAYS)
+def test_failover_waits_for_the_standby_to_take_over(way: str) -> None:
     async def main(net: InMemoryNetwork) -> None:
         active = await net.broker()
-        standby = net.node(active.state).standby()
+        if way == "standby":
+            standby = net.node(active.state).standby()
+        else:  # it takes the store over at once, but is full: another client is on it
+            standby = net.node(active.state, max_connections=1)
         moves: list[tuple[str, str]] = []
         async with connect(net, active, standby, failover_timeout=20,
                            on_failover=lambda old, new: moves.append((old, new))) as conn:
             await conn.send("q", b"stored", message_id="m1")
-            await active.kill()
+            if way == "standby":
+                await active.kill()
+            else:
+                dead = active.crash()
+                await standby.start()
+                other = standby.accept(asyncio.get_running_loop())  # before our client
+                await Node.bury(dead)
             # the client goes round the list (with back-off) while the standby refuses
             await until(lambda: standby.log.refusals >= 3, "three refusals")
             assert conn.host is None
-            await standby.start()  # the standby took over
+            if way == "standby":
+                await standby.start()  # the standby took over
+            else:
+                other.close()  # the other client left: there is room
             await asyncio.wait_for(conn.ping(), 10)
             assert moves == [(active.address, standby.address)]
             message = await conn.receive("q", timeout=1)

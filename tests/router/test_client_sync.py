@@ -103,4 +103,5 @@ def test_sync_handler_runs_until_stopped(thread: LoopThread, fake: Node) -> None
         runner.join(10)
         assert not runner.is_alive()
     assert calls == ["on_initialize", "on_application_message one", "on_accepted"]
+    thread.settle()  # the broker read everything the closed controllers wrote
     assert [op for op in fake.log.names() if op == "rtr_done"] == ["rtr_done"]
