@@ -59,14 +59,8 @@ from txbroker.server.edges.stomp.connection import StompServerConnection, StompS
 from txbroker.server.ops import Operations, is_loopback
 from txbroker.server.security.auth import Authenticator
 from txbroker.server.security.tls import tls_factory
-from txbroker.storage.interface import (
-    Dispatch,
-    PackedBodies,
-    Relocation,
-    SnapshotProvider,
-    Store,
-    StoreStats,
-)
+from txbroker.storage.interface import (Dispatch, PackedBodies, Relocation, SnapshotProvider,
+                                        Store, StoreStats)
 from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.server")
@@ -84,7 +78,13 @@ RELOCATE_PAUSE = 0.005
 #: Pending connections the kernel queues on each listener.
 LISTEN_BACKLOG = 1024
 
-__all__ = ["BrokerServer", "is_loopback", "open_store", "run", "serve", "store_lock_path"]
+__all__ = ["BrokerServer", "StoreOpener", "is_loopback", "open_store", "run", "serve",
+           "store_lock_path"]
+
+#: Opens a server's store from the completion dispatcher, the snapshot provider and the
+#: store's lock (if already held): :func:`open_store` on the server's config by default;
+#: tests pass one that opens a ``MemoryStore`` (``tests/inmemory.py``).
+StoreOpener = Callable[[Dispatch, SnapshotProvider, StoreLock | None], Store]
 
 
 def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], None],
@@ -135,8 +135,8 @@ class BrokerServer:
     """A running broker: see the module docstring."""
 
     def __init__(self, config: ServerConfig, stomp_settings: StompSettings | None = None,
-                 *, lock: StoreLock | None = None, store_opener: Callable[
-                     [Dispatch, SnapshotProvider, StoreLock | None], Store] | None = None) -> None:
+                 *, lock: StoreLock | None = None,
+                 store_opener: StoreOpener | None = None) -> None:
         config.validate()
         if stomp_settings is not None:
             stomp_settings.validate()
@@ -178,9 +178,8 @@ class BrokerServer:
         self.recovered_messages = 0
         #: the store's lock when the HA part took it before the store opened
         self._lock = lock
-        #: opens the store from (dispatch, snapshot, lock): ``open_store`` on ``config``
-        #: unless one is given (tests open a ``MemoryStore``: ``tests/inmemory.py``)
-        self._store_opener = store_opener
+        #: opens the store (``open_store`` on ``config`` unless one is given)
+        self._store_opener = store_opener or functools.partial(open_store, config)
         #: the HA part's status (``stats()["ha"]``), when the broker is one of a pair
         self.ha_status: Callable[[], dict[str, Any]] | None = None
         #: replicated HA: wraps the store once opened (``server/ha/replication.py``)
@@ -226,8 +225,7 @@ class BrokerServer:
         def dispatch(completions: Callable[[], None]) -> None:
             loop.call_soon_threadsafe(self._completed, completions)
 
-        opener = self._store_opener or functools.partial(open_store, self.config)
-        store = opener(dispatch, self.broker.snapshot, self._lock)
+        store = self._store_opener(dispatch, self.broker.snapshot, self._lock)
         if self.wrap_store is not None:
             store = self.wrap_store(store)
         self.broker.body_size_of = store.body_size
