@@ -1,4 +1,5 @@
-"""The async client against the in-process fake broker."""
+"""The async client against the real broker (core, operation layer, native edge) in
+memory (tests/inmemory.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from fakeserver import FakeBroker, FakeServer, run
+from tests.inmemory import InMemoryNetwork, Node, run
 
 import txbroker.aio
 from txbroker.client.aio import AsyncConnection
 from txbroker.client.async_objects import AUTO_ACK_BUFFER
 from txbroker.client.transport import Stream
+from txbroker.core.limits import Limits
 from txbroker.errors import (
     AlreadyExists,
     AuthenticationFailed,
@@ -27,28 +29,24 @@ from txbroker.errors import (
     TransactionRolledBack,
 )
 from txbroker.protocol.native import NativeConnection, Ok, Request, Role
+from txbroker.server.security.auth import hash_password
 
 pytestmark = pytest.mark.timeout(30)
 
 
-async def started(broker: FakeBroker | None = None) -> FakeServer:
-    return await FakeServer(broker).start()
-
-
-def url_of(*servers: FakeServer, auth: str = "") -> str:
-    return "txb://" + auth + ",".join(s.address for s in servers)
+def connect(net: InMemoryNetwork, *nodes: Node, auth: str = "", **options: Any) -> Any:
+    """``txbroker.aio.connect`` to ``nodes`` (a failover list) over the in-memory network."""
+    return txbroker.aio.connect(net.url(*nodes, auth=auth), transport=net, **options)
 
 
 def test_connect_hello_send_receive_ack() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(
-            url_of(server, auth="alice:s%40cret@"), client_id="c1"
-        ) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server, auth="alice:s%40cret@", client_id="c1") as conn:
             assert isinstance(conn, AsyncConnection)
             assert conn.server_info["server"] == "txbroker"
             assert conn.host == server.address
-            assert server.hellos == [
+            assert server.log.hellos == [
                 {"version": 1, "user": "alice", "password": "s@cret", "client_id": "c1"}
             ]
             await conn.send("orders", b"\x00body", headers={"k": "v"}, message_id="m1", priority=7)
@@ -66,18 +64,18 @@ def test_connect_hello_send_receive_ack() -> None:
             await message.ack(wait=True)
             with pytest.raises(IllegalState):
                 await message.ack()
-            assert server.broker.in_flight("orders") == 0
+            assert server.info("orders")["in_flight"] == 0
 
-    run(main())
+    run(main)
 
 
 def test_await_connect_and_send_options_on_the_wire() -> None:
-    async def main() -> None:
-        server = await started()
-        conn = await txbroker.aio.connect(url_of(server))
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker(limits=Limits(max_message_size=512 * 1024))
+        conn = await connect(net, server)
         await conn.send("q", b"x", persistent=False, ttl=1.5, delay=0.25)
         await conn.send("q", b"y")
-        sends = [args for op, args in server.broker.log if op == "send"]
+        sends = server.log.ops("send")
         assert sends[0] == {
             "dest": "q",
             "body": b"x",
@@ -97,13 +95,13 @@ def test_await_connect_and_send_options_on_the_wire() -> None:
         with pytest.raises(ConnectionLost):
             await conn.ping()
 
-    run(main())
+    run(main)
 
 
 def test_receive_timeout_poll_and_priority_order() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             assert await conn.receive("empty", timeout=0) is None
             assert await conn.receive("empty", timeout=0.05) is None
             for priority in (1, 9, 4):
@@ -116,17 +114,17 @@ def test_receive_timeout_poll_and_priority_order() -> None:
                 await message.ack()
             assert got == [b"9", b"4", b"1"]
 
-    run(main())
+    run(main)
 
 
 def test_send_nowait_pipelines() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             futures = [conn.send_nowait("bulk", b"%d" % i) for i in range(2000)]
             assert all(isinstance(f, asyncio.Future) for f in futures)
             assert await asyncio.gather(*futures) == [None] * 2000
-            assert len(server.broker.queues["bulk"].ready) == 2000
+            assert server.info("bulk")["depth"] == 2000
             with pytest.raises(BadRequest):  # checked at once, as the broker would
                 conn.send_nowait("bulk", b"x", priority=99)
             await conn.declare_queue("full", max_messages=1)
@@ -135,13 +133,13 @@ def test_send_nowait_pipelines() -> None:
             with pytest.raises(QuotaExceeded):
                 await refused
 
-    run(main())
+    run(main)
 
 
 def test_subscribe_client_ack_prefetch_and_nack() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             for i in range(5):
                 await conn.send("s", b"%d" % i)
             sub = await conn.subscribe("s", prefetch=2)
@@ -166,28 +164,28 @@ def test_subscribe_client_ack_prefetch_and_nack() -> None:
             await sub.close()
             await sub.close()
             assert await sub.get() is None
-            assert server.broker.queues["s"].subs == []
+            assert server.info("s")["consumers"] == 0
 
-    run(main())
+    run(main)
 
 
 def test_subscribe_auto_ack_and_context_manager() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             async with conn.subscribe("a", prefetch=10, ack="auto") as sub:
                 for i in range(30):
                     conn.send_nowait("a", b"%d" % i)
                 got = [m.body async for m in _take(sub, 30)]
                 assert got == [b"%d" % i for i in range(30)]
                 await got_message_ack_is_noop(sub, conn)
-            assert server.broker.queues["a"].subs == []
+            assert server.info("a")["consumers"] == 0
             with pytest.raises(ValueError):
                 conn.subscribe("a", ack="never")  # type: ignore[arg-type]
             with pytest.raises(ValueError):
                 conn.subscribe("a", prefetch=0)
 
-    run(main())
+    run(main)
 
 
 async def _take(sub: Any, count: int) -> Any:
@@ -206,9 +204,9 @@ async def got_message_ack_is_noop(sub: Any, conn: AsyncConnection) -> None:
 
 
 def test_closing_subscription_returns_unacked_messages() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             await conn.send("c", b"1")
             sub = await conn.subscribe("c")
             message = await sub.get(timeout=1)
@@ -224,32 +222,31 @@ def test_closing_subscription_returns_unacked_messages() -> None:
             await conn.ping()  # raised once only
             await again.ack(wait=True)
 
-    run(main())
+    run(main)
 
 
 def test_cancelled_subscription_ends_iteration() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             await conn.declare_queue("doomed")
             sub = await conn.subscribe("doomed")
             assert await conn.delete_queue("doomed") == 0
             assert [m async for m in sub] == []
-            assert sub.cancel_reason == "deleted"
+            assert sub.cancel_reason == "queue 'doomed' deleted"
 
-    run(main())
+    run(main)
 
 
 def test_transaction_commit_rollback_and_exception() -> None:
-    async def main() -> None:
-        server = await started()
-        ready = server.broker.queue
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             async with conn.transaction() as tx:
                 await tx.send("t", b"1")
                 await tx.send("t", b"2", message_id="x")
-                assert ready("t").ready == []  # staged only
-            assert len(ready("t").ready) == 2
+                assert server.bodies("t") == []  # staged only
+            assert len(server.bodies("t")) == 2
             with pytest.raises(TransactionError):
                 await tx.send("t", b"3")  # finished
 
@@ -262,7 +259,7 @@ def test_transaction_commit_rollback_and_exception() -> None:
                         await message.nack()
                     await tx.send("t", b"never")
                     raise RuntimeError("boom")
-            assert sorted(m.body for _, _, m in ready("t").ready) == [b"1", b"2"]
+            assert sorted(server.bodies("t")) == [b"1", b"2"]
 
             tx = conn.transaction()
             message = await tx.receive("t", timeout=1)
@@ -274,17 +271,17 @@ def test_transaction_commit_rollback_and_exception() -> None:
             with pytest.raises(IllegalState):
                 await tx.nack(outside)
             await tx.commit()
-            assert ready("t").ready == [] and server.broker.in_flight("t") == 0
+            assert server.bodies("t") == [] and server.info("t")["in_flight"] == 0
             await conn.transaction().commit()  # empty transaction: nothing sent
             await conn.transaction().rollback()
 
-    run(main())
+    run(main)
 
 
 def test_transaction_nack_and_failed_commit() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             await conn.send("n", b"1")
             outside = await conn.receive("n", timeout=1)
             assert outside is not None
@@ -292,19 +289,19 @@ def test_transaction_nack_and_failed_commit() -> None:
             await tx.begin()
             await tx.nack(outside)
             await tx.rollback()
-            server.broker.fail_commits = True
+            server.fail_store()  # the commit's record is never durable
             with pytest.raises(TransactionRolledBack):
                 async with conn.transaction() as tx2:
                     await tx2.send("n", b"2")
             assert tx2.state.value == "rolled back"
 
-    run(main())
+    run(main)
 
 
 def test_broker_errors_map_to_exception_classes() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             with pytest.raises(NotFound):
                 await conn.queue_info("nope")
             with pytest.raises(BadRequest):
@@ -317,34 +314,37 @@ def test_broker_errors_map_to_exception_classes() -> None:
                 await conn._engine.call("bogus", {}, timeout=1)
             assert info.value.code == ErrorCode.UNKNOWN_OP
             sub = await conn.subscribe("q")
-            with pytest.raises(AlreadyExists):
+            with pytest.raises(BadRequest, match="already in use"):
                 await conn._engine.call("subscribe", sub.subscribe_args(), timeout=1)
+            await conn.declare_topic("news")
+            with pytest.raises(AlreadyExists):
+                await conn.declare_queue("news")
             with pytest.raises(TransactionError):
                 await conn._engine.call("tx_commit", {"tx": 999}, timeout=1)
             await conn.ping()  # the connection survives all of this
 
-    run(main())
+    run(main)
 
 
 def test_authentication_failure() -> None:
-    async def main() -> None:
-        server = await started(FakeBroker(users={"bob": "pw"}))
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker(users={"bob": hash_password("pw")})
         with pytest.raises(AuthenticationFailed):
-            await txbroker.aio.connect(url_of(server, auth="bob:wrong@"))
-        conn = await txbroker.aio.connect(url_of(server, auth="bob:pw@"))
+            await connect(net, server, auth="bob:wrong@")
+        conn = await connect(net, server, auth="bob:pw@")
         await conn.close()
 
-    run(main())
+    run(main)
 
 
 def test_queue_admin() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server)) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server) as conn:
             info = await conn.declare_queue("adm", max_deliveries=3)
-            assert info["name"] == "adm" and info["settings"] == {"max_deliveries": 3}
+            assert info["name"] == "adm" and info["settings"]["max_deliveries"] == 3
             info = await conn.update_queue("adm", max_bytes=10)
-            assert info["settings"] == {"max_deliveries": 3, "max_bytes": 10}
+            assert (info["settings"]["max_deliveries"], info["settings"]["max_bytes"]) == (3, 10)
             await conn.send("adm", b"x")
             assert (await conn.queue_info("adm"))["depth"] == 1
             assert [q["name"] for q in await conn.queues()] == ["adm"]
@@ -363,17 +363,17 @@ def test_queue_admin() -> None:
             with pytest.raises(NotFound):
                 await conn.queue_info("adm")
 
-    run(main())
+    run(main)
 
 
 def test_request_timeout_and_abandoned_receive() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(url_of(server), timeout=0.2) as conn:
-            server.hold_ops.add("ping")
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with connect(net, server, timeout=0.2) as conn:
+            server.stall()  # the broker answers, its bytes are held back
             with pytest.raises(TimeoutError):
                 await conn.ping()
-            server.hold_ops.clear()
+            server.unstall()  # the late reply to the abandoned ping is ignored
             # A receive cancelled on our side: the message that answers it later is given back.
             waiting = asyncio.ensure_future(conn.receive("late"))
             await asyncio.sleep(0.05)
@@ -383,60 +383,38 @@ def test_request_timeout_and_abandoned_receive() -> None:
             message = await conn.receive("late", timeout=1)
             assert message is not None and message.body == b"1" and message.redelivered
 
-    run(main())
+    run(main)
 
 
 def test_connect_errors_and_options() -> None:
-    async def main() -> None:
-        server = await started()
-        dead = await started()
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        dead = await net.broker()
         await dead.kill()
         with pytest.raises(ConnectionLost, match="no broker"):
-            await txbroker.aio.connect(url_of(dead))
+            await connect(net, dead)
         # The first host is dead: the second one of the list is used.
-        async with txbroker.aio.connect(url_of(dead, server)) as conn:
+        async with connect(net, dead, server) as conn:
             assert conn.host == server.address
         with pytest.raises(TypeError, match="unknown connect option"):
-            txbroker.aio.connect(url_of(server), colour="red")
+            connect(net, server, colour="red")
         with pytest.raises(ValueError):
             txbroker.aio.connect("http://x")
         with pytest.raises(ValueError):
-            txbroker.aio.connect(url_of(server), timeout=0)
+            connect(net, server, timeout=0)
         # A host that never answers hello: the error names the timeout (it said nothing).
-        with pytest.raises(ConnectionLost, match=r"somewhere:1: TimeoutError"):
-            await txbroker.aio.connect("txb://somewhere:1", transport=SilentTransport(),
-                                       timeout=0.05)
+        silent = await net.broker()
+        silent.stall()
+        with pytest.raises(ConnectionLost, match=rf"{silent.address}: TimeoutError"):
+            await connect(net, silent, timeout=0.05)
+        assert silent.log.names() == ["hello"]  # it got the hello; its answer never came
 
-    run(main())
-
-
-class SilentTransport:
-    """Opens streams on which nobody ever answers."""
-
-    async def open(self, host: str, port: int) -> Stream:
-        return SilentStream()
-
-
-class SilentStream:
-    def __init__(self) -> None:
-        self.closed = asyncio.Event()
-
-    async def read(self, max_bytes: int) -> bytes:
-        await self.closed.wait()
-        return b""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    async def drain(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.closed.set()
+    run(main)
 
 
 class ScriptedTransport:
-    """An in-memory broker: answers hello, then answers any other request with garbage."""
+    """A test of the wire edge, not of a broker: a peer that answers hello, then answers
+    any other request with garbage (no real broker sends an undecodable frame)."""
 
     def __init__(self) -> None:
         self.opened: list[tuple[str, int]] = []
@@ -471,7 +449,7 @@ class ScriptedStream:
 
 
 def test_replaceable_transport_and_broker_protocol_violation() -> None:
-    async def main() -> None:
+    async def main(net: InMemoryNetwork) -> None:
         transport = ScriptedTransport()
         conn = await txbroker.aio.connect("txb://somewhere:1", transport=transport, reconnect=False)
         assert transport.opened == [("somewhere", 1)]
@@ -481,15 +459,15 @@ def test_replaceable_transport_and_broker_protocol_violation() -> None:
             await conn.ping()
         await conn.close()
 
-    run(main())
+    run(main)
 
 
 def test_auto_ack_subscription_stops_reading_when_the_application_lags() -> None:
-    async def main() -> None:
-        server = await started()
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
         async with (
-            txbroker.aio.connect(url_of(server)) as producer,
-            txbroker.aio.connect(url_of(server)) as consumer,
+            connect(net, server) as producer,
+            connect(net, server) as consumer,
         ):
             sub = await consumer.subscribe("flood", prefetch=10, ack="auto")
             body = b"x" * 2048
@@ -505,4 +483,4 @@ def test_auto_ack_subscription_stops_reading_when_the_application_lags() -> None
             assert count == 1600
             await consumer.ping()  # reading resumed: replies flow again
 
-    run(main())
+    run(main)

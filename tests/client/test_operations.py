@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from fakeserver import FakeServer, run
 from test_sync_client import ServerThread
+from tests.inmemory import InMemoryNetwork, Node, run
 
 import txbroker.aio
 from txbroker.client import sync
@@ -23,11 +23,13 @@ from txbroker.client.operations import (
     settle_args,
 )
 from txbroker.client.xa import AsyncXAResource
+from txbroker.core.limits import Limits
 from txbroker.errors import BadRequest, MessageTooLarge
 
 pytestmark = pytest.mark.timeout(30)
 
-#: The fake broker's max_message_size is 512 KiB (fakeserver.py, op_hello).
+#: The brokers of these tests announce a max_message_size of 512 KiB.
+LIMITS = Limits(max_message_size=512 * 1024)
 TOO_LARGE = b"x" * (600 * 1024)
 
 SEND_FACES: list[Callable[..., Any]] = [
@@ -104,14 +106,14 @@ def test_sync_and_async_faces_take_the_same_arguments(pair: tuple[type, type]) -
         assert got == wanted, f"{pair[1].__name__}.{name}"
 
 
-def wire_ops(server: FakeServer) -> list[str]:
-    return [op for op, _ in server.broker.log if op != "hello"]
+def wire_ops(server: Node) -> list[str]:
+    return [op for op in server.log.names() if op != "hello"]
 
 
 def test_async_transactional_send_checks_the_size_like_the_plain_send() -> None:
-    async def main() -> None:
-        server = await FakeServer().start()
-        async with txbroker.aio.connect(f"txb://{server.address}") as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker(limits=LIMITS)
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             with pytest.raises(MessageTooLarge) as plain:
                 await conn.send("q", TOO_LARGE)
             with pytest.raises(MessageTooLarge) as nowait:
@@ -129,7 +131,7 @@ def test_async_transactional_send_checks_the_size_like_the_plain_send() -> None:
             await tx.commit()
             assert wire_ops(server) == ["tx_begin", "send", "tx_commit"]
 
-    run(main())
+    run(main)
 
 
 @pytest.fixture
@@ -142,8 +144,8 @@ def servers() -> Iterator[ServerThread]:
 def test_sync_transactional_send_checks_the_size_like_the_plain_send(
     servers: ServerThread,
 ) -> None:
-    server = servers.server()
-    with sync.connect(f"txb://{server.address}") as conn:
+    server = servers.server(limits=LIMITS)
+    with servers.connect(f"txb://{server.address}") as conn:
         with pytest.raises(MessageTooLarge) as plain:
             conn.send("q", TOO_LARGE)
         with pytest.raises(MessageTooLarge):
@@ -160,13 +162,13 @@ def test_sync_transactional_send_checks_the_size_like_the_plain_send(
         assert wire_ops(server) == ["tx_begin", "tx_rollback"]
         tx.send("q", b"ok")
         tx.commit()
-        assert [b for _, _, m in servers.broker.queues["q"].ready for b in [m.body]] == [b"ok"]
+        assert server.bodies("q") == [b"ok"]
 
 
 def test_receive_and_batch_arguments_are_checked_before_any_request() -> None:
-    async def main() -> None:
-        server = await FakeServer().start()
-        async with txbroker.aio.connect(f"txb://{server.address}") as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker(limits=LIMITS)
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             tx = conn.transaction()
             with pytest.raises(ValueError):
                 await tx.receive("q", timeout=-1)
@@ -178,7 +180,7 @@ def test_receive_and_batch_arguments_are_checked_before_any_request() -> None:
                 await conn.send_batch("q", [b"a", "b"])  # type: ignore[list-item]
             assert wire_ops(server) == []
 
-    run(main())
+    run(main)
 
 
 def test_requests_and_their_wire_arguments() -> None:

@@ -1,5 +1,6 @@
-"""Pipelined sends coalesced into send_batch requests (client/_coalesce.py), against
-the in-process fake broker, whose log shows every request as it arrived."""
+"""Pipelined sends coalesced into send_batch requests (client/_coalesce.py), against the
+real broker in memory (tests/inmemory.py), whose wire log shows every request as it
+arrived."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from fakeserver import FakeServer, run
+from tests.inmemory import InMemoryNetwork, Node, run
 
 import txbroker.aio
 from txbroker.client._coalesce import MAX_BODY, MAX_MESSAGES
@@ -16,10 +17,11 @@ from txbroker.errors import QuotaExceeded
 pytestmark = pytest.mark.timeout(30)
 
 
-def sends(server: FakeServer) -> list[tuple[str, Any]]:
+def sends(server: Node) -> list[tuple[str, Any]]:
     """The send requests the broker got: (op, dest and the bodies)."""
     out: list[tuple[str, Any]] = []
-    for op, args in server.broker.log:
+    for request in [request for _, request in server.log.requests]:
+        op, args = request.op, request.args
         if op == "send":
             out.append((op, (args["dest"], [args["body"]])))
         elif op == "send_batch":
@@ -27,14 +29,14 @@ def sends(server: FakeServer) -> list[tuple[str, Any]]:
     return out
 
 
-def bodies(server: FakeServer, queue: str) -> list[bytes]:
-    return [m.body for _, _, m in sorted(server.broker.queues[queue].ready)]
+def bodies(server: Node, queue: str) -> list[bytes]:
+    return server.bodies(queue)
 
 
 def test_one_loop_turn_becomes_one_batch_per_run_of_a_destination() -> None:
-    async def main() -> None:
-        server = await FakeServer().start()
-        async with txbroker.aio.connect("txb://" + server.address) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             futures = [conn.send_nowait("a", b"a%d" % i) for i in range(10)]
             futures += [conn.send_nowait("b", b"b%d" % i) for i in range(5)]
             futures += [conn.send_nowait("a", b"a%d" % i) for i in range(10, 13)]
@@ -48,18 +50,18 @@ def test_one_loop_turn_becomes_one_batch_per_run_of_a_destination() -> None:
             await conn.send_nowait("c", b"alone")  # a lone message: a plain send
             assert sends(server)[-1] == ("send", ("c", [b"alone"]))
 
-    run(main())
+    run(main)
 
 
 def test_any_other_request_flushes_the_sends_before_it() -> None:
-    async def main() -> None:
-        server = await FakeServer().start()
-        async with txbroker.aio.connect("txb://" + server.address) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             pending = [conn.send_nowait("q", b"%d" % i) for i in range(3)]
             message = await conn.receive("q", timeout=1)  # written after the 3 sends
             assert message is not None and message.body == b"0"
             await asyncio.gather(*pending)
-            ops = [op for op, _ in server.broker.log if op in ("send_batch", "receive")]
+            ops = [op for op in server.log.names() if op in ("send_batch", "receive")]
             assert ops[:2] == ["send_batch", "receive"]
             # a send with options the batch does not carry goes alone, in its place
             futures = [conn.send_nowait("p", b"0"), conn.send_nowait("p", b"1", priority=7),
@@ -68,31 +70,31 @@ def test_any_other_request_flushes_the_sends_before_it() -> None:
             assert sends(server)[-3:] == [("send", ("p", [b"0"])), ("send", ("p", [b"1"])),
                                           ("send_batch", ("p", [b"2", b"3"]))]
 
-    run(main())
+    run(main)
 
 
 def test_ids_and_headers_travel_per_message() -> None:
-    async def main() -> None:
-        server = await FakeServer().start()
-        async with txbroker.aio.connect("txb://" + server.address) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             futures = [conn.send_nowait("h", b"%d" % i, message_id=f"m{i % 3}",
                                         headers={"n": str(i)} if i % 2 else None)
                        for i in range(5)]
             await asyncio.gather(*futures)
-            (_op, args), = [e for e in server.broker.log if e[0] == "send_batch"]
+            (args,) = server.log.ops("send_batch")
             assert args["message_ids"] == ["m0", "m1", "m2", "m0", "m1"]
             assert args["headers"] == [None, {"n": "1"}, None, {"n": "3"}, None]
-            stored = [m for _, _, m in sorted(server.broker.queues["h"].ready)]
-            assert [(m.body, m.message_id, m.headers) for m in stored] == [
+            stored = server.running.broker.queue_browse("h", 10)
+            assert [(server.running.body(m), m.message_id, m.headers or {}) for m in stored] == [
                 (b"0", "m0", {}), (b"1", "m1", {"n": "1"}), (b"2", "m2", {})]
 
-    run(main())
+    run(main)
 
 
 def test_batches_are_capped_and_big_bodies_go_alone() -> None:
-    async def main() -> None:
-        server = await FakeServer().start()
-        async with txbroker.aio.connect("txb://" + server.address) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             count = 2 * MAX_MESSAGES + 88
             await asyncio.gather(*[conn.send_nowait("cap", b"%d" % i) for i in range(count)])
             sizes = [len(b) for op, (_dest, b) in sends(server) if op == "send_batch"]
@@ -103,13 +105,13 @@ def test_batches_are_capped_and_big_bodies_go_alone() -> None:
                                  conn.send_nowait("big", b"2"))
             assert [op for op, _ in sends(server)[-3:]] == ["send", "send", "send"]
 
-    run(main())
+    run(main)
 
 
 def test_a_refused_batch_fails_every_message_of_it() -> None:
-    async def main() -> None:
-        server = await FakeServer().start()
-        async with txbroker.aio.connect("txb://" + server.address) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await net.broker()
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             await conn.declare_queue("full", max_messages=2)
             futures = [conn.send_nowait("full", b"%d" % i) for i in range(3)]
             results = await asyncio.gather(*futures, return_exceptions=True)
@@ -118,4 +120,4 @@ def test_a_refused_batch_fails_every_message_of_it() -> None:
             await conn.send("full", b"ok")  # the connection goes on
             assert bodies(server, "full") == [b"ok"]
 
-    run(main())
+    run(main)

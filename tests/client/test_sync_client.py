@@ -1,18 +1,19 @@
-"""The sync wrapper, against fake brokers running on their own loop thread."""
+"""The sync wrapper, against real brokers in memory (tests/inmemory.py) whose loop runs
+on a background thread (the sync client runs its own)."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from fakeserver import FakeBroker, FakeServer, close_all
+from tests.inmemory import LoopThread, Node
 
 import txbroker.client
-from txbroker.client.sync import Connection, Message, Subscription, Transaction, connect
+from txbroker.client.sync import Connection, Message, Subscription, Transaction
+from txbroker.client.sync import connect as sync_connect
 from txbroker.errors import (
     BadRequest,
     ConnectionLost,
@@ -25,29 +26,33 @@ from txbroker.errors import (
 
 pytestmark = pytest.mark.timeout(30)
 
-T = TypeVar("T")
 
+class ServerThread(LoopThread):
+    """Real brokers on a loop thread; each :meth:`server` is one more address."""
 
-class ServerThread:
-    """Fake brokers served by an event loop on a background thread."""
+    def server(self, state: Any = None, **config: Any) -> Node:
+        """A running broker (``state``: another node's, for a shared store)."""
+        return self.broker(state, **config)
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.broker = FakeBroker()
+    def standby(self, state: Any) -> Node:
+        """A standby on ``state`` (refuses ``hello`` until it takes over)."""
 
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+        async def standby() -> Node:
+            return self.network.node(state).standby()
 
-    def server(self) -> FakeServer:
-        return self.call(FakeServer(self.broker).start())
+        return self.call(standby())
 
-    def stop(self) -> None:
-        self.call(close_all())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
+    def fail_over(self, active: Node, standby: Node) -> None:
+        """The active dies; the standby takes over its store."""
+
+        async def fail_over() -> None:
+            await standby.take_over(active)
+
+        self.call(fail_over())
+
+    def connect(self, url: str, **options: Any) -> Connection:
+        """``txbroker.connect`` over the in-memory network."""
+        return sync_connect(url, transport=self.network, **options)
 
 
 @pytest.fixture
@@ -59,7 +64,7 @@ def servers() -> Iterator[ServerThread]:
 
 def test_sync_send_receive_subscribe(servers: ServerThread) -> None:
     server = servers.server()
-    with connect(f"txb://u:p@{server.address}", client_id="sync") as conn:
+    with servers.connect(f"txb://u:p@{server.address}", client_id="sync") as conn:
         assert isinstance(conn, Connection)
         assert conn.host == server.address
         assert conn.url.user == "u"
@@ -109,7 +114,7 @@ def test_sync_send_receive_subscribe(servers: ServerThread) -> None:
 
 def test_sync_transactions(servers: ServerThread) -> None:
     server = servers.server()
-    with connect(f"txb://{server.address}") as conn:
+    with servers.connect(f"txb://{server.address}") as conn:
         with conn.transaction() as tx:
             assert isinstance(tx, Transaction)
             tx.send("t", b"1")
@@ -129,25 +134,25 @@ def test_sync_transactions(servers: ServerThread) -> None:
         tx.commit()
         with pytest.raises(TransactionError):
             tx.receive("t", timeout=0)  # finished
-    with connect(f"txb://{server.address}") as conn:
+    with servers.connect(f"txb://{server.address}") as conn:
         conn.send("n", b"x")
         outside = conn.receive("n", timeout=1)
         assert outside is not None
         tx = conn.transaction()
         tx.nack(outside)
         tx.rollback()
-        servers.broker.fail_commits = True
+        assert server.bodies("t") == []
+        server.fail_store()  # the commit's record is never durable
         with pytest.raises(TransactionRolledBack), conn.transaction() as tx:
             tx.send("n", b"y")
-        servers.broker.fail_commits = False
-    assert servers.broker.queues["t"].ready == []
 
 
 def test_sync_admin_and_errors(servers: ServerThread) -> None:
     server = servers.server()
-    conn = txbroker.client.connect(f"txb://{server.address}", timeout=5)
+    conn = txbroker.client.connect(f"txb://{server.address}", timeout=5,
+                                   transport=servers.network)
     try:
-        assert conn.declare_queue("a", max_messages=10)["settings"] == {"max_messages": 10}
+        assert conn.declare_queue("a", max_messages=10)["settings"]["max_messages"] == 10
         assert conn.update_queue("a", max_bytes=1)["settings"]["max_bytes"] == 1
         conn.declare_topic("t")
         assert conn.subscribe_topic("t", "s", durable=False)["name"] == "t::s"
@@ -172,19 +177,20 @@ def test_sync_admin_and_errors(servers: ServerThread) -> None:
 
 def test_sync_connect_errors(servers: ServerThread) -> None:
     with pytest.raises(ValueError):
-        connect("nope://x")
+        sync_connect("nope://x")
     with pytest.raises(TypeError):
-        connect("txb://127.0.0.1:1", bogus=1)
+        sync_connect("txb://127.0.0.1:1", bogus=1)
     dead = servers.server()
     servers.call(dead.kill())
     before = threading.active_count()
     with pytest.raises(ConnectionLost):
-        connect(f"txb://{dead.address}", timeout=1)
+        servers.connect(f"txb://{dead.address}", timeout=1)
     assert threading.active_count() == before  # the loop thread was stopped
 
 
 def test_sync_failover_and_callback_thread(servers: ServerThread) -> None:
-    a, b = servers.server(), servers.server()
+    a = servers.server()
+    b = servers.standby(a.state)  # the other broker of a shared-store pair
     moves: list[tuple[str, str]] = []
     errors: list[BaseException] = []
     holder: list[Connection] = []
@@ -196,7 +202,7 @@ def test_sync_failover_and_callback_thread(servers: ServerThread) -> None:
         except RuntimeError as exc:
             errors.append(exc)
 
-    with connect(f"txb://{a.address},{b.address}", on_failover=on_failover) as conn:
+    with servers.connect(f"txb://{a.address},{b.address}", on_failover=on_failover) as conn:
         holder.append(conn)
         sub = conn.subscribe("f", ack="client")
         conn.send("f", b"1")
@@ -204,7 +210,7 @@ def test_sync_failover_and_callback_thread(servers: ServerThread) -> None:
         assert first is not None
         tx = conn.transaction()
         tx.send("f", b"tx")
-        servers.call(a.kill())
+        servers.fail_over(a, b)
         conn.send("f", b"2", message_id="two")  # waits for the failover
         assert moves == [(a.address, b.address)]
         assert len(errors) == 1 and "deadlock" in str(errors[0])
@@ -221,7 +227,7 @@ def test_sync_failover_and_callback_thread(servers: ServerThread) -> None:
 
 def test_sync_no_host_left(servers: ServerThread) -> None:
     server = servers.server()
-    conn = connect(f"txb://{server.address}", failover_timeout=0.2)
+    conn = servers.connect(f"txb://{server.address}", failover_timeout=0.2)
     sub = conn.subscribe("x")
     servers.call(server.kill())
     with pytest.raises(ConnectionLost):

@@ -1,4 +1,5 @@
-"""The router's sync face (thin wrappers over the async controllers) against the fake."""
+"""The router's sync face (thin wrappers over the async controllers) against the real
+broker in memory (tests/inmemory.py), on a loop thread of its own."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from fakerouter import FakeRouter, ThreadedFakeRouter
+from tests.inmemory import LoopThread, Node
 
 import txbroker
 from txbroker.errors import IllegalState
@@ -22,20 +23,30 @@ pytestmark = pytest.mark.timeout(30)
 M = MessageType
 
 
+#: The facility of these tests (the ``[router.facilities.BANK]`` table of a config file).
+BANK = {"BANK": [{"name": "A", "low": 0, "high": 99}, {"name": "B", "low": 100, "high": 199}]}
+
+
 @pytest.fixture
-def fake() -> Iterator[ThreadedFakeRouter]:
-    router = FakeRouter()
-    router.define("BANK", [("A", 0, 99), ("B", 100, 199)])
-    server = ThreadedFakeRouter(router)
-    yield server
-    server.stop()
+def thread() -> Iterator[LoopThread]:
+    loop_thread = LoopThread()
+    yield loop_thread
+    loop_thread.stop()
 
 
-def test_sync_round_trip_over_a_shared_connection(fake: ThreadedFakeRouter) -> None:
-    with txbroker.connect(fake.url) as conn:
+@pytest.fixture
+def fake(thread: LoopThread) -> Node:
+    """A broker with the facility BANK (named ``fake`` as the tests always called it)."""
+    return thread.broker(router_facilities=BANK)
+
+
+def test_sync_round_trip_over_a_shared_connection(thread: LoopThread, fake: Node) -> None:
+    net = thread.network
+    with txbroker.connect(fake.url, transport=net) as conn:
         client = TransactionController(conn)
         client.register_facility("BANK")
-        with ServerTransactionController(fake.url, inactivity_timeout_ms=5000) as srv:
+        with ServerTransactionController(fake.url, inactivity_timeout_ms=5000,
+                                         transport=net) as srv:
             assert srv.inactivity_timeout_ms == 5000
             srv.register_partition("BANK", "B", explicit_prepare=True)
             tid = client.start_transaction()
@@ -58,7 +69,7 @@ def test_sync_round_trip_over_a_shared_connection(fake: ThreadedFakeRouter) -> N
         conn.ping()  # the shared connection stays open
 
 
-def test_sync_handler_runs_until_stopped(fake: ThreadedFakeRouter) -> None:
+def test_sync_handler_runs_until_stopped(thread: LoopThread, fake: Node) -> None:
     calls: list[str] = []
     stop = threading.Event()
 
@@ -77,7 +88,9 @@ def test_sync_handler_runs_until_stopped(fake: ThreadedFakeRouter) -> None:
             calls.append("on_accepted")
             stop.set()
 
-    with ServerTransactionController(fake.url) as srv, TransactionController(fake.url) as client:
+    net = thread.network
+    with ServerTransactionController(fake.url, transport=net) as srv, \
+            TransactionController(fake.url, transport=net) as client:
         srv.register_partition("BANK", (0, 99))
         client.register_facility("BANK")
         runner = threading.Thread(target=Handler().run, args=(srv,),
@@ -90,4 +103,5 @@ def test_sync_handler_runs_until_stopped(fake: ThreadedFakeRouter) -> None:
         runner.join(10)
         assert not runner.is_alive()
     assert calls == ["on_initialize", "on_application_message one", "on_accepted"]
-    assert [op for op, _ in fake.router.log if op == "rtr_done"] == ["rtr_done"]
+    thread.settle()  # the broker read everything the closed controllers wrote
+    assert [op for op in fake.log.names() if op == "rtr_done"] == ["rtr_done"]

@@ -59,8 +59,14 @@ from txbroker.server.edges.stomp.connection import StompServerConnection, StompS
 from txbroker.server.ops import Operations, is_loopback
 from txbroker.server.security.auth import Authenticator
 from txbroker.server.security.tls import tls_factory
-from txbroker.storage.interface import (Dispatch, PackedBodies, Relocation, SnapshotProvider,
-                                        Store, StoreStats)
+from txbroker.storage.interface import (
+    Dispatch,
+    PackedBodies,
+    Relocation,
+    SnapshotProvider,
+    Store,
+    StoreStats,
+)
 from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.server")

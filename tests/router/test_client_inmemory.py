@@ -1,13 +1,13 @@
-"""The router's client library (async face) against the in-process fake router."""
+"""The router's client library (async face) against the real broker in memory
+(tests/inmemory.py): the real core's router, operation layer and native edge."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fakerouter import FakeRouter, FakeRouterServer, run
+from tests.inmemory import InMemoryNetwork, Node, run, until
 
 import txbroker.aio
 from txbroker.errors import BadRequest, IllegalState, NotFound, TransactionRolledBack
@@ -23,41 +23,44 @@ from txbroker.router.aio import (
 
 pytestmark = pytest.mark.timeout(30)
 M = MessageType
+#: The facility of these tests (the ``[router.facilities.BANK]`` table of a config file).
+BANK = {"BANK": [{"name": "A", "low": 0, "high": 99}, {"name": "B", "low": 100, "high": 199}]}
 
 
-async def started() -> FakeRouterServer:
-    router = FakeRouter()
-    router.define("BANK", [("A", 0, 99), ("B", 100, 199)])
-    return await FakeRouterServer(router).start()
+async def started(net: InMemoryNetwork) -> Node:
+    """A broker with the facility BANK."""
+    return await net.broker(router_facilities=BANK)
 
 
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait (bounded) until ``condition()`` holds, yielding to the loop."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not condition():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.005)
+def client_of(net: InMemoryNetwork, server: Node) -> AsyncTransactionController:
+    """A client controller on its own connection to ``server``."""
+    return AsyncTransactionController(server.url, transport=net)
 
 
-async def pair(server: FakeRouterServer, *, explicit: bool = False, partition: Any = "A",
-               **server_options: Any) -> tuple[AsyncTransactionController,
-                                               AsyncServerTransactionController]:
-    client = AsyncTransactionController(server.url)
+def server_of(net: InMemoryNetwork, server: Node, **options: Any
+              ) -> AsyncServerTransactionController:
+    """A server controller on its own connection to ``server``."""
+    return AsyncServerTransactionController(server.url, transport=net, **options)
+
+
+async def pair(net: InMemoryNetwork, server: Node, *, explicit: bool = False,
+               partition: Any = "A", **server_options: Any
+               ) -> tuple[AsyncTransactionController, AsyncServerTransactionController]:
+    client = client_of(net, server)
     await client.register_facility("BANK")
-    srv = AsyncServerTransactionController(server.url, **server_options)
+    srv = server_of(net, server, **server_options)
     await srv.register_partition("BANK", partition, explicit_prepare=explicit)
     return client, srv
 
 
-def ops(server: FakeRouterServer, *names: str) -> list[dict[str, Any]]:
-    return [args for op, args in server.router.log if op in names]
+def ops(server: Node, *names: str) -> list[dict[str, Any]]:
+    return server.log.ops(*names)
 
 
 def test_implicit_prepare_round_trip() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server)
         assert client.partition_map is not None
         assert [p.name for p in client.partition_map.partitions] == ["A", "B"]
         tid = await client.start_transaction()
@@ -85,17 +88,17 @@ def test_implicit_prepare_round_trip() -> None:
         await srv.close()
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 def test_explicit_prepare_votes_after_prepare_only() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server, explicit=True)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server, explicit=True)
         tid = await client.start_transaction()
         await client.send(b"x", key=150)  # partition B: no server there yet
         await client.send(b"y", key=1)
-        srv_b = AsyncServerTransactionController(server.url)
+        srv_b = server_of(net, server)
         await srv_b.register_partition("BANK", (100, 199), Role.PRIMARY, explicit_prepare=True)
         assert srv_b.partition == "B"
         for s in (srv, srv_b):
@@ -117,13 +120,13 @@ def test_explicit_prepare_votes_after_prepare_only() -> None:
         assert got is not None and got.type is M.ACCEPTED
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 def test_set_accept_both_sides_is_one_request_each() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server)
         tid = await client.start_transaction()
         await client.set_accept(b"only", key=3)
         assert [(a["tid"], a["accept"]) for a in ops(server, "rtr_send")] == [(tid, True)]
@@ -138,13 +141,13 @@ def test_set_accept_both_sides_is_one_request_each() -> None:
         assert got is not None and got.type is M.ACCEPTED
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 def test_reject_before_vote_and_local_checks() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server)
         with pytest.raises(IllegalState, match="start_transaction first"):
             await client.send(b"x", key=1)
         tid = await client.start_transaction()
@@ -182,16 +185,16 @@ def test_reject_before_vote_and_local_checks() -> None:
         got = await client.receive(timeout=5)
         assert got == RouterMessage(M.REJECTED, tid=local, reason="CHANGED MY MIND")
         with pytest.raises(NotFound, match="no facility 'NOPE'"):
-            await AsyncTransactionController(server.url).register_facility("NOPE")
+            await client_of(net, server).register_facility("NOPE")
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 def test_inactivity_timeout_rejects_a_partial_transaction_only() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server, inactivity_timeout_ms=100)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server, inactivity_timeout_ms=100)
         assert await srv.receive(timeout=0.3) is None  # waiting for a new one: no timeout
         tid = await client.start_transaction()
         await client.send(b"part 1", key=1)
@@ -206,13 +209,13 @@ def test_inactivity_timeout_rejects_a_partial_transaction_only() -> None:
         assert got is not None and (got.type, got.reason) == (M.REJECTED, "TIMEOUT")
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 def test_no_inactivity_timeout_after_prepare() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server, explicit=True, inactivity_timeout_ms=50)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server, explicit=True, inactivity_timeout_ms=50)
         await client.start_transaction()
         await client.send(b"m", key=1)
         await client.accept()
@@ -225,7 +228,7 @@ def test_no_inactivity_timeout_after_prepare() -> None:
         assert await srv.receive(timeout=0.3) is not None  # ACCEPTED
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 class Recorder(AsyncServerMessageHandler):
@@ -259,9 +262,9 @@ class Recorder(AsyncServerMessageHandler):
 
 
 def test_message_handler_calls_in_the_seed_order() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server, explicit=True)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server, explicit=True)
         handler = Recorder()
         stop = False
         task = asyncio.create_task(handler.run(srv, stop=lambda: stop, poll_interval=0.02))
@@ -289,13 +292,13 @@ def test_message_handler_calls_in_the_seed_order() -> None:
         await until(lambda: len(ops(server, "rtr_done")) == 2)
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 def test_named_and_unnamed_events() -> None:
-    async def main() -> None:
-        server = await started()
-        async with txbroker.aio.connect(server.url) as conn:
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        async with txbroker.aio.connect(server.url, transport=net) as conn:
             named = AsyncTransactionController(conn)
             await named.register_facility("BANK", recipient="teller-12", events=[ALL_USER_EVENTS])
             anonymous = AsyncTransactionController(conn)  # same connection, no name
@@ -305,7 +308,7 @@ def test_named_and_unnamed_events() -> None:
             assert await srv.send_event(5, b"hi", recipient="teller-%2") == 1
             got = await named.receive(timeout=5)
             assert got == RouterMessage(M.USER_EVENT, body=b"hi", number=5,
-                                        recipient="teller-%2")
+                                        recipient="teller-%2", facility="BANK")
             assert await srv.send_event(5, b"all") == 2  # unnamed: every subscriber of 5
             for ctl in (named, anonymous):
                 message = await ctl.receive(timeout=5)
@@ -318,49 +321,58 @@ def test_named_and_unnamed_events() -> None:
             await srv.close()
         await server.kill()
 
-    run(main())
+    run(main)
 
 
 def test_client_failover_asks_the_outcome() -> None:
-    async def main() -> None:
-        server = await started()
-        client, srv = await pair(server)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client, srv = await pair(net, server)
         tid = await client.start_transaction()
         await client.send(b"m", key=1)
         await client.accept()
         assert (await srv.receive(timeout=5)) is not None  # MSG1, not voted
-        old_client_id = client.controller_id
         await server.kill()  # the broker "crashes"; its router state survives
         lost = await srv.receive(timeout=5)
         assert lost is not None and (lost.type, lost.tid, lost.reason) == (M.REJECTED, tid,
                                                                           "LOST")
-        await server.restart()
-        replay = await srv.receive(timeout=10)  # registered again: the replay
-        assert replay is not None and (replay.type, replay.tid, replay.replay) == (
-            M.MSG1, tid, 1)
+        await server.start()
+        # registered again: the replay. The router's journal brought the accepted
+        # transaction back with its participant uncertain (core/router_journal.py)
+        replay = await srv.receive(timeout=10)
+        assert replay is not None and (replay.type, replay.tid, replay.body) == (
+            M.UNCERTAIN, tid, b"m")
         await srv.accept_transaction()
         got = await client.receive(timeout=10)
         assert got is not None and (got.type, got.tid) == (M.ACCEPTED, tid)
-        assert client.controller_id != old_client_id
+        # registered again on the restarted broker (which numbers controllers from 1 again)
+        assert sorted(a["kind"] for a in ops(server, "rtr_register")) == ["client"] * 2 + [
+            "server"] * 2
         assert [a["tid"] for a in ops(server, "rtr_outcome")][:1] == [tid]
         outcome = await srv.receive(timeout=5)
         assert outcome is not None and outcome.type is M.ACCEPTED
         await server.kill()
 
-    run(main(), timeout=25)
+    run(main, timeout=25)
 
 
 def test_client_failover_unknown_and_lost_while_sending() -> None:
-    async def main() -> None:
-        server = await started()
-        client = AsyncTransactionController(server.url)
+    async def main(net: InMemoryNetwork) -> None:
+        server = await started(net)
+        client = client_of(net, server)
         await client.register_facility("BANK")
         tid = await client.start_transaction()
         await client.send(b"m", key=1)  # no server: it waits at the router
-        await client.accept()
+        await client.connection.ping()  # the send's reply is in
+        # The disk fails before the accept's record is durable (the broker's failure reply
+        # is held back), then the broker dies: the accept was never durable.
+        server.stall()
+        server.fail_store()
+        accepting = asyncio.ensure_future(client.accept())
+        await until(lambda: server.log.answered("rtr_accept", tid=tid), "the accept refused")
         await server.kill()
-        del server.router.txns[tid]  # never durably accepted: gone with the crash
-        await server.restart()
+        await server.start()  # restarted on its store: no record of the transaction
+        await asyncio.wait_for(accepting, 10)  # the lost reply is not an error
         got = await client.receive(timeout=10)
         assert got == RouterMessage(M.REJECTED, tid=tid, reason="UNKNOWN")
         # lost while sending: further sends fail; the outcome is REJECTED
@@ -368,7 +380,7 @@ def test_client_failover_unknown_and_lost_while_sending() -> None:
         await client.send(b"m", key=1)
         await until(lambda: any(a["tid"] == tid for a in ops(server, "rtr_send")))
         await server.kill()
-        await server.restart()
+        await server.start()
         with pytest.raises(TransactionRolledBack, match="connection was lost"):
             await client.send(b"more", key=2)
         got = await client.receive(timeout=10)
@@ -376,4 +388,4 @@ def test_client_failover_unknown_and_lost_while_sending() -> None:
         await client.close()
         await server.kill()
 
-    run(main(), timeout=25)
+    run(main, timeout=25)
