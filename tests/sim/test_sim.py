@@ -56,6 +56,12 @@ REGRESSION_SEEDS = [
      "a simulator defect, not the broker's: the first fsync failed during the setup; a "
      "retried declare and a reconnection both started the workload, two producers of "
      "one name sent the same bodies (found in the 10,000-seed benchmark)"),
+    ("queue-live", 1017,
+     "a scenario defect: the broker was killed before the clients' first connect, which "
+     "does not fail over; they ended (connect_retrying now, as a supervisor would)"),
+    ("router-bank-live", 1082,
+     "a scenario defect: a partition server's registration was cut by a broker kill "
+     "(rtr_register is not re-sent after a failover); the server program ended"),
     ("queue-failing-fsync", 5,
      "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
      "raises delivered_seq and hands out the held delivery of p1-1; after the restart "

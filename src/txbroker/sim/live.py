@@ -41,6 +41,8 @@ class SimDisk:
 
     def open(self, dispatch: Dispatch, snapshot: SnapshotProvider,
              lock: StoreLock | None) -> Store:
+        """The broker's ``store_opener``: a MemoryStore over the disk's state whose
+        group syncs take :data:`SYNC_S` of virtual time."""
         loop = self.loop
 
         def slow_dispatch(work: Any) -> None:  # a group sync takes a while

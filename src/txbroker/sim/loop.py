@@ -143,6 +143,7 @@ class SimLoop(asyncio.BaseEventLoop):
         return future
 
     def set_default_executor(self, executor: Any) -> None:
+        """Refused: executor work runs inline here."""
         raise SimulationError("a SimLoop runs executor work inline: no executor to set")
 
     # -- processes -----------------------------------------------------------------
@@ -282,6 +283,7 @@ def _refuser(name: str) -> Callable[..., Any]:
         raise SimulationError(f"{name} is real I/O: not available in the simulation")
 
     refused.__name__ = name
+    refused.__doc__ = f"Refused: ``{name}`` would be real I/O (:class:`SimulationError`)."
     return refused
 
 

@@ -94,9 +94,11 @@ class SimListener:
         self.owner = self.context.get(PROCESS, 0)
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop it listens on."""
         return self._network.loop
 
     def is_serving(self) -> bool:
+        """True until closed."""
         return self._serving
 
     def close(self) -> None:
@@ -106,12 +108,15 @@ class SimListener:
             self._network.listeners.pop((self.host, self.port), None)
 
     async def wait_closed(self) -> None:
+        """Nothing to wait for in memory."""
         return None
 
     async def start_serving(self) -> None:
+        """It serves from the start."""
         return None
 
     async def serve_forever(self) -> None:
+        """Wait for ever (until the task is cancelled)."""
         await self._network.loop.create_future()
 
     async def __aenter__(self) -> SimListener:
@@ -149,27 +154,34 @@ class MemoryTransport(asyncio.Transport):
     # -- asyncio.Transport --------------------------------------------------------
 
     def get_protocol(self) -> asyncio.BaseProtocol:
+        """The protocol this end hands what arrives to."""
         assert self._protocol is not None
         return self._protocol
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        """Hand what arrives to ``protocol`` from now on."""
         self._protocol = protocol
 
     def is_closing(self) -> bool:
+        """True once closed, aborted, reset or dead."""
         return self._closing or self._dead
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Send ``data`` to the other end (arrives after a network delay, in order)."""
         if self._closing or self._dead or not data:
             return
         self._network.send(self, bytes(data))
 
     def writelines(self, list_of_data: Any) -> None:
+        """Send the concatenation of ``list_of_data``."""
         self.write(b"".join(list_of_data))
 
     def can_write_eof(self) -> bool:
+        """True: a half-close is possible."""
         return True
 
     def write_eof(self) -> None:
+        """Send the end of the stream after what was written."""
         if not (self._closing or self._dead):
             self._network.send(self, None)
 
@@ -190,9 +202,11 @@ class MemoryTransport(asyncio.Transport):
         self._network.loop.call_soon(self._lost, None)
 
     def pause_reading(self) -> None:
+        """Keep what arrives until :meth:`resume_reading`."""
         self._paused = True
 
     def resume_reading(self) -> None:
+        """Hand over what arrived while paused, in order."""
         if not self._paused:
             return
         self._paused = False
@@ -201,15 +215,19 @@ class MemoryTransport(asyncio.Transport):
             self._network.loop.call_soon(self.arrive, data, context=self.context)
 
     def is_reading(self) -> bool:
+        """False while paused."""
         return not self._paused
 
     def get_write_buffer_size(self) -> int:
+        """0: writes leave at once."""
         return 0
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
+        """(0, 0): there is no write buffer."""
         return (0, 0)
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        """Accepted and ignored: there is no write buffer."""
         pass
 
     # -- the network's side -------------------------------------------------------
