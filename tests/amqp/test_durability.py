@@ -274,13 +274,14 @@ def test_dead_letter_exchange_survives_a_restart(tmp_path: Path) -> None:
 
 
 def test_a_dead_letter_that_cannot_be_routed_in_is_dropped(tmp_path: Path) -> None:
-    """A dead letter whose target queue is full (x-max-length) is dropped with a log
-    line, once: the dead letters after it still flow."""
+    """A dead letter whose target queue is full (x-max-length, reject-publish) is
+    dropped with a log line, once: the dead letters after it still flow."""
     broker = AmqpBroker(tmp_path / "data").start()
     try:
         conn = connect(broker)
         ch = conn.channel()
-        ch.queue_declare("full", durable=True, arguments={"x-max-length": 1})
+        ch.queue_declare("full", durable=True, arguments={"x-max-length": 1,
+                                                          "x-overflow": "reject-publish"})
         ch.queue_declare("work", durable=True, arguments={
             "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "full"})
         ch.confirm_delivery()

@@ -13,10 +13,13 @@ the channel owns:
   channel goes through one queue of :class:`Pending` entries; an entry waits for
   the request ids it names and is written, in order, once all are answered.
 * **delivery tags** are per channel (1, 2, …) and map to the session's core tags;
-  ``multiple`` acks cover every unacked tag up to the one named. A tag whose
-  message went back to its queue (``basic.cancel``, ``basic.recover``,
-  ``tx.rollback``, a closed channel) may still be acked: that ack does nothing,
-  the message is redelivered. Any other unknown tag is 406, as in RabbitMQ.
+  ``multiple`` acks cover every unacked tag up to the one named. As in RabbitMQ,
+  the unacked messages of a cancelled consumer (``basic.cancel``) stay with the
+  channel, and so do those whose ack or reject a ``tx.rollback`` undid: acking them
+  later works; they go back to their queue when the channel closes (or on
+  ``basic.recover``, or a nack with requeue). A tag whose message went back
+  (``basic.recover``) may still be acked: that ack does nothing, the message is
+  redelivered. Any other unknown tag is 406, as in RabbitMQ.
 * **consumers**: one core subscription each, prefetch from ``basic.qos`` (per
   consumer); a ``no_ack`` consumer's deliveries are acknowledged by the edge once
   written to the socket, while its write buffer is below the high-water mark (as
@@ -174,7 +177,9 @@ class Channel:
         self.given_back: set[int] = set()
         self.next_tag = 1
         self.tx: int | None = None
-        self.tx_acked: list[int] = []
+        #: the (channel tag, core tag, subscription) of each ack, nack or reject staged in
+        #: the open transaction: unacked again if it rolls back (as RabbitMQ)
+        self.tx_settled: list[tuple[int, int, int]] = []
         self.confirming = False
         self.next_confirm = 1
         self.last_queue = ""
@@ -408,29 +413,35 @@ class Channel:
     def _basic_cancel(self, m: Any, now: int) -> None:
         consumer = self.consumers.get(m.consumer_tag)
         if consumer is not None:
-            self.cancel_consumer(consumer, now)
+            self.cancel_consumer(consumer, now, keep_unacked=True)
         if not m.nowait:
             self.send(commands.Basic.CancelOk(m.consumer_tag))
 
-    def cancel_consumer(self, consumer: Consumer, now: int) -> None:
-        """End a consumer: its unacked messages go back to the queue."""
+    def cancel_consumer(self, consumer: Consumer, now: int, *,
+                        keep_unacked: bool = False) -> None:
+        """End a consumer: its unacked messages go back to the queue, or, with
+        ``keep_unacked`` (``basic.cancel``, as RabbitMQ), stay the channel's to ack."""
         del self.consumers[consumer.tag]
         self.conn.own_sub(consumer.sub, None)
-        self._give_back(sub=consumer.sub)
         session = self.session
+        if not keep_unacked or session.ended:  # (kept: the channel's unacked tags stay)
+            self._give_back(sub=consumer.sub)
         self.conn.state.consumer_ended(consumer.queue, session.id, consumer.sub)
         if not session.ended:
             with contextlib.suppress(NotFound):
-                session.unsubscribe(consumer.sub, now)
+                session.unsubscribe(consumer.sub, now, keep_unacked=keep_unacked)
         self.conn.state.consumer_gone(consumer.queue, now)
 
     def _give_back(self, *, sub: int | None = None) -> list[int]:
-        """Forget unacked tags (of subscription ``sub``, or all); their core tags."""
+        """Forget unacked tags (of subscription ``sub``, or all); their core tags,
+        newest first: nacked in that order, each goes to the front of its queue, so
+        the oldest is first again (the order they were delivered in, as RabbitMQ)."""
         tags = [t for t, (_, s) in self.unacked.items() if sub is None or s == sub]
         core_tags = []
         for tag in tags:
             core_tags.append(self.unacked.pop(tag)[0])
             self.given_back.add(tag)
+        core_tags.sort(reverse=True)
         return core_tags
 
     def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
@@ -496,7 +507,8 @@ class Channel:
 
     # ------------------------------------------------------------------ acknowledging
     def _settled(self, tag: int, multiple: bool) -> list[int]:
-        """The core tags an ack/nack/reject names (406 for an unknown tag)."""
+        """The core tags an ack/nack/reject names (406 for an unknown tag); in a
+        transaction they are remembered, unacked again if it rolls back."""
         if multiple:
             tags = [t for t in self.unacked if tag == 0 or t <= tag]
             if tag and not tags and tag not in self.given_back and tag >= self.next_tag:
@@ -509,14 +521,19 @@ class Channel:
             raise _unknown_tag(tag)
         for each in tags:
             self.given_back.discard(each)
-        return [self.unacked.pop(t)[0] for t in tags]
+        if self.tx is None:
+            return [self.unacked.pop(t)[0] for t in tags]
+        core_tags = []
+        for each in tags:
+            core_tag, sub = self.unacked.pop(each)
+            core_tags.append(core_tag)
+            self.tx_settled.append((each, core_tag, sub))
+        return core_tags
 
     def _basic_ack(self, m: Any, now: int) -> None:
         core_tags = self._settled(m.delivery_tag, bool(m.multiple))
         if core_tags:
             self.session.ack(0, core_tags, now, tx=self.tx)
-            if self.tx is not None:
-                self.tx_acked.extend(core_tags)
 
     def _basic_nack(self, m: Any, now: int) -> None:
         core_tags = self._settled(m.delivery_tag, bool(m.multiple))
@@ -529,6 +546,9 @@ class Channel:
             self.session.nack(core_tags, now, requeue=bool(m.requeue), tx=self.tx)
 
     def _basic_recover(self, m: Any, now: int) -> None:
+        if not m.requeue:  # RabbitMQ 3.x (rabbit_channel.erl): not_implemented, "requeue=false"
+            raise ChannelError(ReplyCode.NOT_IMPLEMENTED, "NOT_IMPLEMENTED - requeue=false",
+                               hard=True)
         core_tags = self._give_back()
         if core_tags:
             self.session.nack(core_tags, now, requeue=True)
@@ -549,15 +569,26 @@ class Channel:
         rid = self.conn.new_rid()
         result = self.session.tx_commit(rid, tx, now)
         self.tx = self.session.tx_begin()
-        self.tx_acked = []
+        self.tx_settled = []
         self.later([rid] if self.session.started(rid, result) else [],
                    lambda p: self.ok(p, commands.Tx.CommitOk()))
 
     def _tx_rollback(self, m: Any, now: int) -> None:
+        """Staged publishes are dropped; the messages whose ack, nack or reject it
+        undoes are unacked on the channel again, under their tags (RabbitMQ's
+        ``tx.rollback``), and go back to their queue only when the channel closes."""
         tx = self._transaction()
-        self.session.tx_rollback(tx, now)
-        self.tx = self.session.tx_begin()
-        self.tx_acked = []
+        session = self.session
+        session.tx_rollback(tx, now, keep_delivered=True)
+        self.tx = session.tx_begin()
+        still = session.core.index.session(session.id).deliveries
+        for tag, core_tag, sub in self.tx_settled:
+            if core_tag in still:
+                self.unacked[tag] = (core_tag, sub)
+                self.given_back.discard(tag)
+            else:  # (its queue was deleted meanwhile)
+                self.given_back.add(tag)
+        self.tx_settled = []
         self.send(commands.Tx.RollbackOk())
 
     def _transaction(self) -> int:
@@ -568,6 +599,18 @@ class Channel:
 
     def _flow(self, m: Any, now: int) -> None:
         self.send(commands.Channel.FlowOk(bool(m.active)))
+
+    def describe(self) -> dict[str, Any]:
+        """What the connections list shows of this channel (``Operations.connections``)."""
+        return {
+            "number": self.number,
+            "state": self.state.value,
+            "consumers": len(self.consumers),
+            "consumer_tags": sorted(self.consumers),
+            "prefetch": self.prefetch,
+            "unacked": len(self.unacked),
+            "mode": "tx" if self.tx is not None else "confirm" if self.confirming else "none",
+        }
 
     # ------------------------------------------------------------------ closing
     def release(self, now: int, *, session_alive: bool) -> None:

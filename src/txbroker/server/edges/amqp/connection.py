@@ -125,6 +125,7 @@ class AmqpServerConnection(asyncio.Protocol):
         try:
             self.session = self.ops.open(self, peer[0] if peer else None, protocol="amqp",
                                          address=self.peer if peer else None)
+            self.session.channels = self.describe_channels
         except BrokerError as exc:
             self._refusal = exc
         self._timer = self.loop.call_later(self.settings.handshake_timeout_s,
@@ -397,6 +398,10 @@ class AmqpServerConnection(asyncio.Protocol):
         self.channels.pop(channel.number, None)
         for rid in [r for r, owners in self._rids.items() if owners[0][0] is channel]:
             del self._rids[rid]
+
+    def describe_channels(self) -> list[dict[str, Any]]:
+        """The open channels, for the connections list (console, REST, CLI, metrics)."""
+        return [channel.describe() for _, channel in sorted(self.channels.items())]
 
     # ------------------------------------------------------------- ConnectionPort
     def write(self, data: bytes) -> None:
