@@ -28,6 +28,7 @@ requests wait for the store (``Session.should_pause``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Final, cast
@@ -507,11 +508,23 @@ class AmqpServerConnection(asyncio.Protocol):
             self._answered(delivery.rid, None, None, delivery)
             return
         channel = self._subs.get(delivery.sub)
-        if channel is None:
+        tag = None if channel is None else next(
+            (c.tag for c in channel.consumers.values() if c.sub == delivery.sub), None)
+        if channel is None or tag is None:
+            self._give_back(delivery)
             return
-        tag = next((c.tag for c in channel.consumers.values() if c.sub == delivery.sub), None)
-        if tag is not None:
-            channel.deliver(delivery, tag)
+        channel.deliver(delivery, tag)
+
+    def _give_back(self, delivery: Delivery) -> None:
+        """A delivery for a consumer that ended meanwhile (``basic.cancel`` keeps the
+        unacked deliveries the client saw, not those still on their way to it): it
+        goes back to its queue. (A subscription ended without keeping them already
+        gave it back: the core no longer knows the tag.)"""
+        session = self.session
+        if session is None or session.ended:
+            return
+        with contextlib.suppress(TxBrokerError):
+            session.nack([delivery.tag], self.ops.now(), requeue=True)
 
     def cancelled(self, sub: int, reason: str) -> None:
         """The consumer's queue was deleted: basic.cancel to the client."""
