@@ -56,6 +56,7 @@ from txbroker.server.edges.amqp.channel import (
     Pending,
     as_channel_error,
 )
+from txbroker.server.edges.amqp.consuming import CONSUMING_METHODS
 from txbroker.server.edges.amqp.declares import DECLARE_METHODS
 from txbroker.server.edges.amqp.handshake import (
     CLOSE_WAIT_S,
@@ -79,7 +80,7 @@ BLOCKED_REASON: Final = "too many publishes waiting for the store (max_pending_r
 __all__ = ["DEFAULT_AMQP_PORT", "METHODS", "AmqpServerConnection", "AmqpSettings"]
 
 #: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
-METHODS: Final = {**CHANNEL_METHODS, **DECLARE_METHODS}
+METHODS: Final = {**CHANNEL_METHODS, **CONSUMING_METHODS, **DECLARE_METHODS}
 
 class AmqpServerConnection(asyncio.Protocol):
     """asyncio protocol for one AMQP client; a ``SessionSink`` of the operation layer."""
