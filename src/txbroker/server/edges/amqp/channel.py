@@ -426,6 +426,8 @@ class Channel:
         return any(c.no_ack for c in self.consumers.values() if c.sub == sub)
 
     def tag_for(self, delivery: Delivery, sub: int, *, auto: bool) -> int:
+        """The channel's next delivery tag for ``delivery`` (of subscription ``sub``, 0
+        for basic.get), unacked until settled unless ``auto`` (no_ack)."""
         tag = self.next_tag
         self.next_tag += 1
         if not auto:
