@@ -248,3 +248,20 @@ def test_unknown_overflow_is_406(connection: pika.BlockingConnection) -> None:
                                             "x-overflow": "reject-publish-dlx"})
     assert caught.value.reply_code == 406
     assert "x-overflow" in caught.value.reply_text
+
+
+def test_native_clients_choose_the_overflow_too(amqp_broker: AmqpBroker,
+                                               connection: pika.BlockingConnection) -> None:
+    """The core's setting, named by a native client; an AMQP publisher sees it."""
+    import txbroker
+
+    queue = name()
+    with txbroker.connect(amqp_broker.url, reconnect=False) as native:
+        info = native.declare_queue(queue, max_messages=2, overflow="drop_head")
+        assert info["settings"]["overflow"] == "drop_head"
+        for body in (b"n1", b"n2", b"n3"):
+            native.send(queue, body)
+    ch = connection.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", queue, b"a4")
+    assert [body for body, _ in drain(ch, queue)] == [b"n3", b"a4"]
