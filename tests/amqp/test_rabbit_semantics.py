@@ -14,7 +14,7 @@ from typing import Any
 import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
-from pika.exceptions import ConnectionClosedByBroker
+from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from tests.amqp.support import AmqpBroker
 
@@ -96,6 +96,26 @@ def test_cancel_then_nack_requeue_and_recover_give_back(
     ch.basic_recover(requeue=True)
     assert ready(ch, queue) == 3
     assert sorted(drain(ch, queue)) == [(b"m0", True), (b"m1", True), (b"m2", True)]
+
+
+def test_acks_after_an_auto_delete_queue_went_with_its_cancel_are_quiet(
+        connection: pika.BlockingConnection) -> None:
+    """The last consumer's cancel deletes an auto-delete queue, with the messages it
+    still had unacked (as RabbitMQ); acking them afterwards is no error."""
+    ch = connection.channel()
+    queue = name()
+    ch.queue_declare(queue, auto_delete=True)
+    for i in range(3):
+        ch.basic_publish("", queue, b"m%d" % i)
+    tag, got = consume(ch, queue, 3)
+    ch.basic_cancel(tag)
+    for method in got:
+        ch.basic_ack(method.delivery_tag)
+    ch.basic_ack(999)  # a tag never given is still 406
+    with pytest.raises(ChannelClosedByBroker) as caught:
+        ch.queue_declare(queue, passive=True)
+    assert (caught.value.reply_code, caught.value.reply_text) == \
+        (406, "PRECONDITION_FAILED - unknown delivery tag 999")
 
 
 # ---------------------------------------------------------------- tx.rollback
@@ -240,8 +260,6 @@ def test_reject_publish_still_refuses(connection: pika.BlockingConnection) -> No
 
 
 def test_unknown_overflow_is_406(connection: pika.BlockingConnection) -> None:
-    from pika.exceptions import ChannelClosedByBroker
-
     ch = connection.channel()
     with pytest.raises(ChannelClosedByBroker) as caught:
         ch.queue_declare(name(), arguments={"x-max-length": 1,

@@ -102,3 +102,22 @@ def test_rollback_by_default_requeues_the_acked_ones() -> None:
     assert h.broker.queues["q"].ready_count == 2
     with pytest.raises(IllegalState):
         h.call("ack", s, 0, tags[:1], h.now)
+
+
+def test_kept_deliveries_go_with_their_deleted_queue() -> None:
+    """A kept delivery (and a receive's) of a queue that is deleted is gone with it:
+    forgotten, its body released, and a recreated queue of that name never gets it."""
+    h = Harness()
+    s, tags = subscribed(h, 2)
+    got = h.receive(s, 50, "q")  # none left to receive: the two are delivered
+    assert got is None
+    h.call("unsubscribe", s, 7, h.now, keep_unacked=True)
+    refs = {h.broker.messages[d.message_id].ref for d in h.deliveries}
+    h.call("queue_delete", s, 60, "q", h.now)
+    assert refs <= h.released
+    assert all(d.message_id not in h.broker.messages for d in h.deliveries)
+    with pytest.raises(IllegalState):
+        h.call("ack", s, 0, tags[:1], h.now)
+    h.call("queue_declare", s, 61, "q", h.now)
+    h.call("close_session", s, h.now)
+    assert h.broker.queues["q"].messages == 0

@@ -125,7 +125,9 @@ def get_ok(channel: Channel, pending: Pending, queue: str, no_ack: bool) -> None
 
 def settled(channel: Channel, tag: int, multiple: bool) -> list[int]:
     """The core tags an ack/nack/reject names (406 for an unknown tag); in a
-    transaction they are remembered, unacked again if it rolls back."""
+    transaction they are remembered, unacked again if it rolls back. A tag whose
+    message went with its deleted queue (an auto-delete queue whose last consumer
+    was cancelled, say) is settled without a word, as in RabbitMQ."""
     if multiple:
         tags = [t for t in channel.unacked if tag == 0 or t <= tag]
         if tag and not tags and tag not in channel.given_back and tag >= channel.next_tag:
@@ -136,15 +138,17 @@ def settled(channel: Channel, tag: int, multiple: bool) -> list[int]:
         tags = []
     else:
         raise _unknown_tag(tag)
-    for each in tags:
-        channel.given_back.discard(each)
-    if channel.tx is None:
-        return [channel.unacked.pop(t)[0] for t in tags]
+    session = channel.session
+    delivered = session.core.sessions[session.id].deliveries
     core_tags = []
     for each in tags:
+        channel.given_back.discard(each)
         core_tag, sub = channel.unacked.pop(each)
+        if core_tag not in delivered:
+            continue  # (its queue was deleted)
         core_tags.append(core_tag)
-        channel.tx_settled.append((each, core_tag, sub))
+        if channel.tx is not None:
+            channel.tx_settled.append((each, core_tag, sub))
     return core_tags
 
 
@@ -214,7 +218,7 @@ def tx_rollback(channel: Channel, m: Any, now: int) -> None:
     session = channel.session
     session.tx_rollback(tx, now, keep_delivered=True)
     channel.tx = session.tx_begin()
-    still = session.core.index.session(session.id).deliveries
+    still = session.core.sessions[session.id].deliveries
     for tag, core_tag, sub in channel.tx_settled:
         if core_tag in still:
             channel.unacked[tag] = (core_tag, sub)
