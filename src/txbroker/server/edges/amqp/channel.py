@@ -400,16 +400,28 @@ class Channel:
         self.conn.state.consumer_gone(consumer.queue, now)
 
     def give_back(self, *, sub: int | None = None) -> list[int]:
-        """Forget unacked tags (of subscription ``sub``, or all); their core tags,
-        newest first: nacked in that order, each goes to the front of its queue, so
-        the oldest is first again (the order they were delivered in, as RabbitMQ)."""
+        """Forget unacked tags (of subscription ``sub``, or all); the core tags of
+        those the core still has (not gone with a deleted queue), newest first: nacked
+        in that order, each goes to the front of its queue, so the oldest is first
+        again (the order they were delivered in, as RabbitMQ)."""
         tags = [t for t, (_, s) in self.unacked.items() if sub is None or s == sub]
         core_tags = []
         for tag in tags:
             core_tags.append(self.unacked.pop(tag)[0])
             self.given_back.add(tag)
+        core_tags = self.still_delivered(core_tags)
         core_tags.sort(reverse=True)
         return core_tags
+
+    def still_delivered(self, core_tags: list[int]) -> list[int]:
+        """The core tags that are still unacked deliveries of the session (a deleted
+        queue takes its delivered messages with it)."""
+        session = self.session
+        core = session.core.sessions.get(session.id)
+        if core is None:  # (the session ended)
+            return core_tags
+        delivered = core.deliveries
+        return [t for t in core_tags if t in delivered]
 
     def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
         """A message for one of this channel's consumers: basic.deliver."""

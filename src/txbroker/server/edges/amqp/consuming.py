@@ -138,18 +138,17 @@ def settled(channel: Channel, tag: int, multiple: bool) -> list[int]:
         tags = []
     else:
         raise _unknown_tag(tag)
-    session = channel.session
-    delivered = session.core.sessions[session.id].deliveries
     core_tags = []
     for each in tags:
         channel.given_back.discard(each)
         core_tag, sub = channel.unacked.pop(each)
-        if core_tag not in delivered:
-            continue  # (its queue was deleted)
         core_tags.append(core_tag)
         if channel.tx is not None:
             channel.tx_settled.append((each, core_tag, sub))
-    return core_tags
+    kept = channel.still_delivered(core_tags)
+    if len(kept) != len(core_tags) and channel.tx is not None:
+        channel.tx_settled = [s for s in channel.tx_settled if s[1] in kept]
+    return kept
 
 
 def basic_ack(channel: Channel, m: Any, now: int) -> None:
@@ -218,7 +217,7 @@ def tx_rollback(channel: Channel, m: Any, now: int) -> None:
     session = channel.session
     session.tx_rollback(tx, now, keep_delivered=True)
     channel.tx = session.tx_begin()
-    still = session.core.sessions[session.id].deliveries
+    still = set(channel.still_delivered([core for _, core, _ in channel.tx_settled]))
     for tag, core_tag, sub in channel.tx_settled:
         if core_tag in still:
             channel.unacked[tag] = (core_tag, sub)
