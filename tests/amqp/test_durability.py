@@ -274,13 +274,14 @@ def test_dead_letter_exchange_survives_a_restart(tmp_path: Path) -> None:
 
 
 def test_a_dead_letter_that_cannot_be_routed_in_is_dropped(tmp_path: Path) -> None:
-    """A dead letter whose target queue is full (x-max-length) is dropped with a log
-    line, once: the dead letters after it still flow."""
+    """A dead letter whose target queue is full (x-max-length, reject-publish) is
+    dropped with a log line, once: the dead letters after it still flow."""
     broker = AmqpBroker(tmp_path / "data").start()
     try:
         conn = connect(broker)
         ch = conn.channel()
-        ch.queue_declare("full", durable=True, arguments={"x-max-length": 1})
+        ch.queue_declare("full", durable=True, arguments={"x-max-length": 1,
+                                                          "x-overflow": "reject-publish"})
         ch.queue_declare("work", durable=True, arguments={
             "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "full"})
         ch.confirm_delivery()
@@ -302,6 +303,53 @@ def test_a_dead_letter_that_cannot_be_routed_in_is_dropped(tmp_path: Path) -> No
         ch.cancel()
         assert got[2] == b"kept"
         assert broker.log_path.read_text().count("dead letter of queue 'work' dropped") == 1
+        conn.close()
+    finally:
+        broker.kill()
+
+
+def test_drop_head_survives_a_restart_and_older_queues_take_it(tmp_path: Path) -> None:
+    """A queue's overflow (drop-head, RabbitMQ's default) is durable; a queue stored
+    before the edge did drop-head (core overflow "reject", no .maxlen dead-letter
+    queue) takes what its arguments ask for at the next start."""
+    broker = AmqpBroker(tmp_path / "data").start()
+    try:
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.queue_declare("newer", durable=True, arguments={"x-max-length": 2})
+        ch.queue_declare("older", durable=True, arguments={
+            "x-max-length": 1, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+        ch.queue_declare("dead", durable=True)
+        conn.close()
+        with txbroker.connect(broker.url, reconnect=False) as native:  # as stored before
+            native.update_queue("older", overflow="reject", overflow_queue="")
+            assert native.queue_info("older")["settings"]["overflow"] == "reject"
+        broker.stop()
+        broker.start()
+        with txbroker.connect(broker.url, reconnect=False) as native:
+            for queue, queue_name_end in (("newer", ""), ("older", ".maxlen")):
+                settings = native.queue_info(queue)["settings"]
+                assert settings["overflow"] == "drop_head"
+                assert settings["overflow_queue"].endswith(queue_name_end)
+        conn = connect(broker)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for body in (b"1", b"2", b"3"):
+            ch.basic_publish("", "newer", body, PERSISTENT)
+            ch.basic_publish("", "older", body, PERSISTENT)
+        assert [ch.basic_get("newer", auto_ack=True)[2] for _ in range(3)] == [b"2", b"3", None]
+        assert ch.basic_get("older", auto_ack=True)[2] == b"3"
+        dead: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(dead) < 2:
+            assert time.monotonic() < deadline, dead
+            method, props, body = ch.basic_get("dead", auto_ack=True)
+            if method is None:
+                conn.sleep(0.05)
+                continue
+            assert props.headers["x-death"][0]["reason"] == "maxlen"
+            dead.append(body)
+        assert dead == [b"1", b"2"]
         conn.close()
     finally:
         broker.kill()

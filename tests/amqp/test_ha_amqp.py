@@ -1,7 +1,7 @@
 """AMQP in HA: on a shared-store pair and a replicated group only the active broker
 (the primary) listens on the AMQP port; after a kill -9 of it, the standby (a
 promoted backup) opens its port, and the exchanges, bindings and confirmed messages
-are there."""
+are there (and, replicated, a drop-head queue's overflow setting and drops)."""
 
 from __future__ import annotations
 
@@ -72,9 +72,12 @@ def test_replicated_backup_refuses_then_serves_after_promotion(tmp_path: Path) -
         ch.exchange_declare("rep-x", "topic", durable=True)
         ch.queue_declare("rep-q", durable=True)
         ch.queue_bind("rep-q", "rep-x", "orders.#")
+        ch.queue_declare("rep-cap", durable=True, arguments={"x-max-length": 3})  # drop-head
         ch.confirm_delivery()
         for i in range(10):
             ch.basic_publish("rep-x", "orders.eu", b"%d" % i, PERSISTENT)
+        for i in range(5):
+            ch.basic_publish("", "rep-cap", b"c%d" % i, PERSISTENT)
         group.kill9(a)
         ready = group.promote(b)
         assert f"AMQP {ports['b']}" in ready
@@ -85,4 +88,8 @@ def test_replicated_backup_refuses_then_serves_after_promotion(tmp_path: Path) -
         ch2.basic_publish("rep-x", "orders.us", b"after", PERSISTENT)
         got = [ch2.basic_get("rep-q", auto_ack=True)[2] for _ in range(12)]
         assert got == [b"%d" % i for i in range(10)] + [b"after", None]
+        # the overflow setting and the drops were replicated: the backup drops the head
+        ch2.basic_publish("", "rep-cap", b"after", PERSISTENT)
+        assert [ch2.basic_get("rep-cap", auto_ack=True)[2] for _ in range(4)] == \
+            [b"c3", b"c4", b"after", None]
         conn2.close()

@@ -24,6 +24,7 @@ class HttpBroker:
     process: BrokerProcess
     http_port: int
     http: httpx.Client
+    amqp_port: int = 0  #: the AMQP listener's port (0: off)
 
     @property
     def url(self) -> str:
@@ -31,12 +32,14 @@ class HttpBroker:
         return self.process.url
 
 
-def start(data: Path, *args: str) -> HttpBroker:
-    """A broker with ``--http-port`` on a free port."""
+def start(data: Path, *args: str, amqp: bool = False) -> HttpBroker:
+    """A broker with ``--http-port`` on a free port (and ``amqp``: ``--amqp-port``)."""
     port = free_port()
-    process = BrokerProcess(data, "--http-port", str(port), *args).start()
+    amqp_port = free_port() if amqp else 0
+    extra = ["--amqp-port", str(amqp_port)] if amqp else []
+    process = BrokerProcess(data, "--http-port", str(port), *extra, *args).start()
     return HttpBroker(process, port, httpx.Client(base_url=f"http://127.0.0.1:{port}",
-                                                 timeout=30))
+                                                 timeout=30), amqp_port)
 
 
 @pytest.fixture(scope="module")

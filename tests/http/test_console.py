@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import txbroker
-from tests.http.conftest import PASSWORD, USER, HttpBroker, dead_letter_two
+from tests.http.conftest import PASSWORD, USER, HttpBroker, dead_letter_two, start
 from tests.support import ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -410,6 +410,56 @@ def test_close_a_connection(page: Page, secured: HttpBroker) -> None:
         page.until(lambda: secured.http.get("/api/queues/closing", auth=(USER, PASSWORD))
                    .json()["consumers"] == 0, "the consumer to go")
         del sub
+
+
+@pytest.fixture(scope="module")
+def amqp_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpBroker]:
+    """An open broker with the AMQP listener too."""
+    running = start(tmp_path_factory.mktemp("http-amqp") / "data", amqp=True)
+    yield running
+    running.http.close()
+    running.process.kill()
+
+
+def test_amqp_channels_are_listed(driver: webdriver.Chrome, amqp_broker: HttpBroker) -> None:
+    """An AMQP connection's channels: number, consumers, prefetch, unacked, mode."""
+    import pika
+
+    page = Page(driver, f"http://127.0.0.1:{amqp_broker.http_port}")
+    conn = pika.BlockingConnection(pika.URLParameters(
+        f"amqp://guest:guest@127.0.0.1:{amqp_broker.amqp_port}/"))
+    try:
+        confirming = conn.channel()
+        confirming.confirm_delivery()
+        consuming = conn.channel()
+        consuming.queue_declare("console-amqp")
+        for body in (b"a", b"b"):
+            confirming.basic_publish("", "console-amqp", body)
+        consuming.basic_qos(prefetch_count=5)
+        got: list[object] = []
+        consuming.basic_consume("console-amqp", lambda *a: got.append(a),
+                                consumer_tag="console-tag")
+        consuming.tx_select()
+        while len(got) < 2:
+            conn.process_data_events(time_limit=0.1)
+        page.open("#/connections")
+        (connection,) = [c["id"] for c in amqp_broker.http.get("/api/connections").json()
+                         if c["protocol"] == "amqp"]
+        for channel, cells in ((confirming.channel_number, ["0", "–", "0", "0", "confirm"]),
+                               (consuming.channel_number, ["1", "console-tag", "5", "2", "tx"])):
+            row = f'#channel-rows tr[data-channel="{connection}:{channel}"]'
+            page.find(row)
+            wanted = [str(connection), str(channel), *cells]
+            page.until(lambda row=row, wanted=wanted: [
+                td.text for td in page.driver.find_elements(By.CSS_SELECTOR, f"{row} td")
+            ] == wanted, f"{row} to show {wanted}")
+        page.shot("amqp-channels")
+        consuming.close()
+        page.until(lambda: not page.driver.find_elements(
+            By.CSS_SELECTOR, f'#channel-rows tr[data-channel="{connection}:'
+            f'{consuming.channel_number}"]'), "the closed channel's row to go")
+    finally:
+        conn.close()
 
 
 def test_api_errors_are_shown(page: Page) -> None:

@@ -68,6 +68,7 @@ _COMMANDS = (
     client_commands.send,
     client_commands.recv,
     client_commands.queues,
+    client_commands.connections,
     client_commands.stat,
     client_commands.bench,
     admin_commands.passwd,

@@ -223,6 +223,28 @@ def queues(url: UrlOption = DEFAULT_URL, tls_ca: TlsCaOption = None,
     console.print(table)
 
 
+def connections(url: UrlOption = DEFAULT_URL, tls_ca: TlsCaOption = None,
+                json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List client connections (AMQP ones with their channels): protocol, user,
+    address, subscriptions, unacked, transactions."""
+    with common.connect(url, tls_ca) as conn:
+        found = [c for c in conn.request("conn_list", {}) if c["protocol"] != "http"]
+    if json_out:
+        print(json.dumps(found, indent=2))
+        return
+    table = Table("id", "protocol", "user", "address", "subs", "unacked", "tx",
+                  "channel", "consumers", "prefetch", "ch unacked", "mode")
+    for c in sorted(found, key=lambda c: c["id"]):
+        table.add_row(str(c["id"]), c["protocol"], Text(c["user"] or "-"),
+                      Text(c["address"] or "-"), str(c["subscriptions"]), str(c["unacked"]),
+                      str(c["transactions"]))
+        for channel in c.get("channels") or ():
+            table.add_row("", "", "", "", "", "", "", str(channel["number"]),
+                          str(channel["consumers"]), str(channel["prefetch"]),
+                          str(channel["unacked"]), channel["mode"])
+    console.print(table)
+
+
 def stat(url: UrlOption = DEFAULT_URL, tls_ca: TlsCaOption = None) -> None:
     """Broker counters (messages, sessions, store syncs …) as JSON."""
     with common.connect(url, tls_ca) as conn:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from txbroker.core import router_admin
+from txbroker.core import overflow, router_admin
 from txbroker.core.admin import Admin
 from txbroker.core.compaction import Compaction
 from txbroker.core.delivery import Delivery
@@ -83,6 +83,10 @@ class Broker:
         self.compaction = Compaction(self.index, self.outbox)
         self.router = Router(RouterLog(self.index, self.outbox), self.outbox)
         self.index.held_messages = self._held_messages
+        self.index.trim_overflow = self._trim_overflow
+
+    def _trim_overflow(self, queue: Queue, now: int) -> None:
+        overflow.trim(self.index, queue, now)
 
     def _held_messages(self) -> Iterator[Message]:
         """Messages consumed inside open local transactions and XA branches."""
@@ -214,9 +218,12 @@ class Broker:
         return self.delivery.subscribe(self.index.session(session_id), sub, queue_name, now,
                                        prefetch=prefetch, ack=ack)
 
-    def unsubscribe(self, session_id: int, sub: int, now: int) -> Any:
-        """End a subscription; its unacked messages go back to the queue."""
-        return self.delivery.unsubscribe(self.index.session(session_id), sub, now)
+    def unsubscribe(self, session_id: int, sub: int, now: int, *,
+                    keep_unacked: bool = False) -> Any:
+        """End a subscription; its unacked messages go back to the queue (or, with
+        ``keep_unacked``, stay the session's unacked deliveries: ``core/delivery.py``)."""
+        return self.delivery.unsubscribe(self.index.session(session_id), sub, now,
+                                         keep_unacked=keep_unacked)
 
     def receive(self, session_id: int, rid: int, queue_name: str, now: int,
                 timeout_ms: int | None) -> Any:
@@ -266,10 +273,13 @@ class Broker:
         """Commit: one TX record with every staged send and ack; reply once durable."""
         return self.transactions.commit(self.index.session(session_id), rid, tx_id, now)
 
-    def tx_rollback(self, session_id: int, tx_id: int, now: int) -> Any:
-        """Roll a local transaction back; consumed messages are redelivered."""
+    def tx_rollback(self, session_id: int, tx_id: int, now: int, *,
+                    keep_delivered: bool = False) -> Any:
+        """Roll a local transaction back; consumed messages are redelivered (or, with
+        ``keep_delivered``, unacked deliveries of the session again: ``core/local_tx.py``)."""
         session = self.index.session(session_id)
-        self.transactions.rollback(session.transaction(tx_id), now)
+        self.transactions.rollback(session.transaction(tx_id), now,
+                                   keep_delivered=keep_delivered)
         return {}
 
     # ------------------------------------------------------------------ administration

@@ -111,18 +111,29 @@ class Delivery:
         self.index.dispatch(queue, now)
         return {}
 
-    def unsubscribe(self, session: Session, sub: int, now: int) -> Any:
-        """End a subscription; its unacked messages go back to the queue."""
+    def unsubscribe(self, session: Session, sub: int, now: int, *,
+                    keep_unacked: bool = False) -> Any:
+        """End a subscription; its unacked messages go back to the queue, or, with
+        ``keep_unacked`` (AMQP's ``basic.cancel``, as RabbitMQ), stay the session's
+        unacked deliveries: a later ack, nack or recover of them works, and the end of
+        the session gives them back. A delivery still held for its delivered mark
+        (never sent) goes back at once either way."""
         consumer = session.consumers.pop(sub, None)
         if consumer is None:
             raise NotFound(f"no subscription {sub} on this connection")
         queue = self.index.queues.get(consumer.queue)
         if queue is not None:
             queue.remove_consumer(consumer)
+        unsent: set[int] = set()
+        if keep_unacked and queue is not None and queue.held_deliveries:
+            unsent = {d.tag for d in queue.held_deliveries
+                      if d.session == session.id and d.sub == sub}
         for tag, message in reversed(list(consumer.unacked.items())):
+            if keep_unacked and tag not in unsent:
+                continue
+            del consumer.unacked[tag]
             session.deliveries.pop(tag, None)
             self.index.requeue(message, now)
-        consumer.unacked.clear()
         self.index.dispatch_name(consumer.queue, now)
         return {}
 
@@ -161,9 +172,10 @@ class Delivery:
             messages.append(message)
         if work is not None:
             work.fire(TxEvent.WORK)
-            for message in messages:
+            for message, (tag, consumer) in zip(messages, taken, strict=True):
                 message.state = State.HELD
                 work.acks[message.id] = message
+                work.delivered[message.id] = (tag, consumer)
             result: Any = {}
         else:
             result = self.index.consume(messages, (session.id, rid) if rid else None)
@@ -221,6 +233,7 @@ class Delivery:
                     queue.in_flight -= 1
                 message.state = State.HELD
                 work.nacks[message.id] = message
+                work.delivered[message.id] = (tag, consumer)
             elif requeue:
                 self.index.requeue(message, now)
                 self._persist_delivery_count(message)

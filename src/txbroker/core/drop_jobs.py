@@ -129,6 +129,7 @@ def delete_queue(index: QueueIndex, name: str, now: int, on_durable: OnDurable |
         index.topics[queue.topic].subscriptions.discard(name)
     for consumer in list(queue.consumers):
         _cancel(index, consumer, name)
+    _forget_kept(index, name)
     for message in list(index.held_messages()):
         if message.queue == name and message.state is State.HELD:
             index.forget(message)
@@ -157,6 +158,20 @@ def _cancel(index: QueueIndex, consumer: Consumer, name: str) -> None:
     for message in consumer.unacked.values():
         index.forget(message)
     consumer.unacked.clear()
+
+
+def _forget_kept(index: QueueIndex, name: str) -> None:
+    """Deliveries of the deleted queue that ended subscriptions kept (AMQP's
+    ``basic.cancel``, ``Delivery.unsubscribe``) are gone with it, as the active
+    consumers' are."""
+    for session in index.sessions.values():
+        kept = [(tag, consumer) for tag, consumer in session.deliveries.items()
+                if consumer.queue == name]
+        for tag, consumer in kept:
+            del session.deliveries[tag]
+            message = consumer.unacked.pop(tag, None)
+            if message is not None:
+                index.forget(message)
 
 
 def _deleted(index: QueueIndex, job: DropJob) -> None:

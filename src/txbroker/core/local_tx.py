@@ -186,15 +186,19 @@ class LocalTransactions:
         for message in tx.nacks.values():
             index.requeue_held(message, now)
 
-    def rollback(self, tx: LocalTransaction, now: int) -> None:
-        """Drop the staged sends; consumed (and nacked) messages are redelivered."""
+    def rollback(self, tx: LocalTransaction, now: int, *, keep_delivered: bool = False
+                 ) -> None:
+        """Drop the staged sends; consumed (and nacked) messages are redelivered, or,
+        with ``keep_delivered`` (AMQP's ``tx.rollback``, as RabbitMQ), are the session's
+        unacked deliveries again, under their tags."""
         tx.fire(TxEvent.ROLLBACK)
         if tx.state is not TxState.ROLLED_BACK:
             return  # a commit already on its way to disk completes on its own
-        self._undo(tx, now)
+        self._undo(tx, now, keep_delivered=keep_delivered)
 
-    def _undo(self, tx: LocalTransaction, now: int) -> None:
-        """A rolled-back transaction's work: sends dropped, consumed messages back."""
+    def _undo(self, tx: LocalTransaction, now: int, *, keep_delivered: bool = False) -> None:
+        """A rolled-back transaction's work: sends dropped, consumed messages back (to
+        their queue, or, ``keep_delivered``, to the session's unacked deliveries)."""
         index = self.index
         session = index.sessions.get(tx.session)
         if session is not None:
@@ -202,7 +206,17 @@ class LocalTransactions:
         for message in tx.sends:
             index.drop_pending(message)
         for message in list(tx.acks.values()) + list(tx.nacks.values()):
-            index.requeue_held(message, now)
+            found = tx.delivered.get(message.id)
+            queue = index.queues.get(message.queue)
+            if keep_delivered and session is not None and found is not None \
+                    and queue is not None and message.state is State.HELD:
+                tag, consumer = found
+                message.state = State.DELIVERED
+                queue.in_flight += 1
+                consumer.unacked[tag] = message
+                session.deliveries[tag] = consumer
+            else:
+                index.requeue_held(message, now)
 
     def session_closed(self, session: Session, now: int) -> None:
         """The session ended: its open transactions roll back."""

@@ -60,7 +60,7 @@ from txbroker.core.effects import Deliver, Fail, Persist, Release, Reply
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, MessageIndex, State, compactable
 from txbroker.core.outbox import Outbox, RecordGroup
-from txbroker.core.queues import MARK_AHEAD, Consumer, Queue
+from txbroker.core.queues import MARK_AHEAD, OVERFLOW_REJECT, Consumer, Queue
 from txbroker.core.records import Add, Drop, Move, QueuePut, Tx
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
@@ -107,6 +107,9 @@ class QueueIndex:
         self.deleting: dict[str, int] = {}
         #: messages held by open transactions and XA branches (installed by the broker)
         self.held_messages: Callable[[], Iterable[Message]] = tuple
+        #: a queue whose overflow is not ``reject`` got messages (installed by the broker:
+        #: ``core/overflow.py`` trims a ``drop_head`` queue over its limits)
+        self.trim_overflow: Callable[[Queue, int], None] = lambda queue, now: None
 
     # ------------------------------------------------------------------ lookups
     def session(self, session_id: int) -> Session:
@@ -271,6 +274,8 @@ class QueueIndex:
         queue.enqueued += 1
         queue.put(message, now)
         self.dispatch(queue, now)
+        if queue.settings.overflow != OVERFLOW_REJECT:
+            self.trim_overflow(queue, now)
 
     def apply_adds(self, messages: list[Message], now: int) -> None:
         """:meth:`apply_add` for many (hot: a group commit, a transaction, a branch):
@@ -330,6 +335,8 @@ class QueueIndex:
             queue.bytes += size
         for queue in touched.values():
             self.dispatch(queue, now)
+            if queue.settings.overflow != OVERFLOW_REJECT:
+                self.trim_overflow(queue, now)
 
     def drop_pending(self, message: Message) -> None:
         """A send that never became visible is dropped (rolled back, failed, discarded)."""

@@ -33,6 +33,12 @@ PRIORITIES = 10
 DEFAULT_PRIORITY = 4
 #: Ids remembered per queue for duplicate detection (Artemis: id-cache-size 20000).
 DEFAULT_DUP_WINDOW = 20_000
+#: What a full queue does with one more message (``core/overflow.py``): refuse it
+#: (QuotaExceeded; every native and STOMP queue), or drop its oldest ready messages
+#: (RabbitMQ's ``x-overflow: drop-head``, its default for ``x-max-length``).
+OVERFLOW_REJECT = "reject"
+OVERFLOW_DROP_HEAD = "drop_head"
+OVERFLOW_POLICIES = (OVERFLOW_REJECT, OVERFLOW_DROP_HEAD)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,8 @@ class QueueSettings:
     #: XA (seed 002): a branch whose message cannot go to this queue (ingress off, over
     #: quota) fails at prepare / one-phase commit; off: it commits, the message is dropped
     reject_to_sender_on_discard: bool = True
+    overflow: str = OVERFLOW_REJECT  #: a full queue: reject the send, or drop_head
+    overflow_queue: str = ""  #: where drop_head's dropped messages go ("": dropped)
 
     def updated(self, changes: dict[str, Any]) -> QueueSettings:
         """A copy with ``changes`` applied, type-checked (BadRequest on bad input)."""
@@ -70,6 +78,8 @@ class QueueSettings:
             elif not isinstance(value, str):
                 raise BadRequest(f"queue setting {key!r} must be a string")
             clean[key] = value
+        if clean.get("overflow", OVERFLOW_REJECT) not in OVERFLOW_POLICIES:
+            raise BadRequest(f"queue setting 'overflow' must be one of {OVERFLOW_POLICIES}")
         return replace(self, **clean)
 
     def to_dict(self) -> dict[str, Any]:

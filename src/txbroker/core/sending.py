@@ -27,8 +27,9 @@ from typing import Any
 
 from txbroker.core.limits import Limits
 from txbroker.core.messages import Message
+from txbroker.core.overflow import drops_head, make_room
 from txbroker.core.queue_index import QueueIndex, check_name
-from txbroker.core.queues import DEFAULT_PRIORITY, PRIORITIES, Queue
+from txbroker.core.queues import DEFAULT_PRIORITY, OVERFLOW_REJECT, PRIORITIES, Queue
 from txbroker.core.transactions import LocalTransaction, TxEvent
 from txbroker.errors import BadRequest, Disabled, MessageTooLarge, QuotaExceeded
 
@@ -40,11 +41,12 @@ DUPLICATE: dict[str, bool] = {"duplicate": True}
 
 def check_room(queue: Queue, count: int, size: int, *, quota: bool) -> None:
     """Can ``queue`` take ``count`` more messages of ``size`` bytes in all? The ingress
-    switch always applies; the quota not for an XA branch (checked at prepare, seed 002)."""
+    switch always applies; the quota not for an XA branch (checked at prepare, seed 002)
+    nor for a ``drop_head`` queue (it makes room: ``core/overflow.py``)."""
     settings = queue.settings
     if not settings.ingress:
         raise Disabled(f"queue {queue.name!r} does not accept messages (ingress disabled)")
-    if not quota:
+    if not quota or settings.overflow != OVERFLOW_REJECT:
         return
     suffix = "; nothing was sent" if count > 1 else ""
     if settings.max_messages and queue.messages + queue.pending + count > settings.max_messages:
@@ -165,6 +167,9 @@ class Sending:
         if work is not None:
             work.sends.extend(made)
             return NOT_DUPLICATE
+        for target in targets:
+            if target.settings.overflow != OVERFLOW_REJECT and drops_head(target):
+                make_room(index, target, 1, size, now)
         return index.store_sends(session_id, rid, made, NOT_DUPLICATE, now)
 
     def send_batch(
@@ -207,6 +212,10 @@ class Sending:
         if work is not None:
             work.sends.extend(made)
             return reply
+        for queue in targets:
+            if queue.settings.overflow != OVERFLOW_REJECT and drops_head(queue):
+                mine = [m.size for m in made if m.queue == queue.name]
+                make_room(self.index, queue, len(mine), sum(mine), now)
         return self.index.store_sends(session_id, rid, made, reply, now)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from enum import Enum
 
 from txbroker.core.messages import Message
+from txbroker.core.queues import Consumer
 from txbroker.errors import TransactionError
 
 
@@ -67,7 +68,7 @@ TRANSITIONS: dict[tuple[TxState, TxEvent], TxState] = {
 class LocalTransaction:
     """The staged work of one local transaction of a session."""
 
-    __slots__ = ("acks", "id", "is_xa", "nacks", "sends", "session", "state")
+    __slots__ = ("acks", "delivered", "id", "is_xa", "nacks", "sends", "session", "state")
 
     def __init__(self, session: int, id: int, *, is_xa: bool = False) -> None:
         self.session = session
@@ -78,6 +79,9 @@ class LocalTransaction:
         self.sends: list[Message] = []  #: messages to add at commit (bodies in memory)
         self.acks: dict[int, Message] = {}  #: message id -> consumed message (HELD)
         self.nacks: dict[int, Message] = {}  #: message id -> message to requeue at commit
+        #: message id -> (delivery tag, consumer) of each staged ack and nack: a rollback
+        #: that keeps them delivered (AMQP's ``tx.rollback``) makes them unacked again
+        self.delivered: dict[int, tuple[int, Consumer]] = {}
 
     def fire(self, event: TxEvent) -> TxState:
         """Apply one event of the table; raise TransactionError if it is not allowed."""

@@ -216,7 +216,8 @@ class Operations:
 
     def connections(self) -> list[dict[str, Any]]:
         """Every admitted connection: protocol, user, address, age and its core
-        session's subscriptions, unacked deliveries and open transactions."""
+        session's subscriptions, unacked deliveries and open transactions; for a
+        protocol with channels (AMQP) its channels (else ``channels`` is None)."""
         found = []
         for session in self.sessions.values():
             core = self.broker.sessions.get(session.id) if session.authenticated else None
@@ -233,6 +234,7 @@ class Operations:
                 "xa_branch": (str(core.xa_xid) if core is not None
                               and core.xa_xid is not None else None),
                 "waiting": session.waiting,
+                "channels": session.channels() if session.channels is not None else None,
             })
         return found
 

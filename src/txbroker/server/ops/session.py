@@ -5,7 +5,7 @@ for every protocol edge."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from txbroker.core import LATER
@@ -41,9 +41,9 @@ class Session:
     through :meth:`started`, which counts those answered later.
     """
 
-    __slots__ = ("_cumulative", "_cumulative_sub", "address", "authenticated", "core", "ended",
-                 "id", "opened_ms", "ops", "peer", "protocol", "reading_paused", "sink", "user",
-                 "waiting")
+    __slots__ = ("_cumulative", "_cumulative_sub", "address", "authenticated", "channels",
+                 "core", "ended", "id", "opened_ms", "ops", "peer", "protocol", "reading_paused",
+                 "sink", "user", "waiting")
 
     def __init__(self, ops: Operations, sink: SessionSink, session_id: int, peer: str) -> None:
         self.ops = ops
@@ -60,6 +60,9 @@ class Session:
         #: requests answered later (``LATER``) and not yet answered
         self.waiting = 0
         self.reading_paused = False
+        #: a protocol with channels (AMQP) describes them for the connections list
+        #: (``Operations.connections``): one dict per channel
+        self.channels: Callable[[], list[dict[str, Any]]] | None = None
         #: cumulative subscriptions: sub -> its unacked tags in delivery order
         self._cumulative: dict[int, dict[int, None]] = {}
         self._cumulative_sub: dict[int, int] = {}  #: tag -> its cumulative subscription
@@ -167,9 +170,10 @@ class Session:
             self._cumulative[sub] = {}
         return result
 
-    def unsubscribe(self, sub: int, now: int) -> Any:
-        """End a subscription; its unacked deliveries go back to the queue."""
-        result = self.core.unsubscribe(self.id, sub, now)
+    def unsubscribe(self, sub: int, now: int, *, keep_unacked: bool = False) -> Any:
+        """End a subscription; its unacked deliveries go back to the queue (or, with
+        ``keep_unacked``, stay this session's to ack: AMQP's ``basic.cancel``)."""
+        result = self.core.unsubscribe(self.id, sub, now, keep_unacked=keep_unacked)
         self.forget_subscription(sub)
         return result
 
@@ -274,9 +278,10 @@ class Session:
         """Commit: one record; answered once durable."""
         return self.core.tx_commit(self.id, rid, tx, now)
 
-    def tx_rollback(self, tx: int, now: int) -> Any:
-        """Roll back: staged sends dropped, consumed messages redelivered."""
-        return self.core.tx_rollback(self.id, tx, now)
+    def tx_rollback(self, tx: int, now: int, *, keep_delivered: bool = False) -> Any:
+        """Roll back: staged sends dropped, consumed messages redelivered (or, with
+        ``keep_delivered``, this session's unacked deliveries again: AMQP's ``tx.rollback``)."""
+        return self.core.tx_rollback(self.id, tx, now, keep_delivered=keep_delivered)
 
     def declare(self, rid: int, name: str, now: int, *, kind: str = "queue",
                 settings: dict[str, Any] | None = None) -> Any:

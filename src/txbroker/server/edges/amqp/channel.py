@@ -13,10 +13,13 @@ the channel owns:
   channel goes through one queue of :class:`Pending` entries; an entry waits for
   the request ids it names and is written, in order, once all are answered.
 * **delivery tags** are per channel (1, 2, …) and map to the session's core tags;
-  ``multiple`` acks cover every unacked tag up to the one named. A tag whose
-  message went back to its queue (``basic.cancel``, ``basic.recover``,
-  ``tx.rollback``, a closed channel) may still be acked: that ack does nothing,
-  the message is redelivered. Any other unknown tag is 406, as in RabbitMQ.
+  ``multiple`` acks cover every unacked tag up to the one named. As in RabbitMQ,
+  the unacked messages of a cancelled consumer (``basic.cancel``) stay with the
+  channel, and so do those whose ack or reject a ``tx.rollback`` undid: acking them
+  later works; they go back to their queue when the channel closes (or on
+  ``basic.recover``, or a nack with requeue). A tag whose message went back
+  (``basic.recover``) may still be acked: that ack does nothing, the message is
+  redelivered. Any other unknown tag is 406, as in RabbitMQ.
 * **consumers**: one core subscription each, prefetch from ``basic.qos`` (per
   consumer); a ``no_ack`` consumer's deliveries are acknowledged by the edge once
   written to the socket, while its write buffer is below the high-water mark (as
@@ -26,6 +29,10 @@ the channel owns:
   into it. **Confirms** (``confirm.select``): ``basic.ack`` once every queue the
   message was routed to has it durably (``basic.nack`` if one refused it).
 
+The methods themselves: publishing, cancelling and closing here;
+``basic.qos/consume/get``, the acknowledgements and ``tx.*`` in ``consuming.py``;
+declarations in ``declares.py`` (each a function of the channel).
+
 A refusal raises :class:`~txbroker.server.edges.amqp.model.ChannelError`; the
 connection closes the channel (or, ``hard``, itself) with its reply code.
 """
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,7 +74,6 @@ from txbroker.server.edges.amqp.content import (
 from txbroker.server.edges.amqp.model import ChannelError
 from txbroker.server.edges.amqp.state import INTERNAL_PREFIX, AmqpState
 from txbroker.server.ops import Delivery, Session
-from txbroker.server.security.acl import CONSUME
 
 #: Prefixes of the names the server makes (RabbitMQ's).
 SERVER_NAMED_PREFIX: Final = "amq.gen-"
@@ -174,7 +179,9 @@ class Channel:
         self.given_back: set[int] = set()
         self.next_tag = 1
         self.tx: int | None = None
-        self.tx_acked: list[int] = []
+        #: the (channel tag, core tag, subscription) of each ack, nack or reject staged in
+        #: the open transaction: unacked again if it rolls back (as RabbitMQ)
+        self.tx_settled: list[tuple[int, int, int]] = []
         self.confirming = False
         self.next_confirm = 1
         self.last_queue = ""
@@ -370,73 +377,56 @@ class Channel:
             self.send(commands.Confirm.SelectOk())
 
     # ------------------------------------------------------------------ consuming
-    def _basic_qos(self, m: Any, now: int) -> None:
-        if m.prefetch_size:
-            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
-                               "NOT_IMPLEMENTED - prefetch_size!=0 "
-                               f"({m.prefetch_size})", hard=True)
-        self.prefetch = int(m.prefetch_count)
-        self.send(commands.Basic.QosOk())
-
-    def _basic_consume(self, m: Any, now: int) -> None:
-        queue = self.existing_queue(m.queue)
-        tag = m.consumer_tag or f"{CONSUMER_TAG_PREFIX}{uuid.uuid4().hex}"
-        if tag in self.consumers:
-            raise ChannelError(ReplyCode.NOT_ALLOWED,
-                               f"NOT_ALLOWED - attempt to reuse consumer tag '{tag}'", hard=True)
-        state = self.conn.state
-        if queue in state.exclusive_consumer or (
-                m.exclusive and self.session.core.queues[queue].consumers):
-            raise ChannelError(ReplyCode.ACCESS_REFUSED,
-                               f"ACCESS_REFUSED - queue '{queue}' in vhost '/' in exclusive use")
-        limit = self.session.core.limits.max_unacked_per_consumer
-        prefetch = min(self.prefetch, limit) if self.prefetch else None
-        sub = self.conn.new_sub()
-        self.conn.own_sub(sub, self)
-        try:
-            self.session.subscribe(sub, queue, now, prefetch=prefetch, ack="client")
-        except BrokerError:
-            self.conn.own_sub(sub, None)
-            raise
-        if m.exclusive:
-            state.exclusive_consumer[queue] = (self.session.id, sub)
-        self.consumers[tag] = Consumer(tag, sub, queue, bool(m.no_ack))
-        state.queue_used(queue)  # a consumer keeps an x-expires queue
-        if not m.nowait:
-            self.send(commands.Basic.ConsumeOk(tag))
-
     def _basic_cancel(self, m: Any, now: int) -> None:
         consumer = self.consumers.get(m.consumer_tag)
         if consumer is not None:
-            self.cancel_consumer(consumer, now)
+            self.cancel_consumer(consumer, now, keep_unacked=True)
         if not m.nowait:
             self.send(commands.Basic.CancelOk(m.consumer_tag))
 
-    def cancel_consumer(self, consumer: Consumer, now: int) -> None:
-        """End a consumer: its unacked messages go back to the queue."""
+    def cancel_consumer(self, consumer: Consumer, now: int, *,
+                        keep_unacked: bool = False) -> None:
+        """End a consumer: its unacked messages go back to the queue, or, with
+        ``keep_unacked`` (``basic.cancel``, as RabbitMQ), stay the channel's to ack."""
         del self.consumers[consumer.tag]
         self.conn.own_sub(consumer.sub, None)
-        self._give_back(sub=consumer.sub)
         session = self.session
+        if not keep_unacked or session.ended:  # (kept: the channel's unacked tags stay)
+            self.give_back(sub=consumer.sub)
         self.conn.state.consumer_ended(consumer.queue, session.id, consumer.sub)
         if not session.ended:
             with contextlib.suppress(NotFound):
-                session.unsubscribe(consumer.sub, now)
+                session.unsubscribe(consumer.sub, now, keep_unacked=keep_unacked)
         self.conn.state.consumer_gone(consumer.queue, now)
 
-    def _give_back(self, *, sub: int | None = None) -> list[int]:
-        """Forget unacked tags (of subscription ``sub``, or all); their core tags."""
+    def give_back(self, *, sub: int | None = None) -> list[int]:
+        """Forget unacked tags (of subscription ``sub``, or all); the core tags of
+        those the core still has (not gone with a deleted queue), newest first: nacked
+        in that order, each goes to the front of its queue, so the oldest is first
+        again (the order they were delivered in, as RabbitMQ)."""
         tags = [t for t, (_, s) in self.unacked.items() if sub is None or s == sub]
         core_tags = []
         for tag in tags:
             core_tags.append(self.unacked.pop(tag)[0])
             self.given_back.add(tag)
+        core_tags = self.still_delivered(core_tags)
+        core_tags.sort(reverse=True)
         return core_tags
+
+    def still_delivered(self, core_tags: list[int]) -> list[int]:
+        """The core tags that are still unacked deliveries of the session (a deleted
+        queue takes its delivered messages with it)."""
+        session = self.session
+        core = session.core.sessions.get(session.id)
+        if core is None:  # (the session ended)
+            return core_tags
+        delivered = core.deliveries
+        return [t for t in core_tags if t in delivered]
 
     def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
         """A message for one of this channel's consumers: basic.deliver."""
         auto = self._no_ack(delivery.sub)
-        tag = self._tag(delivery, delivery.sub, auto=auto)
+        tag = self.tag_for(delivery, delivery.sub, auto=auto)
         if auto:
             self.conn.settle_when_written(delivery.tag)
         properties, exchange, key = delivery_facts(delivery.message)
@@ -447,127 +437,29 @@ class Channel:
     def _no_ack(self, sub: int) -> bool:
         return any(c.no_ack for c in self.consumers.values() if c.sub == sub)
 
-    def _tag(self, delivery: Delivery, sub: int, *, auto: bool) -> int:
+    def tag_for(self, delivery: Delivery, sub: int, *, auto: bool) -> int:
+        """The channel's next delivery tag for ``delivery`` (of subscription ``sub``, 0
+        for basic.get), unacked until settled unless ``auto`` (no_ack)."""
         tag = self.next_tag
         self.next_tag += 1
         if not auto:
             self.unacked[tag] = (delivery.tag, sub)
         return tag
 
-    def _basic_get(self, m: Any, now: int) -> None:
-        queue = self.existing_queue(m.queue)
-        self.session.authorize(CONSUME, queue, "receive")
-        self.conn.state.queue_used(queue)
-        no_ack = bool(m.no_ack)
-        self.after_publishes(lambda at_head: self._get_now(queue, no_ack, at_head))
-
-    def _get_now(self, queue: str, no_ack: bool, at_head: bool) -> None:
-        session = self.session
-        if queue not in session.core.queues:  # deleted meanwhile
-            self.reply_now(at_head, commands.Basic.GetEmpty())
-            return
-        rid = self.conn.new_rid()
-        result = session.core.receive(session.id, rid, queue, self.session.ops.now(), 0)
-        if result is None:
-            self.reply_now(at_head, commands.Basic.GetEmpty())
-            return
-        session.started(rid, result)
-        pending = Pending(1, lambda p: self._get_ok(p, queue, no_ack))
-        self.conn.expect(rid, self, pending)
-        if at_head:
-            self.out.appendleft(pending)
-        else:
-            self.out.append(pending)
-
-    def _get_ok(self, pending: Pending, queue: str, no_ack: bool) -> None:
-        delivery = pending.delivery
-        if delivery is None:
-            self.conn.write(self.conn.codec.send_method(self.number, commands.Basic.GetEmpty()))
-            return
-        tag = self._tag(delivery, 0, auto=no_ack)
-        if no_ack:
-            self.session.ack(0, [delivery.tag], self.session.ops.now())
-        found = self.session.core.queues.get(queue)
-        left = found.ready_count if found is not None else 0
-        properties, exchange, key = delivery_facts(delivery.message)
-        self.conn.write(self.conn.codec.send_content(
-            self.number, commands.Basic.GetOk(tag, delivery.redelivered, exchange, key, left),
-            properties, delivery.body))
-
-    # ------------------------------------------------------------------ acknowledging
-    def _settled(self, tag: int, multiple: bool) -> list[int]:
-        """The core tags an ack/nack/reject names (406 for an unknown tag)."""
-        if multiple:
-            tags = [t for t in self.unacked if tag == 0 or t <= tag]
-            if tag and not tags and tag not in self.given_back and tag >= self.next_tag:
-                raise _unknown_tag(tag)
-        elif tag in self.unacked:
-            tags = [tag]
-        elif tag in self.given_back:
-            tags = []
-        else:
-            raise _unknown_tag(tag)
-        for each in tags:
-            self.given_back.discard(each)
-        return [self.unacked.pop(t)[0] for t in tags]
-
-    def _basic_ack(self, m: Any, now: int) -> None:
-        core_tags = self._settled(m.delivery_tag, bool(m.multiple))
-        if core_tags:
-            self.session.ack(0, core_tags, now, tx=self.tx)
-            if self.tx is not None:
-                self.tx_acked.extend(core_tags)
-
-    def _basic_nack(self, m: Any, now: int) -> None:
-        core_tags = self._settled(m.delivery_tag, bool(m.multiple))
-        if core_tags:
-            self.session.nack(core_tags, now, requeue=bool(m.requeue), tx=self.tx)
-
-    def _basic_reject(self, m: Any, now: int) -> None:
-        core_tags = self._settled(m.delivery_tag, False)
-        if core_tags:
-            self.session.nack(core_tags, now, requeue=bool(m.requeue), tx=self.tx)
-
-    def _basic_recover(self, m: Any, now: int) -> None:
-        core_tags = self._give_back()
-        if core_tags:
-            self.session.nack(core_tags, now, requeue=True)
-        if m.name == "Basic.Recover":
-            self.send(commands.Basic.RecoverOk())
-
-    # ------------------------------------------------------------------ transactions
-    def _tx_select(self, m: Any, now: int) -> None:
-        if self.confirming:
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               "PRECONDITION_FAILED - cannot switch from confirm to tx mode")
-        if self.tx is None:
-            self.tx = self.session.tx_begin()
-        self.send(commands.Tx.SelectOk())
-
-    def _tx_commit(self, m: Any, now: int) -> None:
-        tx = self._transaction()
-        rid = self.conn.new_rid()
-        result = self.session.tx_commit(rid, tx, now)
-        self.tx = self.session.tx_begin()
-        self.tx_acked = []
-        self.later([rid] if self.session.started(rid, result) else [],
-                   lambda p: self.ok(p, commands.Tx.CommitOk()))
-
-    def _tx_rollback(self, m: Any, now: int) -> None:
-        tx = self._transaction()
-        self.session.tx_rollback(tx, now)
-        self.tx = self.session.tx_begin()
-        self.tx_acked = []
-        self.send(commands.Tx.RollbackOk())
-
-    def _transaction(self) -> int:
-        if self.tx is None:
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               "PRECONDITION_FAILED - channel is not transactional")
-        return self.tx
-
     def _flow(self, m: Any, now: int) -> None:
         self.send(commands.Channel.FlowOk(bool(m.active)))
+
+    def describe(self) -> dict[str, Any]:
+        """What the connections list shows of this channel (``Operations.connections``)."""
+        return {
+            "number": self.number,
+            "state": self.state.value,
+            "consumers": len(self.consumers),
+            "consumer_tags": sorted(self.consumers),
+            "prefetch": self.prefetch,
+            "unacked": len(self.unacked),
+            "mode": "tx" if self.tx is not None else "confirm" if self.confirming else "none",
+        }
 
     # ------------------------------------------------------------------ closing
     def release(self, now: int, *, session_alive: bool) -> None:
@@ -584,7 +476,7 @@ class Channel:
                 self.conn.own_sub(consumer.sub, None)
                 self.conn.state.consumer_ended(consumer.queue, self.session.id, consumer.sub)
         if session_alive:
-            core_tags = self._give_back()
+            core_tags = self.give_back()
             if core_tags:
                 self.session.nack(core_tags, now, requeue=True)
             if self.tx is not None:
@@ -592,28 +484,12 @@ class Channel:
         self.tx = None
 
 
-def _unknown_tag(tag: int) -> ChannelError:
-    return ChannelError(ReplyCode.PRECONDITION_FAILED,
-                        f"PRECONDITION_FAILED - unknown delivery tag {tag}")
-
-
 def _ignore_errors(pending: Pending) -> None:
     """A publish without confirms: a later refusal is the broker's log's business."""
 
 
 CHANNEL_METHODS: Final[dict[str, Callable[[Channel, Any, int], None]]] = {
-    "Basic.Qos": Channel._basic_qos,
-    "Basic.Consume": Channel._basic_consume,
     "Basic.Cancel": Channel._basic_cancel,
-    "Basic.Get": Channel._basic_get,
-    "Basic.Ack": Channel._basic_ack,
-    "Basic.Nack": Channel._basic_nack,
-    "Basic.Reject": Channel._basic_reject,
-    "Basic.Recover": Channel._basic_recover,
-    "Basic.RecoverAsync": Channel._basic_recover,
-    "Tx.Select": Channel._tx_select,
-    "Tx.Commit": Channel._tx_commit,
-    "Tx.Rollback": Channel._tx_rollback,
     "Confirm.Select": Channel._confirm_select,
     "Channel.Flow": Channel._flow,
 }

@@ -28,6 +28,7 @@ requests wait for the store (``Session.should_pause``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Final, cast
@@ -55,6 +56,7 @@ from txbroker.server.edges.amqp.channel import (
     Pending,
     as_channel_error,
 )
+from txbroker.server.edges.amqp.consuming import CONSUMING_METHODS
 from txbroker.server.edges.amqp.declares import DECLARE_METHODS
 from txbroker.server.edges.amqp.handshake import (
     CLOSE_WAIT_S,
@@ -78,7 +80,7 @@ BLOCKED_REASON: Final = "too many publishes waiting for the store (max_pending_r
 __all__ = ["DEFAULT_AMQP_PORT", "METHODS", "AmqpServerConnection", "AmqpSettings"]
 
 #: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
-METHODS: Final = {**CHANNEL_METHODS, **DECLARE_METHODS}
+METHODS: Final = {**CHANNEL_METHODS, **CONSUMING_METHODS, **DECLARE_METHODS}
 
 class AmqpServerConnection(asyncio.Protocol):
     """asyncio protocol for one AMQP client; a ``SessionSink`` of the operation layer."""
@@ -125,6 +127,7 @@ class AmqpServerConnection(asyncio.Protocol):
         try:
             self.session = self.ops.open(self, peer[0] if peer else None, protocol="amqp",
                                          address=self.peer if peer else None)
+            self.session.channels = self.describe_channels
         except BrokerError as exc:
             self._refusal = exc
         self._timer = self.loop.call_later(self.settings.handshake_timeout_s,
@@ -398,6 +401,10 @@ class AmqpServerConnection(asyncio.Protocol):
         for rid in [r for r, owners in self._rids.items() if owners[0][0] is channel]:
             del self._rids[rid]
 
+    def describe_channels(self) -> list[dict[str, Any]]:
+        """The open channels, for the connections list (console, REST, CLI, metrics)."""
+        return [channel.describe() for _, channel in sorted(self.channels.items())]
+
     # ------------------------------------------------------------- ConnectionPort
     def write(self, data: bytes) -> None:
         """Queue bytes; they are written at the end of this loop turn."""
@@ -502,11 +509,23 @@ class AmqpServerConnection(asyncio.Protocol):
             self._answered(delivery.rid, None, None, delivery)
             return
         channel = self._subs.get(delivery.sub)
-        if channel is None:
+        tag = None if channel is None else next(
+            (c.tag for c in channel.consumers.values() if c.sub == delivery.sub), None)
+        if channel is None or tag is None:
+            self._give_back(delivery)
             return
-        tag = next((c.tag for c in channel.consumers.values() if c.sub == delivery.sub), None)
-        if tag is not None:
-            channel.deliver(delivery, tag)
+        channel.deliver(delivery, tag)
+
+    def _give_back(self, delivery: Delivery) -> None:
+        """A delivery for a consumer that ended meanwhile (``basic.cancel`` keeps the
+        unacked deliveries the client saw, not those still on their way to it): it
+        goes back to its queue. (A subscription ended without keeping them already
+        gave it back: the core no longer knows the tag.)"""
+        session = self.session
+        if session is None or session.ended:
+            return
+        with contextlib.suppress(TxBrokerError):
+            session.nack([delivery.tag], self.ops.now(), requeue=True)
 
     def cancelled(self, sub: int, reason: str) -> None:
         """The consumer's queue was deleted: basic.cancel to the client."""

@@ -46,17 +46,18 @@ QUEUE_ARGUMENTS: Final = frozenset({
 DEAD_LETTER_PREFIX: Final = "$amqp.dlx."
 
 
-def internal_queues(queue: str) -> tuple[str, str]:
-    """(rejected, expired): the internal queues of ``queue``'s dead letters
-    (``server/edges/amqp/deadletters.py``)."""
-    digest = hashlib.sha256(queue.encode()).hexdigest()[:32]
-    return f"{DEAD_LETTER_PREFIX}{digest}.rejected", f"{DEAD_LETTER_PREFIX}{digest}.expired"
+def internal_queues(queue: str) -> tuple[str, str, str]:
+    """(rejected, expired, maxlen): the internal queues of ``queue``'s dead letters
+    (``server/edges/amqp/deadletters.py``), one per ``x-death`` reason."""
+    prefix = f"{DEAD_LETTER_PREFIX}{hashlib.sha256(queue.encode()).hexdigest()[:32]}"
+    return f"{prefix}.rejected", f"{prefix}.expired", f"{prefix}.maxlen"
 
 
 def dead_letter_settings(queue: str) -> dict[str, str]:
-    """The core settings of a queue with a dead-letter exchange."""
-    rejected, expired = internal_queues(queue)
-    return {"dead_letter_queue": rejected, "expiry_queue": expired}
+    """The core settings of a queue with a dead-letter exchange: its rejected,
+    expired and (``drop-head``) dropped messages go to its internal queues."""
+    rejected, expired, maxlen = internal_queues(queue)
+    return {"dead_letter_queue": rejected, "expiry_queue": expired, "overflow_queue": maxlen}
 
 
 def encode_properties(properties: commands.Basic.Properties) -> str:
@@ -140,9 +141,13 @@ def queue_settings(name: str, arguments: dict[str, Any] | None
     if size is not None:
         settings["max_bytes"] = size
     overflow = args.get("x-overflow")
-    if overflow not in (None, "reject-publish", b"reject-publish"):
-        raise _unsupported("x-overflow", f"{overflow!r} is not supported (reject-publish is, "
-                           "and is what x-max-length does)")
+    if overflow in (None, "drop-head", b"drop-head"):  # RabbitMQ's default
+        settings["overflow"] = "drop_head"
+    elif overflow in ("reject-publish", b"reject-publish"):
+        settings["overflow"] = "reject"
+    else:
+        raise _unsupported("x-overflow", f"{overflow!r} is not supported (drop-head, the "
+                           "default, and reject-publish are)")
     kind = args.get("x-queue-type")
     if kind not in (None, "classic", "quorum", b"classic", b"quorum"):
         raise _unsupported("x-queue-type", f"{kind!r} is not supported (classic and quorum "

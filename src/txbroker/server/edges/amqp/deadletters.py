@@ -4,20 +4,21 @@ Theory of operation
 -------------------
 The core dead-letters to a queue: a message rejected without requeue (or
 delivered ``max_deliveries`` times) goes to the queue's ``dead_letter_queue``,
-an expired one to its ``expiry_queue``, each move one durable record. RabbitMQ
-dead-letters through an exchange, with a routing key, and records the story in
-the ``x-death`` header. A queue declared with ``x-dead-letter-exchange`` gets two
-internal queues of its own (:func:`internal_queues`: ``$amqp.dlx.<digest>.rejected``
-and ``.expired``) as those settings, and the broker's own AMQP session consumes
-them (:class:`DeadLetters`): each message that arrives there is routed through
-the dead-letter exchange (with ``x-dead-letter-routing-key``, or the routing key
-it was published with), its properties given an ``x-death`` entry (``count``,
-``reason`` ``rejected`` or ``expired``, ``queue``, ``time``, ``exchange``,
-``routing-keys``) and the ``x-first-death-*`` headers, and sent to the queues
-the exchange routes it to **in one local transaction with the ack of its
-internal copy**: after a crash it is in the internal queue or in its targets,
-never both, never neither. A dead letter the exchange routes nowhere is dropped,
-as RabbitMQ drops it.
+an expired one to its ``expiry_queue``, one dropped by ``x-overflow: drop-head``
+to its ``overflow_queue`` (``core/overflow.py``), each move one durable record.
+RabbitMQ dead-letters through an exchange, with a routing key, and records the
+story in the ``x-death`` header. A queue declared with ``x-dead-letter-exchange``
+gets three internal queues of its own (:func:`internal_queues`:
+``$amqp.dlx.<digest>.rejected``, ``.expired`` and ``.maxlen``) as those settings,
+and the broker's own AMQP session consumes them (:class:`DeadLetters`): each
+message that arrives there is routed through the dead-letter exchange (with
+``x-dead-letter-routing-key``, or the routing key it was published with), its
+properties given an ``x-death`` entry (``count``, ``reason`` ``rejected``,
+``expired`` or ``maxlen``, ``queue``, ``time``, ``exchange``, ``routing-keys``)
+and the ``x-first-death-*`` headers, and sent to the queues the exchange routes
+it to **in one local transaction with the ack of its internal copy**: after a
+crash it is in the internal queue or in its targets, never both, never neither.
+A dead letter the exchange routes nowhere is dropped, as RabbitMQ drops it.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ log = logging.getLogger("txbroker.amqp")
 
 #: Dead letters one internal queue hands the broker's session at a time.
 DEAD_LETTER_PREFETCH: Final = 100
-#: The reasons RabbitMQ writes in ``x-death``, by internal queue.
-REASONS: Final = ("rejected", "expired")
+#: The reasons RabbitMQ writes in ``x-death``, by internal queue (``internal_queues``).
+REASONS: Final = ("rejected", "expired", "maxlen")
 
 
 def _text(value: Any) -> str:

@@ -34,8 +34,9 @@ from typing import Any, Final
 
 from txbroker.core import LATER
 from txbroker.errors import BrokerError, NotFound, TxBrokerError
+from txbroker.server.edges.amqp.content import queue_settings
 from txbroker.server.edges.amqp.deadletters import DeadLetters
-from txbroker.server.edges.amqp.model import Definitions
+from txbroker.server.edges.amqp.model import ChannelError, Definitions
 from txbroker.server.ops import Delivery, Operations, Session
 
 log = logging.getLogger("txbroker.amqp")
@@ -108,6 +109,8 @@ class AmqpState:
             self.save(None)
         broker.subscribe(session.id, 1, DEFINITIONS_QUEUE, now, prefetch=None, ack="client")
         for flags in list(self.definitions.queues.values()):
+            if flags.name in broker.queues:
+                self._settle_overflow(session, flags.name, flags.arguments)
             if "x-dead-letter-exchange" in flags.arguments and flags.name in broker.queues:
                 self.dead_letters.watch(session, flags.name)
             self.queue_used(flags.name)  # x-expires counts from the start
@@ -116,6 +119,22 @@ class AmqpState:
                  len(self.definitions.exchanges),
                  sum(len(t) for t in self.definitions.bindings.values()),
                  len(self.definitions.queues))
+
+    def _settle_overflow(self, session: Session, name: str, arguments: dict[str, Any]
+                         ) -> None:
+        """A queue declared before the edge did ``x-overflow: drop-head`` (RabbitMQ's
+        default) gets the overflow its arguments ask for, and its ``.maxlen``
+        dead-letter queue."""
+        try:
+            wanted, _ = queue_settings(name, arguments)
+        except ChannelError:
+            return
+        have = self.ops.broker.queues[name].settings
+        changes = {key: wanted.get(key, "") for key in ("overflow", "overflow_queue")
+                   if wanted.get(key, "") != getattr(have, key)}
+        if changes:
+            log.info("AMQP: queue %r takes overflow settings %s", name, changes)
+            self.ops.broker.queue_update(session.id, 0, name, changes, self.ops.now())
 
     def delete_queue(self, name: str) -> None:
         """Delete a queue the edge itself drops (an exclusive queue whose connection

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client.core import (
@@ -64,7 +64,9 @@ BROKER_COUNTERS: Final = (
 #: XA branch states always exported (0 when none): core/xa.py's states.
 XA_STATES: Final = tuple(s.value for s in BranchState
                          if s not in (BranchState.NONE, BranchState.GONE))
-PROTOCOLS: Final = ("native", "stomp", "http")
+PROTOCOLS: Final = ("native", "stomp", "http", "amqp")
+#: The modes of an AMQP channel (``server/edges/amqp/channel.py`` ``Channel.describe``).
+AMQP_CHANNEL_MODES: Final = ("none", "confirm", "tx")
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,8 @@ class Snapshot(Collector):
     xa_states: Counter[str]
     store_kind: str
     sync: str
+    #: AMQP channels open, by mode ("none", "confirm", "tx")
+    amqp_channels: Counter[str] = field(default_factory=Counter)
 
     def collect(self) -> Iterator[Metric]:
         """Every metric family."""
@@ -114,6 +118,12 @@ class Snapshot(Collector):
         for protocol in sorted(set(PROTOCOLS) | set(self.connections)):
             connections.add_metric([protocol], self.connections.get(protocol, 0))
         yield connections
+        channels = GaugeMetricFamily("txbroker_amqp_channels",
+                                     "Open AMQP channels, by mode (none, confirm, tx).",
+                                     labels=["mode"])
+        for mode in sorted(set(AMQP_CHANNEL_MODES) | set(self.amqp_channels)):
+            channels.add_metric([mode], self.amqp_channels.get(mode, 0))
+        yield channels
         branches = GaugeMetricFamily("txbroker_xa_branches", "XA branches by state.",
                                      labels=["state"])
         for state in sorted(set(XA_STATES) | set(self.xa_states)):
@@ -229,13 +239,16 @@ class BrokerCollector(Collector):
         """Read the live state (on the loop: the one place it may be read)."""
         ops = self.server.ops
         store = self.server.store_stats()
+        connections = ops.connections()
         return Snapshot(
             queues=ops.broker.queue_list(),
             stats=self.server.stats(),
             store=store,
             batch_seconds=HistogramReading.of(store.batch_seconds if store else None),
             batch_entries=HistogramReading.of(store.batch_entries if store else None),
-            connections=Counter(c["protocol"] for c in ops.connections()),
+            connections=Counter(c["protocol"] for c in connections),
+            amqp_channels=Counter(channel["mode"] for c in connections
+                                  for channel in c["channels"] or ()),
             xa_states=Counter(str(b["state"]) for b in ops.broker.xa_list(ops.now())),
             store_kind=ops.config.store,
             sync=ops.config.sync,

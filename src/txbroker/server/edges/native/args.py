@@ -17,7 +17,7 @@ REQUIRED: Final[Any] = ...
 SETTING_KEYS: Final = frozenset(
     ["max_messages", "max_bytes", "max_deliveries", "dead_letter_queue", "expiry_queue",
      "default_ttl_ms", "redelivery_delay_ms", "ingress", "egress", "dup_window",
-     "reject_to_sender_on_discard"]
+     "reject_to_sender_on_discard", "overflow", "overflow_queue"]
 )
 
 

@@ -1,5 +1,7 @@
-// Connections: every native and STOMP connection; close one (with confirmation).
-// HTTP requests are sessions too, but each lasts one request: they are not listed.
+// Connections: every native, STOMP and AMQP connection; close one (with confirmation).
+// AMQP connections' channels are listed below them (number, consumers, prefetch,
+// unacked, confirm/tx mode). HTTP requests are sessions too, but each lasts one
+// request: they are not listed.
 
 import { api } from "../api.js";
 import { duration, h, num, setText, syncRows } from "../format.js";
@@ -10,18 +12,30 @@ const COLUMNS = [["id", "Id", "60px"], ["protocol", "Protocol", "90px"], ["user"
   ["unacked", "Unacked", "85px"], ["transactions", "Tx", "55px"], ["xa_branch", "XA branch", "150px"],
   ["close", "", "90px"]];
 const NUMERIC = new Set(["id", "subscriptions", "unacked", "transactions"]);
+const CHANNEL_COLUMNS = [["connection", "Connection", "110px"], ["number", "Channel", "90px"],
+  ["consumers", "Consumers", "100px"], ["consumer_tags", "Consumer tags", "auto"],
+  ["prefetch", "Prefetch", "90px"], ["unacked", "Unacked", "90px"], ["mode", "Mode", "90px"]];
+const CHANNEL_NUMERIC = new Set(["connection", "number", "consumers", "prefetch", "unacked"]);
 
 export function mount(view) {
   const error = h("div", { class: "error-box", hidden: true });
   const tbody = h("tbody", { id: "connection-rows" });
   const empty = h("div", { class: "empty", hidden: true }, "No connections.");
+  const channelRows = h("tbody", { id: "channel-rows" });
+  const noChannels = h("div", { class: "empty", hidden: true }, "No AMQP channels.");
   view.append(h("h1", {}, "Connections"), error,
-    h("p", { class: "muted" }, "Native and STOMP connections. The console's own HTTP requests " +
-      "are short sessions and are not listed."),
+    h("p", { class: "muted" }, "Native, STOMP and AMQP connections. The console's own HTTP " +
+      "requests are short sessions and are not listed."),
     h("div", { class: "table-wrap" }, h("table", {},
       h("colgroup", {}, COLUMNS.map(([, , w]) => h("col", { style: `width:${w}` }))),
       h("thead", {}, h("tr", {}, COLUMNS.map(([k, label]) =>
-        h("th", { class: NUMERIC.has(k) ? "num" : "" }, label)))), tbody), empty));
+        h("th", { class: NUMERIC.has(k) ? "num" : "" }, label)))), tbody), empty),
+    h("h2", {}, "AMQP channels"),
+    h("div", { class: "table-wrap" }, h("table", {},
+      h("colgroup", {}, CHANNEL_COLUMNS.map(([, , w]) => h("col", { style: `width:${w}` }))),
+      h("thead", {}, h("tr", {}, CHANNEL_COLUMNS.map(([k, label]) =>
+        h("th", { class: CHANNEL_NUMERIC.has(k) ? "num" : "" }, label)))), channelRows),
+      noChannels));
 
   async function close(c) {
     await confirmed(`Close connection ${c.id}?`, `The ${c.protocol} connection from ` +
@@ -49,6 +63,16 @@ export function mount(view) {
       values.forEach((v, i) => setText(row.cells[i], String(v)));
     });
     empty.hidden = shown.length > 0;
+    const channels = shown.flatMap((c) => (c.channels ?? []).map((ch) => ({ connection: c.id, ...ch })));
+    syncRows(channelRows, channels, (ch) => `${ch.connection}:${ch.number}`,
+      (ch) => h("tr", { dataset: { channel: `${ch.connection}:${ch.number}` } },
+        CHANNEL_COLUMNS.map(([k]) => h("td", { class: CHANNEL_NUMERIC.has(k) ? "num" : "" }))),
+      (row, ch) => {
+        const values = [num(ch.connection), num(ch.number), num(ch.consumers),
+          ch.consumer_tags.join(", ") || "–", num(ch.prefetch), num(ch.unacked), ch.mode];
+        values.forEach((v, i) => setText(row.cells[i], String(v)));
+      });
+    noChannels.hidden = channels.length > 0;
   }
   return { stop: poll(refresh, 2000) };
 }
