@@ -24,7 +24,7 @@ from txbroker.core.queue_index import (
 )
 from txbroker.core.queues import Queue, QueueSettings
 from txbroker.core.records import Move, QueueDelete, QueuePut
-from txbroker.core.router_log import RESERVED_PREFIX
+from txbroker.core.router.log import RESERVED_PREFIX
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import AlreadyExists, BadRequest, NotFound
 

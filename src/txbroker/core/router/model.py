@@ -22,7 +22,7 @@ only controllers that registered a recipient name matching it. An *unnamed*
 event reaches every subscriber of its number: "no recipient" is not ``*``
 (:func:`event_matches`).
 
-Everything here is pure data and checks; the engine is ``core/router.py``.
+Everything here is pure data and checks; the engine is ``core/router/engine.py``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ CLIENT: Final = "CLIENT"  #: the client rejected (or left before accepting)
 #: The client lost its connection while it was still sending (asked about after).
 LOST: Final = "LOST"
 #: Told to a server only, never an outcome: its participant makes way for an older
-#: transaction that waits for this server in a wait cycle (core/router_deadlock.py);
+#: transaction that waits for this server in a wait cycle (core/router/deadlock.py);
 #: the server rolls back, acknowledges, and gets the transaction again later (MSG1).
 PREEMPTED: Final = "PREEMPTED"
 DISCARDED: Final = "DISCARDED"  #: an operator discarded the exception transaction
