@@ -10,10 +10,11 @@ of what may happen, with a comment per rule, as ``core/xa.py`` does. A pair
 missing from :data:`TX_RULES` is refused with :class:`~txbroker.errors.IllegalState`
 (the message says what the transaction is); a missing pair in
 :data:`PART_RULES` is a bug of the engine (AssertionError), except for the
-events a server sends (a vote, a rejection: :func:`part_answer`), which are
-refused with IllegalState. The few checks that are not a pair of a table are
-named guards defined here (:data:`DECIDED`, :data:`REJECTED`, :data:`WRITING`,
-:func:`vote_is_stale`), and the rules that use them say so. Below the tables
+events a server sends (a vote, a rejection, an acknowledgement:
+:func:`part_answer`), which are refused with IllegalState. The few checks that
+are not a pair of a table are named guards defined here (:data:`DECIDED`,
+:data:`REJECTED`, :data:`WRITING`, :func:`vote_is_stale`), and the rules that use
+them say so. Below the tables
 are the objects that carry those states: :class:`Controller`,
 :class:`Transaction` and its :class:`Participant` s.
 
@@ -259,6 +260,7 @@ PART_RULES: dict[tuple[PartState, PartEvent], PartState] = {
     (PartState.ABORT, PartEvent.LOST): PartState.DONE,
     # Rule 7: the server acknowledged the outcome (or asked for its next transaction):
     # the router forgets the participant; no replay after this (seed: "after step 6").
+    # An acknowledgement before the outcome is refused (:func:`part_answer`).
     (PartState.COMMIT, PartEvent.ACK): PartState.DONE,
     (PartState.ABORT, PartEvent.ACK): PartState.DONE,
     # Rule 8: an aborted transaction's waiting participants have nothing to learn.
@@ -282,12 +284,15 @@ PART_RULES: dict[tuple[PartState, PartEvent], PartState] = {
     (PartState.YIELDING, PartEvent.REJECT): PartState.YIELDING,
 }
 
-#: Why a server's vote is refused where :data:`PART_RULES` has no pair for it.
+#: What a server is told when :data:`PART_RULES` has no pair for its vote, rejection
+#: or acknowledgement (``{tid}``: the transaction).
 _SERVER_REFUSALS: dict[PartEvent, str] = {
-    PartEvent.VOTE: "this server cannot vote now",
-    PartEvent.VOTE_AFTER_PREPARE: "a server with explicit prepare votes accept after "
-                                  "PREPARE",
-    PartEvent.REJECT: "this server voted accept; it can no longer reject",
+    PartEvent.VOTE: "transaction {tid}: this server cannot vote now",
+    PartEvent.VOTE_AFTER_PREPARE: "transaction {tid}: a server with explicit prepare "
+                                  "votes accept after PREPARE",
+    PartEvent.REJECT: "transaction {tid}: this server voted accept; it can no longer "
+                      "reject",
+    PartEvent.ACK: "transaction {tid} has no outcome to acknowledge yet",
 }
 
 
@@ -299,11 +304,11 @@ def part_next(state: PartState, event: PartEvent) -> PartState:
 
 
 def part_answer(tid: str, state: PartState, event: PartEvent) -> PartState:
-    """The participant's state after a server's vote or rejection (``event``); a pair
-    the table does not have is the server's mistake: IllegalState."""
+    """The participant's state after a server's vote, rejection or acknowledgement
+    (``event``); a pair the table does not have is the server's mistake: IllegalState."""
     next_state = PART_RULES.get((state, event))
     if next_state is None:
-        raise IllegalState(f"transaction {tid}: {_SERVER_REFUSALS[event]}")
+        raise IllegalState(_SERVER_REFUSALS[event].format(tid=tid))
     return next_state
 
 

@@ -35,11 +35,10 @@ from txbroker.core.router.states import (
     TxEvent,
     TxState,
     part_answer,
-    part_next,
     tx_next,
     vote_is_stale,
 )
-from txbroker.errors import IllegalState, NotFound, StorageFailed
+from txbroker.errors import NotFound, StorageFailed
 
 
 def held(router: RouterData, session_id: int, controller_id: Any, tid: Any
@@ -95,23 +94,16 @@ def done(router: RouterData, session_id: int, controller_id: Any, tid: Any, now:
     participant = held(router, session_id, controller_id, tid)
     if participant is None:
         return {"ignored": True}
-    if participant.state is PartState.YIELDING:  # the server rolled back: requeue
-        participant.state = part_next(participant.state, PartEvent.ACK)
-        server = participant.server
-        assert server is not None
-        participant.server, server.current = None, None
-        enqueue(router, participant)
-        pump(router, server.facility, participant.partition)
-        return {}
-    if participant.state not in (PartState.COMMIT, PartState.ABORT):
-        raise IllegalState(f"transaction {participant.tx.tid} has no outcome to "
-                           "acknowledge yet")
-    participant.state = part_next(participant.state, PartEvent.ACK)
+    before = participant.state
+    # Rule 7 (and Rule 9's YIELDING): a participant with no outcome yet is refused
+    participant.state = part_answer(participant.tx.tid, before, PartEvent.ACK)
     server = participant.server
     assert server is not None
-    participant.server = None
-    server.current = None
-    maybe_forget(router, participant.tx, now)
+    participant.server, server.current = None, None
+    if before is PartState.YIELDING:  # the server rolled back: presented again
+        enqueue(router, participant)
+    else:
+        maybe_forget(router, participant.tx, now)
     pump(router, server.facility, participant.partition)
     return {}
 
