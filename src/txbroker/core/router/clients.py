@@ -47,14 +47,6 @@ from txbroker.errors import (
 )
 
 
-def check_size(body: bytes, limit: int) -> None:
-    """A router message's body is at most ``max_message_size`` bytes (BadRequest), as
-    any message's: a router message is journaled like one."""
-    if len(body) > limit:
-        raise BadRequest(f"a router message of {len(body)} bytes is above max_message_size "
-                         f"({limit})")
-
-
 def _client_tx(router: RouterData, session_id: int, controller_id: Any, tid: Any, *,
                create: bool, now: int) -> tuple[Controller, Transaction]:
     controller = router.controller(session_id, controller_id, server=False)
@@ -237,4 +229,4 @@ def _take_over(tx: Transaction, controller: Controller) -> None:
     controller.tids.add(tx.tid)
 
 
-__all__ = ["accept", "check_size", "collected", "outcome", "reject", "send"]
+__all__ = ["accept", "collected", "outcome", "reject", "send"]

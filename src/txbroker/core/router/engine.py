@@ -68,7 +68,7 @@ from txbroker.core.router.commands import (
 )
 from txbroker.core.router.data import RouterData
 from txbroker.core.router.log import RouterLog
-from txbroker.core.router.model import Role
+from txbroker.core.router.model import Role, check_size
 from txbroker.errors import BadRequest, NotFound
 
 
@@ -174,7 +174,7 @@ class Router:
         """A client's message (``clients.py``); with ``accept``, the client's accept goes
         with it and the answer comes once the accepted transaction is durable. A body
         above ``max_message_size`` is refused before anything else (BadRequest)."""
-        clients.check_size(body, self.limits.max_message_size)
+        check_size(body, self.limits.max_message_size)
         result = clients.send(self.data, session_id, controller_id, tid, key, body, headers,
                               now, index)
         if accept and "rejected" not in result:

@@ -194,6 +194,14 @@ def _check_count(value: Any, what: str) -> int:
     return int(value)
 
 
+def check_size(body: bytes, limit: int) -> None:
+    """A router message's body is at most ``max_message_size`` (``limit``) bytes, as any
+    message's: a router message is journaled like one (BadRequest)."""
+    if len(body) > limit:
+        raise BadRequest(f"a router message of {len(body)} bytes is above max_message_size "
+                         f"({limit})")
+
+
 def check_tid(tid: Any) -> str:
     """A transaction id as the client gives it (BadRequest otherwise)."""
     if not isinstance(tid, str) or not tid or len(tid) > MAX_TID:
@@ -305,6 +313,7 @@ __all__ = [
     "Role",
     "RouterEvent",
     "Site",
+    "check_size",
     "check_tid",
     "event_matches",
     "parse_events",

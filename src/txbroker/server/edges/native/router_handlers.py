@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from txbroker.core.router.clients import check_size
 from txbroker.core.router.commands import (
     Accept,
     Collected,
@@ -34,7 +33,13 @@ from txbroker.core.router.commands import (
     UserEvent,
     Vote,
 )
-from txbroker.core.router.model import Role, check_tid, parse_events, parse_recipient
+from txbroker.core.router.model import (
+    Role,
+    check_size,
+    check_tid,
+    parse_events,
+    parse_recipient,
+)
 from txbroker.errors import BadRequest
 from txbroker.server.edges.native.args import arg, headers_arg, int_arg
 from txbroker.server.ops import Session
