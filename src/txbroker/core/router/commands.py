@@ -8,7 +8,9 @@ the way h11 takes events: the native ``rtr_*`` ops check their arguments and
 build one; the simulator builds them the same way. The router
 (:meth:`Router.execute <txbroker.core.router.engine.Router.execute>`) carries
 each out; argument values that arrive from a client unchecked (``Any``) are
-checked there (the router's errors name them).
+checked there (the router's errors name them). A command is a value: nothing
+changes it once it is built (not ``frozen``: a frozen dataclass is built by
+``object.__setattr__`` per field, which costs on the pure-Python path).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, TypeAlias
 from txbroker.core.router.model import Role
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Define:
     """``rtr_define``: define (or redefine) a facility; answered once durable."""
 
@@ -27,7 +29,7 @@ class Define:
     partitions: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SetPartition:
     """``rtr_set_partition``: change a partition's retry count or vote timeout."""
 
@@ -37,7 +39,7 @@ class SetPartition:
     vote_timeout_ms: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Register:
     """``rtr_register``: a client controller on a facility, or a server controller on
     one of its partitions (by name, or a key range)."""
@@ -51,14 +53,14 @@ class Register:
     events: tuple[tuple[int, int], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unregister:
     """``rtr_unregister``: end a registration."""
 
     controller: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Send:
     """``rtr_send``: a client's message (``accept``: the client's accept goes with it)."""
 
@@ -71,7 +73,7 @@ class Send:
     accept: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Accept:
     """``rtr_accept``: the client accepts its transaction."""
 
@@ -79,7 +81,7 @@ class Accept:
     tid: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Reject:
     """``rtr_reject``: the client rejects its transaction."""
 
@@ -88,7 +90,7 @@ class Reject:
     reason: Any = "CLIENT"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Collected:
     """``rtr_ack``: the client collected these outcomes."""
 
@@ -96,7 +98,7 @@ class Collected:
     tids: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     """``rtr_outcome``: what became of a transaction (a reconnected client asks)."""
 
@@ -104,7 +106,7 @@ class Outcome:
     controller: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Vote:
     """``rtr_vote``: a server's vote (``seen``: the messages it had when it voted)."""
 
@@ -115,7 +117,7 @@ class Vote:
     seen: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Done:
     """``rtr_done``: a server acknowledges the outcome."""
 
@@ -123,7 +125,7 @@ class Done:
     tid: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class UserEvent:
     """``rtr_event``: broadcast a user event."""
 
@@ -133,21 +135,21 @@ class UserEvent:
     recipient: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Show:
     """``rtr_show``: facilities, partitions, servers and roles, transactions by state."""
 
     facility: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Exceptions:
     """``rtr_exceptions``: the exception transactions (of one facility, or all)."""
 
     facility: Any = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FacilityOf:
     """The facility of a transaction the router holds (NotFound otherwise): what an
     operator's permission on an exception transaction is checked against."""
@@ -155,14 +157,14 @@ class FacilityOf:
     tid: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CommitException:
     """``rtr_exception_commit``: commit an exception transaction by hand."""
 
     tid: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DiscardException:
     """``rtr_exception_discard``: discard an exception transaction."""
 

@@ -133,20 +133,21 @@ TX_RULES: dict[tuple[TxState, TxEvent], TxState] = {
     (TxState.EXCEPTION_DECIDING, TxEvent.WRITE_FAILED): TxState.EXCEPTION,
 }
 
+#: The guards are tuples: ``in`` compares enum members by identity first, where a set
+#: would call ``Enum.__hash__`` (Python code) on every check.
 #: Guard (Rule 5 and every "decided" check): the transaction is decided — accepted or
 #: rejected, durably or not yet; votes are ignored, the client has an outcome to collect.
-DECIDED: Final = frozenset({TxState.COMMIT_DECIDING, TxState.COMMITTING,
-                            TxState.ABORT_DECIDING, TxState.ABORTING,
-                            TxState.EXCEPTION_DECIDING, TxState.EXCEPTION})
+DECIDED: Final = (TxState.COMMIT_DECIDING, TxState.COMMITTING, TxState.ABORT_DECIDING,
+                  TxState.ABORTING, TxState.EXCEPTION_DECIDING, TxState.EXCEPTION)
 #: Guard: decided *reject* (a client's send, accept or reject answers "rejected").
-REJECTED: Final = frozenset({TxState.ABORT_DECIDING, TxState.ABORTING,
-                             TxState.EXCEPTION_DECIDING, TxState.EXCEPTION})
+REJECTED: Final = (TxState.ABORT_DECIDING, TxState.ABORTING, TxState.EXCEPTION_DECIDING,
+                   TxState.EXCEPTION)
 #: Guard: the decision's record is on its way to disk (Rule 11 or 12 comes next);
 #: nothing else is written for the transaction meanwhile.
-WRITING: Final = frozenset({TxState.COMMIT_DECIDING, TxState.ABORT_DECIDING,
-                            TxState.EXCEPTION_DECIDING})
+WRITING: Final = (TxState.COMMIT_DECIDING, TxState.ABORT_DECIDING,
+                  TxState.EXCEPTION_DECIDING)
 #: Guard: an exception transaction (struck out, kept for the operator).
-EXCEPTIONS: Final = frozenset({TxState.EXCEPTION_DECIDING, TxState.EXCEPTION})
+EXCEPTIONS: Final = (TxState.EXCEPTION_DECIDING, TxState.EXCEPTION)
 #: The seed's name of each state: what the journal records, ``show`` and ``stats``
 #: count and ``/metrics`` exports (an exception is a rejected transaction, flagged).
 PUBLIC: Final = {
