@@ -95,6 +95,8 @@ def test_a_stale_build_falls_back_to_the_sources(tmp_path: Path) -> None:
 def test_digest_covers_exactly_the_compiled_set() -> None:
     names = {p.relative_to(PACKAGE).as_posix() for p in _build.compiled_sources()}
     assert "core/queues.py" in names and "protocol/stomp.py" in names
+    assert {"core/router/__init__.py", "core/router/engine.py",
+            "core/router/states.py"} <= names  # the router package (issue 26 §3)
     assert {"storage/journal_format.py", "storage/dirstore_format.py"} <= names
     assert {n for n in names if n.startswith("server/")} == {
         "server/ops/__init__.py", "server/ops/operations.py", "server/ops/seams.py",

@@ -287,9 +287,8 @@ class Harness:
                 fresh.broker.replay(StoredEntry(kind, meta, tuple(refs)))
         fresh.broker.finish_recovery(self.now)
         fresh.released = set()
-        router = fresh.broker.router
-        problems = router.restore([(m, fresh.read_body(m.ref))  # type: ignore[arg-type]
-                                   for m in router.log.records()], self.now)
+        problems = fresh.broker.restore_router(
+            lambda m: fresh.read_body(m.ref), self.now)  # type: ignore[arg-type]
         assert not problems, problems
         fresh.run()
         return fresh

@@ -8,7 +8,7 @@ from tests.core.harness import Harness
 from tests.core.test_xa import X1, XA, bodies
 from txbroker.core.records import Kind, XaPrepare
 from txbroker.core.replica import check_quiet, state_entries
-from txbroker.core.router_log import ROUTER_QUEUE
+from txbroker.core.router.log import ROUTER_QUEUE
 from txbroker.storage.interface import StoredEntry
 
 

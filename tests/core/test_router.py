@@ -10,8 +10,8 @@ import pytest
 
 from tests.core.harness import Harness, StoreOpener
 from txbroker.core import LATER
-from txbroker.core.router_log import ROUTER_QUEUE
-from txbroker.core.router_model import Role
+from txbroker.core.router.log import ROUTER_QUEUE
+from txbroker.core.router.model import Role
 from txbroker.errors import AlreadyExists, BadRequest, IllegalState, NotFound
 
 BANK = [{"name": "A", "low": 0, "high": 999}, {"name": "B", "low": 1000, "high": 1999}]
@@ -111,7 +111,7 @@ def test_implicit_prepare_round_trip(rig: Rig) -> None:
     rig.done(2, a, "t1")
     rig.done(3, b, "t1")
     rig.call("collected", 1, client, ["t1"], rig.h.now)
-    assert rig.journal() == 1 and "t1" not in rig.router.transactions
+    assert rig.journal() == 1 and "t1" not in rig.router.data.transactions
 
 
 def test_explicit_prepare_asks_after_accept(rig: Rig) -> None:
@@ -173,7 +173,7 @@ def test_bad_input_is_refused_and_changes_nothing(rig: Rig) -> None:
         rig.send(2, 999, "t1", 5)
     with pytest.raises(IllegalState, match="not a client controller"):
         rig.send(2, a, "t1", 5)
-    assert rig.router.transactions == {}
+    assert rig.router.data.transactions == {}
     rig.send(1, client, "t1", 5)
     other = rig.client(4)
     with pytest.raises(AlreadyExists):
@@ -192,7 +192,7 @@ def test_server_dies_before_voting_replays_to_the_standby(rig: Rig) -> None:
     assert rig.take(3) == [("MSG1", "t1")]  # never voted: replayed as a first message
     rig.vote(3, standby, "t1")
     assert rig.take(1) == [("ACCEPTED", "t1")]
-    [participant] = rig.router.transactions["t1"].participants.values()
+    [participant] = rig.router.data.transactions["t1"].participants.values()
     assert participant.strikes == 1
 
 
@@ -230,8 +230,8 @@ def test_three_strikes_make_an_exception_and_the_partition_carries_on(rig: Rig) 
         assert rig.take(sid) == [("MSG1", "poison")]
         rig.close(sid)
     assert rig.take(1) == [("REJECTED", "poison")]
-    from txbroker.core import router_admin
-    [entry] = router_admin.exceptions(rig.router)
+    from txbroker.core.router import admin as router_admin
+    [entry] = router_admin.exceptions(rig.router.data)
     assert (entry["tid"], entry["reason"], entry["strikes"], entry["partitions"]) == (
         "poison", "SRVDIED", 4, ["A"])
     server = rig.server(20, "A")
@@ -241,13 +241,13 @@ def test_three_strikes_make_an_exception_and_the_partition_carries_on(rig: Rig) 
     assert rig.take(1) == [("ACCEPTED", "good")]
     rig.h.session(90)
     rig.rid += 1
-    router_admin.discard_exception(rig.router, 90, rig.rid, "poison", rig.h.now)
+    router_admin.discard_exception(rig.router.data, 90, rig.rid, "poison", rig.h.now)
     rig.h.run()
-    assert router_admin.exceptions(rig.router) == []
+    assert router_admin.exceptions(rig.router.data) == []
 
 
 def test_operator_commit_replays_the_exception_decided(rig: Rig) -> None:
-    from txbroker.core import router_admin
+    from txbroker.core.router import admin as router_admin
     rig.call("set_partition", 90, 1, "BANK", "A", 1, None, rig.h.now)
     client = rig.client(1)
     rig.send(1, client, "p", 13)
@@ -256,13 +256,14 @@ def test_operator_commit_replays_the_exception_decided(rig: Rig) -> None:
         rig.close(sid)
     assert rig.take(1) == [("REJECTED", "p")]
     rig.h.session(90)
-    router_admin.commit_exception(rig.router, 90, 7, "p", rig.h.now)
+    router_admin.commit_exception(rig.router.data, 90, 7, "p", rig.h.now)
     rig.h.run()
     assert rig.h.replies[(90, 7)] == {"tid": "p", "state": "COMMITTING"}
     fixed = rig.server(12, "A")
     assert rig.take(12) == [("UNCERTAIN", "p"), ("ACCEPTED", "p")]
     rig.done(12, fixed, "p")
-    assert "p" not in rig.router.transactions or not rig.router.transactions["p"].exception
+    held = rig.router.data.transactions
+    assert "p" not in held or not held["p"].exception
 
 
 def test_vote_timeout_rejects(rig: Rig) -> None:
@@ -292,7 +293,7 @@ def test_restart_replays_accepted_and_decided_transactions(rig: Rig) -> None:
     del a
     rig.h = rig.h.crash()
     rig.define()  # the same definition again: accepted as it is
-    assert sorted(rig.router.transactions) == ["decided", "undecided"]
+    assert sorted(rig.router.data.transactions) == ["decided", "undecided"]
     a2 = rig.server(12, "A")
     b2 = rig.server(13, "B")
     assert rig.take(12) == [("UNCERTAIN", "undecided")]
@@ -306,14 +307,14 @@ def test_restart_replays_accepted_and_decided_transactions(rig: Rig) -> None:
     rig.done(12, a2, "undecided")
     rig.done(13, b2, "decided")
     rig.call("collected", 11, client2, ["decided", "undecided"], rig.h.now)
-    assert rig.router.transactions == {}
+    assert rig.router.data.transactions == {}
     # the facility, and the tombstones of the three tids asked about (issue 25)
     assert rig.journal() == 4
-    assert sorted(rig.router.tombstones.by_tid) == ["decided", "unaccepted", "undecided"]
+    assert sorted(rig.router.data.tombstones.by_tid) == ["decided", "unaccepted", "undecided"]
 
 
 def test_events_named_unnamed_and_router_events(rig: Rig) -> None:
-    from txbroker.core import router_admin
+    from txbroker.core.router import admin as router_admin
     rig.client(1, recipient="teller-1", events=((1, 5),))
     rig.client(2, recipient="teller-22", events=((5, 5),))
     rig.client(3, events=((5, 5),))  # no name: never gets a named event
@@ -321,7 +322,7 @@ def test_events_named_unnamed_and_router_events(rig: Rig) -> None:
     assert rig.take(4) == [("ROUTER_EVENT", 256), ("ROUTER_EVENT", 258)]
 
     def send(recipient: str | None) -> list[int]:
-        reached = router_admin.user_event(rig.router, 4, server, 5, b"hi", recipient)
+        reached = router_admin.user_event(rig.router.data, 4, server, 5, b"hi", recipient)
         rig.h.run()
         got = [sid for sid in (1, 2, 3) if rig.take(sid)]
         assert reached["delivered"] == len(got)
@@ -334,7 +335,7 @@ def test_events_named_unnamed_and_router_events(rig: Rig) -> None:
     assert send("teller-2%") == [2]
     assert send("nobody") == []
     with pytest.raises(BadRequest, match="0 to 255"):
-        router_admin.user_event(rig.router, 4, server, 300, b"", None)
+        router_admin.user_event(rig.router.data, 4, server, 300, b"", None)
 
 
 def test_shadow_gets_the_same_transactions_and_role_events(rig: Rig) -> None:
@@ -375,7 +376,7 @@ def test_votes_before_the_accept_record_is_durable(tmp_path: Path) -> None:
     assert rig.take(1) == [("ACCEPTED", "t1")]
     assert rig.journal() == 2
     restarted = harness.crash()
-    assert [tx.state.value for tx in restarted.broker.router.transactions.values()] == [
+    assert [tx.state.value for tx in restarted.broker.router.data.transactions.values()] == [
         "COMMITTING"]
     assert restarted.broker.queues[ROUTER_QUEUE].messages == 2
 
@@ -390,7 +391,7 @@ def test_a_restart_before_the_accept_is_durable_forgets_the_transaction() -> Non
     rig.send(1, client, "t1", 1)
     rig.accept(1, client, "t1")
     restarted = harness.crash()  # the VREQ record was never synced
-    assert restarted.broker.router.transactions == {}
+    assert restarted.broker.router.data.transactions == {}
     rig.h = restarted
     assert rig.outcome(9, "t1") is LATER  # the UNKNOWN answer waits for its tombstone
     restarted.sync()
@@ -453,5 +454,5 @@ def test_strikes_of_an_accepted_transaction_survive_a_restart(rig: Rig) -> None:
     rig.close(2)  # lost before its vote: strike 1
     rig.h = rig.h.crash()
     rig.define()
-    tx = rig.router.transactions["poison"]
+    tx = rig.router.data.transactions["poison"]
     assert [p.strikes for p in tx.participants.values()] == [1]

@@ -1,5 +1,5 @@
 """Crossing transactions never wait for the vote timeout (issue 28 §2): in a wait
-cycle the youngest transaction makes way (core/router_deadlock.py)."""
+cycle the youngest transaction makes way (core/router/deadlock.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from tests.core.harness import Harness
 from tests.core.test_router import Rig
-from txbroker.core.router_model import Role
+from txbroker.core.router.model import Role
 
 
 @pytest.fixture
@@ -28,10 +28,10 @@ def test_two_transfers_crossing_two_partitions_both_commit_without_a_timeout(
     rig.send(2, client2, "t2", 1001)  # t2: B first ...
     assert rig.take(3) == [("MSG1", "t1")] and rig.take(4) == [("MSG1", "t2")]
     rig.send(1, client1, "t1", 1002)  # ... then B (busy with t2)
-    assert rig.router.counters["preempted"] == 0  # waiting is no cycle yet
+    assert rig.router.data.counters["preempted"] == 0  # waiting is no cycle yet
     rig.send(2, client2, "t2", 2)  # ... then A (busy with t1): a cycle; t2 is younger
     assert rig.take(4) == [("REJECTED", "t2")]  # t2 gives B back (reason PREEMPTED)
-    assert rig.h.pushes == [] and rig.router.counters["preempted"] == 1
+    assert rig.h.pushes == [] and rig.router.data.counters["preempted"] == 1
     rig.done(4, b, "t2")  # B rolled back and acknowledged: t1 gets it
     assert rig.take(4) == [("MSG1", "t1")]
     for tid, client in (("t1", 1), ("t2", 2)):
@@ -79,4 +79,4 @@ def test_no_preemption_without_a_cycle(rig: Rig) -> None:
     rig.server(4, "A", role=Role.STANDBY)  # standbys serve only when no primary is left
     for n, (sid, ctl) in enumerate(((1, client1), (2, client2), (1, client1))):
         rig.send(sid, ctl, f"t{n}", 1 + n)
-    assert rig.router.counters["preempted"] == 0
+    assert rig.router.data.counters["preempted"] == 0

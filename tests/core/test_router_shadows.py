@@ -11,7 +11,7 @@ import pytest
 
 from tests.core.test_router import Rig
 from tests.core.test_router_tombstones import rig_on
-from txbroker.core.router_model import Role
+from txbroker.core.router.model import Role
 
 
 @pytest.fixture(params=["memory", "journal"])
@@ -33,12 +33,12 @@ def test_primary_dies_before_voting_the_shadow_site_goes_on_at_once(rig: Rig) ->
     assert rig.take(1) == [("ACCEPTED", "t1")]  # no stall
     assert rig.take(3) == [("ACCEPTED", "t1")]
     rig.done(3, shadow, "t1")
-    assert "t1" in rig.router.transactions  # the primary site must still replay it
+    assert "t1" in rig.router.data.transactions  # the primary site must still replay it
     back = rig.server(4, "A")  # the primary site returns: it gets what it missed
     assert rig.take(4) == [("MSG1", "t1"), ("ACCEPTED", "t1")]
     rig.done(4, back, "t1")
     rig.call("collected", 1, client, ["t1"], rig.h.now)
-    assert "t1" not in rig.router.transactions
+    assert "t1" not in rig.router.data.transactions
 
 
 def test_shadow_dies_after_the_primary_voted_the_primary_goes_on_alone(rig: Rig) -> None:
@@ -112,7 +112,7 @@ def test_role_and_exception_events_carry_the_key_range(rig: Rig) -> None:
     rig.close(4)  # lost before its vote, retry count 0: SRVDIED, an exception
     assert events(3) == [(262, "A", [0, 999]), (260, "A", [0, 999])]  # EXCEPTION, PRIMARY
     assert rig.take(1) == [("REJECTED", "poison")]
-    assert rig.router.transactions["poison"].exception
+    assert rig.router.data.transactions["poison"].exception
     del shadow
 
 
@@ -133,5 +133,5 @@ def test_a_server_registers_a_key_range_no_partition_has(rig: Rig) -> None:
         rig.call("register", 3, "BANK", server=True, partition=[900, 1100], now=rig.h.now)
     if rig.h.durable_store is not None:
         rig.h = rig.h.crash()
-        assert [p.name for p in rig.router.facilities["BANK"].partitions] == [
+        assert [p.name for p in rig.router.data.facilities["BANK"].partitions] == [
             "A", "B", "2000-2999"]

@@ -1,4 +1,4 @@
-"""Presumed abort with tombstones (issue 25; core/router_tombstones.py): once the
+"""Presumed abort with tombstones (issue 25; core/router/tombstones.py): once the
 router answered a tid's outcome, that tid never begins again — across restarts, on
 every store — and a message after the first never begins a transaction."""
 
@@ -12,7 +12,7 @@ import pytest
 from tests.core.harness import Harness, StoreOpener
 from tests.core.test_router import Rig
 from txbroker.core import LATER
-from txbroker.core import router_tombstones as tombstones
+from txbroker.core.router import tombstones
 from txbroker.errors import IllegalState, TransactionRolledBack
 
 
@@ -62,7 +62,7 @@ def test_answered_unknown_never_begins(rig: Rig) -> None:
                  lambda: rig.call("reject", 1, client, "t1", "CLIENT", rig.h.now)):
         with pytest.raises(TransactionRolledBack, match=r"answered UNKNOWN.*never begins again"):
             call()
-    assert rig.take(2) == [] and "t1" not in rig.router.transactions
+    assert rig.take(2) == [] and "t1" not in rig.router.data.transactions
     rig.h = rig.h.crash()
     client = rig.client(11)
     rig.server(12, "A")
@@ -80,7 +80,7 @@ def test_asked_and_forgotten_leaves_its_outcome(rig: Rig) -> None:
     committed(rig, client, a, "asked")
     assert rig.outcome(1, "asked", client)["state"] == "ACCEPTED"
     rig.call("collected", 1, client, ["asked"], rig.h.now)
-    assert "asked" not in rig.router.transactions
+    assert "asked" not in rig.router.data.transactions
     committed(rig, client, a, "quiet")
     rig.call("collected", 1, client, ["quiet"], rig.h.now)
     assert rig.journal() == 2  # the facility and the one tombstone
@@ -98,7 +98,7 @@ def test_a_later_message_never_begins_a_transaction(rig: Rig) -> None:
     rig.server(2, "A")
     with pytest.raises(TransactionRolledBack, match="message 1 came with no transaction"):
         rig.call("send", 1, client, "t2", 5, b"x", None, rig.h.now, 1)
-    assert "t2" not in rig.router.transactions and rig.take(2) == []
+    assert "t2" not in rig.router.data.transactions and rig.take(2) == []
     assert rig.call("send", 1, client, "t3", 5, b"x", None, rig.h.now, 0) == {"partition": "A"}
     with pytest.raises(IllegalState, match="message 2 arrived where message 1 was due"):
         rig.call("send", 1, client, "t3", 6, b"y", None, rig.h.now, 2)
@@ -109,15 +109,15 @@ def test_tombstones_expire_and_are_bounded(rig: Rig) -> None:
     rig.client(1)
     assert rig.outcome(1, "old")["state"] == "UNKNOWN"
     rig.h.tick(tombstones.TOMBSTONE_RETENTION_MS - 1)
-    assert rig.router.tombstones.get("old") is not None
+    assert rig.router.data.tombstones.get("old") is not None
     assert rig.outcome(1, "young")["state"] == "UNKNOWN"
     rig.h.tick(1)
-    assert rig.router.tombstones.get("old") is None  # its time is over
+    assert rig.router.data.tombstones.get("old") is None  # its time is over
     assert rig.journal() == 2  # the facility and "young"
-    rig.router.tombstones.limit = 2
+    rig.router.data.tombstones.limit = 2
     for tid in ("a", "b"):
         rig.outcome(1, tid)
-    assert list(rig.router.tombstones.by_tid) == ["a", "b"]  # "young", the oldest, went
+    assert list(rig.router.data.tombstones.by_tid) == ["a", "b"]  # "young", the oldest, went
     assert rig.journal() == 3
 
 
@@ -136,7 +136,7 @@ def test_the_accept_is_answered_once_it_is_on_disk() -> None:
     rig.h.sync()
     assert rig.h.replies[(1, rig.rid)] == {}
     restarted = rig.h.crash()
-    assert list(restarted.broker.router.transactions) == ["t1"]
+    assert list(restarted.broker.router.data.transactions) == ["t1"]
 
 
 def test_a_reconnected_client_asking_about_a_sending_transaction_ends_it(rig: Rig) -> None:

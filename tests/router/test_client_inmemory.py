@@ -338,7 +338,7 @@ def test_client_failover_asks_the_outcome() -> None:
                                                                           "LOST")
         await server.start()
         # registered again: the replay. The router's journal brought the accepted
-        # transaction back with its participant uncertain (core/router_journal.py)
+        # transaction back with its participant uncertain (core/router/journal.py)
         replay = await srv.receive(timeout=10)
         assert replay is not None and (replay.type, replay.tid, replay.body) == (
             M.UNCERTAIN, tid, b"m")

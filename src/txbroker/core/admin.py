@@ -24,7 +24,7 @@ from txbroker.core.queue_index import (
 )
 from txbroker.core.queues import Queue, QueueSettings
 from txbroker.core.records import Move, QueueDelete, QueuePut
-from txbroker.core.router_log import RESERVED_PREFIX
+from txbroker.core.router.log import RESERVED_PREFIX, refuse_reserved
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import AlreadyExists, BadRequest, NotFound
 
@@ -47,6 +47,7 @@ class Admin:
     ) -> Any:
         """Create a queue or topic; declaring an existing one with the same
         settings is a no-op, with other settings an AlreadyExists error."""
+        refuse_reserved(name, "declare")  # the router's journal (core/router/log.py)
         check_name(name, kind)
         if kind == "topic":
             return self._declare_topic(session_id, rid, name)
@@ -87,6 +88,7 @@ class Admin:
         durable: bool = True, settings: dict[str, Any] | None = None,
     ) -> Any:
         """Create (or find) the subscription queue ``topic::name`` of a topic."""
+        refuse_reserved(topic_name, "topic_subscribe")
         index = self.index
         topic = index.topics.get(check_name(topic_name, "topic"))
         if topic is None:
@@ -120,6 +122,7 @@ class Admin:
         self, session_id: int, rid: int, name: str, settings: dict[str, Any], now: int
     ) -> Any:
         """Change a queue's settings (quotas, ingress/egress, DLQ …)."""
+        refuse_reserved(name, "update")  # the router's journal (core/router/log.py)
         queue = self.index.existing_queue(name)
         queue.settings = queue.settings.updated(settings)
         info = queue.info()
@@ -133,6 +136,7 @@ class Admin:
 
     def queue_delete(self, session_id: int, rid: int, name: str, now: int) -> Any:
         """Delete a queue (and its messages) or a topic (and its subscriptions)."""
+        refuse_reserved(name, "delete")  # the router's journal (core/router/log.py)
         index = self.index
         topic = index.topics.pop(name, None)
         if topic is not None:
@@ -152,11 +156,13 @@ class Admin:
 
     def queue_purge(self, session_id: int, rid: int, name: str, now: int) -> Any:
         """Drop every ready or scheduled message (in-flight ones are left alone)."""
+        refuse_reserved(name, "purge")  # the router's journal (core/router/log.py)
         return purge_queue(self.index, self.index.existing_queue(name), session_id, rid)
 
     def queue_browse(self, name: str, limit: int) -> list[Message]:
         """The first ``limit`` (at most :data:`MAX_BROWSE`) visible messages of a
         queue in delivery order, left where they are."""
+        refuse_reserved(name, "browse")  # the router's journal (core/router/log.py)
         if not 1 <= limit <= MAX_BROWSE:
             raise BadRequest(f"limit must be 1..{MAX_BROWSE}")
         return self.index.existing_queue(name).browse(limit)
@@ -180,6 +186,8 @@ class Admin:
         headers and delivery counts; their TTL and delay are cleared (as for a
         dead-lettered message). In-flight messages stay. Replies ``{"moved": n,
         "to": target}``, once the MOVE record is durable."""
+        refuse_reserved(source, "move")  # the router's journal (core/router/log.py)
+        refuse_reserved(target, "move")
         if not 1 <= limit <= MAX_MOVE:
             raise BadRequest(f"limit must be 1..{MAX_MOVE}")
         index = self.index

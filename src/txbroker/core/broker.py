@@ -26,7 +26,7 @@ part                   owns                                              module
 ``admin``              queue and topic administration                    ``admin.py``
 ``replay``             snapshots and replay at start-up                  ``replay.py``
 ``compaction``         relocation of live bodies                         ``compaction.py``
-``router``             the transaction router (seed 000)                 ``router.py``
+``router``             the transaction router (seed 000)                 ``router/``
 =====================  ================================================  ==================
 
 Where work goes: a send or an ack that names a local transaction (``tx``) is
@@ -37,10 +37,11 @@ staged only in a local transaction (``core/xa_branches.py`` says why).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from txbroker.core import overflow, router_admin
+from txbroker.core import overflow
 from txbroker.core.admin import Admin
 from txbroker.core.compaction import Compaction
 from txbroker.core.delivery import Delivery
@@ -53,8 +54,9 @@ from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.queues import Queue
 from txbroker.core.records import StoredEntry
 from txbroker.core.replay import BodySize, Replay
-from txbroker.core.router import Router
-from txbroker.core.router_log import RouterLog
+from txbroker.core.router.commands import RouterCommand
+from txbroker.core.router.engine import Router
+from txbroker.core.router.log import RouterLog, refuse_reserved
 from txbroker.core.sending import Sending
 from txbroker.core.sessions import Session, Topic
 from txbroker.core.sinks import Sinks
@@ -81,12 +83,9 @@ class Broker:
         self.admin = Admin(self.index, self.outbox)
         self.replay_part = Replay(self.index, self.xa, self.sinks_part, self.outbox)
         self.compaction = Compaction(self.index, self.outbox)
-        self.router = Router(RouterLog(self.index, self.outbox), self.outbox)
+        self.router = Router(RouterLog(self.index, self.outbox), self.outbox, self.limits)
         self.index.held_messages = self._held_messages
-        self.index.trim_overflow = self._trim_overflow
-
-    def _trim_overflow(self, queue: Queue, now: int) -> None:
-        overflow.trim(self.index, queue, now)
+        self.index.trim_overflow = functools.partial(overflow.trim, self.index)
 
     def _held_messages(self) -> Iterator[Message]:
         """Messages consumed inside open local transactions and XA branches."""
@@ -197,6 +196,7 @@ class Broker:
              persistent: bool = True, priority: int = 4, ttl_ms: int = 0, delay_ms: int = 0,
              tx: int | None = None) -> Any:
         """Send a message to a queue or topic. Replies ``{"duplicate": bool}``."""
+        refuse_reserved(dest, "send")  # the router's journal (core/router/log.py)
         session = self.index.session(session_id)
         work = session.transaction(tx) if tx is not None else session.xa_work  # (_work, inline)
         return self.sending.send(session_id, rid, dest, body, now, work, headers, message_id,
@@ -207,6 +207,7 @@ class Broker:
                    message_ids: list[str | None] | None = None,
                    persistent: bool = True) -> Any:
         """Send many messages to one destination; replies ``{"count", "duplicates"}``."""
+        refuse_reserved(dest, "send_batch")
         session = self.index.session(session_id)
         return self.sending.send_batch(session_id, rid, dest, bodies, now, session.xa_work,
                                        headers=headers, message_ids=message_ids,
@@ -215,6 +216,7 @@ class Broker:
     def subscribe(self, session_id: int, sub: int, queue_name: str, now: int, *,
                   prefetch: int | None = None, ack: str = "client") -> Any:
         """Start a subscription: deliveries arrive as ``Deliver`` effects."""
+        refuse_reserved(queue_name, "subscribe")
         return self.delivery.subscribe(self.index.session(session_id), sub, queue_name, now,
                                        prefetch=prefetch, ack=ack)
 
@@ -228,6 +230,7 @@ class Broker:
     def receive(self, session_id: int, rid: int, queue_name: str, now: int,
                 timeout_ms: int | None) -> Any:
         """Take one message (client ack). Replies with it, or ``None`` on timeout."""
+        refuse_reserved(queue_name, "receive")
         return self.delivery.receive(self.index.session(session_id), rid, queue_name, now,
                                      timeout_ms)
 
@@ -328,7 +331,7 @@ class Broker:
 
     def stats(self) -> dict[str, Any]:
         """Broker-wide counts (the router's under ``"router"``)."""
-        return {**self.admin.stats(), "router": router_admin.stats(self.router)}
+        return {**self.admin.stats(), "router": self.router_stats()}
 
     # ------------------------------------------------------------------ XA
     def xa_start(self, session_id: int, xid_text: Any, flags: int, now: int) -> Any:
@@ -381,6 +384,7 @@ class Broker:
     # ------------------------------------------------------------------ streams and sinks
     def stream_open(self, session_id: int, queue_name: Any, name: Any) -> Any:
         """Attach as the queue's exclusive stream reader ``name``."""
+        refuse_reserved(queue_name, "stream_open")
         self.index.session(session_id)
         return self.streams.open(session_id, queue_name, name)
 
@@ -421,6 +425,30 @@ class Broker:
         """Roll back a batch unless it is committed."""
         self.index.session(session_id)
         return self.sinks_part.abort(session_id, rid, sink, batch, now)
+
+    # ------------------------------------------------------------------ the router
+    def rtr(self, session_id: int, rid: int, command: RouterCommand, now: int) -> Any:
+        """A router command (``core/router/commands.py``): the router's only door."""
+        return self.router.execute(session_id, rid, command, now)
+
+    def router_stats(self) -> dict[str, Any]:
+        """The router's counts (``stats()["router"]``)."""
+        return self.router.stats()
+
+    def router_holds(self) -> list[str]:
+        """The router's transactions, one line each (for reading a simulator trace)."""
+        return self.router.holds()
+
+    def restore_router(self, body_of: Callable[[Message], bytes | None], now: int
+                       ) -> list[str]:
+        """After recovery: rebuild the router from its journal records, whose bodies
+        ``body_of`` reads (None: skip the record); returns the problems found."""
+        records = [(m, body_of(m)) for m in self.router.records()]
+        return self.router.restore([(m, b) for m, b in records if b is not None], now)
+
+    def define_facility(self, name: str, partitions: Any, now: int) -> None:
+        """A router facility of the configuration file (after :meth:`restore_router`)."""
+        self.router.define_from_config(name, partitions, now)
 
     # ------------------------------------------------------------------ time
     def tick(self, now: int) -> None:

@@ -72,7 +72,7 @@ class Cancelled:
 @dataclass(slots=True)
 class Notify:
     """Push ``body`` (a map) to ``session`` as the event ``event`` — the transaction
-    router's messages, outcomes and broadcast events (``core/router.py``)."""
+    router's messages, outcomes and broadcast events (``core/router/engine.py``)."""
 
     session: int
     event: str

@@ -86,7 +86,7 @@ class Outbox:
                 bodies: list[bytes] | None = None,
                 on_refs: Callable[[list[int]], None] | None = None) -> None:
         """Append one record given as a kind and a bare meta value: only the router's
-        log (``core/router_log.py``) still writes this way, until it builds record
+        log (``core/router/log.py``) still writes this way, until it builds record
         classes too (every other writer uses :meth:`write`)."""
         self.check_writable()
         if self.group:

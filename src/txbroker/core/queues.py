@@ -296,7 +296,7 @@ class Queue:
 
     def trim(self) -> None:
         """Drop the stale slots at the head of the ready lists: a queue nobody
-        consumes (the router's journal, ``core/router_log.py``) never pops them."""
+        consumes (the router's journal, ``core/router/log.py``) never pops them."""
         name = self.name
         for ready in self._ready:
             while ready:

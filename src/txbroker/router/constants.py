@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from txbroker.errors import BadRequest, ProtocolError
 
-#: Longest transaction id (the broker's limit, ``core/router_model.py``; a uuid4 hex
+#: Longest transaction id (the broker's limit, ``core/router/model.py``; a uuid4 hex
 #: is 32).
 MAX_TID: Final = 64
 

@@ -254,17 +254,16 @@ class BrokerServer:
                  len(self.broker.queues), self.recovery_seconds)
 
     def _restore_router(self) -> None:
-        """The transaction router's journal (``core/router_log.py``), then the
+        """The transaction router's journal (``core/router/log.py``), then the
         facilities of the configuration file."""
-        router = self.broker.router
-        records = [(message, self.body(message)) for message in router.log.records()]
-        for problem in router.restore(records, self.now()):
+        for problem in self.broker.restore_router(self.body, self.now()):
             log.error("router journal: %s (left out)", problem)
-        if records:
+        restored = self.broker.router_stats()
+        if restored["facilities"] or any(restored["transactions"].values()):
             log.info("router: restored %d facilities and %d transactions",
-                     len(router.facilities), len(router.transactions))
+                     restored["facilities"], sum(restored["transactions"].values()))
         for name, partitions in self.config.router_facilities.items():
-            router.define_from_config(name, partitions, self.now())
+            self.broker.define_facility(name, partitions, self.now())
 
     async def open_listeners(self) -> None:
         """Open the client listeners the config asks for; start the timers."""

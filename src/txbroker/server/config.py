@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from txbroker.core.limits import Limits
-from txbroker.core.router_model import parse_facility
+from txbroker.core.router.model import parse_facility
 from txbroker.errors import BadRequest
 from txbroker.server.security.acl import AclConfig, parse_acl
 from txbroker.server.security.tls import check_files, peer_context

@@ -31,6 +31,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from txbroker.core.router.commands import (
+    Collected,
+    Define,
+    Done,
+    Outcome,
+    Register,
+    Reject,
+    Send,
+    Vote,
+)
 from txbroker.sim.actors import Actor
 from txbroker.sim.node import BrokerNode, Delivered
 from txbroker.sim.world import World
@@ -114,8 +124,8 @@ class BankServer(Actor):
                 self.die()
                 self.connect_soon()
 
-        self.call("rtr_register", lambda b, s, r, now: b.router.register(
-            s, FACILITY, server=True, partition=self.partition, now=now), registered)
+        self.call("rtr_register", lambda b, s, r, now: b.rtr(
+            s, r, Register(FACILITY, server=True, partition=self.partition), now), registered)
 
     def die(self) -> None:
         """The server process dies: uncommitted work is gone, the database stays."""
@@ -159,8 +169,8 @@ class BankServer(Actor):
 
     def _vote(self, tid: str, accept: bool) -> None:
         controller = self.controller
-        self.call("rtr_vote", lambda b, s, r, now: b.router.vote(
-            s, controller, tid, accept, "" if accept else "INSUFFICIENT", now, 1),
+        self.call("rtr_vote", lambda b, s, r, now: b.rtr(
+            s, r, Vote(controller, tid, accept, "" if accept else "INSUFFICIENT", 1), now),
             lambda ok, result: None)
 
     def _commit(self, tid: str) -> None:
@@ -181,7 +191,7 @@ class BankServer(Actor):
 
     def _done(self, tid: str) -> None:
         controller = self.controller
-        self.call("rtr_done", lambda b, s, r, now: b.router.done(s, controller, tid, now),
+        self.call("rtr_done", lambda b, s, r, now: b.rtr(s, r, Done(controller, tid), now),
                   lambda ok, result: None)
 
 
@@ -216,8 +226,8 @@ class BankClient(Actor):
                 self.current = None
                 self._next()
 
-        self.call("rtr_register", lambda b, s, r, now: b.router.register(
-            s, FACILITY, server=False, now=now), registered)
+        self.call("rtr_register", lambda b, s, r, now: b.rtr(
+            s, r, Register(FACILITY, server=False), now), registered)
 
     def _next(self) -> None:
         if self.stopped or self.finishing or self.conn is None or self.controller is None:
@@ -246,10 +256,8 @@ class BankClient(Actor):
                 return  # a server rejected already: the outcome is pushed
 
             def accept(b: Any, s: int, r: int, now: int) -> Any:
-                sent = b.router.send(s, controller, tid, transfer.credit, credit, None, now, 1)
-                if "rejected" in sent:
-                    return sent
-                return b.router.accept(s, controller, tid, now, r, sent)
+                return b.rtr(s, r, Send(controller, tid, transfer.credit, credit, None, 1,
+                                        accept=True), now)
 
             transfer.accept_sent = True
             self.call("rtr_send_accept", accept, accepted)
@@ -261,16 +269,16 @@ class BankClient(Actor):
                 transfer.accept_answered = True
                 self.world.log(f"{self.name} accept answered {tid}")
 
-        self.call("rtr_send", lambda b, s, r, now: b.router.send(
-            s, controller, tid, transfer.debit, debit, None, now, 0), debited)
+        self.call("rtr_send", lambda b, s, r, now: b.rtr(
+            s, r, Send(controller, tid, transfer.debit, debit, None, 0), now), debited)
 
     def _reject_lost(self, transfer: Transfer) -> None:
         """As the client library does after a loss before the accept: reject the
         transaction (reason LOST) with the new controller; an error is ignored (it is
         gone, or decided: the outcome says which)."""
         controller, tid = self.controller, transfer.tid
-        self.call("rtr_reject", lambda b, s, r, now: b.router.reject(
-            s, controller, tid, "LOST", now), lambda ok, result: None)
+        self.call("rtr_reject", lambda b, s, r, now: b.rtr(
+            s, r, Reject(controller, tid, "LOST"), now), lambda ok, result: None)
 
     def _ask_soon(self) -> None:
         self.asking = True
@@ -291,8 +299,8 @@ class BankClient(Actor):
             else:
                 self._ask_soon()  # PENDING (its outcome will be pushed too), or an error
 
-        self.call("rtr_outcome", lambda b, s, r, now: b.router.outcome(
-            s, r, tid, controller, now), answered)
+        self.call("rtr_outcome", lambda b, s, r, now: b.rtr(
+            s, r, Outcome(tid, controller), now), answered)
 
     def on_push(self, item: Delivered | dict[str, Any]) -> None:
         """An outcome (or a router event)."""
@@ -308,8 +316,8 @@ class BankClient(Actor):
         self.current = None
         self.asking = False
         controller = self.controller
-        self.call("rtr_ack", lambda b, s, r, now: b.router.collected(
-            s, controller, [transfer.tid], now), lambda ok, result: None)
+        self.call("rtr_ack", lambda b, s, r, now: b.rtr(
+            s, r, Collected(controller, [transfer.tid]), now), lambda ok, result: None)
         self.world.schedule(self.world.delay(0, 20), self._next)
 
     def on_lost(self) -> None:
@@ -338,8 +346,8 @@ class Setup(Actor):
             self.stopped = True
             self.start()
 
-        self.call("rtr_define", lambda b, s, r, now: b.router.define(
-            s, r, FACILITY, PARTITIONS, now), defined)
+        self.call("rtr_define", lambda b, s, r, now: b.rtr(
+            s, r, Define(FACILITY, PARTITIONS), now), defined)
 
     def on_lost(self) -> None:
         """Define again after a crash."""
@@ -417,12 +425,8 @@ def _run_bank(world: World, plants: frozenset[str], *, client_resets: bool,
         client.finishing = True  # no new transfers; the ones in flight go on
     world.run_until(fault_end + HEAL_MS)
     if node.up:  # what the router still holds (for reading a failing trace)
-        for tid, tx in sorted(node.broker.router.transactions.items()):
-            parts = " ".join(f"{name}/{site.name}:{p.state.name}"
-                             f"@{p.server.id if p.server else '-'}"
-                             for (name, site), p in sorted(tx.participants.items()))
-            holder = tx.client.id if tx.client is not None else "-"
-            world.log(f"router holds {tid} {tx.state.name} client={holder} {parts}")
+        for line in node.broker.router_holds():
+            world.log(f"router holds {line}")
     # a command that must not fail (a session's end) raised: a defect, whatever else holds
     return [f"core error: {e}" for e in node.core_errors] + check_bank(databases, transfers)
 

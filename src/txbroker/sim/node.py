@@ -209,9 +209,8 @@ class BrokerNode:
         for entry in self.disk.synced:
             broker.replay(entry)
         broker.finish_recovery(now)
-        router = broker.router
-        problems = router.restore(
-            [(m, bodies[m.ref]) for m in router.log.records() if m.ref is not None], now)
+        problems = broker.restore_router(
+            lambda m: None if m.ref is None else bodies[m.ref], now)
         if problems:
             raise AssertionError(f"router restore: {problems}")
         self.up = True

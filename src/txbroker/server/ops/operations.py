@@ -55,7 +55,7 @@ from typing import Any, Final
 
 from txbroker.core import Broker
 from txbroker.core.effects import Cancelled, Deliver, Fail, Notify, Reply
-from txbroker.core.router_log import RESERVED_PREFIX
+from txbroker.core.router.log import is_reserved, reserved_refusal
 from txbroker.errors import (
     AuthenticationFailed,
     Forbidden,
@@ -183,14 +183,13 @@ class Operations:
         ``destination`` (None: the broker itself). ``op`` names the request for the
         audit log, ``resource`` what it acts on when that is no destination (an xid,
         a connection). Admin actions and refusals are audited. Destinations beginning
-        with ``$router`` are the transaction router's journal: nobody may name them."""
-        if destination is not None and destination.startswith(RESERVED_PREFIX):
+        with ``$router`` are the transaction router's journal: nobody may name them (the
+        core refuses them too, with the same error; here the refusal is audited)."""
+        if destination is not None and is_reserved(destination):
             self.audit.record(user=session.user, address=session.address,
                               protocol=session.protocol, action=action, op=op,
                               destination=destination, outcome="denied")
-            raise Forbidden(f"forbidden: {destination!r} is the transaction router's journal; "
-                            "clients may not use destinations beginning with "
-                            f"{RESERVED_PREFIX!r} ({op})")
+            raise reserved_refusal(destination, op)
         allowed = self.acl.allows(session.user, action, destination)
         if action == ADMIN or not allowed:
             self.audit.record(user=session.user, address=session.address,

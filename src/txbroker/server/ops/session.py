@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from txbroker.core import LATER
-from txbroker.core.router_log import RESERVED_PREFIX
+from txbroker.core.router.log import is_reserved
 from txbroker.errors import (
     AuthenticationFailed,
     BadRequest,
@@ -154,7 +154,7 @@ class Session:
              persistent: bool = True, priority: int = 4, ttl_ms: int = 0, delay_ms: int = 0,
              tx: int | None = None) -> Any:
         """Send a message to a queue or topic (or stage it in transaction ``tx``)."""
-        if self.ops.acl.enforcing or dest.startswith(RESERVED_PREFIX):
+        if self.ops.acl.enforcing or is_reserved(dest):
             self.ops.authorize(self, SEND, dest, op="send")
         return self.core.send(self.id, rid, dest, body, now, headers=headers,
                               message_id=message_id, persistent=persistent, priority=priority,

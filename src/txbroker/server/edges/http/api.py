@@ -28,7 +28,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from txbroker._version import __version__
-from txbroker.core import router_admin
 from txbroker.errors import BadRequest, BrokerError
 from txbroker.server.edges.http.calls import REALM, Gate, HttpServerPort, error_code, http_status
 from txbroker.server.edges.http.console import console_routes
@@ -316,7 +315,7 @@ class HttpApi:
         def run(session: Session, rid: int, now: int) -> Any:
             shown = router_handlers.rtr_show(
                 session, rid, {} if facility is None else {"facility": facility}, now)
-            return {**shown, "stats": router_admin.stats(session.core.router)}
+            return {**shown, "stats": session.core.router_stats()}
         return JSONResponse(await self._run(request, run))
 
     async def router_exceptions(self, request: Request) -> Response:

@@ -1,7 +1,8 @@
 """The native ops of the transaction router (``rtr_*``, docs/router.md).
 
-Each handler checks its arguments (a clear ``BadRequest`` naming the field) and
-calls the router part of the core (``core/router.py``, ``core/router_admin.py``).
+Each handler checks its arguments (a clear ``BadRequest`` naming the field), builds
+the router command (``core/router/commands.py``) and hands it to the core's front
+(``Broker.rtr``), the router's only door.
 Permissions, decided once here for every op (``server/security/acl.py`` patterns): a
 client controller needs ``send`` on ``router.<facility>``, a server controller
 ``consume`` on it; defining a facility, changing a partition and resolving an
@@ -13,9 +14,33 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from txbroker.core import router_admin
-from txbroker.core.router_model import Role, check_tid, parse_events, parse_recipient
-from txbroker.errors import BadRequest, NotFound
+from txbroker.core.router.commands import (
+    Accept,
+    Collected,
+    CommitException,
+    Define,
+    DiscardException,
+    Done,
+    Exceptions,
+    FacilityOf,
+    Outcome,
+    Register,
+    Reject,
+    Send,
+    SetPartition,
+    Show,
+    Unregister,
+    UserEvent,
+    Vote,
+)
+from txbroker.core.router.model import (
+    Role,
+    check_size,
+    check_tid,
+    parse_events,
+    parse_recipient,
+)
+from txbroker.errors import BadRequest
 from txbroker.server.edges.native.args import arg, headers_arg, int_arg
 from txbroker.server.ops import Session
 from txbroker.server.security.acl import CONSUME, SEND
@@ -60,59 +85,55 @@ def rtr_register(session: Session, rid: int, args: dict[str, Any], now: int) -> 
     recipient = parse_recipient(args.get("recipient"))
     events = parse_events(args.get("events"))
     session.authorize(CONSUME if server else SEND, ACL_PREFIX + facility, "rtr_register")
-    return session.core.router.register(
-        session.id, facility, server=server, partition=partition, role=role,
-        explicit_prepare=explicit, recipient=recipient, events=events, now=now)
+    return session.core.rtr(session.id, rid, Register(
+        facility, server=server, partition=partition, role=role, explicit_prepare=explicit,
+        recipient=recipient, events=events), now)
 
 
 def rtr_unregister(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """End a registration."""
-    return session.core.router.unregister(session.id, int_arg(args, "controller"), now)
+    return session.core.rtr(session.id, rid, Unregister(int_arg(args, "controller")), now)
 
 
 def rtr_send(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """A client's message (``accept: true``: the client's accept goes with it)."""
-    router = session.core.router
     body = args.get("body")
     if type(body) is not bytes:
         raise BadRequest("argument 'body' must be of type bytes")
-    limit = session.core.limits.max_message_size
-    if len(body) > limit:
-        raise BadRequest(f"a router message of {len(body)} bytes is above max_message_size "
-                         f"({limit})")
+    # the core refuses it too; checked here first, the size error comes before the
+    # other arguments' (as it always did)
+    check_size(body, session.core.limits.max_message_size)
     controller, tid, key = int_arg(args, "controller"), _tid_arg(args), _key_arg(args)
     headers, accept = headers_arg(args), arg(args, "accept", bool, False)
     index = int_arg(args, "index", None)
-    result = router.send(session.id, controller, tid, key, body, headers, now, index)
-    if accept and "rejected" not in result:  # answered once the accept is durable
-        return router.accept(session.id, controller, tid, now, rid, result)
-    return result
+    # with accept: answered once the accept is durable
+    return session.core.rtr(session.id, rid, Send(controller, tid, key, body, headers, index,
+                                                  accept), now)
 
 
 def rtr_accept(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """The client accepts its transaction (the outcome comes as a push)."""
     controller, tid = int_arg(args, "controller"), _tid_arg(args)
-    return session.core.router.accept(session.id, controller, tid, now, rid)
+    return session.core.rtr(session.id, rid, Accept(controller, tid), now)
 
 
 def rtr_reject(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """The client rejects its transaction."""
     controller, tid = int_arg(args, "controller"), _tid_arg(args)
     reason = arg(args, "reason", str, "CLIENT")
-    return session.core.router.reject(session.id, controller, tid, reason, now)
+    return session.core.rtr(session.id, rid, Reject(controller, tid, reason), now)
 
 
 def rtr_ack(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """The client collected outcomes."""
     controller, tids = int_arg(args, "controller"), arg(args, "tids", list)
-    session.core.router.collected(session.id, controller, tids, now)
-    return {}
+    return session.core.rtr(session.id, rid, Collected(controller, tids), now)
 
 
 def rtr_outcome(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """What became of a transaction (a reconnected client asks)."""
     tid, controller = _tid_arg(args), int_arg(args, "controller", None)
-    return session.core.router.outcome(session.id, rid, tid, controller, now)
+    return session.core.rtr(session.id, rid, Outcome(tid, controller), now)
 
 
 def rtr_vote(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -120,33 +141,33 @@ def rtr_vote(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     controller, tid = int_arg(args, "controller"), _tid_arg(args)
     accept, reason = arg(args, "accept", bool), arg(args, "reason", str, "")
     seen = int_arg(args, "seen", None)
-    return session.core.router.vote(session.id, controller, tid, accept, reason, now, seen)
+    return session.core.rtr(session.id, rid, Vote(controller, tid, accept, reason, seen), now)
 
 
 def rtr_done(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """A server acknowledges the outcome."""
     controller, tid = int_arg(args, "controller"), _tid_arg(args)
-    return session.core.router.done(session.id, controller, tid, now)
+    return session.core.rtr(session.id, rid, Done(controller, tid), now)
 
 
 def rtr_event(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Broadcast a user event."""
     controller, number = int_arg(args, "controller"), int_arg(args, "number")
     body, recipient = arg(args, "body", bytes, b""), arg(args, "recipient", str, None)
-    return router_admin.user_event(session.core.router, session.id, controller, number, body,
-                                   recipient)
+    return session.core.rtr(session.id, rid, UserEvent(controller, number, body, recipient),
+                            now)
 
 
 def rtr_define(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Define a facility and its partitions (admin)."""
     facility, partitions = _facility_arg(args), arg(args, "partitions", list)
     session.ops.require_admin(session, "router_define", ACL_PREFIX + facility)
-    return session.core.router.define(session.id, rid, facility, partitions, now)
+    return session.core.rtr(session.id, rid, Define(facility, partitions), now)
 
 
 def rtr_show(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Facilities, partitions, servers and roles, transactions by state."""
-    return router_admin.show(session.core.router, arg(args, "facility", str, None))
+    return session.core.rtr(session.id, rid, Show(arg(args, "facility", str, None)), now)
 
 
 def rtr_set_partition(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
@@ -155,38 +176,36 @@ def rtr_set_partition(session: Session, rid: int, args: dict[str, Any], now: int
     retry_count = int_arg(args, "retry_count", None)
     vote_timeout_ms = int_arg(args, "vote_timeout_ms", None)
     session.ops.require_admin(session, "router_set_partition", ACL_PREFIX + facility)
-    return session.core.router.set_partition(session.id, rid, facility, partition, retry_count,
-                                             vote_timeout_ms, now)
+    return session.core.rtr(session.id, rid, SetPartition(facility, partition, retry_count,
+                                                          vote_timeout_ms), now)
 
 
 def rtr_exceptions(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """The exception transactions."""
-    return router_admin.exceptions(session.core.router, arg(args, "facility", str, None))
+    return session.core.rtr(session.id, rid, Exceptions(arg(args, "facility", str, None)),
+                            now)
 
 
-def _exception_facility(session: Session, tid: str) -> str:
+def _exception_facility(session: Session, rid: int, tid: str, now: int) -> str:
     """The ACL destination of an exception transaction's facility (NotFound first for a
     tid the router does not know: there is nothing to permit)."""
-    tx = session.core.router.transactions.get(tid)
-    if tx is None:
-        raise NotFound(f"no router transaction {tid!r}")
-    return ACL_PREFIX + tx.facility
+    return ACL_PREFIX + str(session.core.rtr(session.id, rid, FacilityOf(tid), now))
 
 
 def rtr_exception_commit(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Commit an exception transaction by hand (admin)."""
     tid = _tid_arg(args)
     session.ops.require_admin(session, "router_exception_commit",
-                              _exception_facility(session, tid))
-    return router_admin.commit_exception(session.core.router, session.id, rid, tid, now)
+                              _exception_facility(session, rid, tid, now))
+    return session.core.rtr(session.id, rid, CommitException(tid), now)
 
 
 def rtr_exception_discard(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """Discard an exception transaction (admin)."""
     tid = _tid_arg(args)
     session.ops.require_admin(session, "router_exception_discard",
-                              _exception_facility(session, tid))
-    return router_admin.discard_exception(session.core.router, session.id, rid, tid, now)
+                              _exception_facility(session, rid, tid, now))
+    return session.core.rtr(session.id, rid, DiscardException(tid), now)
 
 
 #: op name -> handler (merged into ``handlers.HANDLERS``).

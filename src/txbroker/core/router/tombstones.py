@@ -23,7 +23,7 @@ A tombstoned tid refuses every client request that would begin or change it:
 ``TransactionRolledBack`` when it was presumed aborted or rejected,
 ``IllegalState`` when it was accepted. ``rtr_outcome`` keeps answering what the
 tombstone says. Tombstones are router records of the ``$router`` queue
-(``core/router_log.py``): they survive restarts, replicate and are compacted as
+(``core/router/log.py``): they survive restarts, replicate and are compacted as
 the rest of the router's journal. They are kept :data:`TOMBSTONE_RETENTION_MS`
 and at most :data:`MAX_TOMBSTONES` of them (the oldest goes first): both bound
 what a client could make the broker keep by asking about made-up tids.
@@ -32,7 +32,7 @@ Tombstones are written only where an outcome was *asked*; the everyday path
 (outcome pushed, acknowledged, forgotten) writes none. A tid that was never
 asked about is not reusable either in practice — every message after the first
 carries its index, and a non-first message of an unknown tid never begins a
-transaction (:meth:`Router.send <txbroker.core.router.Router.send>`) — but the
+transaction (:meth:`Router.send <txbroker.core.router.engine.Router.send>`) — but the
 first message of a forgotten, never-asked tid would begin a new one: client
 libraries draw tids at random (``uuid4``) and never reuse them.
 
@@ -50,7 +50,7 @@ from typing import Any, Final
 from txbroker.core.messages import Message
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import LATER
-from txbroker.core.router_log import RouterLog
+from txbroker.core.router.log import RouterLog
 from txbroker.errors import BrokerError, IllegalState, TransactionRolledBack
 
 #: How long a tombstone is kept (7 days): far beyond any request still in flight.

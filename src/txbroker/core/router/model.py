@@ -22,7 +22,7 @@ only controllers that registered a recipient name matching it. An *unnamed*
 event reaches every subscriber of its number: "no recipient" is not ``*``
 (:func:`event_matches`).
 
-Everything here is pure data and checks; the engine is ``core/router.py``.
+Everything here is pure data and checks; the engine is ``core/router/engine.py``.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ CLIENT: Final = "CLIENT"  #: the client rejected (or left before accepting)
 #: The client lost its connection while it was still sending (asked about after).
 LOST: Final = "LOST"
 #: Told to a server only, never an outcome: its participant makes way for an older
-#: transaction that waits for this server in a wait cycle (core/router_deadlock.py);
+#: transaction that waits for this server in a wait cycle (core/router/deadlock.py);
 #: the server rolls back, acknowledges, and gets the transaction again later (MSG1).
 PREEMPTED: Final = "PREEMPTED"
 DISCARDED: Final = "DISCARDED"  #: an operator discarded the exception transaction
@@ -192,6 +192,14 @@ def _check_count(value: Any, what: str) -> int:
     if type(value) is not int or value < 0:
         raise BadRequest(f"{what} must be an integer >= 0")
     return int(value)
+
+
+def check_size(body: bytes, limit: int) -> None:
+    """A router message's body is at most ``max_message_size`` (``limit``) bytes, as any
+    message's: a router message is journaled like one (BadRequest)."""
+    if len(body) > limit:
+        raise BadRequest(f"a router message of {len(body)} bytes is above max_message_size "
+                         f"({limit})")
 
 
 def check_tid(tid: Any) -> str:
@@ -305,6 +313,7 @@ __all__ = [
     "Role",
     "RouterEvent",
     "Site",
+    "check_size",
     "check_tid",
     "event_matches",
     "parse_events",

@@ -16,10 +16,11 @@ change *replaces* the record (:meth:`RouterLog.write`: one ``TX`` store entry
 that adds the new message and consumes the old one, atomic), and the end of a
 transaction consumes it (:meth:`RouterLog.remove`). On start the server reads
 the queue's messages (their bodies come from the store) and hands them to
-:meth:`Router.restore <txbroker.core.router.Router.restore>`.
+:func:`~txbroker.core.router.journal.restore`.
 
 Nobody consumes ``$router``: clients may not name a destination beginning with
-``$router`` (the operation layer refuses it), so the queue is never
+``$router`` (the broker core's front refuses it, :func:`refuse_reserved`; the
+operation layer refuses it first, and audits the refusal), so the queue is never
 dispatched, and the slots its consumed records leave in the ready list are
 trimmed here (:meth:`Queue.trim`).
 
@@ -30,8 +31,8 @@ Record bodies (msgpack map, ``use_bin_type``)::
     {"r": "tx", "tid": str, "facility": str, "state": "VREQ"|"COMMITTING"|"ABORTING",
      "reason": str|nil, "exception": bool, "strikes": {partition: n},
      "messages": [[partition, key, body: bin, headers|nil]…], "created_ms": int,
-     "decided_ms": int, "shadowed": [partition…]}
-    {"r": "tomb", …}   a tid that never begins again (core/router_tombstones.py)
+     "decided_ms": int, "flagged_ms": int, "shadowed": [partition…]}
+    {"r": "tomb", …}   a tid that never begins again (core/router/tombstones.py)
 """
 
 from __future__ import annotations
@@ -45,13 +46,33 @@ from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.queues import Queue
 from txbroker.core.records import Kind
+from txbroker.core.router.model import Site
+from txbroker.core.router.states import PUBLIC, Transaction
 from txbroker.core.sending import build_messages
-from txbroker.errors import StorageFailed
+from txbroker.errors import Forbidden, StorageFailed
 
 #: The internal queue that holds the router's journal.
 ROUTER_QUEUE: Final = "$router"
 #: Destinations beginning with this are the router's: clients may not use them.
 RESERVED_PREFIX: Final = "$router"
+
+
+def is_reserved(destination: Any) -> bool:
+    """A destination name clients may not use (it begins with :data:`RESERVED_PREFIX`)."""
+    return isinstance(destination, str) and destination.startswith(RESERVED_PREFIX)
+
+
+def reserved_refusal(destination: str, op: str) -> Forbidden:
+    """The error of request ``op`` naming a reserved destination."""
+    return Forbidden(f"forbidden: {destination!r} is the transaction router's journal; "
+                     "clients may not use destinations beginning with "
+                     f"{RESERVED_PREFIX!r} ({op})")
+
+
+def refuse_reserved(destination: Any, op: str) -> None:
+    """Raise :func:`reserved_refusal` if ``destination`` is reserved."""
+    if is_reserved(destination):
+        raise reserved_refusal(destination, op)
 
 
 def encode(record: dict[str, Any]) -> bytes:
@@ -68,6 +89,21 @@ def decode(body: bytes) -> dict[str, Any]:
     if not isinstance(record, dict) or record.get("r") not in ("facility", "tx", "tomb"):
         raise ValueError("not a router record")
     return record
+
+
+def journal_record(tx: Transaction) -> dict[str, Any]:
+    """The transaction as its journal record (``"r": "tx"`` above): its state by the
+    seed's name (:data:`~txbroker.core.router.states.PUBLIC`; an exception is an
+    ``ABORTING`` record with ``"exception": true``)."""
+    strikes: dict[str, int] = {}
+    for (name, _), participant in tx.participants.items():
+        strikes[name] = max(strikes.get(name, 0), participant.strikes)
+    return {"r": "tx", "tid": tx.tid, "facility": tx.facility, "state": PUBLIC[tx.state],
+            "reason": tx.reason, "exception": tx.exception, "strikes": strikes,
+            "messages": [list(m) for m in tx.messages], "created_ms": tx.created_ms,
+            "decided_ms": tx.decided_ms, "flagged_ms": tx.flagged_ms,
+            "shadowed": sorted(name for name, site in tx.participants
+                               if site is Site.SECONDARY)}
 
 
 class RouterLog:
@@ -90,7 +126,7 @@ class RouterLog:
         return queue
 
     def records(self) -> list[Message]:
-        """The live records, in log order (for :meth:`Router.restore`)."""
+        """The live records, in log order (``journal.restore`` reads them)."""
         queue = self.index.queues.get(ROUTER_QUEUE)
         if queue is None:
             return []
@@ -165,4 +201,5 @@ class RouterLog:
             return  # the store failed: nothing more is written (the record stays)
         queue.trim()
 
-__all__ = ["RESERVED_PREFIX", "ROUTER_QUEUE", "RouterLog", "decode", "encode"]
+__all__ = ["RESERVED_PREFIX", "ROUTER_QUEUE", "RouterLog", "decode", "encode", "is_reserved",
+           "journal_record", "refuse_reserved", "reserved_refusal"]

@@ -7,7 +7,7 @@ the server controllers of its facility, or from a server controller to the
 client controllers — to create the other direction, an application registers
 a second controller of the other kind. Each subscriber of the number gets one
 push; a named event (recipient specifier) only reaches subscribers whose name
-matches (``core/router_model.py``). Events are not journaled: a broadcast
+matches (``core/router/model.py``). Events are not journaled: a broadcast
 reaches whoever is registered when it is sent, as RTR's do.
 
 **Exception transactions**: a transaction that struck out (``SRVDIED``) stays in
@@ -25,9 +25,13 @@ from typing import Any
 
 from txbroker.core.effects import Fail, Reply
 from txbroker.core.queue_index import LATER
-from txbroker.core.router import Router
-from txbroker.core.router_model import USER_EVENT_MAX, Site, event_matches
-from txbroker.core.router_states import (
+from txbroker.core.router.data import RouterData
+from txbroker.core.router.log import journal_record
+from txbroker.core.router.model import USER_EVENT_MAX, Site, event_matches
+from txbroker.core.router.presenting import enqueue
+from txbroker.core.router.states import (
+    PUBLIC,
+    PUBLIC_NAMES,
     Participant,
     PartState,
     Transaction,
@@ -35,10 +39,11 @@ from txbroker.core.router_states import (
     TxState,
     tx_next,
 )
+from txbroker.core.router.voting import forget
 from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 
 
-def user_event(router: Router, session_id: int, controller_id: Any, number: Any, body: Any,
+def user_event(router: RouterData, session_id: int, controller_id: Any, number: Any, body: Any,
                recipient: Any) -> dict[str, int]:
     """Broadcast a user event; replies how many controllers it reached."""
     sender = router.controller(session_id, controller_id)
@@ -59,7 +64,7 @@ def user_event(router: Router, session_id: int, controller_id: Any, number: Any,
     return {"delivered": delivered}
 
 
-def show(router: Router, facility_name: Any = None) -> dict[str, Any]:
+def show(router: RouterData, facility_name: Any = None) -> dict[str, Any]:
     """Facilities, partitions, servers and their roles, transactions by state."""
     if facility_name is not None:
         names = [router.facility(facility_name).name]
@@ -90,27 +95,41 @@ def show(router: Router, facility_name: Any = None) -> dict[str, Any]:
         exceptions = 0
         for tx in router.transactions.values():
             if tx.facility == name:
-                states[tx.state.value] += 1
+                states[PUBLIC[tx.state]] += 1
                 exceptions += tx.exception
         result.append({
             "name": name, "key_type": facility.key_type, "partitions": partitions,
             "clients": sum(1 for c in router.controllers.values()
                            if c.facility == name and not c.is_server),
-            "transactions": {state.value: states[state.value] for state in TxState},
+            "transactions": {name: states[name] for name in PUBLIC_NAMES},
             "exceptions": exceptions})
     return {"facilities": result, "counters": dict(router.counters)}
 
 
-def stats(router: Router) -> dict[str, Any]:
+def stats(router: RouterData) -> dict[str, Any]:
     """The router's counts for ``txbroker stat`` and ``/metrics``."""
-    states: Counter[str] = Counter(tx.state.value for tx in router.transactions.values())
+    states: Counter[str] = Counter(PUBLIC[tx.state] for tx in router.transactions.values())
     return {"facilities": len(router.facilities), "controllers": len(router.controllers),
-            "transactions": {state.value: states[state.value] for state in TxState},
+            "transactions": {name: states[name] for name in PUBLIC_NAMES},
             "exceptions": sum(1 for tx in router.transactions.values() if tx.exception),
             **router.counters}
 
 
-def exceptions(router: Router, facility_name: Any = None) -> list[dict[str, Any]]:
+def holds(router: RouterData) -> list[str]:
+    """One line per transaction the router holds, by tid: its state (the seed's name),
+    its client and each participant's state and server (the simulator logs them at the
+    end of a run, for reading a failing trace)."""
+    lines = []
+    for tid, tx in sorted(router.transactions.items()):
+        parts = " ".join(f"{name}/{site.name}:{p.state.name}"
+                         f"@{p.server.id if p.server else '-'}"
+                         for (name, site), p in sorted(tx.participants.items()))
+        holder = tx.client.id if tx.client is not None else "-"
+        lines.append(f"{tid} {PUBLIC[tx.state]} client={holder} {parts}")
+    return lines
+
+
+def exceptions(router: RouterData, facility_name: Any = None) -> list[dict[str, Any]]:
     """The exception transactions (of one facility, or all)."""
     if facility_name is not None:
         router.facility(facility_name)
@@ -126,48 +145,47 @@ def exceptions(router: Router, facility_name: Any = None) -> list[dict[str, Any]
     return sorted(found, key=lambda item: (item["flagged_ms"], item["tid"]))
 
 
-def _exception(router: Router, tid: Any) -> Transaction:
+def _exception(router: RouterData, tid: Any) -> Transaction:
     tx = router.transactions.get(tid) if isinstance(tid, str) else None
     if tx is None:
         raise NotFound(f"no router transaction {tid!r}")
     if not tx.exception:
         raise IllegalState(f"transaction {tid} is not an exception transaction")
-    if tx.deciding:
+    if tx.state is TxState.EXCEPTION_DECIDING:  # its strike-out is on its way to disk
         raise IllegalState(f"transaction {tid} is being written; try again")
     return tx
 
 
-def commit_exception(router: Router, session_id: int, rid: int, tid: Any, now: int) -> Any:
+def commit_exception(router: RouterData, session_id: int, rid: int, tid: Any, now: int) -> Any:
     """An operator commits an exception transaction: it is replayed, decided."""
     tx = _exception(router, tid)
-    tx.state = tx_next(tx.tid, tx.state, TxEvent.OPERATOR_COMMIT)
-    tx.exception = False
+    tx.state = tx_next(tx.tid, tx.state, TxEvent.OPERATOR_COMMIT)  # Rule 10
     tx.reason = None
     tx.decided_ms = now
     for key, old in list(tx.participants.items()):
         tx.participants[key] = Participant(tx, old.partition, old.site, list(old.indexes),
                                            uncertain=True)
-    tx.deciding = True
 
     def durable(error: BaseException | None) -> None:
-        tx.deciding = False
+        tx.state = tx_next(tx.tid, tx.state,  # Rule 11 or 12
+                           TxEvent.DURABLE if error is None else TxEvent.WRITE_FAILED)
         if error is not None:
             router.outbox.storage_failed(error)
             router.outbox.emit(Fail(session_id, rid, StorageFailed(str(error))))
             return
         for participant in tx.participants.values():
-            router.enqueue(participant)
-        router.outbox.emit(Reply(session_id, rid, {"tid": tx.tid, "state": tx.state.value}))
+            enqueue(router, participant)
+        router.outbox.emit(Reply(session_id, rid, {"tid": tx.tid, "state": PUBLIC[tx.state]}))
 
-    tx.record = router.log.write(router.journal_record(tx), tx.record, now, durable)
+    tx.record = router.log.write(journal_record(tx), tx.record, now, durable)
     return LATER
 
 
-def discard_exception(router: Router, session_id: int, rid: int, tid: Any, now: int) -> Any:
+def discard_exception(router: RouterData, session_id: int, rid: int, tid: Any, now: int) -> Any:
     """An operator discards an exception transaction: it is forgotten."""
     tx = _exception(router, tid)
     router.outbox.check_writable()
-    router.forget(tx, now)
+    forget(router, tx, now)
     result = {"tid": tx.tid, "state": "DISCARDED"}
     if not router.outbox.group:  # nothing to write (its record never reached the disk)
         return result
@@ -175,4 +193,5 @@ def discard_exception(router: Router, session_id: int, rid: int, tid: Any, now: 
     return LATER
 
 
-__all__ = ["commit_exception", "discard_exception", "exceptions", "show", "stats", "user_event"]
+__all__ = ["commit_exception", "discard_exception", "exceptions", "holds", "show", "stats",
+           "user_event"]

@@ -16,7 +16,7 @@ busy, and U holds one of them. A decided transaction never waits (its held
 servers are freed by their acknowledgements), so only SENDING and VREQ ones
 count. After every presentation round that leaves a participant waiting,
 :func:`victims` looks for a cycle; in one, the **youngest** transaction (the
-largest :attr:`~txbroker.core.router_states.Transaction.seq`) makes way: each
+largest :attr:`~txbroker.core.router.states.Transaction.seq`) makes way: each
 participant of it that holds a server of the cycle is told REJECTED with reason
 ``PREEMPTED`` (its work rolls back, its vote is void) and is presented again —
 as MSG1 — once that server acknowledged. This is wound-wait with the victim
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from txbroker.core.router_states import Controller, Participant, PartState, Transaction, TxState
+from txbroker.core.router.states import Controller, Participant, PartState, Transaction, TxState
 
 #: The states of a participant that holds its server and can still make way.
 PREEMPTIBLE = (PartState.RECEIVING, PartState.VOTING, PartState.VOTED)
@@ -72,7 +72,7 @@ def victims(waiting: Iterable[Participant], candidates: Candidates) -> list[Part
 
 
 def _undecided(tx: Transaction) -> bool:
-    return tx.state in (TxState.SENDING, TxState.VREQ) and not tx.deciding
+    return tx.state in (TxState.SENDING, TxState.VREQ)
 
 
 def _find_cycle(edges: dict[Transaction, set[Transaction]]) -> list[Transaction]:

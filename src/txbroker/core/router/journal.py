@@ -1,43 +1,37 @@
-"""The router's journal records: what :meth:`Router.journal_record` writes and
-:meth:`Router.restore` reads back after a restart (the byte format is in
-``core/router_log.py``).
+"""Restart: the router rebuilt from its journal records (``log.py`` has their
+byte format, and :func:`~txbroker.core.router.log.journal_record` writes them).
 
 On restart every transaction the client accepted comes back with each of its
 participants WAITING and *uncertain* (the router cannot tell which server voted
 or committed before the crash): presented again, it starts with ``UNCERTAIN``.
 A decided one is presented with its outcome; an aborted one has nothing left to
 tell its servers and only waits for its client (or the end of the outcome
-retention); an exception stays an exception.
+retention); an exception (an ``ABORTING`` record flagged ``exception``) stays an
+exception.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from txbroker.core.messages import Message
-from txbroker.core.router_log import decode
-from txbroker.core.router_model import OUTCOME_RETENTION_MS, Site, parse_facility
-from txbroker.core.router_states import Participant, Transaction, TxState
+from txbroker.core.router.data import RouterData
+from txbroker.core.router.log import decode
+from txbroker.core.router.model import OUTCOME_RETENTION_MS, Site, parse_facility
+from txbroker.core.router.presenting import enqueue, free_aborted
+from txbroker.core.router.states import Participant, Transaction, TxState
 from txbroker.errors import BadRequest
 
-if TYPE_CHECKING:
-    from txbroker.core.router import Router
+#: The state a journaled transaction comes back in: by its record's state and flag.
+_RESTORED: dict[tuple[str, bool], TxState] = {
+    ("VREQ", False): TxState.VREQ,
+    ("COMMITTING", False): TxState.COMMITTING,
+    ("ABORTING", False): TxState.ABORTING,
+    ("ABORTING", True): TxState.EXCEPTION,
+}
 
 
-def journal_record(tx: Transaction) -> dict[str, Any]:
-    """The transaction as its journal record (``core/router_log.py``)."""
-    strikes: dict[str, int] = {}
-    for (name, _), participant in tx.participants.items():
-        strikes[name] = max(strikes.get(name, 0), participant.strikes)
-    return {"r": "tx", "tid": tx.tid, "facility": tx.facility, "state": tx.state.value,
-            "reason": tx.reason, "exception": tx.exception, "strikes": strikes,
-            "messages": [list(m) for m in tx.messages], "created_ms": tx.created_ms,
-            "decided_ms": tx.decided_ms, "flagged_ms": tx.flagged_ms,
-            "shadowed": sorted(name for name, site in tx.participants
-                               if site is Site.SECONDARY)}
-
-
-def restore(router: Router, records: list[tuple[Message, bytes]], now: int) -> list[str]:
+def restore(router: RouterData, records: list[tuple[Message, bytes]], now: int) -> list[str]:
     """Rebuild ``router`` from the journal (bodies read by the edge); returns the problems
     found (a record that is not the router's is reported, never loaded)."""
     problems: list[str] = []
@@ -61,12 +55,16 @@ def restore(router: Router, records: list[tuple[Message, bytes]], now: int) -> l
     return problems
 
 
-def _restore_tx(router: Router, record: dict[str, Any], message: Message, now: int) -> None:
-    state = TxState(record["state"])
+def _restore_tx(router: RouterData, record: dict[str, Any], message: Message, now: int
+                ) -> None:
+    key = (record["state"], bool(record["exception"]))
+    state = _RESTORED.get(key)
+    if state is None:
+        raise ValueError(f"a transaction record in state {key[0]!r}"
+                         f"{' (exception)' if key[1] else ''}")
     tx = Transaction(record["tid"], record["facility"], None, record["created_ms"])
     tx.seq = router.next_seq()
     tx.state, tx.reason, tx.record = state, record["reason"], message
-    tx.exception = bool(record["exception"])
     tx.decided_ms, tx.flagged_ms = record["decided_ms"], record.get("flagged_ms", 0)
     tx.messages = [(m[0], m[1], m[2], m[3]) for m in record["messages"]]
     shadowed = set(record.get("shadowed", ()))
@@ -80,9 +78,9 @@ def _restore_tx(router: Router, record: dict[str, Any], message: Message, now: i
                 tx.participants[(name, site)] = participant
             participant.indexes.append(position)
     router.transactions[tx.tid] = tx
-    if state is TxState.ABORTING:
-        router.free_aborted(tx)
-        if not tx.exception:
+    if state in (TxState.ABORTING, TxState.EXCEPTION):
+        free_aborted(tx)
+        if state is TxState.ABORTING:
             tx.deadline_ms = now + OUTCOME_RETENTION_MS
             router.arm(tx)
         return
@@ -98,7 +96,7 @@ def _restore_tx(router: Router, record: dict[str, Any], message: Message, now: i
             tx.deadline_ms = now + limit
             router.arm(tx)
     for participant in tx.participants.values():
-        router.enqueue(participant)
+        enqueue(router, participant)
 
 
-__all__ = ["journal_record", "restore"]
+__all__ = ["restore"]
