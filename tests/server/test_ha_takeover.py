@@ -7,6 +7,8 @@ takes"): the mechanisms, not the seconds.
   timeout (``heartbeat_interval``, 30 s here).
 * Recovery — which is what a takeover spends its time on — runs with the cyclic GC
   off, and puts it back on afterwards, also when recovery fails.
+* A replicated backup that lost its primary polls the etcd key every 50 ms until
+  the dead primary's lease expires (``campaign_pause``), instead of every TTL/3.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from tests.support import free_port
 from txbroker.server.app import BrokerServer, gc_paused, store_lock_path
 from txbroker.server.config import ServerConfig
+from txbroker.server.ha.replicated import campaign_pause
 from txbroker.server.ha.shared_store import HaRole, SharedStoreNode
 from txbroker.storage.store_lock import StoreLock
 
@@ -118,3 +121,34 @@ def test_gc_paused_restores_the_gc_as_it_was() -> None:
     finally:
         gc.enable()
 
+
+
+# ---------------------------------------------------------------- replicated, etcd
+#: (following, key holder, seconds since the primary was lost) -> the campaign's pause,
+#: at TTL 3 s; written out by hand, not computed from the constants.
+CAMPAIGN_PAUSES = [
+    # following a primary: the normal round, TTL/3
+    ((True, "b", None), 1.0),
+    ((True, "b", 0.1), 1.0),
+    # lost the primary b, whose key is still there: poll it every 50 ms
+    ((False, "b", 0.0), 0.05),
+    ((False, "b", 4.4), 0.05),
+    # ... but only for 1.5 TTL: a key held that long is a live primary's
+    ((False, "b", 4.5), 1.0),
+    # lost nobody (a backup that never followed): the normal round
+    ((False, "b", None), 1.0),
+    # the key is free (the campaign tries it at once) or ours: the normal round
+    ((False, None, 0.1), 1.0),
+    ((False, "a", 0.1), 1.0),
+]
+
+
+@pytest.mark.parametrize("case, pause", CAMPAIGN_PAUSES)
+def test_campaign_pause(case: tuple[bool, str | None, float | None], pause: float) -> None:
+    following, holder, lost_for = case
+    assert campaign_pause(3, following=following, holder=holder, node="a",
+                          lost_for=lost_for) == pytest.approx(pause)
+
+
+def test_campaign_pause_has_a_floor() -> None:
+    assert campaign_pause(0.3, following=True, holder=None, node="a", lost_for=None) == 0.2
