@@ -311,6 +311,7 @@ class ReplicatedNode:
     async def _follow(self, follower: Follower, host: str, port: int) -> str:
         """Follow one peer until the link ends ("ended"), a promotion ("promote") or a
         stop ("stop")."""
+        links = follower.links
         task = asyncio.ensure_future(follower.follow(host, port))
         waiter = asyncio.ensure_future(self._promote.wait())
         stopper = asyncio.ensure_future(self._stopping.wait())
@@ -324,14 +325,15 @@ class ReplicatedNode:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             return "promote" if self._promote.is_set() else "stop"
+        if follower.links != links:  # a primary welcomed us and the link ended: lost it
+            self._lost_primary_at = time.monotonic()
+            self._nudge.set()  # etcd: publish our final position, watch the key closely
         try:
             task.result()
             self._link_problems.pop((host, port), None)
             if follower.server is not None:
                 log.warning("replication: lost the primary %s", follower.primary)
                 self.last_problem = f"lost the primary {follower.primary}"
-                self._lost_primary_at = time.monotonic()
-                self._nudge.set()  # etcd: publish our final position, watch the key closely
         except PrimaryRefused as exc:
             self.last_problem = f"{host}:{port}: {exc}"
         except LinkAuthFailed as exc:  # TLS or the handshake: say it once per peer and cause

@@ -250,12 +250,17 @@ class SharedStoreNode:
         finally:
             for task in (poller, follower):
                 task.cancel()
-        results = [task.result() for task in (poller, follower)
-                   if task.done() and not task.cancelled()]
-        locks = [result for result in results if result is not None]
+            outcomes = await asyncio.gather(poller, follower, return_exceptions=True)
+        locks = [outcome for outcome in outcomes if isinstance(outcome, StoreLock)]
         for extra in locks[1:]:  # both got it (cannot be: one open file holds it)
             extra.release()
-        return locks[0] if locks else None
+        if locks:
+            return locks[0]
+        for outcome in outcomes:  # e.g. PeerRefused for good: a second standby
+            if isinstance(outcome, BaseException) and \
+                    not isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+        return None
 
     async def _poll_lock(self, role_line: str) -> StoreLock | None:
         """Try the lock every ``lock_poll_interval`` until it is ours (None once
