@@ -383,6 +383,8 @@ class Producer:
     def __init__(self, url: str) -> None:
         self.url = url
         self.acks: list[float] = []
+        #: when each acknowledged send was started (same order as ``acks``)
+        self.started: list[float] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -395,11 +397,13 @@ class Producer:
         try:
             with txbroker.connect(self.url, timeout=15, failover_timeout=60) as conn:
                 while not self.stop.is_set():
+                    started = time.monotonic()
                     try:
                         conn.send("bench.promote", b"x" * 1024, message_id=f"m-{n}")
                     except (txbroker.ConnectionLost, txbroker.TxBrokerError):
                         continue
                     n += 1
+                    self.started.append(started)
                     self.acks.append(time.monotonic())
         except BaseException as exc:  # reported by the bench
             self.error = exc
@@ -407,6 +411,15 @@ class Producer:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(60)
+
+    def first_ack_after(self, moment: float) -> float | None:
+        """The first ack of a send started after ``moment`` (a send started before it
+        may have been answered by the old primary just before it died)."""
+        count = min(len(self.started), len(self.acks))  # the thread appends to both
+        first = max(0, count - 1000)
+        found = [ack for start, ack in zip(self.started[first:count], self.acks[first:count],
+                                           strict=True) if start > moment]
+        return min(found) if found else None
 
 
 def part_promotion(args: argparse.Namespace, work: Path, http: bool = False
@@ -429,9 +442,8 @@ def part_promotion(args: argparse.Namespace, work: Path, http: bool = False
             killed_at = time.monotonic()
             cli = c.promote(target, cli=True, http=http)
             target.wait_line(READY_PREFIX)
-            first = min(t for t in wait_for(
-                lambda: [t for t in producer.acks[-1000:] if t > killed_at],  # noqa: B023
-                60, "a send after the kill"))
+            first = wait_for(lambda: producer.first_ack_after(killed_at),  # noqa: B023
+                             60, "a send after the kill")
             promoted = re.findall(r"promoted in ([\d.]+) s", target.log.read_text())
             kills.append({"kill_to_first_send_s": round(first - killed_at, 3),
                           "ha_promote_cli_s": round(cli, 3),
@@ -477,9 +489,8 @@ def part_etcd(args: argparse.Namespace, work: Path, ttl: int) -> dict[str, Any]:
                      "sends before the kill")
             primary.kill()  # SIGKILL, reaped
             killed_at, killed_wall = time.monotonic(), time.time()
-            first = min(t for t in wait_for(
-                lambda: [t for t in producer.acks[-1000:] if t > killed_at],  # noqa: B023
-                120, "a send after the kill"))
+            first = wait_for(lambda: producer.first_ack_after(killed_at),  # noqa: B023
+                             120, "a send after the kill")
             new = wait_for(lambda: next((n for n in c.nodes if n is not primary  # noqa: B023
                                          and any(line.startswith(READY_PREFIX)
                                                  for line in n.lines())), None),
@@ -510,9 +521,10 @@ def part_etcd(args: argparse.Namespace, work: Path, ttl: int) -> dict[str, Any]:
         etcd.stop()
         shutil.rmtree(work / f"etcd-{ttl}", ignore_errors=True)
     values = [k["kill_to_first_send_s"] for k in kills]
-    return {"lease_ttl_s": ttl, "kills": kills, "median_s": median(values),
+    middle = median(values)
+    return {"lease_ttl_s": ttl, "kills": kills, "median_s": middle,
             "max_s": max(values) if values else None,
-            "median_minus_ttl_s": round(median(values) - ttl, 3) if values else None,
+            "median_minus_ttl_s": round(middle - ttl, 3) if middle is not None else None,
             "key_taken_median_s": median([k["kill_to_key_taken_s"] for k in kills]),
             "primary_median_s": median([k["kill_to_primary_s"] for k in kills]),
             "error": repr(producer.error) if producer and producer.error else None,
