@@ -17,7 +17,7 @@ Config file (all keys optional)::
                                  # than this share of what it frees (docs/storage.md)
     compact_min_segments = 4     # ... and the journal has at least this many segments
     compact_idle_live_fraction = 0.8  # the fraction while nothing else is written
-    recovery_index = true        # restarts read an index per sealed segment, not bodies
+    recovery_index = false       # restarts read an index per sealed segment, not bodies
     max_frame_size = 8388608
     max_connections = 1024
 
@@ -167,10 +167,9 @@ class ServerConfig:
     #: ... the fraction used while nothing but compaction writes (0 = the same)
     compact_idle_live_fraction: float = RELOCATE_IDLE_LIVE_FRACTION
     #: the journal writes a recovery index per sealed segment and a restart reads it
-    #: instead of the segment (its bodies' CRCs are then not checked at start;
-    #: docs/storage.md, "Recovery index": on by default since issue 29, a cold restart
-    #: of 1M messages read 87 MB instead of 1,059 MB)
-    recovery_index: bool = True
+    #: instead of the segment (its bodies' CRCs are then not checked at start, so
+    #: corruption in a stored body no longer stops the start; docs/storage.md)
+    recovery_index: bool = False
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
