@@ -23,7 +23,7 @@ import pytest
 from tests.support import free_port
 from txbroker.server.app import BrokerServer, gc_paused, store_lock_path
 from txbroker.server.config import ServerConfig
-from txbroker.server.ha.replicated import campaign_pause
+from txbroker.server.ha.etcd_lease import campaign_pause
 from txbroker.server.ha.shared_store import HaRole, SharedStoreNode
 from txbroker.storage.store_lock import StoreLock
 

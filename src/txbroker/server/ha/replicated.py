@@ -43,7 +43,7 @@ from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer, store_lock_path
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.etcd import EtcdClient
-from txbroker.server.ha.etcd_lease import Candidate
+from txbroker.server.ha.etcd_lease import Candidate, campaign_pause
 from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
 from txbroker.server.ha.replica import (
     LOCK_LINE,
@@ -63,31 +63,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["ReplicatedNode", "Role", "campaign_pause"]
+__all__ = ["ReplicatedNode", "Role"]
 
 #: Pause between two rounds over the peers when none is a primary (s).
 SEARCH_PAUSE: Final = 0.3
-#: etcd: the campaign's pause while the primary key is held by a primary this backup has
-#: lost (s). The key goes when the dead primary's lease expires — at most TTL after its
-#: last renewal — and a pause of TTL/3 there added up to TTL/3 to every takeover (the
-#: independent test: TTL + 1 s at TTL 3 s). Two reads per round, for at most
-#: ``FAST_CAMPAIGN_TTLS`` lease TTLs after the loss (a primary that is alive but cut off
-#: from this backup keeps its key: then back to the TTL/3 pause).
-FAST_CAMPAIGN_PAUSE: Final = 0.05
-FAST_CAMPAIGN_TTLS: Final = 1.5
-
-
-def campaign_pause(ttl: float, *, following: bool, holder: str | None, node: str,
-                   lost_for: float | None) -> float:
-    """Seconds the etcd campaign waits before its next round: TTL/3 (at least 0.2 s),
-    but :data:`FAST_CAMPAIGN_PAUSE` while the key is held by someone else, this
-    backup follows nobody and lost its primary less than FAST_CAMPAIGN_TTLS lease TTLs
-    ago (``lost_for``: seconds since; None: never) — the dead primary's key, about to
-    expire."""
-    if not following and holder not in (None, node) and lost_for is not None \
-            and lost_for < FAST_CAMPAIGN_TTLS * ttl:
-        return FAST_CAMPAIGN_PAUSE
-    return max(0.2, ttl / 3)
 
 
 class Role:
