@@ -13,7 +13,7 @@ reaches it. So while it is a backup the port answers three things:
 * anything else — 503 ``STANDBY``, saying what this broker is.
 
 Both need the broker's users (HTTP Basic), as the native probe does; a broker
-without users serves loopback only (``Operations.check_listen``). The listener
+without users answers loopback clients only (as ``Operations.open`` decides). The listener
 is closed when the backup becomes the primary, just before the full HTTP edge
 opens on the same port (``server/ha/replicated.py``). Like :class:`HttpEdge`,
 uvicorn's ``H11Protocol`` is the protocol and Starlette the application.
@@ -35,6 +35,7 @@ from uvicorn.server import ServerState
 
 from txbroker.errors import AuthenticationFailed, BrokerError, Standby
 from txbroker.server.edges.http.calls import REALM, basic_credentials, error_code, http_status
+from txbroker.server.ops import is_loopback
 from txbroker.server.security.auth import Authenticator
 
 __all__ = ["StandbyHttp"]
@@ -85,7 +86,11 @@ class StandbyHttp:
 
     def _authenticate(self, request: Request) -> None:
         credentials = basic_credentials(request.headers.get("authorization"))
-        if self.auth.open:
+        if self.auth.open:  # as Operations.open decides for every other edge
+            client = request.client
+            if client is not None and not is_loopback(client.host):
+                raise AuthenticationFailed("the broker has no users configured and serves "
+                                           "loopback only")
             return
         if credentials is None:
             raise AuthenticationFailed("this broker requires a user: HTTP Basic authentication")
