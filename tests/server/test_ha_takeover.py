@@ -8,7 +8,8 @@ takes"): the mechanisms, not the seconds.
 * Recovery — which is what a takeover spends its time on — runs with the cyclic GC
   off, and puts it back on afterwards, also when recovery fails.
 * A replicated backup that lost its primary polls the etcd key every 50 ms until
-  the dead primary's lease expires (``campaign_pause``), instead of every TTL/3.
+  the dead primary's lease expires (``campaign_pause``), instead of every TTL/3,
+  and notices the loss however the link ended (a reset as well as an end of stream).
 """
 
 from __future__ import annotations
@@ -152,3 +153,42 @@ def test_campaign_pause(case: tuple[bool, str | None, float | None], pause: floa
 
 def test_campaign_pause_has_a_floor() -> None:
     assert campaign_pause(0.3, following=True, holder=None, node="a", lost_for=None) == 0.2
+
+
+class _Link:
+    """What ``ReplicatedNode._follow`` reads of its follower, for one follow() call:
+    ``welcomed`` says whether a primary took our join before the link ended."""
+
+    def __init__(self, welcomed: bool) -> None:
+        self.welcomed = welcomed
+        self.links = 0
+        self.server = None
+        self.primary = "b"
+
+    async def follow(self, host: str, port: int) -> None:
+        if self.welcomed:
+            self.links += 1  # as Follower._on_message does at the welcome
+            raise ConnectionResetError("the primary's process died")  # a reset, not an EOF
+        raise ConnectionRefusedError("nobody listens there")
+
+
+@pytest.mark.parametrize("welcomed", [True, False])
+def test_a_backup_notices_the_loss_of_its_primary_however_the_link_ended(
+        tmp_path: Path, welcomed: bool) -> None:
+    """The etcd campaign's fast poll starts at the loss of a primary that had welcomed
+    us (the link ended by a reset as well as by an end of stream), not at a peer that
+    was never reached."""
+    from txbroker.server.ha.replicated import ReplicatedNode
+
+    config = ServerConfig(data=tmp_path / "data", port=0, stomp_port=0, amqp_port=0,
+                          ha="replicated", ha_port=free_port(),
+                          ha_peers=f"127.0.0.1:{free_port()}")
+
+    async def scenario() -> tuple[str, float | None, bool]:
+        node = ReplicatedNode(config)
+        outcome = await node._follow(_Link(welcomed), "127.0.0.1", 1)  # type: ignore[arg-type]
+        return outcome, node._lost_primary_at, node._nudge.is_set()
+
+    outcome, lost_at, woken = asyncio.run(scenario())
+    assert outcome == "ended"
+    assert (lost_at is not None, woken) == (welcomed, welcomed)
