@@ -169,7 +169,7 @@ class Node:
 
     def __init__(self, name: str, root: Path) -> None:
         self.name, self.root = name, root
-        self.port, self.stomp_port, self.ha_port = free_ports(3)
+        self.port, self.stomp_port, self.ha_port, self.http_port = free_ports(4)
         self.data = root / f"{name}-data"
         self.proc: subprocess.Popen[bytes] | None = None
         self.out = root / f"{name}.out"
@@ -231,12 +231,15 @@ class Node:
 class Cluster:
     """``n`` replicated brokers (n = 0: one plain broker)."""
 
-    def __init__(self, root: Path, backups: int | None, backup_timeout: float = 5.0) -> None:
+    def __init__(self, root: Path, backups: int | None, backup_timeout: float = 5.0,
+                 extra: list[str] | None = None) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.plain = backups is None
         count = 1 if backups is None else backups + 1
         self.nodes = [Node("abc"[i], root) for i in range(count)]
         self.backup_timeout = backup_timeout
+        #: more ``serve`` arguments for every node (etcd's)
+        self.extra = extra or []
 
     def args(self, node: Node) -> list[str]:
         if self.plain:
@@ -244,7 +247,9 @@ class Cluster:
         peers = ",".join(f"{HOST}:{n.ha_port}" for n in self.nodes if n is not node)
         return ["--ha", "replicated", "--ha-port", str(node.ha_port), "--ha-node", node.name,
                 "--ha-peers", peers or f"{HOST}:{free_ports(1)[0]}",
-                "--backup-timeout", str(self.backup_timeout), "--log-level", "INFO"]
+                "--http-port", str(node.http_port),
+                "--backup-timeout", str(self.backup_timeout), "--log-level", "INFO",
+                *self.extra]
 
     def start_node(self, node: Node) -> None:
         node.start(self.args(node))
@@ -258,9 +263,19 @@ class Cluster:
             self.wait_ready(self.nodes[0], len(self.nodes[:count]) - 1)
         return self
 
-    def promote(self, node: Node, cli: bool) -> float:
+    def promote(self, node: Node, cli: bool, http: bool = False) -> float:
+        """Promote ``node``: ``txbroker ha promote`` (``cli``), ``POST /api/ha/promote``
+        (``http``) or the native probe op; the seconds the request took."""
         started = time.monotonic()
-        if cli:
+        if http:
+            import urllib.request
+
+            request = urllib.request.Request(
+                f"http://{HOST}:{node.http_port}/api/ha/promote", data=b"{}", method="POST",
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                reply.read()
+        elif cli:
             subprocess.run([sys.executable, "-m", "txbroker.cli", "ha", "promote", "--url",
                             node.url], cwd=ROOT, check=True, capture_output=True, timeout=60)
         else:
@@ -368,6 +383,8 @@ class Producer:
     def __init__(self, url: str) -> None:
         self.url = url
         self.acks: list[float] = []
+        #: when each acknowledged send was started (same order as ``acks``)
+        self.started: list[float] = []
         self.stop = threading.Event()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -380,11 +397,13 @@ class Producer:
         try:
             with txbroker.connect(self.url, timeout=15, failover_timeout=60) as conn:
                 while not self.stop.is_set():
+                    started = time.monotonic()
                     try:
                         conn.send("bench.promote", b"x" * 1024, message_id=f"m-{n}")
                     except (txbroker.ConnectionLost, txbroker.TxBrokerError):
                         continue
                     n += 1
+                    self.started.append(started)
                     self.acks.append(time.monotonic())
         except BaseException as exc:  # reported by the bench
             self.error = exc
@@ -393,11 +412,24 @@ class Producer:
         self.stop.set()
         self.thread.join(60)
 
+    def first_ack_after(self, moment: float) -> float | None:
+        """The first ack of a send started after ``moment`` (a send started before it
+        may have been answered by the old primary just before it died)."""
+        count = min(len(self.started), len(self.acks))  # the thread appends to both
+        first = max(0, count - 1000)
+        found = [ack for start, ack in zip(self.started[first:count], self.acks[first:count],
+                                           strict=True) if start > moment]
+        return min(found) if found else None
 
-def part_promotion(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+
+def part_promotion(args: argparse.Namespace, work: Path, http: bool = False
+                   ) -> dict[str, Any]:
+    """Kill the primary, promote the next node by hand: ``txbroker ha promote`` (its
+    start-up included), or ``POST /api/ha/promote`` (``http``)."""
     c = Cluster(work / "promote", 2)
     kills: list[dict[str, Any]] = []
     producer: Producer | None = None
+    how = "POST /api/ha/promote" if http else "ha promote CLI"
     try:
         c.start()
         producer = Producer(c.url)
@@ -408,17 +440,16 @@ def part_promotion(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             target = c.nodes[(c.nodes.index(primary) + 1) % 3]
             primary.kill()  # SIGKILL, reaped: no reply can come from it after this
             killed_at = time.monotonic()
-            cli = c.promote(target, cli=True)
+            cli = c.promote(target, cli=True, http=http)
             target.wait_line(READY_PREFIX)
-            first = min(t for t in wait_for(
-                lambda: [t for t in producer.acks[-1000:] if t > killed_at],  # noqa: B023
-                60, "a send after the kill"))
+            first = wait_for(lambda: producer.first_ack_after(killed_at),  # noqa: B023
+                             60, "a send after the kill")
             promoted = re.findall(r"promoted in ([\d.]+) s", target.log.read_text())
             kills.append({"kill_to_first_send_s": round(first - killed_at, 3),
                           "ha_promote_cli_s": round(cli, 3),
                           "broker_promotion_s": float(promoted[-1]) if promoted else None})
             say(f"kill {k + 1}: first send {first - killed_at:.3f} s after the kill "
-                f"(ha promote CLI {cli:.3f} s)")
+                f"({how} {cli:.3f} s)")
             c.start_node(primary)
             c.wait_ready(target, 2)
             primary = target
@@ -428,13 +459,91 @@ def part_promotion(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         c.stop()
         shutil.rmtree(work / "promote", ignore_errors=True)
     values = [k["kill_to_first_send_s"] for k in kills]
-    return {"kills": kills, "median_s": median(values), "max_s": max(values),
+    return {"how": how, "kills": kills, "median_s": median(values), "max_s": max(values),
             "cli_median_s": median([k["ha_promote_cli_s"] for k in kills]),
-            "error": repr(producer.error) if producer and producer.error else None}
+            "error": repr(producer.error) if producer and producer.error else None,
+            "loadavg_end": loadavg()}
+
+
+# ============================================================== etcd promotion
+def part_etcd(args: argparse.Namespace, work: Path, ttl: int) -> dict[str, Any]:
+    """A trio promoted by etcd (lease ``ttl``): kill -9 the primary, time the first send
+    confirmed after it, and from the new primary's log when it took the key and when
+    it served (wall clock of the kill vs the log's millisecond stamps)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.etcd_support import EtcdServer
+
+    etcd = EtcdServer().start()
+    extra = ["--ha-etcd", etcd.url, "--ha-cluster", f"bench{time.time_ns()}",
+             "--ha-lease-ttl", str(ttl)]
+    c = Cluster(work / f"etcd-{ttl}", 2, backup_timeout=2.0, extra=extra)
+    kills: list[dict[str, Any]] = []
+    producer: Producer | None = None
+    load_start = loadavg()
+    try:
+        c.start()
+        producer = Producer(c.url)
+        primary = c.nodes[0]
+        for k in range(args.kills):
+            wait_for(lambda: len(producer.acks) > 200 * (k + 1), 60,  # noqa: B023
+                     "sends before the kill")
+            primary.kill()  # SIGKILL, reaped
+            killed_at, killed_wall = time.monotonic(), time.time()
+            first = wait_for(lambda: producer.first_ack_after(killed_at),  # noqa: B023
+                             120, "a send after the kill")
+            new = wait_for(lambda: next((n for n in c.nodes if n is not primary  # noqa: B023
+                                         and any(line.startswith(READY_PREFIX)
+                                                 for line in n.lines())), None),
+                           60, "the new primary's ready line")
+            text = new.log.read_text()
+            record = {"kill_to_first_send_s": round(first - killed_at, 3),
+                      "kill_to_key_taken_s": round(log_time(text, "took the primary key")
+                                                   - killed_wall, 3),
+                      "kill_to_primary_s": round(log_time(text, "is the primary (promoted")
+                                                 - killed_wall, 3),
+                      "new_primary": new.name, "loadavg": loadavg(),
+                      # the new primary's log from the kill to serving: where the time went
+                      "log": [line[11:160] for line in text.splitlines()
+                              if (m := LOG_TIME.match(line)) and line_time(m) >= killed_wall
+                              and line_time(m) <= killed_wall + record_end(text, killed_wall)
+                              ][:40]}
+            kills.append(record)
+            say(f"etcd TTL {ttl} s, kill {k + 1}: first send {record['kill_to_first_send_s']}"
+                f" s after the kill (key taken {record['kill_to_key_taken_s']} s, "
+                f"serving {record['kill_to_primary_s']} s; {new.name})")
+            c.start_node(primary)
+            c.wait_ready(new, 2)
+            primary = new
+    finally:
+        if producer is not None:
+            producer.close()
+        c.stop()
+        etcd.stop()
+        shutil.rmtree(work / f"etcd-{ttl}", ignore_errors=True)
+    values = [k["kill_to_first_send_s"] for k in kills]
+    middle = median(values)
+    return {"lease_ttl_s": ttl, "kills": kills, "median_s": middle,
+            "max_s": max(values) if values else None,
+            "median_minus_ttl_s": round(middle - ttl, 3) if middle is not None else None,
+            "key_taken_median_s": median([k["kill_to_key_taken_s"] for k in kills]),
+            "primary_median_s": median([k["kill_to_primary_s"] for k in kills]),
+            "error": repr(producer.error) if producer and producer.error else None,
+            "loadavg_start": load_start, "loadavg_end": loadavg()}
 
 
 # ============================================================== catch-up
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*")
+
+
+def line_time(match: re.Match[str]) -> float:
+    """The wall-clock time of a log line (``LOG_TIME``'s match)."""
+    stamp, ms = match.group(1).split(",")
+    return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1000
+
+
+def record_end(text: str, since: float) -> float:
+    """Seconds from ``since`` to the log's "is the primary" line (+ a little)."""
+    return log_time(text, "is the primary (promoted") - since + 0.05
 
 
 def log_time(log: str, text: str) -> float:
@@ -587,7 +696,11 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--stored", type=int, default=100000, help="catch-up: stored messages")
     ap.add_argument("--no-rabbitmq", action="store_true")
-    ap.add_argument("--parts", default="cost,promotion,catchup,rabbitmq")
+    ap.add_argument("--parts", default="cost,promotion,catchup,rabbitmq",
+                    help="also: http-promotion, etcd")
+    ap.add_argument("--etcd-ttls", default="3,2",
+                    help="etcd part: lease TTLs (s) to run, one trio each (2: etcd's smallest)")
+    ap.add_argument("--label", default="", help="added to the result file's name")
     ap.add_argument("--no-wait", action="store_true",
                     help="do not wait for a running pytest (its presence is recorded)")
     args = ap.parse_args()
@@ -607,6 +720,11 @@ def main() -> None:
             report["loadavg_after_cost"] = loadavg()
         if "promotion" in parts:
             report["promotion"] = part_promotion(args, work)
+        if "http-promotion" in parts:
+            report["http_promotion"] = part_promotion(args, work, http=True)
+        if "etcd" in parts:
+            report["etcd"] = [part_etcd(args, work, int(ttl))
+                              for ttl in args.etcd_ttls.split(",")]
         if "catchup" in parts:
             report["catchup"] = part_catchup(args, work)
         if "rabbitmq" in parts:
@@ -616,7 +734,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     report["loadavg_end"] = loadavg()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"ha_replicated-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    label = f"-{args.label}" if args.label else ""
+    path = RESULTS / f"ha_replicated-{time.strftime('%Y%m%d-%H%M%S')}{label}.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "settings"}, indent=1)[:6000])
     say(f"results: {path}")

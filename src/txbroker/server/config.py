@@ -167,8 +167,8 @@ class ServerConfig:
     #: ... the fraction used while nothing but compaction writes (0 = the same)
     compact_idle_live_fraction: float = RELOCATE_IDLE_LIVE_FRACTION
     #: the journal writes a recovery index per sealed segment and a restart reads it
-    #: instead of the segment (its bodies' CRCs are then not checked at start;
-    #: docs/storage.md)
+    #: instead of the segment (its bodies' CRCs are then not checked at start, so
+    #: corruption in a stored body no longer stops the start; docs/storage.md)
     recovery_index: bool = False
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS

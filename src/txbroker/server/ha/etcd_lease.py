@@ -70,7 +70,8 @@ from txbroker.errors import EtcdError
 from txbroker.server.ha.etcd import EtcdClient
 
 __all__ = ["DEFAULT_TTL_S", "Candidate", "LeaseHolder", "Progress", "ProgressBoard",
-           "best_candidate", "default_margin", "primary_key", "progress_key"]
+           "best_candidate", "campaign_pause", "default_margin", "primary_key",
+           "progress_key"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,25 @@ DEFAULT_TTL_S = 10
 
 #: Pause between renewal attempts after a failed one (refused: instant failures).
 RETRY_S = 0.1
+#: A backup's campaign pause while the key is held by a primary it lost (s): the key
+#: goes when the dead primary's lease expires, and a TTL/3 pause there added up to
+#: TTL/3 to every takeover (the independent test: TTL + 1 s at TTL 3 s). For at most
+#: FAST_CAMPAIGN_TTLS lease TTLs after the loss: a key held longer is a live primary's.
+FAST_CAMPAIGN_PAUSE = 0.05
+FAST_CAMPAIGN_TTLS = 1.5
+
+
+def campaign_pause(ttl: float, *, following: bool, holder: str | None, node: str,
+                   lost_for: float | None) -> float:
+    """Seconds a backup's campaign waits before its next round: TTL/3 (at least
+    0.2 s), but :data:`FAST_CAMPAIGN_PAUSE` while another node holds the key, this
+    backup follows nobody and lost its primary less than FAST_CAMPAIGN_TTLS lease TTLs
+    ago (``lost_for``: seconds since; None: never) — a dead primary's key, about to
+    expire."""
+    if not following and holder not in (None, node) and lost_for is not None \
+            and lost_for < FAST_CAMPAIGN_TTLS * ttl:
+        return FAST_CAMPAIGN_PAUSE
+    return max(0.2, ttl / 3)
 
 
 def primary_key(prefix: str) -> str:

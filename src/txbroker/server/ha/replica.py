@@ -206,6 +206,9 @@ class Follower:
         self.epoch = ""  #: the primary's epoch (its LSNs count within it)
         self.applied_lsn = 0  #: the highest LSN appended and replayed here
         self.connected = False  #: a link to the primary is up (the copy may outlive it)
+        #: links a primary welcomed (one more per join it took; replicated.py: when a
+        #: follow() that raised it ends, the primary is lost)
+        self.links = 0
         self.joined_by = ""  #: "dump", or "suffix" (resumed from the kept copy)
         self.resumes = 0  #: incremental catch-ups of this copy
         #: bumped when a kept copy is replaced: completions of the old store are ignored
@@ -286,6 +289,7 @@ class Follower:
             raise PrimaryRefused(str(body.get("reason", "refused")))
         if message.type == "welcome":
             self.connected = True
+            self.links += 1
             if body.get("incremental"):
                 self._resume(str(body["node"]), str(body.get("epoch", "")), int(body["at"]))
             else:

@@ -36,14 +36,14 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from txbroker.errors import EtcdError, IllegalState, ProtocolError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer, store_lock_path
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.etcd import EtcdClient
-from txbroker.server.ha.etcd_lease import Candidate
+from txbroker.server.ha.etcd_lease import Candidate, campaign_pause
 from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
 from txbroker.server.ha.replica import (
     LOCK_LINE,
@@ -57,6 +57,9 @@ from txbroker.server.ha.replication import ReplicatingStore, ReplicationHub
 from txbroker.server.ha.shared_store import StandbyConnection
 from txbroker.server.security.auth import Authenticator
 from txbroker.storage.store_lock import StoreLock
+
+if TYPE_CHECKING:
+    from txbroker.server.edges.http.standby import StandbyHttp
 
 log = logging.getLogger("txbroker.ha")
 
@@ -100,6 +103,8 @@ class ReplicatedNode:
         self._stopping = asyncio.Event()
         self._link_server: asyncio.Server | None = None
         self._refuser: asyncio.Server | None = None
+        #: the HTTP port while a backup: POST /api/ha/promote (server/edges/http/standby.py)
+        self._http_refuser: tuple[asyncio.Server, StandbyHttp] | None = None
         self.last_problem = ""
         #: the last TLS / handshake failure logged per peer (each is logged once)
         self._link_problems: dict[tuple[str, int], str] = {}
@@ -114,6 +119,11 @@ class ReplicatedNode:
         #: the ready set the last primary recorded in etcd (None: none recorded)
         self.etcd_ready: list[str] | None = None
         self._manual = False  #: an operator asked for promotion (etcd: take the key)
+        #: wakes the etcd campaign before its pause ends (a promotion asked for, the
+        #: primary lost, a stop)
+        self._nudge = asyncio.Event()
+        #: monotonic time this backup last lost the primary it followed (etcd campaign)
+        self._lost_primary_at: float | None = None
         self.fenced = ""
 
     # ------------------------------------------------------------------ status
@@ -186,6 +196,7 @@ class ReplicatedNode:
                 raise IllegalState(f"{self.node} cannot be promoted: the last primary's ready "
                                    f"set in etcd is {self.etcd_ready or 'empty'}")
             self._manual = True
+            self._nudge.set()  # take the key now, not at the campaign's next round
             return {"node": self.node, "promoting": True, "via": "etcd"}
         self._promote.set()
         return {"node": self.node, "promoting": True}
@@ -193,6 +204,7 @@ class ReplicatedNode:
     def request_stop(self) -> None:
         """Stop in any role."""
         self._stopping.set()
+        self._nudge.set()
         if self.server is not None and self.role == Role.PRIMARY:
             self.server.request_stop()
 
@@ -278,6 +290,7 @@ class ReplicatedNode:
     async def _follow(self, follower: Follower, host: str, port: int) -> str:
         """Follow one peer until the link ends ("ended"), a promotion ("promote") or a
         stop ("stop")."""
+        links = follower.links
         task = asyncio.ensure_future(follower.follow(host, port))
         waiter = asyncio.ensure_future(self._promote.wait())
         stopper = asyncio.ensure_future(self._stopping.wait())
@@ -291,6 +304,9 @@ class ReplicatedNode:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             return "promote" if self._promote.is_set() else "stop"
+        if follower.links != links:  # a primary welcomed us and the link ended: lost it
+            self._lost_primary_at = time.monotonic()
+            self._nudge.set()  # etcd: publish our final position, watch the key closely
         try:
             task.result()
             self._link_problems.pop((host, port), None)
@@ -340,9 +356,7 @@ class ReplicatedNode:
         server.broker.vote_local_commits(True)
         self.hub, self.server = hub, server
         server.ha_status = self.status
-        if self._refuser is not None:
-            self._refuser.close()
-            self._refuser = None
+        self._close_refusers()
         await server.open_listeners()
         log.info("replication: %s is the primary (promoted in %.2f s)", self.node,
                  time.monotonic() - started)
@@ -357,8 +371,12 @@ class ReplicatedNode:
         rule says so (``server/ha/etcd_lease.py``) — then promote."""
         candidate = self.candidate
         assert candidate is not None
-        pause = max(0.2, self.config.ha_lease_ttl / 3)
+        ttl = self.config.ha_lease_ttl
+        published: tuple[int, bool] | None = None
         while self.role == Role.BACKUP and not self._stopping.is_set():
+            pause = campaign_pause(ttl, following=True, holder=None, node=self.node,
+                                   lost_for=None)
+            self._nudge.clear()
             try:
                 follower = self.follower
                 following = follower is not None and follower.state == "following" \
@@ -372,7 +390,9 @@ class ReplicatedNode:
                 self.etcd_ready = await self._read_ready()
                 if self.etcd_ready is not None and self.node not in self.etcd_ready:
                     ready = False  # the last primary stopped counting on this copy
-                await candidate.board.publish(position, ready=ready)
+                if (position, ready) != published:  # its own task keeps the entry alive
+                    await candidate.board.publish(position, ready=ready)
+                    published = (position, ready)
                 self.etcd_primary = await candidate.primary()
                 taken = False
                 if self._manual and self.etcd_primary is None:
@@ -384,10 +404,14 @@ class ReplicatedNode:
                     log.info("etcd: %s took the primary key", self.node)
                     self._promote.set()
                     return
+                lost = self._lost_primary_at
+                pause = campaign_pause(ttl, following=following, holder=self.etcd_primary,
+                                       node=self.node, lost_for=None if lost is None
+                                       else time.monotonic() - lost)
             except EtcdError as exc:
                 self.last_problem = f"etcd: {exc}"
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), pause)
+                await asyncio.wait_for(self._nudge.wait(), pause)
 
     def _ready_key(self) -> str:
         return f"/txbroker/{self.config.ha_cluster}/ready"
@@ -430,8 +454,7 @@ class ReplicatedNode:
             await candidate.close()
         if self.etcd is not None:
             await self.etcd.close()
-        if self._refuser is not None:
-            self._refuser.close()
+        self._close_refusers()
         if self._link_server is not None:
             self._link_server.close()
         if self.follower is not None:
@@ -467,14 +490,35 @@ class ReplicatedNode:
 
     async def _open_refuser(self) -> None:
         config = self.config
-        if not config.port:
-            return
         auth = Authenticator(config.users)
-        self._refuser = await asyncio.get_running_loop().create_server(
-            lambda: StandbyConnection(config, auth, refusal=self._refusal, status=self.status,
-                                      role=lambda: self.role,
-                                      extra={"ha_promote": self.request_promotion}),
-            config.host, config.port, reuse_address=True)
+        loop = asyncio.get_running_loop()
+        if config.port:
+            self._refuser = await loop.create_server(
+                lambda: StandbyConnection(config, auth, refusal=self._refusal,
+                                          status=self.status, role=lambda: self.role,
+                                          extra={"ha_promote": self.request_promotion}),
+                config.host, config.port, reuse_address=True)
+        if config.http_port:
+            # imported here, at the start of a backup, not while it is being promoted: the
+            # HTTP edge (Starlette, uvicorn) took 0.18-0.23 s to import at load 9
+            from txbroker.server.edges.http.standby import StandbyHttp
+
+            http = StandbyHttp(auth, status=self.status, promote=self.request_promotion,
+                               refusal=self._refusal)
+            listener = await loop.create_server(http.protocol, config.host, config.http_port,
+                                                reuse_address=True)
+            self._http_refuser = (listener, http)
+
+    def _close_refusers(self) -> None:
+        """Close the backup's client ports (the native refuser, the HTTP one)."""
+        if self._refuser is not None:
+            self._refuser.close()
+            self._refuser = None
+        if self._http_refuser is not None:
+            listener, http = self._http_refuser
+            listener.close()
+            http.close()
+            self._http_refuser = None
 
     def _refusal(self, op: str) -> str:
         follower = self.follower

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from txbroker._version import __version__
-from txbroker.errors import BadRequest, BrokerError
+from txbroker.errors import BadRequest, BrokerError, IllegalState
 from txbroker.server.edges.http.calls import REALM, Gate, HttpServerPort, error_code, http_status
 from txbroker.server.edges.http.console import console_routes
 from txbroker.server.edges.http.metrics import BrokerCollector
@@ -338,6 +338,17 @@ class HttpApi:
             request, lambda s, rid, now: router_handlers.rtr_exception_discard(s, rid, args, now)))
 
     # ------------------------------------------------------------- documents
+    async def ha_promote(self, request: Request) -> Response:
+        """``POST /api/ha/promote`` on a broker that serves: refused (409), for only a
+        replicated backup can be promoted; a backup answers it on its own HTTP port
+        (``standby.py``)."""
+        def run(session: Session, rid: int, now: int) -> Any:
+            role = (session.stats().get("ha") or {}).get("role")
+            what = f"the {role}" if role else "not one of an HA group"
+            raise IllegalState(f"this broker serves clients ({what}): only a backup of a "
+                               "replicated group can be promoted")
+        return JSONResponse(await self._run(request, run))
+
     async def openapi(self, request: Request) -> Response:
         """The OpenAPI 3 document of this API (no authentication: it is public)."""
         return JSONResponse(OPENAPI)
@@ -377,6 +388,7 @@ def routes(api: HttpApi) -> list[Route]:
               methods=["POST"]),
         Route("/api/router/exceptions/{tid}", api.router_exception_discard,
               methods=["DELETE"]),
+        Route("/api/ha/promote", api.ha_promote, methods=["POST"]),
         Route("/api/openapi.json", api.openapi, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
     ]

@@ -159,6 +159,12 @@ OPENAPI: Final[dict[str, Any]] = {
             "delete": _op("Forget a heuristically completed branch", _ok("forgotten"),
                           400, 404, 409, params=[XID]),
         },
+        "/api/ha/promote": {
+            "post": _op("Promote this broker, a backup of a replicated group (docs/replication.md; "
+                        "served by the backup's HTTP port, which answers only this, GET /api/ha "
+                        "and 503 STANDBY); a broker that serves clients refuses it",
+                        _ok("{node, promoting: true[, via: etcd]}"), 409),
+        },
         "/api/router": {
             "get": _op("The router: facilities, partitions, servers and roles, transactions "
                        "by state, counts", _ok("{facilities, stats}"), 404,
