@@ -35,10 +35,8 @@ from typing import Any, Final, cast
 
 from pamqp import commands
 
-from txbroker._version import __version__
 from txbroker.errors import BrokerError, TxBrokerError
 from txbroker.protocol.amqp import (
-    FRAME_MIN_SIZE,
     PROTOCOL_HEADER,
     AmqpConnection,
     AmqpProtocolError,
@@ -49,25 +47,19 @@ from txbroker.protocol.amqp import (
     ProtocolHeaderReceived,
     ReplyCode,
 )
-from txbroker.server.edges.amqp.channel import (
-    CHANNEL_METHODS,
-    Channel,
-    ChannelState,
-    Pending,
-    as_channel_error,
+from txbroker.server.edges.amqp.channel import Channel, Pending
+from txbroker.server.edges.amqp.channel_routing import (
+    channel_method,
+    guard,
+    named_channel,
 )
-from txbroker.server.edges.amqp.consuming import CONSUMING_METHODS
-from txbroker.server.edges.amqp.declares import DECLARE_METHODS
+from txbroker.server.edges.amqp.connection_methods import connection_method, start
 from txbroker.server.edges.amqp.handshake import (
     CLOSE_WAIT_S,
     DEFAULT_AMQP_PORT,
-    MECHANISMS,
-    TRANSITIONS,
     AmqpSettings,
     Phase,
-    credentials,
 )
-from txbroker.server.edges.amqp.model import ChannelError
 from txbroker.server.edges.amqp.state import AmqpState
 from txbroker.server.ops import Delivery, Operations, Session
 
@@ -77,10 +69,7 @@ log = logging.getLogger("txbroker.amqp")
 #: ``max_pending_requests``; reading resumes (connection.unblocked) at half of it.
 BLOCKED_REASON: Final = "too many publishes waiting for the store (max_pending_requests)"
 
-__all__ = ["DEFAULT_AMQP_PORT", "METHODS", "AmqpServerConnection", "AmqpSettings"]
-
-#: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
-METHODS: Final = {**CHANNEL_METHODS, **CONSUMING_METHODS, **DECLARE_METHODS}
+__all__ = ["DEFAULT_AMQP_PORT", "AmqpServerConnection", "AmqpSettings"]
 
 class AmqpServerConnection(asyncio.Protocol):
     """asyncio protocol for one AMQP client; a ``SessionSink`` of the operation layer."""
@@ -102,16 +91,18 @@ class AmqpServerConnection(asyncio.Protocol):
         self.heartbeat_s = 0
         self._out: list[bytes] = []
         self._flush_soon = False
-        self._refusal: BrokerError | None = None
+        #: why the operation layer refused the connection (told after the protocol header)
+        self.refusal: BrokerError | None = None
         #: request id -> the (channel, pending output) waiting for its answer
-        self._rids: dict[int, list[tuple[Channel, Pending]]] = {}
+        self.rids: dict[int, list[tuple[Channel, Pending]]] = {}
         self._subs: dict[int, Channel] = {}
-        self._queues_consumed: set[str] = set()
+        #: the queues this connection's consumers read (their exclusive use ends with it)
+        self.queues_consumed: set[str] = set()
         self._auto_tags: list[int] = []
         self._auto_scheduled = False
         self._write_paused = False
         #: the client said it understands connection.blocked (its capabilities)
-        self._blocked_capable = False
+        self.blocked_capable = False
         self._next_rid = 1
         self._next_sub = 1
         self.last_read = self.last_write = self.loop.time()
@@ -129,7 +120,7 @@ class AmqpServerConnection(asyncio.Protocol):
                                          address=self.peer if peer else None)
             self.session.channels = self.describe_channels
         except BrokerError as exc:
-            self._refusal = exc
+            self.refusal = exc
         self._timer = self.loop.call_later(self.settings.handshake_timeout_s,
                                            self._handshake_timeout)
 
@@ -151,13 +142,13 @@ class AmqpServerConnection(asyncio.Protocol):
                         break
         except ProtocolHeaderMismatch:
             self.write(PROTOCOL_HEADER)  # spec 4.2.2: our header, then close
-            self._shut()
+            self.shut()
         except AmqpProtocolError as exc:
-            self._close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
+            self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
                                    exc.class_id, exc.method_id)
         except TxBrokerError as exc:  # pragma: no cover - a core bug, not the client's
             log.exception("unexpected error on AMQP connection %s", self.peer)
-            self._close_connection(ReplyCode.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}")
+            self.close_connection(ReplyCode.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}")
         self.after_read()
 
     def _closed(self) -> bool:
@@ -171,7 +162,7 @@ class AmqpServerConnection(asyncio.Protocol):
         if session is not None and session.should_pause() and self.transport is not None \
                 and self.phase is not Phase.CLOSED:
             self.transport.pause_reading()
-            if self._blocked_capable:  # tell the client why its publishes wait
+            if self.blocked_capable:  # tell the client why its publishes wait
                 self.write(self.codec.send_method(0, commands.Connection.Blocked(
                     BLOCKED_REASON)))
 
@@ -181,7 +172,7 @@ class AmqpServerConnection(asyncio.Protocol):
         self._cancel_timers()
         for channel in self.channels.values():
             for consumer in channel.consumers.values():
-                self._queues_consumed.add(consumer.queue)
+                self.queues_consumed.add(consumer.queue)
             channel.release(self.ops.now(), session_alive=False)
         self.channels.clear()
         session = self.session
@@ -189,7 +180,7 @@ class AmqpServerConnection(asyncio.Protocol):
             authenticated = session.authenticated
             session.end()
             if authenticated:
-                self.state.connection_closed(session.id, self._queues_consumed)
+                self.state.connection_closed(session.id, self.queues_consumed)
 
     # ------------------------------------------------------------- events
     def _event(self, event: Any, now: int) -> None:
@@ -197,209 +188,19 @@ class AmqpServerConnection(asyncio.Protocol):
                 isinstance(event, MethodReceived) and event.channel == 0):
             return  # spec 2.3.5: after our connection.close only close-ok counts
         if isinstance(event, ProtocolHeaderReceived):
-            self._start()
+            start(self)
         elif isinstance(event, HeartbeatReceived):
             return
         elif isinstance(event, MethodReceived):
             if event.channel == 0:
-                self._connection_method(event.method)
+                connection_method(self, event.method)
             else:
-                self._channel_method(event.channel, event.method, now)
+                channel_method(self, event.channel, event.method, now)
         elif isinstance(event, ContentReceived):
-            channel = self._channel(event.channel, event.method)
+            channel = named_channel(self, event.channel, event.method)
             if channel is not None:
-                self._guard(channel, lambda: channel.publish(
+                guard(self, channel, lambda: channel.publish(
                     event.method, event.properties, event.body, now), event.method)
-
-    def _start(self) -> None:
-        if self._refusal is not None:
-            error = self._refusal
-            code = ReplyCode.NOT_ALLOWED if error.code.name == "TOO_MANY_CONNECTIONS" \
-                else ReplyCode.ACCESS_REFUSED
-            self._close_connection(code, f"{code.name} - {error.message}")
-            return
-        self.phase = Phase.AWAIT_START_OK
-        self.write(self.codec.send_method(0, commands.Connection.Start(
-            server_properties={
-                "product": "txbroker", "version": __version__,
-                "platform": "Python", "information": "docs/amqp.md",
-                "capabilities": {
-                    "publisher_confirms": True, "basic.nack": True,
-                    "consumer_cancel_notify": True, "exchange_exchange_bindings": False,
-                    "connection.blocked": True, "authentication_failure_close": True,
-                    "per_consumer_qos": True, "direct_reply_to": False,
-                },
-            },
-            mechanisms=" ".join(MECHANISMS), locales="en_US")))
-
-    def _connection_method(self, method: Any) -> None:
-        name = method.name
-        if self.phase is Phase.CLOSING and name not in ("Connection.CloseOk",
-                                                        "Connection.Close"):
-            return  # spec 2.3.5: after close, the peer's frames are dropped
-        following = TRANSITIONS.get((self.phase, name))
-        if following is None:
-            code = ReplyCode.COMMAND_INVALID if self.phase is Phase.OPEN \
-                else ReplyCode.UNEXPECTED_FRAME
-            if name.startswith("Connection.") and self.phase is Phase.OPEN:
-                code = ReplyCode.NOT_IMPLEMENTED
-            raise AmqpProtocolError(code, f"{name} is not expected now "
-                                    f"({self.phase.value})", class_id=method.index >> 16,
-                                    method_id=method.index & 0xFFFF)
-        if name == "Connection.StartOk":
-            self._start_ok(method)
-            if self.phase is Phase.CLOSING:
-                return
-        elif name == "Connection.TuneOk":
-            self._tune_ok(method)
-        elif name == "Connection.Open":
-            if method.virtual_host not in ("/", ""):
-                self.phase = following
-                self._close_connection(ReplyCode.NOT_ALLOWED,
-                                       f"NOT_ALLOWED - vhost {method.virtual_host} not found",
-                                       method.index >> 16, method.index & 0xFFFF)
-                return
-            self.write(self.codec.send_method(0, commands.Connection.OpenOk()))
-            self._cancel_timer()
-            self._arm_heartbeat()
-        elif name == "Connection.Close":
-            self.write(self.codec.send_method(0, commands.Connection.CloseOk()))
-            self.phase = following
-            self._shut()
-            return
-        elif name == "Connection.CloseOk":
-            self.phase = following
-            self._shut()
-            return
-        self.phase = following
-
-    def _start_ok(self, method: Any) -> None:
-        assert self.session is not None
-        capabilities = (method.client_properties or {}).get("capabilities")
-        self._blocked_capable = isinstance(capabilities, dict) and \
-            capabilities.get("connection.blocked") is True
-        mechanism = method.mechanism
-        user, password = credentials(mechanism, method.response)
-        if mechanism not in MECHANISMS or user is None:
-            self._close_connection(ReplyCode.ACCESS_REFUSED,
-                                   f"ACCESS_REFUSED - unsupported authentication mechanism "
-                                   f"or malformed response ({mechanism!r})")
-            return
-        try:
-            self.session.authenticate(user, password)
-        except BrokerError:
-            self._close_connection(ReplyCode.ACCESS_REFUSED,
-                                   f"ACCESS_REFUSED - Login was refused using authentication "
-                                   f"mechanism {mechanism}. For details see the broker "
-                                   "logfile.")
-            return
-        settings = self.settings
-        self.write(self.codec.send_method(0, commands.Connection.Tune(
-            settings.channel_max, settings.frame_max, settings.heartbeat_s)))
-
-    def _tune_ok(self, method: Any) -> None:
-        settings = self.settings
-        frame_max = int(method.frame_max)
-        if frame_max and not FRAME_MIN_SIZE <= frame_max <= settings.frame_max:
-            raise AmqpProtocolError(ReplyCode.NOT_ALLOWED,
-                                    f"frame_max {frame_max} is outside {FRAME_MIN_SIZE}.."
-                                    f"{settings.frame_max}")
-        self.codec.set_frame_max(frame_max)
-        channel_max = int(method.channel_max)
-        if channel_max > settings.channel_max:
-            raise AmqpProtocolError(ReplyCode.NOT_ALLOWED,
-                                    f"channel_max {channel_max} is above "
-                                    f"{settings.channel_max}")
-        self.channel_max = channel_max or settings.channel_max
-        self.heartbeat_s = int(method.heartbeat)
-
-    def _channel_method(self, number: int, method: Any, now: int) -> None:
-        if self.phase is Phase.CLOSING:
-            return
-        if self.phase is not Phase.OPEN:
-            raise AmqpProtocolError(ReplyCode.UNEXPECTED_FRAME,
-                                    f"{method.name} on channel {number} before "
-                                    "connection.open", channel=number)
-        name = method.name
-        if name.startswith("Connection."):
-            raise AmqpProtocolError(ReplyCode.COMMAND_INVALID,
-                                    f"{name} on channel {number}, not 0", channel=number)
-        if name == "Channel.Open":
-            if number in self.channels:
-                raise AmqpProtocolError(ReplyCode.CHANNEL_ERROR,
-                                        f"second 'channel.open' seen on channel {number}",
-                                        channel=number)
-            if number > self.channel_max:
-                raise AmqpProtocolError(ReplyCode.NOT_ALLOWED,
-                                        f"channel {number} is above the negotiated "
-                                        f"channel_max {self.channel_max}", channel=number)
-            self.channels[number] = Channel(self, number)
-            self.write(self.codec.send_method(number, commands.Channel.OpenOk()))
-            return
-        channel = self._channel(number, method)
-        if channel is None:
-            return
-        if name == "Channel.Close":
-            self._drop_channel(channel, now)
-            self.write(self.codec.send_method(number, commands.Channel.CloseOk()))
-            return
-        if name == "Channel.CloseOk":
-            if channel.state is ChannelState.CLOSING:
-                self.channels.pop(number, None)
-            return
-        if channel.state is not ChannelState.OPEN:
-            return
-        handler = METHODS.get(name)
-        if handler is None:
-            raise AmqpProtocolError(ReplyCode.NOT_IMPLEMENTED,
-                                    f"{name} is not supported by txbroker (docs/amqp.md)",
-                                    channel=number, class_id=method.index >> 16,
-                                    method_id=method.index & 0xFFFF)
-        self._guard(channel, lambda: handler(channel, method, now), method)
-
-    def _channel(self, number: int, method: Any) -> Channel | None:
-        """The open channel a frame names (504 if none)."""
-        channel = self.channels.get(number)
-        if channel is None:
-            raise AmqpProtocolError(ReplyCode.CHANNEL_ERROR,
-                                    f"expected 'channel.open' on channel {number} before "
-                                    f"{method.name}", channel=number)
-        if channel.state is ChannelState.CLOSING and method.name not in (
-                "Channel.Close", "Channel.CloseOk"):
-            return None
-        return channel
-
-    def _guard(self, channel: Channel, run: Any, method: Any) -> None:
-        """Run a channel's method; a refusal closes the channel (or the connection)."""
-        try:
-            run()
-        except ChannelError as exc:
-            self._channel_error(channel, exc, method)
-        except BrokerError as exc:
-            self._channel_error(channel, as_channel_error(exc), method)
-
-    def _channel_error(self, channel: Channel, error: ChannelError, method: Any) -> None:
-        class_id = method.index >> 16 if method is not None else 0
-        method_id = method.index & 0xFFFF if method is not None else 0
-        if error.hard:
-            raise AmqpProtocolError(error.reply_code, error.text.split(" - ", 1)[-1],
-                                    channel=channel.number, class_id=class_id,
-                                    method_id=method_id)
-        log.info("AMQP channel %d of %s closed: %s", channel.number, self.peer, error.text)
-        self._drop_channel(channel, self.ops.now())
-        channel.state = ChannelState.CLOSING
-        self.channels[channel.number] = channel
-        self.codec.forget_channel(channel.number)
-        self.write(self.codec.send_method(channel.number, commands.Channel.Close(
-            int(error.reply_code), error.text[:255], class_id, method_id)))
-
-    def _drop_channel(self, channel: Channel, now: int) -> None:
-        for consumer in channel.consumers.values():
-            self._queues_consumed.add(consumer.queue)
-        channel.release(now, session_alive=True)
-        self.channels.pop(channel.number, None)
-        for rid in [r for r, owners in self._rids.items() if owners[0][0] is channel]:
-            del self._rids[rid]
 
     def describe_channels(self) -> list[dict[str, Any]]:
         """The open channels, for the connections list (console, REST, CLI, metrics)."""
@@ -427,7 +228,7 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def expect(self, rid: int, channel: Channel, pending: Pending) -> None:
         """The answer to ``rid`` goes to ``pending`` of ``channel``."""
-        self._rids.setdefault(rid, []).append((channel, pending))
+        self.rids.setdefault(rid, []).append((channel, pending))
 
     def own_sub(self, sub: int, channel: Channel | None) -> None:
         """Deliveries of ``sub`` go to ``channel`` (None: the subscription ended)."""
@@ -474,7 +275,7 @@ class AmqpServerConnection(asyncio.Protocol):
     def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
         """Run a later callback for ``channel`` (a definitions save that became
         durable): a refusal closes the channel, never the effect runner."""
-        self._safely(lambda: self._guard(channel, run, None))
+        self._safely(lambda: guard(self, channel, run, None))
 
     def _safely(self, run: Any) -> None:
         """Run a callback of the effect runner: a failure of this connection's code
@@ -482,22 +283,22 @@ class AmqpServerConnection(asyncio.Protocol):
         try:
             run()
         except AmqpProtocolError as exc:
-            self._close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
+            self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
                                    exc.class_id, exc.method_id)
         except Exception as exc:
             log.exception("AMQP connection %s failed on a later answer", self.peer)
-            self._close_connection(ReplyCode.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}")
+            self.close_connection(ReplyCode.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}")
 
     def _answered(self, rid: int, result: Any, error: BrokerError | None,
                   delivery: Delivery | None = None) -> None:
-        owners = self._rids.pop(rid, None)
+        owners = self.rids.pop(rid, None)
         if owners is None:
             return
         owners[0][0].publishing.discard(rid)
         for channel, pending in owners:
             if delivery is not None:
                 pending.delivery = delivery
-            self._guard(channel, lambda c=channel, p=pending: c.answered(p, result, error),
+            guard(self, channel, lambda c=channel, p=pending: c.answered(p, result, error),
                         None)
 
     def deliver(self, delivery: Delivery) -> None:
@@ -555,42 +356,46 @@ class AmqpServerConnection(asyncio.Protocol):
         if session is not None and session.should_resume() and self.transport is not None \
                 and self.phase is not Phase.CLOSED:
             self.transport.resume_reading()
-            if self._blocked_capable:
+            if self.blocked_capable:
                 self.transport.write(self.codec.send_method(0, commands.Connection.Unblocked()))
 
     def close(self) -> None:
         """Shutdown: connection.close 320 CONNECTION_FORCED, then close."""
-        self._close_connection(ReplyCode.CONNECTION_FORCED,
+        self.close_connection(ReplyCode.CONNECTION_FORCED,
                                "CONNECTION_FORCED - broker shutdown")
         self.flush()
-        self._shut()
+        self.shut()
 
     # ------------------------------------------------------------- closing, timers
-    def _close_connection(self, code: ReplyCode, text: str, class_id: int = 0,
+    def close_connection(self, code: ReplyCode, text: str, class_id: int = 0,
                           method_id: int = 0) -> None:
+        """connection.close with ``code``; the socket closes on close-ok or after
+        :data:`CLOSE_WAIT_S`."""
         if self.phase in (Phase.CLOSING, Phase.CLOSED):
             return
         log.info("AMQP connection %s closed by the broker: %s", self.peer, text)
         self.write(self.codec.send_method(0, commands.Connection.Close(
             int(code), text[:255], class_id, method_id)))
         self.phase = Phase.CLOSING
-        self._cancel_timer()
-        self._close_timer = self.loop.call_later(CLOSE_WAIT_S, self._shut)
+        self.cancel_timer()
+        self._close_timer = self.loop.call_later(CLOSE_WAIT_S, self.shut)
 
-    def _shut(self) -> None:
+    def shut(self) -> None:
+        """Close the socket now (after writing what is queued)."""
         self.phase = Phase.CLOSED
         self.flush()
         self._cancel_timers()
         if self.transport is not None:
             self.transport.close()
 
-    def _cancel_timer(self) -> None:
+    def cancel_timer(self) -> None:
+        """Stop the handshake or heartbeat timer."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
 
     def _cancel_timers(self) -> None:
-        self._cancel_timer()
+        self.cancel_timer()
         if self._close_timer is not None:
             self._close_timer.cancel()
             self._close_timer = None
@@ -602,13 +407,14 @@ class AmqpServerConnection(asyncio.Protocol):
             log.info("AMQP: %s did not open within %g s", self.peer,
                      self.settings.handshake_timeout_s)
             if self.phase is Phase.AWAIT_HEADER:
-                self._shut()
+                self.shut()
             else:
-                self._close_connection(ReplyCode.CONNECTION_FORCED,
+                self.close_connection(ReplyCode.CONNECTION_FORCED,
                                        "CONNECTION_FORCED - handshake timeout")
             self.flush()
 
-    def _arm_heartbeat(self) -> None:
+    def arm_heartbeat(self) -> None:
+        """Start the heartbeat timer (if tune-ok asked for heartbeats)."""
         if self.heartbeat_s:
             self._timer = self.loop.call_later(self.heartbeat_s / 2, self._beat)
 
@@ -621,8 +427,8 @@ class AmqpServerConnection(asyncio.Protocol):
         now = self.loop.time()
         if now - self.last_read > 2 * self.heartbeat_s:
             log.info("AMQP: %s missed heartbeats; closing", self.peer)
-            self._shut()
+            self.shut()
             return
         if now - self.last_write >= self.heartbeat_s / 2:
             self.write(self.codec.send_heartbeat())
-        self._arm_heartbeat()
+        self.arm_heartbeat()
