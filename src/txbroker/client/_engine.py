@@ -6,9 +6,10 @@ A :class:`Session` is one stream to one broker with its own
 :class:`~txbroker.protocol.native.NativeConnection` codec, its own table of
 pending requests (``rid → Pending``, a future per request) and one reader
 task. Requests are encoded and written at once (writes made in the same
-loop iteration are joined into one ``write``); the reader decodes every
-complete frame of each read and resolves futures (``OK``/``ERR``) or hands
-``deliver`` pushes to the subscription with that ``sub`` id.
+loop iteration are joined into one ``write``); the reader (``_reader.py``)
+decodes every complete frame of each read and resolves futures
+(``OK``/``ERR``) or hands ``deliver`` pushes to the subscription with that
+``sub`` id.
 
 Each session has an *epoch* number; messages and transactions remember the
 epoch they belong to. When the current session breaks, the :class:`Engine`
@@ -50,28 +51,23 @@ from typing import Any, Final
 
 from txbroker.client._coalesce import SendBatch, batchable
 from txbroker.client._failover import Failover, describe_refusal
+from txbroker.client._reader import Reader, return_message
 from txbroker.client._session import ConnectionExtension, Pending, Session, SubscriptionSink
 from txbroker.client._xa_state import XaBranchState
 from txbroker.client.operations import NO_LIMITS, BrokerLimits, settle_args
 from txbroker.client.options import ConnectOptions
-from txbroker.client.transport import READ_CHUNK
 from txbroker.client.url import ClientURL
 from txbroker.errors import (
     AuthenticationFailed,
     BrokerError,
     ConnectionLost,
     MessageTooLarge,
-    ProtocolError,
     TxBrokerError,
-    error_for_code,
 )
 from txbroker.protocol.native import (
     DEFAULT_MAX_FRAME_SIZE,
     PROTOCOL_VERSION,
-    Err,
     LocalProtocolError,
-    Ok,
-    Push,
     Request,
 )
 
@@ -101,17 +97,17 @@ class Engine:
         self.session: Session | None = None
         self.server_info: dict[str, Any] = {}
         self._ready = asyncio.Event()
-        self._read_gate = asyncio.Event()
-        self._read_gate.set()
-        self._pausers = 0
         self._closed = False
         self._failed: BaseException | None = None
-        self._deferred: BrokerError | None = None
+        #: a broker error the next call raises (an error push, a pipelined request's error)
+        self.deferred: BrokerError | None = None
         self._next_rid = 1
         self._next_sub = 1
         self._epochs = 0
         self._outstanding: set[asyncio.Future[Any]] = set()
         self._failover = Failover(self)
+        #: the reading part: the sessions' reader tasks and the back-pressure gate
+        self.reader = Reader(self)
         #: the XA branches this connection works on (``_xa_state.py``)
         self.xa = XaBranchState()
         #: the limits of the broker's ``hello`` (max_message_size), checked before sending
@@ -137,25 +133,13 @@ class Engine:
         self._next_sub += 1
         return self._next_sub - 1
 
-    def pause_reading(self, paused: bool) -> None:
-        """Stop (or resume) reading from the broker: back-pressure for auto-ack subscriptions.
-
-        Reading resumes when every subscription that paused it has resumed it.
-        """
-        self._pausers += 1 if paused else -1
-        if self._pausers > 0:
-            self._read_gate.clear()
-        else:
-            self._pausers = 0
-            self._read_gate.set()
-
     def _raise_if_unusable(self) -> None:
         if self._closed:
             raise ConnectionLost("the connection is closed")
         if self._failed is not None:
             raise ConnectionLost(str(self._failed)) from self._failed
-        if self._deferred is not None:
-            error, self._deferred = self._deferred, None
+        if self.deferred is not None:
+            error, self.deferred = self.deferred, None
             raise error
 
     async def wait_ready(self) -> Session:
@@ -204,7 +188,7 @@ class Engine:
     ) -> tuple[Any, int]:
         """Send a request and wait for its result; return ``(result, epoch of the reply)``."""
         session = self.session
-        if session is None or self._deferred is not None or self._closed:
+        if session is None or self.deferred is not None or self._closed:
             session = await self.wait_ready()
         if self.xa.broken is not None:
             self._check_xa_work(op, args)
@@ -345,8 +329,8 @@ class Engine:
             return
         error = future.exception()
         # A ConnectionLost here is no news: the message is redelivered after failover.
-        if isinstance(error, BrokerError) and self._deferred is None:
-            self._deferred = error
+        if isinstance(error, BrokerError) and self.deferred is None:
+            self.deferred = error
 
     def _abandon(self, pending: Pending) -> None:
         """Nobody waits for this request any more (cancelled or timed out)."""
@@ -357,105 +341,18 @@ class Engine:
         if future.done() and not future.cancelled():
             # The reply won the race: a received message must not stay in flight.
             if pending.op == "receive" and future.exception() is None:
-                self._return_message(session, future.result())
+                return_message(session, future.result())
             return
         if session.pending.pop(pending.rid, None) is not None and pending.op == "receive":
             session.abandoned.add(pending.rid)
         future.cancel()
-
-    # ---------------------------------------------------------------- reading
-
-    async def _read_loop(self, session: Session) -> None:
-        error: BaseException | None = None
-        codec = session.codec
-        dispatch = self._dispatch
-        gate = self._read_gate
-        try:
-            while True:
-                if not gate.is_set():
-                    await gate.wait()
-                data = await session.stream.read(READ_CHUNK)
-                if not data:
-                    error = ConnectionLost(f"broker {session.host} closed the connection")
-                    break
-                codec.receive_data(data)
-                while events := codec.drain():
-                    for event in events:
-                        dispatch(session, event)
-        except (OSError, ProtocolError) as exc:
-            error = exc
-        except Exception as exc:  # a bug must not leave waiters hanging
-            log.exception("txbroker: client reader failed")
-            error = exc
-        except asyncio.CancelledError:
-            self._closed = True  # only loop shutdown cancels a reader: no failover
-            raise
-        finally:
-            session.close()
-            self._session_lost(session, error)
-
-    def _dispatch(self, session: Session, event: Ok | Err | Push | Request) -> None:
-        kind = type(event)
-        if kind is Ok:
-            ok: Ok = event  # type: ignore[assignment]
-            pending = session.pending.pop(ok.rid, None)
-            if pending is not None:
-                if not pending.future.done():
-                    pending.future.set_result(None if pending.discard_result else ok.result)
-            elif ok.rid in session.abandoned:
-                session.abandoned.discard(ok.rid)
-                self._return_message(session, ok.result)
-        elif kind is Err:
-            err: Err = event  # type: ignore[assignment]
-            error = error_for_code(err.code, err.message)
-            if err.rid == 0:  # an error not tied to a request
-                if session is not self.session:  # a refusal during the handshake
-                    for waiting in session.pending.values():
-                        if not waiting.future.done():
-                            waiting.future.set_exception(error)
-                    session.pending.clear()
-                elif self._deferred is None:  # raised by the next call
-                    self._deferred = error
-                return
-            pending = session.pending.pop(err.rid, None)
-            if pending is not None and not pending.future.done():
-                pending.future.set_exception(error)
-            session.abandoned.discard(err.rid)
-        else:
-            push: Push = event  # type: ignore[assignment]
-            self._on_push(session, push)
-
-    def _on_push(self, session: Session, push: Push) -> None:
-        data = push.data
-        try:
-            sub = self.subs.get(data.get("sub"))  # type: ignore[arg-type]
-            if push.event == "deliver":
-                # Deliveries that raced our unsubscribe are requeued by the broker itself.
-                if sub is not None:
-                    sub.on_deliver(data, session.epoch)
-            elif push.event == "cancelled":
-                if sub is not None:
-                    del self.subs[sub.sub_id]
-                    sub.on_end(None, str(data.get("reason", "")))
-            elif push.event == "error":
-                if self._deferred is None:
-                    self._deferred = error_for_code(int(data["code"]), str(data["message"]))
-            elif (extension := self.extensions.get(push.event)) is not None:
-                extension.on_push(data, session.epoch)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed {push.event!r} push: {exc!r}") from exc
-
-    def _return_message(self, session: Session, result: Any) -> None:
-        """Give back a message nobody will process (a receive that timed out on our side)."""
-        if isinstance(result, dict) and type(result.get("tag")) is int and not session.closed:
-            session.write(session.codec.send(Request(0, "nack", settle_args([result["tag"]]))))
 
     def give_back(self, epoch: int, tag: int) -> None:
         """Give back a delivery nobody will process (no reply wanted); nothing to do if
         its session is gone (the broker took it back)."""
         session = self.session
         if session is not None and session.epoch == epoch:
-            self._return_message(session, {"tag": tag})
+            return_message(session, {"tag": tag})
 
     # --------------------------------------------------------------- sessions
 
@@ -466,7 +363,7 @@ class Engine:
             stream = await self.options.transport.open(host.host, host.port)
             self._epochs += 1
             session = Session(index, host, stream, self._epochs)
-            session.reader = asyncio.create_task(self._read_loop(session))
+            session.reader = asyncio.create_task(self.reader.read_loop(session))
             try:
                 hello: dict[str, Any] = {"version": PROTOCOL_VERSION}
                 if self.url.user is not None:
@@ -509,7 +406,13 @@ class Engine:
         self.limits = BrokerLimits.from_hello(session.info)
         self._ready.set()
 
-    def _session_lost(self, session: Session, error: BaseException | None) -> None:
+    def reader_cancelled(self) -> None:
+        """Only loop shutdown cancels a reader: the connection is closed, no failover."""
+        self._closed = True
+
+    def session_lost(self, session: Session, error: BaseException | None) -> None:
+        """``session``'s stream ended (``error``: why): fail its requests over to the next
+        session (``_failover.py``), or fail them if that is not to be."""
         pending = [p for p in session.pending.values() if not p.future.done()]
         session.pending.clear()
         current = session is self.session
@@ -573,8 +476,7 @@ class Engine:
         for extension in list(self.extensions.values()):
             extension.on_failed(error)
         self._ready.set()
-        self._pausers = 0
-        self._read_gate.set()
+        self.reader.release()
 
     # ---------------------------------------------------------------- closing
 
@@ -592,5 +494,5 @@ class Engine:
             if session.reader is not None:
                 await asyncio.wait([session.reader])
         self.fail(ConnectionLost("the connection is closed"))
-        if self._deferred is not None:
-            log.warning("txbroker: error of a pipelined request at close: %s", self._deferred)
+        if self.deferred is not None:
+            log.warning("txbroker: error of a pipelined request at close: %s", self.deferred)

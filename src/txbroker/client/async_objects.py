@@ -250,7 +250,7 @@ class AsyncSubscription:
         self._wakeup.set()
         if auto and not self._paused and len(self._buffer) >= self._pause_at:
             self._paused = True
-            self._engine.pause_reading(True)
+            self._engine.reader.pause_reading(True)
 
     def on_end(self, error: BaseException | None, reason: str = "") -> None:
         """End the subscription (closed, cancelled by the broker, or connection failed)."""
@@ -281,7 +281,7 @@ class AsyncSubscription:
     def _resume(self) -> None:
         if self._paused and (self._ended or len(self._buffer) < self._pause_at):
             self._paused = False
-            self._engine.pause_reading(False)
+            self._engine.reader.pause_reading(False)
 
     # -- application side --------------------------------------------------
 

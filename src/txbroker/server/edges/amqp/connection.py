@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 The edge loop is thin, like the STOMP one (``server/edges/stomp/connection.py``):
 ``data_received`` hands bytes to the sans-IO codec (``protocol/amqp/``); each
-event is a step of the connection's handshake or a method
-of a channel (``server/edges/amqp/channel.py``), which turns it into operations of the
-connection's session (``server/ops/operations.py``). The server's effect runner hands back
+event is a step of the connection's handshake (a method of channel 0,
+``server/edges/amqp/connection_methods.py``) or a method of a channel, routed by
+``server/edges/amqp/channel_routing.py`` to its channel (``server/edges/amqp/channel.py``),
+which turns it into operations of the connection's session
+(``server/ops/operations.py``). The server's effect runner hands back
 what comes later (answers once durable, deliveries) through the
 ``SessionSink`` methods below. This module owns what needs a socket or a clock:
 writing, pausing, the heartbeat and handshake timers.

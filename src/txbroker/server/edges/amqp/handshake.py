@@ -1,5 +1,6 @@
 """The AMQP 0-9-1 handshake's pieces: what we offer, the connection's phases and
-their table, and the SASL responses we read (``server/edges/amqp/connection.py`` runs them).
+their table, and the SASL responses we read (``server/edges/amqp/connection_methods.py``
+runs them).
 
 The handshake (AMQP 0-9-1 section 2.2.4); the server speaks first after the
 protocol header::
