@@ -147,7 +147,7 @@ class AmqpServerConnection(asyncio.Protocol):
             self.shut()
         except AmqpProtocolError as exc:
             self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
-                                   exc.class_id, exc.method_id)
+                                  exc.class_id, exc.method_id)
         except TxBrokerError as exc:  # pragma: no cover - a core bug, not the client's
             log.exception("unexpected error on AMQP connection %s", self.peer)
             self.close_connection(ReplyCode.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}")
@@ -286,7 +286,7 @@ class AmqpServerConnection(asyncio.Protocol):
             run()
         except AmqpProtocolError as exc:
             self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
-                                   exc.class_id, exc.method_id)
+                                  exc.class_id, exc.method_id)
         except Exception as exc:
             log.exception("AMQP connection %s failed on a later answer", self.peer)
             self.close_connection(ReplyCode.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}")
@@ -364,13 +364,13 @@ class AmqpServerConnection(asyncio.Protocol):
     def close(self) -> None:
         """Shutdown: connection.close 320 CONNECTION_FORCED, then close."""
         self.close_connection(ReplyCode.CONNECTION_FORCED,
-                               "CONNECTION_FORCED - broker shutdown")
+                              "CONNECTION_FORCED - broker shutdown")
         self.flush()
         self.shut()
 
     # ------------------------------------------------------------- closing, timers
     def close_connection(self, code: ReplyCode, text: str, class_id: int = 0,
-                          method_id: int = 0) -> None:
+                         method_id: int = 0) -> None:
         """connection.close with ``code``; the socket closes on close-ok or after
         :data:`CLOSE_WAIT_S`."""
         if self.phase in (Phase.CLOSING, Phase.CLOSED):
@@ -412,7 +412,7 @@ class AmqpServerConnection(asyncio.Protocol):
                 self.shut()
             else:
                 self.close_connection(ReplyCode.CONNECTION_FORCED,
-                                       "CONNECTION_FORCED - handshake timeout")
+                                      "CONNECTION_FORCED - handshake timeout")
             self.flush()
 
     def arm_heartbeat(self) -> None:
