@@ -39,6 +39,9 @@ only (``txbroker ha status``). Its STOMP port does not listen: a STOMP client
 with a host list moves on when a connection is refused, while an ``ERROR``
 frame after ``CONNECT`` makes stomp.py and stompman report a failure instead.
 
+The roles (starting, standby, activating, active, stopped) change only by the rules
+of ``core/ha/shared_store_role.py``.
+
 ``request_stop`` (SIGTERM, SIGINT) stops either role; the active shuts down as
 a single broker does and its lock goes with its store.
 """
@@ -55,6 +58,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
+from txbroker.core.ha.shared_store_role import (
+    StoreRole,
+    StoreRoleAction,
+    StoreRoleInput,
+    store_role_next,
+)
 from txbroker.errors import (
     AuthenticationFailed,
     BadRequest,
@@ -97,14 +106,8 @@ LOCK_POLL_INTERVAL: Final = 0.05
 PROBE_OPS: Final = frozenset({"stats", "ping"})
 
 
-class HaRole:
-    """The roles a node goes through (``stats()["ha"]["role"]``)."""
-
-    STARTING: Final = "starting"
-    STANDBY: Final = "standby"
-    ACTIVATING: Final = "activating"  # holds the lock, recovering the store
-    ACTIVE: Final = "active"
-    STOPPED: Final = "stopped"
+#: The roles a node goes through (``stats()["ha"]["role"]``; ``core/ha/shared_store_role.py``).
+HaRole = StoreRole
 
 
 class PeerRefused(TxBrokerError):
@@ -133,7 +136,8 @@ class SharedStoreNode:
     """
 
     def __init__(self, config: ServerConfig, reload: Callable[[], ServerConfig] | None = None,
-                 on_role: Callable[[str, BrokerServer | None], None] | None = None) -> None:
+                 on_role: Callable[[StoreRole, BrokerServer | None], None] | None = None
+                 ) -> None:
         config.validate()
         if config.ha != "shared-store":
             raise ValueError("SharedStoreNode needs ha = \"shared-store\"")
@@ -170,7 +174,7 @@ class SharedStoreNode:
         standby = self._standby
         return {
             "mode": "shared-store",
-            "role": self.role,
+            "role": self.role.value,
             "since": round(self.since, 3),
             "node": self.node,
             "peer": self.config.ha_peer,
@@ -185,13 +189,13 @@ class SharedStoreNode:
             "link": self.security.status(),
         }
 
-    def _set_role(self, role: str) -> None:
-        if role == self.role:
-            return
-        log.info("HA role: %s -> %s", self.role, role)
-        self.role = role
-        self.since = time.time()
-        if self._on_role is not None:
+    def _enter(self, role: StoreRole, actions: tuple[StoreRoleAction, ...]) -> None:
+        """Take the role a rule of the table gave (``store_role_next``); announce it."""
+        if role is not self.role:
+            log.info("HA role: %s -> %s", self.role.value, role.value)
+            self.role = role
+            self.since = time.time()
+        if StoreRoleAction.ANNOUNCE in actions and self._on_role is not None:
             self._on_role(role, self.server)
 
     # ------------------------------------------------------------------ run
@@ -233,7 +237,7 @@ class SharedStoreNode:
             self._standby = None
         if self.lock is not None:
             self.lock.release()  # the store released it already when it closed
-        self._set_role(HaRole.STOPPED)
+        self._enter(*store_role_next(self.role, StoreRoleInput.CLOSED))
 
     # ------------------------------------------------------------------ standby side
     async def _contend(self) -> StoreLock | None:
@@ -280,9 +284,10 @@ class SharedStoreNode:
     async def _follow_or_wait(self, role_line: str) -> StoreLock | None:
         """Be the standby: follow the active, try the lock when it is lost, pause when
         the peer cannot be had; the lock, or None once stopped."""
-        if self.role != HaRole.STANDBY:
+        role, actions = store_role_next(self.role, StoreRoleInput.LOCK_BUSY)
+        if StoreRoleAction.OPEN_REFUSER in actions:
             await self._open_refuser()
-            self._set_role(HaRole.STANDBY)
+        self._enter(role, actions)
         while not self._stopping.is_set():
             followed = False
             try:
@@ -405,7 +410,8 @@ class SharedStoreNode:
         self.lock = lock
         self.following = None
         self.last_heartbeat = None  # from now on: the standby's last heartbeat ack
-        self._set_role(HaRole.ACTIVATING)
+        role, actions = store_role_next(self.role, StoreRoleInput.LOCK_TAKEN)
+        self._enter(role, actions)
         log.info("HA: holding the lock %s: taking over", self.lock_path)
         config = self.config
         if self._reload is not None:
@@ -414,7 +420,7 @@ class SharedStoreNode:
             except (OSError, ValueError) as exc:  # keep the settings we started with
                 log.error("HA: cannot re-read the configuration (%s): keeping the current one",
                           exc)
-        if self._refuser is not None:
+        if StoreRoleAction.CLOSE_REFUSER in actions and self._refuser is not None:
             self._refuser.close()
             self._refuser = None
         server = BrokerServer(config, lock=lock)
@@ -422,7 +428,7 @@ class SharedStoreNode:
         self.server = server
         await server.recover()
         await server.open_listeners()
-        self._set_role(HaRole.ACTIVE)
+        self._enter(*store_role_next(self.role, StoreRoleInput.SERVING))
         if self._stopping.is_set():
             server.request_stop()
         await server.serve_forever()
@@ -477,8 +483,9 @@ class SharedStoreNode:
         """Why this active does not take ``hello``'s sender as its standby, if it does not."""
         if hello.get("type") != "standby":
             return f"expected a standby hello, got {hello.get('type')!r}", False
-        if self.role not in (HaRole.ACTIVATING, HaRole.ACTIVE):
-            return f"{self.node} is {self.role}, not the active", True
+        _, actions = store_role_next(self.role, StoreRoleInput.STANDBY_HELLO)
+        if StoreRoleAction.CHECK_STANDBY not in actions:
+            return f"{self.node} is {self.role.value}, not the active", True
         current = self._standby
         if current is not None and current.address != hello.get("node") and \
                 time.monotonic() - current.last_ack < self.config.activation_interval:
@@ -527,7 +534,7 @@ class SharedStoreNode:
         auth = Authenticator(config.users)
         self._refuser = await asyncio.get_running_loop().create_server(
             lambda: StandbyConnection(config, auth, refusal=self._refusal_text,
-                                      status=self.status, role=lambda: self.role),
+                                      status=self.status, role=lambda: self.role.value),
             config.host, config.port, reuse_address=True)
 
     def _refusal_text(self, op: str) -> str:
