@@ -61,7 +61,7 @@ from txbroker.server.ha.replica import (
     read_standing,
 )
 from txbroker.server.ha.replication import ReplicationHub
-from txbroker.server.ha.shared_store import StandbyConnection
+from txbroker.server.ha.standby import StandbyConnection
 from txbroker.server.security.auth import Authenticator
 from txbroker.storage.store_lock import StoreLock
 

@@ -27,9 +27,11 @@ The dump is taken when the state in memory is exactly the durable log: the hub
 stops reading clients until every entry in flight is complete (normally one
 group commit), describes the state (cheap: no body is read) and lets clients go
 on; bodies are then read from the store and streamed while new entries queue
-behind the dump. While any dump
-streams, the store's space reclamation waits (releases are deferred, compaction
-pauses) so that every body the dump names stays readable.
+behind the dump (``joining.py``). While any dump streams, the store's space
+reclamation waits (releases are deferred, compaction pauses, ``replicating_store.py``)
+so that every body the dump names stays readable. The hub sees the server only as
+its :class:`HubPort`: the core, ``complete`` (the server's one completion path: an
+ack or a drop completes entries as a group commit does) and ``hold_input``.
 
 **Ready set.** A backup is *ready* once it has the dump and is within
 :data:`READY_LAG` entries of the newest: from then on entries wait for it. A
@@ -242,7 +244,7 @@ class ReplicationHub:
 
     # ------------------------------------------------------------------ the link table
     def feed(self, backup: AttachedBackup, event: LinkInput, frame: bytes = b"",
-              reason: str | None = None) -> LinkState:
+             reason: str | None = None) -> LinkState:
         """Move ``backup`` by the table (``core/ha/backup_link.py``) and carry out the
         actions; returns the state it was in."""
         before = backup.state
@@ -254,8 +256,8 @@ class ReplicationHub:
         return before
 
     def _act(self, backup: AttachedBackup, action: LinkAction, frame: bytes) -> None:
-        """One action of a link's transition (the dump and the suffix are the async
-        callers' own: :meth:`_dump`, :meth:`_resume`)."""
+        """One action of a link's transition (SEND_DUMP and SEND_SUFFIX are the async
+        callers' own: ``joining.send_dump``, ``joining.send_suffix``)."""
         if action is LinkAction.SEND_ENTRY:
             self._write(backup, frame)
         elif action is LinkAction.QUEUE_ENTRY:
