@@ -52,6 +52,10 @@ class LinkState(Enum):
     DEMOTING = "demoting"  #: late while ready: waited for until the smaller set is recorded
     DROPPED = "dropped"  #: gone (it joins again with a fresh link)
 
+    #: Members are singletons: hash by identity, in C (Enum's own hashes the name in
+    #: Python, and the hub looks a state up for every backup on every entry).
+    __hash__ = object.__hash__
+
 
 class LinkInput(Enum):
     """What happens to a backup's link (the driver feeds these)."""
@@ -66,6 +70,9 @@ class LinkInput(Enum):
     LATE = "an entry unacknowledged for backup_timeout"
     DROP = "link closed, broken, over its queue bound, or a fail vote"
     READY_SET_RECORDED = "the smaller ready set is recorded"
+
+    #: Hash by identity (see :class:`LinkState`).
+    __hash__ = object.__hash__
 
 
 class LinkAction(Enum):

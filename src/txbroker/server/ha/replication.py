@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from txbroker.core.ha.backup_link import (
+    LINK_RULES,
     READY_LAG,
     WAITED_FOR,
     LinkAction,
@@ -248,25 +249,34 @@ class ReplicationHub:
         """Move ``backup`` by the table (``core/ha/backup_link.py``) and carry out the
         actions; returns the state it was in."""
         before = backup.state
-        backup.state, actions = link_next(before, event)
+        try:  # the table itself (link_next, without a call on the hot path)
+            backup.state, actions = LINK_RULES[(before, event)]
+        except KeyError:
+            link_next(before, event)  # raises IllegalTransition
+            raise
         if reason is not None and actions:
             backup.reason = reason
         for action in actions:
-            self._act(backup, action, frame)
+            if action is LinkAction.SEND_ENTRY:  # every entry, every backup: no call
+                self._write(backup, frame)
+            elif action is LinkAction.COMPLETE:  # every acknowledgement
+                self.port.complete(self._complete)
+            else:
+                self._act(backup, action, frame)
         return before
 
     def _act(self, backup: AttachedBackup, action: LinkAction, frame: bytes) -> None:
         """One action of a link's transition (SEND_DUMP and SEND_SUFFIX are the async
         callers' own: ``joining.send_dump``, ``joining.send_suffix``)."""
-        if action is LinkAction.SEND_ENTRY:
+        if action is LinkAction.SEND_ENTRY:  # the frequent ones first
             self._write(backup, frame)
+        elif action is LinkAction.COMPLETE:
+            self._completed_by_network()
         elif action is LinkAction.QUEUE_ENTRY:
             backup.backlog.append(frame)
         elif action is LinkAction.SEND_HEARTBEAT:
             if not backup.writer.is_closing():
                 backup.writer.write(frame)
-        elif action is LinkAction.COMPLETE:
-            self._completed_by_network()
         elif action is LinkAction.SEND_BACKLOG:
             backlog, backup.backlog = backup.backlog, []
             backup.acked = 0
