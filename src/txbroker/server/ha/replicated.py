@@ -40,7 +40,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from txbroker.core.ha.follower import CopyState
 from txbroker.core.ha.replicated_role import NodeRole, RoleAction, RoleInput, role_next
@@ -61,12 +61,8 @@ from txbroker.server.ha.replica import (
     read_standing,
 )
 from txbroker.server.ha.replication import ReplicationHub
-from txbroker.server.ha.standby import StandbyConnection
-from txbroker.server.security.auth import Authenticator
+from txbroker.server.ha.standby import BackupPorts
 from txbroker.storage.store_lock import StoreLock
-
-if TYPE_CHECKING:
-    from txbroker.server.edges.http.standby import StandbyHttp
 
 log = logging.getLogger("txbroker.ha")
 
@@ -105,9 +101,9 @@ class ReplicatedNode:
         self._promote = asyncio.Event()
         self._stopping = asyncio.Event()
         self._link_server: asyncio.Server | None = None
-        self._refuser: asyncio.Server | None = None
-        #: the HTTP port while a backup: POST /api/ha/promote (server/edges/http/standby.py)
-        self._http_refuser: tuple[asyncio.Server, StandbyHttp] | None = None
+        #: the client ports while a backup (native: Standby; HTTP: POST /api/ha/promote)
+        self._ports = BackupPorts(config, status=self.status, promote=self.request_promotion,
+                                  refusal=self._refusal, role=lambda: self.role.value)
         self.last_problem = ""
         #: the last TLS / handshake failure logged per peer (each is logged once)
         self._link_problems: dict[tuple[str, int], str] = {}
@@ -230,7 +226,7 @@ class ReplicatedNode:
         self._link_server = await self.security.start_server(
             self._on_link, self.config.host, self.config.ha_port)
         self.security.warn_if_open(self.node)
-        await self._open_refuser()
+        await self._ports.open()
         if self._on_role is not None:
             self._on_role(Role.BACKUP, None)
         etcd_task = None
@@ -362,7 +358,7 @@ class ReplicatedNode:
         server.broker.vote_local_commits(True)
         self.hub, self.server = hub, server
         server.ha_status = self.status
-        self._close_refusers()
+        self._ports.close()
         await server.open_listeners()
         log.info("replication: %s is the primary (promoted in %.2f s)", self.node,
                  time.monotonic() - started)
@@ -462,7 +458,7 @@ class ReplicatedNode:
             await candidate.close()
         if self.etcd is not None:
             await self.etcd.close()
-        self._close_refusers()
+        self._ports.close()
         if self._link_server is not None:
             self._link_server.close()
         if self.follower is not None:
@@ -495,38 +491,6 @@ class ReplicatedNode:
             log.warning("HA link: %s", exc)
         finally:
             writer.close()
-
-    async def _open_refuser(self) -> None:
-        config = self.config
-        auth = Authenticator(config.users)
-        loop = asyncio.get_running_loop()
-        if config.port:
-            self._refuser = await loop.create_server(
-                lambda: StandbyConnection(config, auth, refusal=self._refusal,
-                                          status=self.status, role=lambda: self.role.value,
-                                          extra={"ha_promote": self.request_promotion}),
-                config.host, config.port, reuse_address=True)
-        if config.http_port:
-            # imported here, at the start of a backup, not while it is being promoted: the
-            # HTTP edge (Starlette, uvicorn) took 0.18-0.23 s to import at load 9
-            from txbroker.server.edges.http.standby import StandbyHttp
-
-            http = StandbyHttp(auth, status=self.status, promote=self.request_promotion,
-                               refusal=self._refusal)
-            listener = await loop.create_server(http.protocol, config.host, config.http_port,
-                                                reuse_address=True)
-            self._http_refuser = (listener, http)
-
-    def _close_refusers(self) -> None:
-        """Close the backup's client ports (the native refuser, the HTTP one)."""
-        if self._refuser is not None:
-            self._refuser.close()
-            self._refuser = None
-        if self._http_refuser is not None:
-            listener, http = self._http_refuser
-            listener.close()
-            http.close()
-            self._http_refuser = None
 
     def _refusal(self, op: str) -> str:
         follower = self.follower

@@ -55,7 +55,6 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 from txbroker.core.ha.shared_store_role import (
@@ -64,12 +63,13 @@ from txbroker.core.ha.shared_store_role import (
     StoreRoleInput,
     store_role_next,
 )
-from txbroker.errors import ProtocolError, TxBrokerError
+from txbroker.errors import ProtocolError
 from txbroker.protocol import ha as link
 from txbroker.server.app import BrokerServer, store_lock_path
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.link import LinkSecurity
-from txbroker.server.ha.standby import StandbyConnection
+from txbroker.server.ha.pair_link import AttachedStandby, PeerRefused, next_message
+from txbroker.server.ha.standby import StandbyConnection, shared_store_refusal
 from txbroker.server.security.auth import Authenticator
 from txbroker.storage.store_lock import StoreLock, lock_holder
 
@@ -91,23 +91,6 @@ LOCK_POLL_INTERVAL: Final = 0.05
 
 #: The roles a node goes through (``stats()["ha"]["role"]``; ``core/ha/shared_store_role.py``).
 HaRole = StoreRole
-
-
-class PeerRefused(TxBrokerError):
-    """The peer's HA port refused us; ``retry`` False: for good (a second standby)."""
-
-    def __init__(self, reason: str, retry: bool) -> None:
-        super().__init__(reason)
-        self.retry = retry
-
-
-@dataclass(slots=True)
-class _Standby:
-    """The standby attached to this active."""
-
-    address: str
-    writer: asyncio.StreamWriter
-    last_ack: float  # monotonic
 
 
 class SharedStoreNode:
@@ -141,7 +124,7 @@ class SharedStoreNode:
         self.last_heartbeat: float | None = None
         #: the active this standby follows ("HOST:PORT" of its HA port)
         self.following: str | None = None
-        self._standby: _Standby | None = None
+        self._standby: AttachedStandby | None = None
         self._stopping = asyncio.Event()
         self._link_server: asyncio.Server | None = None
         self._refuser: asyncio.Server | None = None
@@ -328,7 +311,7 @@ class SharedStoreNode:
                                      lock=lock_holder(self.lock_path)))
             try:
                 async with asyncio.timeout(timeout):
-                    welcome = await self._next_message(reader, decoder)
+                    welcome = await next_message(reader, decoder)
             except TimeoutError:
                 raise TimeoutError(f"connected, but no answer to the HA handshake within "
                                    f"{timeout:g} s (a stopped active, or not a txbroker HA "
@@ -345,17 +328,6 @@ class SharedStoreNode:
             return True
         finally:
             writer.close()
-
-    @staticmethod
-    async def _next_message(reader: asyncio.StreamReader, decoder: link.HaDecoder
-                            ) -> dict[str, Any]:
-        pending: list[dict[str, Any]] = []
-        while not pending:
-            data = await reader.read(4096)
-            if not data:
-                raise ConnectionResetError("the peer closed the HA link")
-            pending = decoder.feed(data)
-        return pending[0]
 
     async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      decoder: link.HaDecoder) -> None:
@@ -424,7 +396,7 @@ class SharedStoreNode:
         decoder = link.HaDecoder()
         try:
             async with asyncio.timeout(self.config.heartbeat_interval):
-                hello = await self._next_message(reader, decoder)
+                hello = await next_message(reader, decoder)
         except ProtocolError as exc:
             log.error("HA: %s on the HA port: %s", address, exc)
             writer.close()
@@ -443,7 +415,7 @@ class SharedStoreNode:
             writer.close()
             return
         node = str(hello.get("node", address))
-        standby = _Standby(node, writer, time.monotonic())
+        standby = AttachedStandby(node, writer, time.monotonic())
         if self._standby is not None:  # the same standby again, or one that went silent
             self._standby.writer.close()
         self._standby = standby
@@ -480,7 +452,7 @@ class SharedStoreNode:
                     f"wrote {ours!r}: the two brokers do not share one data directory"), False
         return None
 
-    async def _heartbeats(self, standby: _Standby, reader: asyncio.StreamReader,
+    async def _heartbeats(self, standby: AttachedStandby, reader: asyncio.StreamReader,
                           decoder: link.HaDecoder) -> None:
         """Send a heartbeat every interval; read the acks; return when the link breaks."""
         interval = self.config.heartbeat_interval
@@ -516,15 +488,7 @@ class SharedStoreNode:
             return
         auth = Authenticator(config.users)
         self._refuser = await asyncio.get_running_loop().create_server(
-            lambda: StandbyConnection(config, auth, refusal=self._refusal_text,
-                                      status=self.status, role=lambda: self.role.value),
+            lambda: StandbyConnection(
+                config, auth, status=self.status, role=lambda: self.role.value,
+                refusal=lambda op: shared_store_refusal(config, self.following, op)),
             config.host, config.port, reuse_address=True)
-
-    def _refusal_text(self, op: str) -> str:
-        config = self.config
-        if op == "hello":
-            active = self.following or config.ha_peer
-            return (f"this broker ({config.host}:{config.port}) is the standby of a "
-                    f"shared-store pair (the active is at HA address {active}): try the next "
-                    "address")
-        return f"this broker is the standby of a shared-store pair: {op!r} is served by the active"

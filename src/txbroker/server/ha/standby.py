@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from txbroker.errors import AuthenticationFailed, BadRequest, BrokerError, ProtocolError, Standby
 from txbroker.protocol.native import (
@@ -29,10 +29,24 @@ from txbroker.protocol.native import (
 from txbroker.server.config import ServerConfig
 from txbroker.server.security.auth import Authenticator
 
-__all__ = ["PROBE_OPS", "StandbyConnection"]
+if TYPE_CHECKING:
+    from txbroker.server.edges.http.standby import StandbyHttp
+
+__all__ = ["PROBE_OPS", "BackupPorts", "StandbyConnection", "shared_store_refusal"]
 
 #: Ops a probing client may send to a standby (``txbroker ha status``).
 PROBE_OPS: Final = frozenset({"stats", "ping"})
+
+
+def shared_store_refusal(config: ServerConfig, active: str | None, op: str) -> str:
+    """Why a shared-store standby refuses ``op`` (``active``: the HA address of the
+    active it follows, None when it follows nobody yet)."""
+    if op == "hello":
+        where = active or config.ha_peer
+        return (f"this broker ({config.host}:{config.port}) is the standby of a "
+                f"shared-store pair (the active is at HA address {where}): try the next "
+                "address")
+    return f"this broker is the standby of a shared-store pair: {op!r} is served by the active"
 
 
 class StandbyConnection(asyncio.Protocol):
@@ -103,3 +117,53 @@ class StandbyConnection(asyncio.Protocol):
         if self.probe and request.op in self.extra:
             return self.extra[request.op](request.args)
         raise Standby(self.refusal(request.op))
+
+
+class BackupPorts:
+    """A replicated backup's client ports: the native port refuses with ``Standby``
+    (a probe may ask for the status and ``ha_promote``); with ``--http-port`` the HTTP
+    port serves ``/api/ha`` and the promotion (``server/edges/http/standby.py``)."""
+
+    def __init__(self, config: ServerConfig, *, status: Callable[[], dict[str, Any]],
+                 promote: Callable[[dict[str, Any]], Any], refusal: Callable[[str], str],
+                 role: Callable[[], str]) -> None:
+        self.config = config
+        self.status = status
+        self.promote = promote
+        self.refusal = refusal
+        self.role = role
+        self._native: asyncio.Server | None = None
+        self._http: tuple[asyncio.Server, StandbyHttp] | None = None
+
+    async def open(self) -> None:
+        """Listen on the configured client ports."""
+        config = self.config
+        auth = Authenticator(config.users)
+        loop = asyncio.get_running_loop()
+        if config.port:
+            self._native = await loop.create_server(
+                lambda: StandbyConnection(config, auth, refusal=self.refusal,
+                                          status=self.status, role=self.role,
+                                          extra={"ha_promote": self.promote}),
+                config.host, config.port, reuse_address=True)
+        if config.http_port:
+            # imported here, at the start of a backup, not while it is being promoted: the
+            # HTTP edge (Starlette, uvicorn) took 0.18-0.23 s to import at load 9
+            from txbroker.server.edges.http.standby import StandbyHttp
+
+            http = StandbyHttp(auth, status=self.status, promote=self.promote,
+                               refusal=self.refusal)
+            listener = await loop.create_server(http.protocol, config.host, config.http_port,
+                                                reuse_address=True)
+            self._http = (listener, http)
+
+    def close(self) -> None:
+        """Close the backup's client ports (the native refuser, the HTTP one)."""
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+        if self._http is not None:
+            listener, http = self._http
+            listener.close()
+            http.close()
+            self._http = None
