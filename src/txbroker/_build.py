@@ -32,10 +32,10 @@ from types import ModuleType
 from typing import Final
 
 #: The sources mypyc compiles, relative to the package directory (setup.py reads this):
-#: the pure core (with its records and router packages) and codecs, the storage
+#: the pure core (with its records, router and HA packages) and codecs, the storage
 #: encoders, and the request path every protocol edge shares (the operations layer)
 #: with the STOMP edge's frame handler.
-COMPILED: Final = ("core", "core/records", "core/router", "protocol",
+COMPILED: Final = ("core", "core/records", "core/router", "core/ha", "protocol",
                    "storage/journal_format.py",
                    "storage/dirstore_format.py", "server/ops", "server/edges/stomp/frames.py")
 #: The tests of the compiled set that ``make test`` runs a second time on the pure-Python

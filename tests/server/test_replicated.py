@@ -405,9 +405,9 @@ def test_backup_killed_and_restarted_under_load_catches_up(tmp_path: Path, link:
 def test_backup_voting_fail_rolls_the_prepare_back_and_leaves(tmp_path: Path) -> None:
     """c votes fail on the first XA_PREPARE it is streamed: the prepare fails with
     XA_RBROLLBACK, the branch is gone, c is dropped (it joins again later, fresh)."""
-    env = {"c": {"TXBROKER_REPLICA_FAULT": "vote_fail:11"}}
+    args = {"c": ["--replica-fault", "vote_fail:11"]}
     x1 = Xid(3, b"first", b"q")
-    with group(tmp_path, node_env=env) as g:
+    with group(tmp_path, node_args=args) as g:
         a, _, c = g.nodes
         with _connect(g.url) as conn:
             xa = conn.xa_resource()
@@ -432,9 +432,9 @@ def test_backup_voting_fail_rolls_the_prepare_back_and_leaves(tmp_path: Path) ->
 
 def test_the_prepare_after_a_fail_vote_succeeds(tmp_path: Path) -> None:
     """Once the failing backup is back (ready again), the next prepare succeeds."""
-    env = {"c": {"TXBROKER_REPLICA_FAULT": "vote_fail:11"}}
+    args = {"c": ["--replica-fault", "vote_fail:11"]}
     x1, x2 = Xid(3, b"first", b"q"), Xid(3, b"second", b"q")
-    with group(tmp_path, node_env=env) as g:
+    with group(tmp_path, node_args=args) as g:
         with _connect(g.url) as conn:
             xa = conn.xa_resource()
             xa.start(x1)

@@ -4,7 +4,7 @@ backup that cannot write it votes fail: the commit is rolled back everywhere and
 the client gets TransactionRolledBack; with every backup voting ok it commits on
 every node. A one-phase XA commit is voted the same way. Real processes, kill -9
 and ``txbroker ha promote``; the failing backup is broken by the named fault point
-``vote_fail:local_commit`` (``server/ha/replica.py``).
+``vote_fail:local_commit`` (``server/ha/faults.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from txbroker.xid import Xid
 pytestmark = pytest.mark.timeout(240)
 
 #: c votes fail on the first entry that commits a local transaction (once per process).
-FAIL_ON_COMMIT = {"c": {"TXBROKER_REPLICA_FAULT": "vote_fail:local_commit"}}
+FAIL_ON_COMMIT = {"c": ["--replica-fault", "vote_fail:local_commit"]}
 
 
 @contextlib.contextmanager
@@ -73,7 +73,7 @@ def test_a_backup_that_cannot_write_the_commit_rolls_it_back(tmp_path: Path) -> 
     """c cannot write the commit: ``commit()`` raises TransactionRolledBack, the
     consumed message comes back, the sent one is nowhere — not on the primary, not on
     b (which wrote and voted ok), not on c after either promotion."""
-    with group(tmp_path, node_env=FAIL_ON_COMMIT) as g:
+    with group(tmp_path, node_args=FAIL_ON_COMMIT) as g:
         a, _, c = g.nodes
         with _connect(g.url) as conn:
             conn.send("in", b"m0")
@@ -99,7 +99,7 @@ def test_a_backup_that_cannot_write_the_commit_rolls_it_back(tmp_path: Path) -> 
 def test_the_next_commit_after_a_failed_vote_commits(tmp_path: Path) -> None:
     """After the rolled-back commit, the next transaction of the same connection
     commits once the backups vote ok."""
-    with group(tmp_path, node_env=FAIL_ON_COMMIT) as g:
+    with group(tmp_path, node_args=FAIL_ON_COMMIT) as g:
         with _connect(g.url) as conn:
             tx = conn.transaction()
             tx.send("out", b"first")
@@ -146,7 +146,7 @@ def test_a_one_phase_xa_commit_is_voted_too(tmp_path: Path) -> None:
     """c cannot write a one-phase XA commit: it answers XA_RBROLLBACK, the branch is
     gone and its message is nowhere after promotion; the next one commits."""
     x1, x2 = Xid(3, b"first", b"q"), Xid(3, b"second", b"q")
-    with group(tmp_path, node_env=FAIL_ON_COMMIT) as g:
+    with group(tmp_path, node_args=FAIL_ON_COMMIT) as g:
         with _connect(g.url) as conn:
             xa = conn.xa_resource()
             xa.start(x1)
@@ -173,8 +173,8 @@ def test_a_promoted_backup_commits_a_voted_commit_left_without_its_outcome(
     XA_PREPARE but never gets its XA_COMMIT (fault point ``freeze_after:local_commit``);
     the client was answered; a dies; b, promoted, commits the branch: the sent message
     is there, the consumed one gone, no branch left — and c, copying b, agrees."""
-    env = {"b": {"TXBROKER_REPLICA_FAULT": "freeze_after:local_commit"}}
-    with group(tmp_path, node_env=env) as g:
+    args = {"b": ["--replica-fault", "freeze_after:local_commit"]}
+    with group(tmp_path, node_args=args) as g:
         with _connect(g.url) as conn:
             conn.send("in", b"m0")
             tx = conn.transaction()

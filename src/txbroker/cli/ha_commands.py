@@ -24,6 +24,8 @@ import typer
 from txbroker.cli.common import DEFAULT_URL, TlsCaOption, UrlOption, describe, fail
 from txbroker.client.transport import tls_client_context
 from txbroker.client.url import HostPort, parse_url
+from txbroker.core.ha.replicated_role import NodeRole
+from txbroker.core.ha.shared_store_role import StoreRole
 from txbroker.errors import TxBrokerError, error_for_code
 from txbroker.protocol.native import PROTOCOL_VERSION, Err, NativeConnection, Ok, Request, Role
 
@@ -126,7 +128,7 @@ def _line(address: str, ha: dict[str, Any]) -> str:
     if ha.get("mode") == "replicated":
         return _replicated_line(address, ha)
     since = time.strftime("%H:%M:%S", time.localtime(ha.get("since", 0)))
-    other = (f"standby {ha.get('standby') or 'none'}" if ha.get("role") == "active"
+    other = (f"standby {ha.get('standby') or 'none'}" if ha.get("role") == StoreRole.ACTIVE.value
              else f"following {ha.get('following') or 'nobody'}")
     return (f"{address}  {ha.get('role')} since {since}  HA {ha.get('node')}  "
             f"peer {ha.get('peer')}  {other}  last heartbeat "
@@ -174,7 +176,7 @@ def _replicated_line(address: str, ha: dict[str, Any]) -> str:
                      f"{following.get('primary_address')}: {following.get('state')}, "
                      f"{'ready' if following.get('ready') else 'not ready'}, durable LSN "
                      f"{following.get('durable_lsn')}")
-    if "promotable" in ha and ha.get("role") == "backup":
+    if "promotable" in ha and ha.get("role") == NodeRole.BACKUP.value:
         lines.append(f"    promotable: {'yes' if ha['promotable'] else 'no'}")
     if ha.get("etcd"):
         lines.append(f"    etcd: {ha['etcd']}")

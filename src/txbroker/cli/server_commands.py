@@ -112,6 +112,9 @@ def serve(
                          "against --ha-tls-ca or --tls-ca")] = False,
     ha_tls_ca: Annotated[str | None, typer.Option(
         help="the CA that verifies HA peers' certificates (default: --tls-ca)")] = None,
+    replica_fault: Annotated[str | None, typer.Option(
+        hidden=True, help="tests only: arm a named fault point of a replicated backup "
+                          "(server/ha/faults.py), e.g. vote_fail:11")] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Run a broker until SIGTERM / Ctrl-C."""
@@ -160,7 +163,7 @@ def serve(
 
     try:
         if cfg.ha == "replicated":
-            _run_replicated(cfg, ready)
+            _run_replicated(cfg, ready, replica_fault)
         elif cfg.ha:
             _run_ha(cfg, lambda: _load_config(config, **overrides), ready)
         else:
@@ -177,7 +180,7 @@ def _run_ha(cfg: Any, reload: Callable[[], Any], ready: Callable[[Any], None]) -
     from txbroker.server.app import run
     from txbroker.server.ha.shared_store import HaRole, PeerRefused, SharedStoreNode
 
-    def on_role(role: str, server: Any) -> None:
+    def on_role(role: Any, server: Any) -> None:
         if role == HaRole.STANDBY:
             print(f"txbroker standby on HA {node.node} (peer {cfg.ha_peer}); lock held by "
                   f"{node.status()['lock_holder'] or 'unknown'}", flush=True)
@@ -191,13 +194,20 @@ def _run_ha(cfg: Any, reload: Callable[[], Any], ready: Callable[[Any], None]) -
         raise fail(f"the HA peer refused this broker: {exc}") from exc
 
 
-def _run_replicated(cfg: Any, ready: Callable[[Any], None]) -> None:
+def _run_replicated(cfg: Any, ready: Callable[[Any], None], fault: str | None = None) -> None:
     """Run one broker of a replicated group: a line when it is a backup, the usual
-    ready line once it is the primary."""
+    ready line once it is the primary. ``fault``: a named fault point to arm (tests)."""
     from txbroker.server.app import run
+    from txbroker.server.ha.faults import FAULTS
     from txbroker.server.ha.replicated import ReplicatedNode, Role
 
-    def on_role(role: str, server: Any) -> None:
+    if fault:
+        try:
+            FAULTS.arm(fault)
+        except ValueError as exc:
+            raise fail(str(exc)) from exc
+
+    def on_role(role: Any, server: Any) -> None:
         if role == Role.BACKUP:
             print(f"txbroker backup on HA {node.node} (peers {cfg.ha_peers})", flush=True)
         elif role == Role.PRIMARY and server is not None:

@@ -188,8 +188,6 @@ class BrokerServer:
         self._store_opener = store_opener or functools.partial(open_store, config)
         #: the HA part's status (``stats()["ha"]``), when the broker is one of a pair
         self.ha_status: Callable[[], dict[str, Any]] | None = None
-        #: replicated HA: wraps the store once opened (``server/ha/replication.py``)
-        self.wrap_store: Callable[[Store], Store] | None = None
         #: the wall clock, in ms since the epoch; the simulator gives its virtual one
         #: (``txbroker/sim/loop.py``)
         self.clock: Callable[[], int] = wall_clock_ms
@@ -231,15 +229,20 @@ class BrokerServer:
         loop = self.loop
 
         def dispatch(completions: Callable[[], None]) -> None:
-            loop.call_soon_threadsafe(self._completed, completions)
+            loop.call_soon_threadsafe(self.complete, completions)
 
         store = self._store_opener(dispatch, self.broker.snapshot, self._lock)
-        if self.wrap_store is not None:
-            store = self.wrap_store(store)
         self.broker.body_size_of = store.body_size
         for entry in store.recover():
             self.broker.replay(entry)
         self.store = store
+
+    def wrap_store(self, wrap: Callable[[Store], Store]) -> None:
+        """Put ``wrap(store)`` in the open store's place: the one way the store is
+        replaced (replicated HA's primary: ``ReplicationHub.wrap``)."""
+        assert self.store is not None, "wrap_store needs an open store"
+        self.store = wrap(self.store)
+        self.broker.body_size_of = self.store.body_size
 
     def finish_recovery(self, started: float) -> None:
         """Replay is over: messages go into their queues, the router reads its journal."""
@@ -415,11 +418,18 @@ class BrokerServer:
         log.info("broker stopped")
 
     # ------------------------------------------------------------------ effects
-    def _completed(self, completions: Callable[[], None]) -> None:
-        """A group commit finished: run its callbacks on the loop, then the effects."""
+    def complete(self, completions: Callable[[], None]) -> None:
+        """The one completion path: a group commit finished (the store's writer hands
+        its callbacks to the loop), or a backup acknowledged or left (replicated HA):
+        the core's clock is set, the callbacks run, then the effects."""
         self.broker.set_now(self.now())
         completions()
         self.run_effects()
+
+    def hold_input(self, held: bool) -> None:
+        """Stop (or go on) reading every client connection (a dump is being described,
+        ``server/ha/joining.py``)."""
+        self.ops.hold_input(held)
 
     def run_effects(self) -> None:
         """Carry out every effect the core produced; write to touched connections."""

@@ -26,7 +26,8 @@ still holds every later entry sends just those (an ``incremental`` welcome, no
 wipe, no dump — issue 29's incremental catch-up); any other answer is a dump, and
 the kept copy is closed and replaced as above. Entries must arrive in LSN order
 without a gap: anything else is a protocol error (the link is dropped, the copy
-too).
+too). The copy's states (joining, copying, following) change only by the rules of
+``core/ha/follower.py``; the named fault points tests arm are ``faults.py``'s.
 """
 
 from __future__ import annotations
@@ -39,16 +40,16 @@ import shutil
 from pathlib import Path
 from typing import Final
 
-from txbroker.core import records
 from txbroker.core.effects import Release
-from txbroker.core.records import Kind, StoredEntry
+from txbroker.core.ha.follower import CopyAction, CopyInput, CopyState, copy_next
+from txbroker.core.records import StoredEntry
 from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
+from txbroker.server.ha.faults import FAULTS, ReplicaFaults, is_local_commit
 from txbroker.server.ha.link import LinkSecurity
 from txbroker.storage.store_lock import StoreLock
-from txbroker.xid import Xid, is_local_tx_xid
 
 #: The line a backup writes in its store's lock file.
 LOCK_LINE: Final = "replicated broker, HA {node}"
@@ -66,43 +67,6 @@ HEARTBEAT_INTERVAL: Final = 0.25
 #: synced whenever it changes, so that a whole-group restart still knows whether this
 #: copy had every acknowledged entry (a primary's directory has none of it).
 STATE_FILE: Final = "REPLICA_STATE"
-#: A test's fault point (house rule: crash points are steps tests can break on purpose):
-#: ``vote_fail:KIND`` makes this backup vote fail on the first streamed entry of that
-#: record kind (``core/records.py``), once per process, as a backup whose disk refused it would;
-#: ``vote_fail:local_commit`` on the first entry that commits a local transaction or a
-#: one-phase XA commit (a ``TX``, or the ``XA_PREPARE`` of an internal branch: a voted
-#: commit, ``core/local_tx.py``). ``freeze_after:local_commit``: this backup writes and
-#: acknowledges the first such entry, then neither writes nor acknowledges any streamed
-#: entry after it (a copy holding a voted commit without its outcome, when promoted).
-FAULT_ENV: Final = "TXBROKER_REPLICA_FAULT"
-#: The named fault point of ``vote_fail:local_commit``.
-LOCAL_COMMIT_FAULT: Final = "local_commit"
-
-
-#: The fault fires once per process: a backup that rejoins after its failed vote is sound.
-_fault_fired = False
-
-
-def _fault_kind() -> int | str | None:
-    text = os.environ.get(FAULT_ENV, "")
-    if _fault_fired or not text.startswith("vote_fail:"):
-        return None
-    point = text.partition(":")[2]
-    return point if point == LOCAL_COMMIT_FAULT else int(point)
-
-
-def _freeze_point() -> bool:
-    return os.environ.get(FAULT_ENV, "") == f"freeze_after:{LOCAL_COMMIT_FAULT}"
-
-
-def _fault_matches(fault: int | str, kind: int, meta: bytes) -> bool:
-    """Is this streamed entry the one the fault point names?"""
-    if fault != LOCAL_COMMIT_FAULT:
-        return kind == fault
-    if kind == Kind.TX:
-        return True
-    return kind == Kind.XA_PREPARE and is_local_tx_xid(Xid.parse(records.unpack(meta)[0]))
-
 
 class PrimaryRefused(TxBrokerError):
     """The peer is not a primary that takes this backup (it said why)."""
@@ -192,7 +156,8 @@ class Follower:
     """One backup following one primary over one link (module docstring)."""
 
     def __init__(self, config: ServerConfig, lock: StoreLock, lock_path: Path,
-                 node: str, security: LinkSecurity | None = None) -> None:
+                 node: str, security: LinkSecurity | None = None,
+                 faults: ReplicaFaults = FAULTS) -> None:
         self.config = config
         #: TLS and the handshake on the link (server/ha/link.py)
         self.security = security if security is not None else LinkSecurity.from_config(config)
@@ -202,7 +167,7 @@ class Follower:
         self.server: BrokerServer | None = None
         self.primary = ""  #: the primary's node name
         self.primary_address = ""
-        self.state = "joining"  #: joining, copying, following
+        self.state = CopyState.JOINING  #: core/ha/follower.py
         self.epoch = ""  #: the primary's epoch (its LSNs count within it)
         self.applied_lsn = 0  #: the highest LSN appended and replayed here
         self.connected = False  #: a link to the primary is up (the copy may outlive it)
@@ -222,8 +187,9 @@ class Follower:
         self.received = 0
         #: the primary counts this backup as ready (it waits for its acks)
         self.ready = False
-        self._fault = _fault_kind()
-        self._freeze = _freeze_point()  #: freeze after the first local commit (fault point)
+        self._faults = faults  #: the named fault points (``faults.py``)
+        #: freeze after the first local commit (fault point ``freeze_after:local_commit``)
+        self._freeze = faults.freeze_after_local_commit
         self._frozen = False
         #: a primary silent this long (s) is gone: join whoever is primary now
         self.silence = max(2 * config.backup_timeout, 4 * HEARTBEAT_INTERVAL)
@@ -234,14 +200,20 @@ class Follower:
     def status(self) -> dict[str, object]:
         """The follower's part of ``ha status``."""
         return {"primary": self.primary, "primary_address": self.primary_address,
-                "state": self.state, "ready": self.ready, "dump_lsn": self.at,
+                "state": self.state.value, "ready": self.ready, "dump_lsn": self.at,
                 "durable_lsn": self.durable_lsn, "applied_lsn": self.applied_lsn,
                 "received": self.received, "connected": self.connected,
                 "joined_by": self.joined_by, "resumes": self.resumes}
 
     def resumable(self) -> bool:
         """A whole copy whose link ended: it may ask the next primary for the suffix."""
-        return self.state == "following" and self.server is not None and self.failed is None
+        return (self.state is CopyState.FOLLOWING and self.server is not None
+                and self.failed is None)
+
+    def _step(self, event: CopyInput) -> tuple[CopyAction, ...]:
+        """Move the copy by the table (``core/ha/follower.py``)."""
+        self.state, actions = copy_next(self.state, event)
+        return actions
 
     async def follow(self, host: str, port: int) -> None:
         """Join the primary at ``host:port`` and follow it until the link breaks
@@ -313,6 +285,7 @@ class Follower:
 
     def _start(self, primary: str, at: int) -> None:
         """The primary welcomed us: replace our copy with its dump."""
+        self._step(CopyInput.WELCOME_DUMP)  # REPLACE_COPY: below
         if self.server is not None:  # a kept copy this primary cannot resume
             self.close_store()
             lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
@@ -323,7 +296,7 @@ class Follower:
             self._generation += 1
             self.dumped, self.dump_entries, self.dump_durable = False, 0, 0
             self.durable_lsn = 0
-        self.primary, self.at, self.state = primary, at, "copying"
+        self.primary, self.at = primary, at
         self.applied_lsn, self.joined_by = at, "dump"
         log.info("replication: following %s from its dump at LSN %d", primary, at)
         wipe(self.config.data, self.lock_path)
@@ -337,6 +310,7 @@ class Follower:
         if not self.resumable() or epoch != self.epoch or at != self.applied_lsn:
             raise ProtocolError(f"the primary resumes epoch {epoch!r} from LSN {at}; this copy "
                                 f"holds {self.epoch!r} up to {self.applied_lsn}")
+        actions = self._step(CopyInput.WELCOME_SUFFIX)  # KEEP_COPY, ACK
         self.primary, self.joined_by = primary, "suffix"
         self.resumes += 1
         if self.ready:  # the primary counts us as catching up until we are within the lag
@@ -344,7 +318,8 @@ class Follower:
             self.ready = False
         log.info("replication: resuming the copy of %s from LSN %d (incremental catch-up, no "
                  "dump)", primary, at)
-        self._schedule_ack()
+        if CopyAction.ACK in actions:
+            self._schedule_ack()
 
     def _apply(self, lsn: int, kind: int, meta: bytes, bodies: list[bytes]) -> None:
         server = self.server
@@ -359,11 +334,8 @@ class Follower:
             self.applied_lsn = lsn
         if lsn == 0:
             self.dump_entries += 1
-        elif self._fault is not None and _fault_matches(self._fault, kind, meta):
-            global _fault_fired
-            _fault_fired = True
-            self._fault = None
-            self._vote_fail(lsn, f"fault injected by {FAULT_ENV}")
+        elif self._faults.votes_fail(kind, meta):
+            self._vote_fail(lsn, "fault injected (replica fault point vote_fail)")
             return
         generation = self._generation
 
@@ -377,7 +349,7 @@ class Follower:
             self._vote_fail(lsn, str(exc))
             return
         server.broker.replay(StoredEntry(kind, meta, tuple(refs)))
-        if self._freeze and lsn and _fault_matches(LOCAL_COMMIT_FAULT, kind, meta):
+        if self._freeze and lsn and is_local_commit(kind, meta):
             self._freeze, self._frozen = False, True
         for effect in server.broker.take_effects():
             if isinstance(effect, Release):
@@ -392,15 +364,18 @@ class Follower:
             self._maybe_whole()
             return
         self.durable_lsn = max(self.durable_lsn, lsn)
-        if self.state == "following":
+        if CopyAction.ACK in self._step(CopyInput.ENTRY_DURABLE):
             self._schedule_ack()
 
     def _maybe_whole(self) -> None:
-        if self.dumped and self.dump_durable == self.dump_entries and self.state == "copying":
+        if not self.dumped or self.dump_durable != self.dump_entries:
+            return
+        actions = self._step(CopyInput.COPY_WHOLE)
+        if CopyAction.MARK_WHOLE in actions:
             _unmark(self.config.data)
-            self.state = "following"
             self.durable_lsn = max(self.durable_lsn, self.at)
             log.info("replication: copy of %s is whole (LSN %d)", self.primary, self.at)
+        if CopyAction.ACK in actions:
             self._schedule_ack()
 
     def _schedule_ack(self) -> None:

@@ -20,6 +20,10 @@ restart). Promotion finishes recovery from the state the backup replayed (or
 recovers its own store), opens the client listeners and starts the
 :class:`~txbroker.server.ha.replication.ReplicationHub`: the other brokers join it.
 
+The role's changes are the rules of ``core/ha/replicated_role.py`` (backup,
+promoting, primary, stopped): :meth:`ReplicatedNode._step` feeds the table and
+announces each change.
+
 Nothing a client left open reaches a backup: only committed entries and
 prepared XA branches are replicated, so after a failover every open, unprepared
 transaction of the old primary is simply gone (rolled back) and every prepared
@@ -36,8 +40,11 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from txbroker.core.ha.follower import CopyState
+from txbroker.core.ha.replicated_role import NodeRole, RoleAction, RoleInput, role_next
+from txbroker.core.ha.transition import IllegalTransition
 from txbroker.errors import EtcdError, IllegalState, ProtocolError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer, store_lock_path
@@ -53,13 +60,9 @@ from txbroker.server.ha.replica import (
     incomplete,
     read_standing,
 )
-from txbroker.server.ha.replication import ReplicatingStore, ReplicationHub
-from txbroker.server.ha.shared_store import StandbyConnection
-from txbroker.server.security.auth import Authenticator
+from txbroker.server.ha.replication import ReplicationHub
+from txbroker.server.ha.standby import BackupPorts
 from txbroker.storage.store_lock import StoreLock
-
-if TYPE_CHECKING:
-    from txbroker.server.edges.http.standby import StandbyHttp
 
 log = logging.getLogger("txbroker.ha")
 
@@ -69,20 +72,16 @@ __all__ = ["ReplicatedNode", "Role"]
 SEARCH_PAUSE: Final = 0.3
 
 
-class Role:
-    """The roles of a replicated broker."""
-
-    BACKUP = "backup"
-    PROMOTING = "promoting"
-    PRIMARY = "primary"
-    STOPPED = "stopped"
+#: The roles of a replicated broker (``core/ha/replicated_role.py``).
+Role = NodeRole
 
 
 class ReplicatedNode:
     """One broker of a replicated group (module docstring)."""
 
     def __init__(self, config: ServerConfig,
-                 on_role: Callable[[str, BrokerServer | None], None] | None = None) -> None:
+                 on_role: Callable[[NodeRole, BrokerServer | None], None] | None = None
+                 ) -> None:
         config.validate()
         if config.ha != "replicated":
             raise ValueError('ReplicatedNode needs ha = "replicated"')
@@ -102,9 +101,9 @@ class ReplicatedNode:
         self._promote = asyncio.Event()
         self._stopping = asyncio.Event()
         self._link_server: asyncio.Server | None = None
-        self._refuser: asyncio.Server | None = None
-        #: the HTTP port while a backup: POST /api/ha/promote (server/edges/http/standby.py)
-        self._http_refuser: tuple[asyncio.Server, StandbyHttp] | None = None
+        #: the client ports while a backup (native: Standby; HTTP: POST /api/ha/promote)
+        self._ports = BackupPorts(config, status=self.status, promote=self.request_promotion,
+                                  refusal=self._refusal, role=lambda: self.role.value)
         self.last_problem = ""
         #: the last TLS / handshake failure logged per peer (each is logged once)
         self._link_problems: dict[tuple[str, int], str] = {}
@@ -130,7 +129,7 @@ class ReplicatedNode:
     def status(self) -> dict[str, Any]:
         """What ``txbroker ha status`` prints for this broker."""
         result: dict[str, Any] = {
-            "mode": "replicated", "role": self.role, "since": round(self.since, 3),
+            "mode": "replicated", "role": self.role.value, "since": round(self.since, 3),
             "node": self.node, "peers": self.config.ha_peers,
             "promotable": self.promotable() is None,
             "backup_timeout": self.config.backup_timeout,
@@ -139,7 +138,7 @@ class ReplicatedNode:
             result["replication"] = self.hub.status()
         if self.follower is not None:
             result["following"] = self.follower.status()
-        elif self.role == Role.BACKUP:  # what this copy had when it last followed a primary
+        elif self.role is Role.BACKUP:  # what this copy had when it last followed a primary
             result["copy"] = {"lsn": self.copy_position, "ready": self.copy_ready}
         if self.last_problem:
             result["problem"] = self.last_problem
@@ -155,21 +154,25 @@ class ReplicatedNode:
             result["fenced"] = self.fenced
         return result
 
-    def _set_role(self, role: str) -> None:
-        if role == self.role:
-            return
-        log.info("HA role: %s -> %s", self.role, role)
-        self.role, self.since = role, time.time()
-        if self._on_role is not None:
+    def _step(self, event: RoleInput) -> tuple[RoleAction, ...]:
+        """Move the role by the table (``core/ha/replicated_role.py``); announce it."""
+        role, actions = role_next(self.role, event)
+        if role is not self.role:
+            log.info("HA role: %s -> %s", self.role.value, role.value)
+            self.role, self.since = role, time.time()
+        if RoleAction.ANNOUNCE in actions and self._on_role is not None:
             self._on_role(role, self.server)
+        return actions
 
     def promotable(self) -> str | None:
         """Why this broker may not become the primary now (None: it may)."""
-        if self.role != Role.BACKUP:
-            return f"it is the {self.role}"
+        try:
+            role_next(self.role, RoleInput.PROMOTE)
+        except IllegalTransition:
+            return f"it is the {self.role.value}"
         follower = self.follower
         if follower is not None and follower.server is not None and follower.connected:
-            if follower.state != "following":
+            if follower.state is not CopyState.FOLLOWING:
                 return "its copy of the primary is incomplete (still copying)"
             if not follower.ready:
                 return ("the primary does not count it as ready (it is catching up): "
@@ -203,10 +206,11 @@ class ReplicatedNode:
 
     def request_stop(self) -> None:
         """Stop in any role."""
-        self._stopping.set()
-        self._nudge.set()
-        if self.server is not None and self.role == Role.PRIMARY:
-            self.server.request_stop()
+        if RoleAction.STOP in self._step(RoleInput.STOP):
+            self._stopping.set()
+            self._nudge.set()
+            if self.server is not None:  # promoting: serve_forever returns at once
+                self.server.request_stop()
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
@@ -222,7 +226,7 @@ class ReplicatedNode:
         self._link_server = await self.security.start_server(
             self._on_link, self.config.host, self.config.ha_port)
         self.security.warn_if_open(self.node)
-        await self._open_refuser()
+        await self._ports.open()
         if self._on_role is not None:
             self._on_role(Role.BACKUP, None)
         etcd_task = None
@@ -259,10 +263,10 @@ class ReplicatedNode:
                 self.follower = follower
                 outcome = await self._follow(follower, host, port)
                 self.lock = follower.lock  # it takes the lock again when it replaces a copy
-                if outcome == "promote" and follower.state == "following":
+                if outcome == "promote" and follower.state is CopyState.FOLLOWING:
                     return True  # promoted from the copy it replayed
                 if follower.server is not None:
-                    self.copy_ready = follower.state == "following" and follower.ready
+                    self.copy_ready = follower.state is CopyState.FOLLOWING and follower.ready
                     self.copy_position = follower.durable_lsn
                 if outcome == "ended" and follower.resumable() and self.config.ha_catchup_bytes:
                     continue  # keep the copy: the next primary may send just the suffix
@@ -329,13 +333,12 @@ class ReplicatedNode:
 
     async def _be_primary(self) -> None:
         """Finish recovery (from the replayed copy or our own store), then serve."""
-        self._set_role(Role.PROMOTING)
+        self._step(RoleInput.PROMOTE)
         started = time.monotonic()
         follower = self.follower
         if follower is not None and follower.server is not None \
-                and follower.state == "following":
+                and follower.state is CopyState.FOLLOWING:
             server = follower.server
-            server.wrap_store = None
             server.finish_recovery(started)
         else:
             if follower is not None:
@@ -350,17 +353,16 @@ class ReplicatedNode:
         if self.etcd is not None:
             hub.on_ready_change = self._record_ready
             await self._record_ready([])  # until a backup is ready, none may succeed us
-        assert server.store is not None
-        server.store = ReplicatingStore(server.store, hub)
+        server.wrap_store(hub.wrap)
         # seed 001, "TX Commit/Rollback: do prepare phase as for DTX": the backups vote
         server.broker.vote_local_commits(True)
         self.hub, self.server = hub, server
         server.ha_status = self.status
-        self._close_refusers()
+        self._ports.close()
         await server.open_listeners()
         log.info("replication: %s is the primary (promoted in %.2f s)", self.node,
                  time.monotonic() - started)
-        self._set_role(Role.PRIMARY)
+        self._step(RoleInput.SERVING)
         if self._stopping.is_set():
             server.request_stop()
         await server.serve_forever()
@@ -373,13 +375,13 @@ class ReplicatedNode:
         assert candidate is not None
         ttl = self.config.ha_lease_ttl
         published: tuple[int, bool] | None = None
-        while self.role == Role.BACKUP and not self._stopping.is_set():
+        while self.role is Role.BACKUP and not self._stopping.is_set():
             pause = campaign_pause(ttl, following=True, holder=None, node=self.node,
                                    lost_for=None)
             self._nudge.clear()
             try:
                 follower = self.follower
-                following = follower is not None and follower.state == "following" \
+                following = follower is not None and follower.state is CopyState.FOLLOWING \
                     and follower.connected
                 if follower is not None and following:
                     position, ready = follower.durable_lsn, follower.ready
@@ -437,6 +439,8 @@ class ReplicatedNode:
     def _fence(self, reason: str) -> None:
         """The primary lost its etcd lease: stop serving NOW (before anyone can take the
         key): every client connection is cut, then the broker stops."""
+        if RoleAction.FENCE not in self._step(RoleInput.LEASE_LOST):
+            return
         log.critical("etcd: lost the primary key (%s): fencing — no more replies", reason)
         self.fenced = reason
         server = self.server
@@ -454,14 +458,14 @@ class ReplicatedNode:
             await candidate.close()
         if self.etcd is not None:
             await self.etcd.close()
-        self._close_refusers()
+        self._ports.close()
         if self._link_server is not None:
             self._link_server.close()
         if self.follower is not None:
             self.follower.close_store()
         if self.lock is not None and self.lock.held:
             self.lock.release()
-        self._set_role(Role.STOPPED)
+        self._step(RoleInput.CLOSED)
 
     # ------------------------------------------------------------------ the HA port
     async def _on_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -477,9 +481,9 @@ class ReplicatedNode:
             if first.type != "join" or not isinstance(first.body, dict):
                 raise ProtocolError(f"expected join, got {first.type!r}")
             hub = self.hub
-            if self.role != Role.PRIMARY or hub is None:
+            if RoleAction.SERVE_BACKUP not in self._step(RoleInput.JOIN) or hub is None:
                 writer.write(link.encode("refuse", {
-                    "reason": f"{self.node} is a {self.role}, not the primary"}))
+                    "reason": f"{self.node} is a {self.role.value}, not the primary"}))
                 await writer.drain()
                 return
             await hub.serve_backup(reader, writer, first.body, codec)
@@ -487,38 +491,6 @@ class ReplicatedNode:
             log.warning("HA link: %s", exc)
         finally:
             writer.close()
-
-    async def _open_refuser(self) -> None:
-        config = self.config
-        auth = Authenticator(config.users)
-        loop = asyncio.get_running_loop()
-        if config.port:
-            self._refuser = await loop.create_server(
-                lambda: StandbyConnection(config, auth, refusal=self._refusal,
-                                          status=self.status, role=lambda: self.role,
-                                          extra={"ha_promote": self.request_promotion}),
-                config.host, config.port, reuse_address=True)
-        if config.http_port:
-            # imported here, at the start of a backup, not while it is being promoted: the
-            # HTTP edge (Starlette, uvicorn) took 0.18-0.23 s to import at load 9
-            from txbroker.server.edges.http.standby import StandbyHttp
-
-            http = StandbyHttp(auth, status=self.status, promote=self.request_promotion,
-                               refusal=self._refusal)
-            listener = await loop.create_server(http.protocol, config.host, config.http_port,
-                                                reuse_address=True)
-            self._http_refuser = (listener, http)
-
-    def _close_refusers(self) -> None:
-        """Close the backup's client ports (the native refuser, the HTTP one)."""
-        if self._refuser is not None:
-            self._refuser.close()
-            self._refuser = None
-        if self._http_refuser is not None:
-            listener, http = self._http_refuser
-            listener.close()
-            http.close()
-            self._http_refuser = None
 
     def _refusal(self, op: str) -> str:
         follower = self.follower

@@ -27,15 +27,20 @@ The dump is taken when the state in memory is exactly the durable log: the hub
 stops reading clients until every entry in flight is complete (normally one
 group commit), describes the state (cheap: no body is read) and lets clients go
 on; bodies are then read from the store and streamed while new entries queue
-behind the dump. While any dump
-streams, the store's space reclamation waits (releases are deferred, compaction
-pauses) so that every body the dump names stays readable.
+behind the dump (``joining.py``). While any dump streams, the store's space
+reclamation waits (releases are deferred, compaction pauses, ``replicating_store.py``)
+so that every body the dump names stays readable. The hub sees the server only as
+its :class:`HubPort`: the core, ``complete`` (the server's one completion path: an
+ack or a drop completes entries as a group commit does) and ``hold_input``.
 
 **Ready set.** A backup is *ready* once it has the dump and is within
 :data:`READY_LAG` entries of the newest: from then on entries wait for it. A
 ready backup that leaves an entry unacknowledged for ``backup_timeout`` seconds
 is dropped from the ready set (logged, and in ``ha status``) and catches up
-without being waited for; it is ready again once it is within the lag. A backup
+without being waited for; it is ready again once it is within the lag. Every
+change of a backup link's state is a rule of the table in
+``core/ha/backup_link.py``: the hub feeds it inputs and carries out the actions
+it names (writes, the ready set's recording, completions). A backup
 that cannot write an entry votes fail: it is dropped and its link closed; if
 the entry was an ``XA_PREPARE`` the branch's prepare fails (XA_RBROLLBACK, the
 seed's "fail cancels"). A local transaction's commit is an ``XA_PREPARE`` too on a
@@ -47,42 +52,38 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
-import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+from txbroker.core.ha.backup_link import (
+    LINK_RULES,
+    READY_LAG,
+    WAITED_FOR,
+    LinkAction,
+    LinkInput,
+    LinkState,
+    ack_input,
+    link_next,
+)
 from txbroker.core.records import Kind
-from txbroker.core.replica import DumpEntry, check_quiet, state_entries
 from txbroker.errors import ProtocolError, ReplicaVoteFailed
 from txbroker.protocol import replication as link
 from txbroker.server.config import DEFAULT_HA_CATCHUP_BYTES
+from txbroker.server.ha.joining import send_dump, send_suffix
 from txbroker.server.ha.replica import HEARTBEAT_INTERVAL
-from txbroker.storage.interface import (
-    BodyRef,
-    DurableCallback,
-    PackedBodies,
-    Relocation,
-    Store,
-    StoredEntry,
-    StoreStats,
-)
+from txbroker.server.ha.replicating_store import ReplicatingStore
+from txbroker.storage.interface import BodyRef, DurableCallback, Store
 
 if TYPE_CHECKING:
-    from txbroker.server.app import BrokerServer
+    from txbroker.core import Broker
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["READY_LAG", "AttachedBackup", "ReplicatingStore", "ReplicationHub"]
-
-#: A catching-up backup within this many entries of the newest is ready.
-READY_LAG: Final = 64
-#: How long a join may wait for the broker to be quiet enough for a dump (s).
-QUIET_TIMEOUT: Final = 10.0
+__all__ = ["READY_LAG", "AttachedBackup", "HubPort", "ReplicationHub"]
 #: Entries per ``entries`` frame when the stream has a backlog.
 BATCH: Final = 256
 #: Entries whose running byte count is kept (a backup's lag in bytes, ``ha status``).
@@ -90,6 +91,21 @@ HISTORY: Final = 100_000
 #: Bytes a backup's link may have queued before it is dropped (it joins again).
 MAX_QUEUED: Final = 256 * 1024 * 1024
 
+
+
+class HubPort(Protocol):
+    """What the hub needs from the running server (``BrokerServer`` implements it)."""
+
+    @property
+    def broker(self) -> Broker:
+        """The core: quiet for a dump, and described by it."""
+
+    def complete(self, completions: Callable[[], None]) -> None:
+        """Run ``completions`` as the store's are run: the core's clock set first, the
+        effects carried out after (the one completion path, ``app.py``)."""
+
+    def hold_input(self, held: bool) -> None:
+        """Stop (or go on) reading every client connection."""
 
 
 @dataclass(slots=True, eq=False)
@@ -110,7 +126,7 @@ class AttachedBackup:
     node: str
     address: str
     writer: asyncio.StreamWriter
-    state: str = "joining"  #: joining, dumping, catching-up, ready, dropped
+    state: LinkState = LinkState.JOINING  #: core/ha/backup_link.py
     acked: int = 0
     dump_at: int = 0
     joined: float = field(default_factory=time.time)
@@ -122,7 +138,7 @@ class AttachedBackup:
 
     def info(self, newest: int) -> dict[str, Any]:
         """Its line of ``ha status``."""
-        return {"node": self.node, "address": self.address, "state": self.state,
+        return {"node": self.node, "address": self.address, "state": self.state.value,
                 "acked": self.acked, "lag_entries": max(0, newest - self.acked),
                 "queued_bytes": self.writer.transport.get_write_buffer_size()
                 if not self.writer.is_closing() else 0,
@@ -132,9 +148,11 @@ class AttachedBackup:
 class ReplicationHub:
     """LSNs, the entries in flight, the attached backups (module docstring)."""
 
-    def __init__(self, server: BrokerServer, node: str, backup_timeout: float,
+    def __init__(self, port: HubPort, node: str, backup_timeout: float,
                  catchup_bytes: int = DEFAULT_HA_CATCHUP_BYTES) -> None:
-        self.server = server
+        self.port = port
+        #: the primary's own store, under the replicating one (:meth:`wrap`)
+        self.local: Store | None = None
         self.node = node
         self.backup_timeout = backup_timeout
         self.epoch = f"{node}-{time.time_ns()}"
@@ -154,7 +172,7 @@ class ReplicationHub:
         self.shipped = {"dumps": 0, "dump_entries": 0, "dump_bytes": 0,
                         "suffixes": 0, "suffix_entries": 0, "suffix_bytes": 0}
         self.deferred: list[BodyRef] = []
-        self._waiting_quiet: list[asyncio.Future[None]] = []
+        self.waiting_quiet: list[asyncio.Future[None]] = []
         self._watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: records a new ready set before the primary stops waiting for a backup that
@@ -173,9 +191,15 @@ class ReplicationHub:
         if self.backups or self.catchup_bytes:
             frame = link.encode("entries", [[lsn, kind, meta, bodies]])
             for backup in list(self.backups.values()):
-                self._send(backup, frame, streamed=True)
+                self.feed(backup, LinkInput.ENTRY, frame)
             self._keep(lsn, frame)
         return lsn
+
+    def wrap(self, store: Store) -> Store:
+        """The primary's store: ``store`` with every append replicated through this hub
+        (``BrokerServer.wrap_store``)."""
+        self.local = store
+        return ReplicatingStore(store, self)
 
     def _keep(self, lsn: int, frame: bytes) -> None:
         """Hold an entry's frame in the catch-up buffer, dropping the oldest beyond it."""
@@ -213,23 +237,76 @@ class ReplicationHub:
     def _ready(self) -> list[AttachedBackup]:
         """The backups entries wait for: ready ones, and ready ones on their way out
         (until the smaller ready set is recorded, ``on_ready_change``)."""
-        return [b for b in self.backups.values() if b.state in ("ready", "leaving")]
+        return [b for b in self.backups.values() if b.state in WAITED_FOR]
 
     def ready_names(self) -> list[str]:
         """The ready set as it stands (without the backups on their way out)."""
-        return sorted(b.node for b in self.backups.values() if b.state == "ready")
+        return sorted(b.node for b in self.backups.values() if b.state is LinkState.READY)
 
-    def _leave(self, backup: AttachedBackup, reason: str,
-               then: Callable[[], None]) -> None:
-        """Take a ready backup out of the ready set: entries wait for it until the
-        smaller set is recorded (etcd: a whole-group restart must not promote a copy
-        that missed acknowledged entries), then ``then`` runs."""
-        backup.reason = reason
-        if backup.state != "ready" or self.on_ready_change is None:
-            then()
-            return
-        backup.state = "leaving"
+    # ------------------------------------------------------------------ the link table
+    def feed(self, backup: AttachedBackup, event: LinkInput, frame: bytes = b"",
+             reason: str | None = None) -> LinkState:
+        """Move ``backup`` by the table (``core/ha/backup_link.py``) and carry out the
+        actions; returns the state it was in."""
+        before = backup.state
+        try:  # the table itself (link_next, without a call on the hot path)
+            backup.state, actions = LINK_RULES[(before, event)]
+        except KeyError:
+            link_next(before, event)  # raises IllegalTransition
+            raise
+        if reason is not None and actions:
+            backup.reason = reason
+        for action in actions:
+            if action is LinkAction.SEND_ENTRY:  # every entry, every backup: no call
+                self._write(backup, frame)
+            elif action is LinkAction.COMPLETE:  # every acknowledgement
+                self.port.complete(self._complete)
+            else:
+                self._act(backup, action, frame)
+        return before
+
+    def _act(self, backup: AttachedBackup, action: LinkAction, frame: bytes) -> None:
+        """One action of a link's transition (SEND_DUMP and SEND_SUFFIX are the async
+        callers' own: ``joining.send_dump``, ``joining.send_suffix``)."""
+        if action is LinkAction.SEND_ENTRY:  # the frequent ones first
+            self._write(backup, frame)
+        elif action is LinkAction.COMPLETE:
+            self._completed_by_network()
+        elif action is LinkAction.QUEUE_ENTRY:
+            backup.backlog.append(frame)
+        elif action is LinkAction.SEND_HEARTBEAT:
+            if not backup.writer.is_closing():
+                backup.writer.write(frame)
+        elif action is LinkAction.SEND_BACKLOG:
+            backlog, backup.backlog = backup.backlog, []
+            backup.acked = 0
+            for queued in backlog:
+                self._write(backup, queued)
+        elif action is LinkAction.SEND_READY:
+            backup.reason = ""
+            self._write(backup, link.encode("state", {"ready": True}))
+            log.info("replication: backup %s is ready (acked %d of %d)", backup.node,
+                     backup.acked, self.lsn)
+        elif action is LinkAction.SEND_NOT_READY:
+            self._write(backup, link.encode("state", {"ready": False}))
+        elif action is LinkAction.RECORD_GROWN_SET:
+            self._grown()
+        elif action is LinkAction.RECORD_SHRUNK_SET:
+            self._shrink(backup)
+        elif action is LinkAction.CLOSE_LINK:
+            log.warning("replication: backup %s dropped: %s", backup.node, backup.reason)
+            backup.writer.close()
+        elif action is LinkAction.FORGET and self.backups.get(backup.node) is backup:
+            del self.backups[backup.node]
+
+    def _shrink(self, backup: AttachedBackup) -> None:
+        """Record the ready set without ``backup`` (etcd: a whole-group restart must not
+        promote a copy that missed acknowledged entries); entries wait for it until then.
+        Recorded (at once when nothing records), the table moves it on."""
         record = self.on_ready_change
+        if record is None:
+            self.feed(backup, LinkInput.READY_SET_RECORDED)
+            return
 
         async def shrink() -> None:
             while True:
@@ -240,7 +317,7 @@ class ReplicationHub:
                     log.error("replication: cannot record the ready set without %s: %s",
                               backup.node, exc)
                     await asyncio.sleep(0.5)
-            then()
+            self.feed(backup, LinkInput.READY_SET_RECORDED)
 
         self._spawn(shrink())
 
@@ -274,27 +351,19 @@ class ReplicationHub:
             if error is None and entry.vote_failed is not None:
                 error = ReplicaVoteFailed(entry.vote_failed)
             entry.on_durable(error)
-        if not pending and self._waiting_quiet:
-            waiting, self._waiting_quiet = self._waiting_quiet, []
+        if not pending and self.waiting_quiet:
+            waiting, self.waiting_quiet = self.waiting_quiet, []
             for future in waiting:
                 if not future.done():
                     future.set_result(None)
 
     def _completed_by_network(self) -> None:
         """Completions caused by a backup (an ack, a drop): run them as the store's are."""
-        server = self.server
-        server.broker.set_now(server.now())
-        self._complete()
-        server.run_effects()
+        self.port.complete(self._complete)
 
     # ------------------------------------------------------------------ backups
-    def _send(self, backup: AttachedBackup, frame: bytes, *, streamed: bool = False) -> None:
-        if backup.state in ("dropped",):
-            return
-        if streamed and backup.state in ("joining", "dumping"):
-            if backup.state == "dumping":
-                backup.backlog.append(frame)
-            return
+    def _write(self, backup: AttachedBackup, frame: bytes) -> None:
+        """Write a frame the table sends; a link with too much queued is dropped."""
         writer = backup.writer
         if writer.is_closing():
             return
@@ -306,18 +375,7 @@ class ReplicationHub:
 
     def drop(self, backup: AttachedBackup, reason: str) -> None:
         """Take a backup out (it joins again with a fresh dump)."""
-        if backup.state in ("dropped", "leaving"):
-            return
-        log.warning("replication: backup %s dropped: %s", backup.node, reason)
-        backup.writer.close()
-
-        def gone() -> None:
-            backup.state = "dropped"
-            if self.backups.get(backup.node) is backup:
-                del self.backups[backup.node]
-            self._completed_by_network()
-
-        self._leave(backup, reason, gone)
+        self.feed(backup, LinkInput.DROP, reason=reason)
 
     def bytes_at(self, lsn: int) -> int:
         """The bytes of every entry up to ``lsn`` (0 before the known history)."""
@@ -356,9 +414,9 @@ class ReplicationHub:
         try:
             resume_at = self.can_resume(hello.get("resume"))
             if resume_at is not None:
-                await self._resume(backup, resume_at)
+                await send_suffix(self, backup, resume_at)
             else:
-                await self._dump(backup)
+                await send_dump(self, backup)
             while not reader.at_eof():
                 data = await reader.read(65536)
                 if not data:
@@ -366,11 +424,9 @@ class ReplicationHub:
                 for message in codec.receive_data(data):
                     self._on_message(backup, message)
         except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
-            if backup.state != "dropped":
-                self.drop(backup, f"link lost: {exc}")
+            self.drop(backup, f"link lost: {exc}")
         finally:
-            if backup.state != "dropped":
-                self.drop(backup, "link closed")
+            self.drop(backup, "link closed")
 
     def _on_message(self, backup: AttachedBackup, message: link.LinkMessage) -> None:
         if message.type == "ack":
@@ -378,13 +434,7 @@ class ReplicationHub:
             if lsn > backup.acked:
                 backup.acked = lsn
                 backup.last_ack = time.monotonic()
-            if backup.state == "catching-up" and self.lsn - backup.acked <= READY_LAG:
-                backup.state, backup.reason = "ready", ""
-                self._send(backup, link.encode("state", {"ready": True}))
-                self._grown()
-                log.info("replication: backup %s is ready (acked %d of %d)", backup.node,
-                         backup.acked, self.lsn)
-            self._completed_by_network()
+            self.feed(backup, ack_input(self.lsn, backup.acked))
         elif message.type == "vote":
             lsn, reason = int(message.body["lsn"]), str(message.body.get("reason", ""))
             for entry in self.pending:
@@ -394,100 +444,10 @@ class ReplicationHub:
         else:
             raise ProtocolError(f"a backup may not send {message.type!r}")
 
-    # ------------------------------------------------------------------ the suffix
-    async def _resume(self, backup: AttachedBackup, at: int) -> None:
-        """Incremental catch-up: the backup holds this epoch's state up to ``at``; send
-        it every entry after ``at`` from the buffer, then the stream goes on."""
-        # no await until every held frame is written: begin() streams to it from now on
-        backup.state, backup.dump_at, backup.acked = "catching-up", at, 0
-        backup.joined_by = "suffix"
-        writer = backup.writer
-        welcome = link.encode("welcome", {"node": self.node, "epoch": self.epoch, "at": at,
-                                          "incremental": True})
-        writer.write(welcome)
-        entries = sent = 0
-        for lsn, frame in self.suffix:
-            if lsn > at:
-                writer.write(frame)
-                entries += 1
-                sent += len(frame)
-        backup.sent_bytes += len(welcome) + sent
-        shipped = self.shipped
-        shipped["suffixes"] += 1
-        shipped["suffix_entries"] += entries
-        shipped["suffix_bytes"] += sent
-        log.info("replication: %s resumes from LSN %d: %d entries (%d bytes) from the "
-                 "catch-up buffer, no dump", backup.node, at, entries, sent)
-        await writer.drain()
-
-    # ------------------------------------------------------------------ the dump
-    async def _quiet(self) -> None:
-        """Wait until every entry in flight is complete, with clients not read."""
-        ops = self.server.ops
-        ops.hold_input(True)
-        try:
-            deadline = time.monotonic() + QUIET_TIMEOUT
-            while self.pending or check_quiet(self.server.broker) is not None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the broker did not become quiet for a dump")
-                future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._waiting_quiet.append(future)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(future, 0.05)
-        except BaseException:
-            ops.hold_input(False)
-            raise
-
-    async def _dump(self, backup: AttachedBackup) -> None:
-        await self._quiet()
-        try:  # no await between the quiet check and the description: nothing moves
-            at = self.lsn
-            entries = state_entries(self.server.broker)
-            backup.state, backup.dump_at = "dumping", at
-            self.dumps += 1
-        finally:
-            self.server.ops.hold_input(False)
-        try:
-            writer = backup.writer
-            backup.joined_by = "dump"
-            self.shipped["dumps"] += 1
-            writer.write(link.encode("welcome", {"node": self.node, "epoch": self.epoch,
-                                                 "at": at}))
-            for frame in self._dump_frames(entries):
-                writer.write(frame)
-                backup.sent_bytes += len(frame)
-                self.shipped["dump_bytes"] += len(frame)
-                await writer.drain()
-            self.shipped["dump_entries"] += len(entries)
-            writer.write(link.encode("dumped", {"at": at}))
-            backlog, backup.backlog = backup.backlog, []
-            if backup.state == "dumping":
-                backup.state = "catching-up"
-                backup.acked = 0
-                for frame in backlog:
-                    self._send(backup, frame)
-            await writer.drain()
-            log.info("replication: dump of LSN %d (%d entries) sent to %s", at, len(entries),
-                     backup.node)
-        finally:
-            self.dumps -= 1
-            if not self.dumps and self.deferred:
-                refs, self.deferred = self.deferred, []
-                for ref in refs:
-                    self.server_store().release(ref)
-
-    def _dump_frames(self, entries: list[DumpEntry]) -> Iterator[bytes]:
-        store = self.server_store()
-        for entry in entries:
-            refs = [m.ref for m in entry.messages if m.ref is not None]
-            bodies = store.read_bodies(refs).split() if refs else []
-            yield link.encode("entries", [[0, entry.kind, entry.meta, bodies]])
-
-    def server_store(self) -> Store:
+    def local_store(self) -> Store:
         """The local store under the replicating one."""
-        store = self.server.store
-        assert isinstance(store, ReplicatingStore)
-        return store.store
+        assert self.local is not None, "the hub replicates no store yet (wrap)"
+        return self.local
 
     # ------------------------------------------------------------------ timeouts
     def _start_watch(self) -> None:
@@ -503,32 +463,19 @@ class ReplicationHub:
                 last_beat = now
                 beat = link.encode("heartbeat", {"lsn": self.lsn})
                 for backup in list(self.backups.values()):
-                    self._beat(backup, beat)
+                    self.feed(backup, LinkInput.HEARTBEAT, beat)
             if not self.pending:
                 continue
             oldest = self.pending[0]
-            late = time.monotonic() - oldest.appended > self.backup_timeout
+            if time.monotonic() - oldest.appended <= self.backup_timeout:
+                continue
             for backup in self._ready():
-                if late and backup.acked < oldest.lsn and backup.state == "ready":
+                if backup.acked < oldest.lsn:
                     reason = (f"no ack of entry {oldest.lsn} within backup_timeout "
                               f"({self.backup_timeout:g} s)")
-                    log.warning("replication: backup %s leaves the ready set: %s",
-                                backup.node, reason)
-                    self._leave(backup, reason, functools.partial(self._demote, backup))
-
-    def _beat(self, backup: AttachedBackup, beat: bytes) -> None:
-        """A heartbeat, in any state (a joining backup waiting for its dump hears us too:
-        a peer that says nothing is not a primary)."""
-        writer = backup.writer
-        if backup.state != "dropped" and not writer.is_closing():
-            writer.write(beat)
-
-    def _demote(self, backup: AttachedBackup) -> None:
-        """A late backup is out of the ready set: it catches up without being waited for."""
-        if backup.state == "leaving" or backup.state == "ready":
-            backup.state = "catching-up"
-            self._send(backup, link.encode("state", {"ready": False}))
-        self._completed_by_network()
+                    if self.feed(backup, LinkInput.LATE, reason=reason) is LinkState.READY:
+                        log.warning("replication: backup %s leaves the ready set: %s",
+                                    backup.node, reason)
 
     def close(self) -> None:
         """Stop: every backup link closes."""
@@ -539,63 +486,3 @@ class ReplicationHub:
             self._watch.cancel()
         for task in self._tasks:
             task.cancel()
-
-
-class ReplicatingStore:
-    """The primary's store: the local one, with every append also replicated (see
-    the module docstring). Reads, releases and compaction go to the local store."""
-
-    def __init__(self, store: Store, hub: ReplicationHub) -> None:
-        self.store = store
-        self.hub = hub
-
-    def recover(self) -> Iterator[StoredEntry]:
-        """The local store's entries (a primary recovers from its own disk)."""
-        return self.store.recover()
-
-    def append(self, kind: int, meta: bytes, bodies: Sequence[bytes],
-               on_durable: DurableCallback) -> list[BodyRef]:
-        """Append locally and to every backup; complete when both have it."""
-        hub = self.hub
-        lsn = hub.begin(kind, meta, list(bodies), on_durable)
-        return self.store.append(kind, meta, bodies,
-                                 lambda error: hub.local_durable(lsn, error))
-
-    def read_body(self, ref: BodyRef) -> bytes:
-        """A body (local)."""
-        return self.store.read_body(ref)
-
-    def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
-        """Bodies (local)."""
-        return self.store.read_bodies(refs)
-
-    def body_size(self, ref: BodyRef) -> int:
-        """A body's size (local)."""
-        return self.store.body_size(ref)
-
-    def release(self, ref: BodyRef) -> None:
-        """A dead body: released now, or after the dumps that may still read it."""
-        if self.hub.dumps:
-            self.hub.deferred.append(ref)
-        else:
-            self.store.release(ref)
-
-    def maintain(self) -> Relocation | None:
-        """Compaction (paused while a dump streams)."""
-        return None if self.hub.dumps else self.store.maintain()
-
-    def stats(self) -> StoreStats:
-        """The local store's counters."""
-        return self.store.stats()
-
-    def close(self) -> None:
-        """Close the local store and the backups' links."""
-        self.hub.close()
-        self.store.close()
-
-    def __getattr__(self, name: str) -> Any:  # the store's other attributes (repair_report…)
-        return getattr(self.store, name)
-
-
-#: Wraps a store into a replicating one (``BrokerServer.wrap_store``).
-StoreWrapper = Callable[[Store], Store]

@@ -39,6 +39,9 @@ only (``txbroker ha status``). Its STOMP port does not listen: a STOMP client
 with a host list moves on when a connection is refused, while an ``ERROR``
 frame after ``CONNECT`` makes stomp.py and stompman report a failure instead.
 
+The roles (starting, standby, activating, active, stopped) change only by the rules
+of ``core/ha/shared_store_role.py``.
+
 ``request_stop`` (SIGTERM, SIGINT) stops either role; the active shuts down as
 a single broker does and its lock goes with its store.
 """
@@ -52,34 +55,25 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from txbroker.errors import (
-    AuthenticationFailed,
-    BadRequest,
-    BrokerError,
-    ProtocolError,
-    Standby,
-    TxBrokerError,
+from txbroker.core.ha.shared_store_role import (
+    StoreRole,
+    StoreRoleAction,
+    StoreRoleInput,
+    store_role_next,
 )
+from txbroker.errors import ProtocolError
 from txbroker.protocol import ha as link
-from txbroker.protocol.native import (
-    PROTOCOL_VERSION,
-    Err,
-    NativeConnection,
-    Ok,
-    Request,
-    Role,
-    encode_error,
-)
 from txbroker.server.app import BrokerServer, store_lock_path
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.link import LinkSecurity
+from txbroker.server.ha.pair_link import AttachedStandby, PeerRefused, next_message
+from txbroker.server.ha.standby import StandbyConnection, shared_store_refusal
 from txbroker.server.security.auth import Authenticator
 from txbroker.storage.store_lock import StoreLock, lock_holder
 
-__all__ = ["HaRole", "PeerRefused", "SharedStoreNode"]
+__all__ = ["HaRole", "PeerRefused", "SharedStoreNode", "StandbyConnection"]
 
 log = logging.getLogger("txbroker.ha")
 
@@ -93,35 +87,10 @@ FAST_LOCK_PAUSE: Final = 0.01
 #: A blocking ``F_OFD_SETLKW`` in a thread would wait for the release exactly but
 #: cannot be called off when the node stops: the thread would take the lock later.
 LOCK_POLL_INTERVAL: Final = 0.05
-#: Ops a probing client may send to a standby (``txbroker ha status``).
-PROBE_OPS: Final = frozenset({"stats", "ping"})
 
 
-class HaRole:
-    """The roles a node goes through (``stats()["ha"]["role"]``)."""
-
-    STARTING: Final = "starting"
-    STANDBY: Final = "standby"
-    ACTIVATING: Final = "activating"  # holds the lock, recovering the store
-    ACTIVE: Final = "active"
-    STOPPED: Final = "stopped"
-
-
-class PeerRefused(TxBrokerError):
-    """The peer's HA port refused us; ``retry`` False: for good (a second standby)."""
-
-    def __init__(self, reason: str, retry: bool) -> None:
-        super().__init__(reason)
-        self.retry = retry
-
-
-@dataclass(slots=True)
-class _Standby:
-    """The standby attached to this active."""
-
-    address: str
-    writer: asyncio.StreamWriter
-    last_ack: float  # monotonic
+#: The roles a node goes through (``stats()["ha"]["role"]``; ``core/ha/shared_store_role.py``).
+HaRole = StoreRole
 
 
 class SharedStoreNode:
@@ -133,7 +102,8 @@ class SharedStoreNode:
     """
 
     def __init__(self, config: ServerConfig, reload: Callable[[], ServerConfig] | None = None,
-                 on_role: Callable[[str, BrokerServer | None], None] | None = None) -> None:
+                 on_role: Callable[[StoreRole, BrokerServer | None], None] | None = None
+                 ) -> None:
         config.validate()
         if config.ha != "shared-store":
             raise ValueError("SharedStoreNode needs ha = \"shared-store\"")
@@ -154,7 +124,7 @@ class SharedStoreNode:
         self.last_heartbeat: float | None = None
         #: the active this standby follows ("HOST:PORT" of its HA port)
         self.following: str | None = None
-        self._standby: _Standby | None = None
+        self._standby: AttachedStandby | None = None
         self._stopping = asyncio.Event()
         self._link_server: asyncio.Server | None = None
         self._refuser: asyncio.Server | None = None
@@ -170,7 +140,7 @@ class SharedStoreNode:
         standby = self._standby
         return {
             "mode": "shared-store",
-            "role": self.role,
+            "role": self.role.value,
             "since": round(self.since, 3),
             "node": self.node,
             "peer": self.config.ha_peer,
@@ -185,13 +155,13 @@ class SharedStoreNode:
             "link": self.security.status(),
         }
 
-    def _set_role(self, role: str) -> None:
-        if role == self.role:
-            return
-        log.info("HA role: %s -> %s", self.role, role)
-        self.role = role
-        self.since = time.time()
-        if self._on_role is not None:
+    def _enter(self, role: StoreRole, actions: tuple[StoreRoleAction, ...]) -> None:
+        """Take the role a rule of the table gave (``store_role_next``); announce it."""
+        if role is not self.role:
+            log.info("HA role: %s -> %s", self.role.value, role.value)
+            self.role = role
+            self.since = time.time()
+        if StoreRoleAction.ANNOUNCE in actions and self._on_role is not None:
             self._on_role(role, self.server)
 
     # ------------------------------------------------------------------ run
@@ -233,7 +203,7 @@ class SharedStoreNode:
             self._standby = None
         if self.lock is not None:
             self.lock.release()  # the store released it already when it closed
-        self._set_role(HaRole.STOPPED)
+        self._enter(*store_role_next(self.role, StoreRoleInput.CLOSED))
 
     # ------------------------------------------------------------------ standby side
     async def _contend(self) -> StoreLock | None:
@@ -280,9 +250,10 @@ class SharedStoreNode:
     async def _follow_or_wait(self, role_line: str) -> StoreLock | None:
         """Be the standby: follow the active, try the lock when it is lost, pause when
         the peer cannot be had; the lock, or None once stopped."""
-        if self.role != HaRole.STANDBY:
+        role, actions = store_role_next(self.role, StoreRoleInput.LOCK_BUSY)
+        if StoreRoleAction.OPEN_REFUSER in actions:
             await self._open_refuser()
-            self._set_role(HaRole.STANDBY)
+        self._enter(role, actions)
         while not self._stopping.is_set():
             followed = False
             try:
@@ -340,7 +311,7 @@ class SharedStoreNode:
                                      lock=lock_holder(self.lock_path)))
             try:
                 async with asyncio.timeout(timeout):
-                    welcome = await self._next_message(reader, decoder)
+                    welcome = await next_message(reader, decoder)
             except TimeoutError:
                 raise TimeoutError(f"connected, but no answer to the HA handshake within "
                                    f"{timeout:g} s (a stopped active, or not a txbroker HA "
@@ -357,17 +328,6 @@ class SharedStoreNode:
             return True
         finally:
             writer.close()
-
-    @staticmethod
-    async def _next_message(reader: asyncio.StreamReader, decoder: link.HaDecoder
-                            ) -> dict[str, Any]:
-        pending: list[dict[str, Any]] = []
-        while not pending:
-            data = await reader.read(4096)
-            if not data:
-                raise ConnectionResetError("the peer closed the HA link")
-            pending = decoder.feed(data)
-        return pending[0]
 
     async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      decoder: link.HaDecoder) -> None:
@@ -405,7 +365,8 @@ class SharedStoreNode:
         self.lock = lock
         self.following = None
         self.last_heartbeat = None  # from now on: the standby's last heartbeat ack
-        self._set_role(HaRole.ACTIVATING)
+        role, actions = store_role_next(self.role, StoreRoleInput.LOCK_TAKEN)
+        self._enter(role, actions)
         log.info("HA: holding the lock %s: taking over", self.lock_path)
         config = self.config
         if self._reload is not None:
@@ -414,7 +375,7 @@ class SharedStoreNode:
             except (OSError, ValueError) as exc:  # keep the settings we started with
                 log.error("HA: cannot re-read the configuration (%s): keeping the current one",
                           exc)
-        if self._refuser is not None:
+        if StoreRoleAction.CLOSE_REFUSER in actions and self._refuser is not None:
             self._refuser.close()
             self._refuser = None
         server = BrokerServer(config, lock=lock)
@@ -422,7 +383,7 @@ class SharedStoreNode:
         self.server = server
         await server.recover()
         await server.open_listeners()
-        self._set_role(HaRole.ACTIVE)
+        self._enter(*store_role_next(self.role, StoreRoleInput.SERVING))
         if self._stopping.is_set():
             server.request_stop()
         await server.serve_forever()
@@ -435,7 +396,7 @@ class SharedStoreNode:
         decoder = link.HaDecoder()
         try:
             async with asyncio.timeout(self.config.heartbeat_interval):
-                hello = await self._next_message(reader, decoder)
+                hello = await next_message(reader, decoder)
         except ProtocolError as exc:
             log.error("HA: %s on the HA port: %s", address, exc)
             writer.close()
@@ -454,7 +415,7 @@ class SharedStoreNode:
             writer.close()
             return
         node = str(hello.get("node", address))
-        standby = _Standby(node, writer, time.monotonic())
+        standby = AttachedStandby(node, writer, time.monotonic())
         if self._standby is not None:  # the same standby again, or one that went silent
             self._standby.writer.close()
         self._standby = standby
@@ -477,8 +438,9 @@ class SharedStoreNode:
         """Why this active does not take ``hello``'s sender as its standby, if it does not."""
         if hello.get("type") != "standby":
             return f"expected a standby hello, got {hello.get('type')!r}", False
-        if self.role not in (HaRole.ACTIVATING, HaRole.ACTIVE):
-            return f"{self.node} is {self.role}, not the active", True
+        _, actions = store_role_next(self.role, StoreRoleInput.STANDBY_HELLO)
+        if StoreRoleAction.CHECK_STANDBY not in actions:
+            return f"{self.node} is {self.role.value}, not the active", True
         current = self._standby
         if current is not None and current.address != hello.get("node") and \
                 time.monotonic() - current.last_ack < self.config.activation_interval:
@@ -490,7 +452,7 @@ class SharedStoreNode:
                     f"wrote {ours!r}: the two brokers do not share one data directory"), False
         return None
 
-    async def _heartbeats(self, standby: _Standby, reader: asyncio.StreamReader,
+    async def _heartbeats(self, standby: AttachedStandby, reader: asyncio.StreamReader,
                           decoder: link.HaDecoder) -> None:
         """Send a heartbeat every interval; read the acks; return when the link breaks."""
         interval = self.config.heartbeat_interval
@@ -526,85 +488,7 @@ class SharedStoreNode:
             return
         auth = Authenticator(config.users)
         self._refuser = await asyncio.get_running_loop().create_server(
-            lambda: StandbyConnection(config, auth, refusal=self._refusal_text,
-                                      status=self.status, role=lambda: self.role),
+            lambda: StandbyConnection(
+                config, auth, status=self.status, role=lambda: self.role.value,
+                refusal=lambda op: shared_store_refusal(config, self.following, op)),
             config.host, config.port, reuse_address=True)
-
-    def _refusal_text(self, op: str) -> str:
-        config = self.config
-        if op == "hello":
-            active = self.following or config.ha_peer
-            return (f"this broker ({config.host}:{config.port}) is the standby of a "
-                    f"shared-store pair (the active is at HA address {active}): try the next "
-                    "address")
-        return f"this broker is the standby of a shared-store pair: {op!r} is served by the active"
-
-
-class StandbyConnection(asyncio.Protocol):
-    """A native client of a broker that serves none (a shared-store standby, a
-    replicated backup): refused with ``Standby`` (``refusal`` says why), except a
-    probe (``hello`` with ``probe: true`` and the broker's users), which may ask
-    ``stats`` and ``ping`` and the ``extra`` ops (``ha_promote`` on a backup)."""
-
-    def __init__(self, config: ServerConfig, auth: Authenticator, *,
-                 refusal: Callable[[str], str], status: Callable[[], dict[str, Any]],
-                 role: Callable[[], str],
-                 extra: dict[str, Callable[[dict[str, Any]], Any]] | None = None) -> None:
-        self.config = config
-        self.auth = auth
-        self.refusal = refusal
-        self.status = status
-        self.role = role
-        self.extra = extra or {}
-        self.codec = NativeConnection(Role.SERVER, max_frame_size=config.max_frame_size)
-        self.transport: asyncio.Transport | None = None
-        self.probe = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Keep the transport."""
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        """Answer each request (see :meth:`answer`)."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        self.codec.receive_data(data)
-        try:
-            while events := self.codec.drain():
-                for event in events:
-                    if not isinstance(event, Request):
-                        raise ProtocolError("clients may only send requests")
-                    out, close = self.answer(event)
-                    transport.write(out)
-                    if close:
-                        transport.close()
-                        return
-        except ProtocolError as exc:
-            transport.write(encode_error(0, int(exc.code), str(exc)))
-            transport.close()
-
-    def answer(self, request: Request) -> tuple[bytes, bool]:
-        """The reply to ``request`` and whether to close afterwards."""
-        try:
-            result = self._result(request)
-        except BrokerError as exc:
-            return self.codec.send(Err(request.rid, exc.wire_code, exc.message)), True
-        return self.codec.send(Ok(request.rid, result)), False
-
-    def _result(self, request: Request) -> Any:
-        if request.op == "hello" and not self.probe:
-            args = request.args
-            if args.get("version", PROTOCOL_VERSION) != PROTOCOL_VERSION:
-                raise BadRequest(f"unsupported protocol version {args.get('version')!r}")
-            if args.get("probe") is not True:
-                raise Standby(self.refusal("hello"))
-            if not self.auth.check(args.get("user"), args.get("password")):
-                raise AuthenticationFailed("wrong user or password")
-            self.probe = True
-            return {"server": "txbroker", "version": PROTOCOL_VERSION, "role": self.role()}
-        if self.probe and request.op in PROBE_OPS:
-            return {"ha": self.status()} if request.op == "stats" else None
-        if self.probe and request.op in self.extra:
-            return self.extra[request.op](request.args)
-        raise Standby(self.refusal(request.op))

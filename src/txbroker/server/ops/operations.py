@@ -294,23 +294,15 @@ class Operations:
 
     def hold_input(self, held: bool) -> None:
         """Stop (or go on) reading every client connection: replication takes a dump
-        while nothing new comes in (``server/ha/replication.py``)."""
+        while nothing new comes in (``server/ha/joining.py``)."""
         for session in self.sessions.values():
-            transport = getattr(session.sink, "transport", None)
-            if transport is None or transport.is_closing():
-                continue
-            if held:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
+            session.sink.hold_input(held)
 
     def abort_all(self) -> None:
-        """Cut every client connection at once, nothing more written (a fenced
-        primary of ``--ha replicated``: it must not answer anybody again)."""
+        """Cut every client connection at once, nothing more written (a fenced primary
+        of ``--ha replicated``: it must not answer anybody again)."""
         for session in list(self.sessions.values()):
-            transport = getattr(session.sink, "transport", None)
-            if transport is not None:
-                transport.abort()
+            session.sink.abort()
 
     def notify(self, effect: Notify) -> None:
         """A push of the transaction router (a message, an outcome, an event)."""

@@ -12,8 +12,11 @@
 ``app.py`` imports the edges (``connection.py``, ``stomp.py``) and the
 operation layer (``ops.py``); none of them imports ``app.py``: what they need
 from the running server is :class:`ServerPort`, and what the server needs from
-a connection is :class:`SessionSink`. A new protocol (or a replication link)
-is one more :class:`SessionSink` calling the operation layer.
+a connection is :class:`SessionSink` (every edge's connection, HTTP's request sink
+and the AMQP edge's internal session implement all of it). A new protocol is one more
+:class:`SessionSink` calling the operation layer. (The replication link is not one: it
+talks to the hub, ``server/ha/replication.py``, which sees the server as its
+``HubPort``.)
 """
 
 from __future__ import annotations
@@ -84,3 +87,12 @@ class SessionSink(Protocol):
 
     def close(self) -> None:
         """Write what is gathered and close the connection (shutdown)."""
+
+    def hold_input(self, held: bool) -> None:
+        """Stop (``held``) or go on reading the client's input (replicated HA describes
+        its state for a backup's dump while no request comes in); a sink without a
+        socket of its own does nothing."""
+
+    def abort(self) -> None:
+        """Cut the connection at once, nothing more written (a fenced primary must not
+        answer anybody again); a sink without a socket of its own does nothing."""

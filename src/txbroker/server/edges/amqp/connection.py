@@ -361,6 +361,23 @@ class AmqpServerConnection(asyncio.Protocol):
             if self.blocked_capable:
                 self.transport.write(self.codec.send_method(0, commands.Connection.Unblocked()))
 
+    def hold_input(self, held: bool) -> None:
+        """Stop (``held``) or go on reading this client (``SessionSink``: a replication
+        dump is being described, ``server/ha/joining.py``)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if held:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def abort(self) -> None:
+        """Cut the connection at once, nothing more written (``SessionSink``: a fenced
+        primary)."""
+        if self.transport is not None:
+            self.transport.abort()
+
     def close(self) -> None:
         """Shutdown: connection.close 320 CONNECTION_FORCED, then close."""
         self.close_connection(ReplyCode.CONNECTION_FORCED,

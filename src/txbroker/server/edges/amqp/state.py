@@ -313,5 +313,11 @@ class AmqpState:
     def flush(self) -> None:
         """Nothing to write: this session has no socket."""
 
+    def hold_input(self, held: bool) -> None:
+        """Nothing to hold: this session reads no socket."""
+
+    def abort(self) -> None:
+        """Nothing to cut: this session has no socket."""
+
     def close(self) -> None:
         """Shutdown."""

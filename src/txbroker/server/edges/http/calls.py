@@ -145,6 +145,12 @@ class HttpSink:
     def flush(self) -> None:
         """Nothing is gathered."""
 
+    def hold_input(self, held: bool) -> None:
+        """Nothing to hold: the HTTP server reads the request, not this sink."""
+
+    def abort(self) -> None:
+        """Nothing to cut: the request's connection is the HTTP server's."""
+
     def close(self) -> None:
         """Shutdown or an operator closed it: fail what still waits."""
         for future in self.waiting.values():

@@ -202,6 +202,23 @@ class ClientConnection(asyncio.Protocol):
         """A ``cancelled`` push."""
         self.push("cancelled", {"sub": sub, "reason": reason})
 
+    def hold_input(self, held: bool) -> None:
+        """Stop (``held``) or go on reading this client (``SessionSink``: a replication
+        dump is being described, ``server/ha/joining.py``)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if held:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def abort(self) -> None:
+        """Cut the connection at once, nothing more written (``SessionSink``: a fenced
+        primary)."""
+        if self.transport is not None:
+            self.transport.abort()
+
     def close(self) -> None:
         """Shutdown: write what is gathered, then close."""
         self.flush()
