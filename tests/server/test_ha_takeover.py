@@ -22,10 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.support import free_port
-from txbroker.server.app import BrokerServer, gc_paused, store_lock_path
+from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.server.ha.etcd_lease import campaign_pause
 from txbroker.server.ha.shared_store import HaRole, SharedStoreNode
+from txbroker.server.process import gc_paused
+from txbroker.server.stores import store_lock_path
 from txbroker.storage.store_lock import StoreLock
 
 #: Far longer than the test may take: a standby that waited for its link would fail.

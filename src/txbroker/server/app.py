@@ -34,8 +34,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from txbroker.core import Broker
@@ -57,13 +56,19 @@ from txbroker.server.edges.amqp.state import AmqpState
 from txbroker.server.edges.native.connection import ClientConnection
 from txbroker.server.edges.stomp.connection import StompServerConnection, StompSettings
 from txbroker.server.ops import Operations, is_loopback
+from txbroker.server.process import (
+    GC_THRESHOLDS,
+    GIL_SWITCH_INTERVAL,
+    gc_paused,
+    release_free_memory,
+)
 from txbroker.server.security.auth import Authenticator
 from txbroker.server.security.tls import tls_factory
+from txbroker.server.space import maintain_loop
+from txbroker.server.stores import StoreOpener, open_store
 from txbroker.storage.interface import (
-    Dispatch,
     PackedBodies,
     Relocation,
-    SnapshotProvider,
     Store,
     StoreStats,
 )
@@ -71,66 +76,10 @@ from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.server")
 
-#: Seconds between GIL hand-offs (CPython's default is 0.005): 0.5 ms lets the
-#: writer thread resume right after its fsync instead of queueing behind the loop.
-GIL_SWITCH_INTERVAL = 0.0005
-#: Compaction copies live messages in slices of at most this many messages and
-#: body bytes (one entry each; 2,000 small messages take about 5 ms of loop time)...
-RELOCATE_SLICE_MESSAGES = 2_000
-RELOCATE_SLICE_BYTES = 4 * 1024 * 1024
-#: ... and pauses this long between slices (seconds), so that clients' requests
-#: go first.
-RELOCATE_PAUSE = 0.005
 #: Pending connections the kernel queues on each listener.
 LISTEN_BACKLOG = 1024
 
-__all__ = ["BrokerServer", "StoreOpener", "is_loopback", "open_store", "run", "serve",
-           "store_lock_path"]
-
-#: Opens a server's store from the completion dispatcher, the snapshot provider and the
-#: store's lock (if already held): :func:`open_store` on the server's config by default;
-#: tests pass one that opens a ``MemoryStore`` (``tests/inmemory.py``).
-StoreOpener = Callable[[Dispatch, SnapshotProvider, StoreLock | None], Store]
-
-
-def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], None],
-               snapshot: Callable[[], tuple[int, bytes]], lock: StoreLock | None = None
-               ) -> Store:
-    """Build the configured store (journal by default); ``lock``: the store's lock,
-    already held (the HA part takes it first), else the store takes it."""
-    if config.store == "dir":
-        from txbroker.storage.dirstore import DirStore
-
-        return DirStore(config.data, flags=config.dir_flags, dispatch=dispatch,
-                        snapshot_provider=snapshot, lock=lock,
-                        body_cache_bytes=config.body_cache_bytes)
-    from txbroker.storage.journal import JournalStore
-
-    return JournalStore(
-        config.data,
-        sync=config.sync,
-        segment_size=config.segment_size,
-        body_cache_bytes=config.body_cache_bytes,
-        dispatch=dispatch,
-        snapshot_provider=snapshot,
-        repair=config.repair,
-        compaction=config.compaction(),
-        recovery_index=config.recovery_index,
-        lock=lock,
-    )
-
-
-def store_lock_path(config: ServerConfig) -> Path:
-    """The lock file of the configured store: its single-writer lock, and the
-    shared-store HA lock."""
-    if config.store == "dir":
-        from txbroker.storage.dirstore import DirStore
-
-        return DirStore.lock_path(config.data)
-    from txbroker.storage.journal import JournalStore
-
-    return JournalStore.lock_path(config.data)
-
+__all__ = ["BrokerServer", "is_loopback", "run", "serve"]
 
 def wall_clock_ms() -> int:
     """Milliseconds since the epoch, from the system's clock."""
@@ -271,27 +220,22 @@ class BrokerServer:
             self.broker.define_facility(name, partitions, self.now())
 
     async def open_listeners(self) -> None:
-        """Open the client listeners the config asks for; start the timers."""
-        if self.config.port:  # a port of 0 disables the listener (DESIGN.md)
-            await self.listen_native(self.config.host, self.config.port)
-        if self.config.stomp_port:  # 0 disables it (DESIGN.md)
-            await self.listen_stomp(self.config.host, self.config.stomp_port)
-        if self.config.amqp_port:  # 0 disables it (docs/amqp.md)
-            await self.listen_amqp(self.config.host, self.config.amqp_port)
-        if self.config.http_port:  # 0 (the default) disables it
-            await self.listen_http(self.config.host, self.config.http_port)
-        tls = self.config.server_ssl_context() if (
-            self.config.tls_port or self.config.stomp_tls_port or self.config.https_port
-            or self.config.amqps_port) else None
-        if self.config.tls_port:  # TLS listeners: 0 disables them too (docs/tls.md)
-            await self.listen_native(self.config.host, self.config.tls_port, tls=tls)
-        if self.config.stomp_tls_port:
-            await self.listen_stomp(self.config.host, self.config.stomp_tls_port, tls=tls)
-        if self.config.https_port:
-            await self.listen_http(self.config.host, self.config.https_port, tls=tls)
-        if self.config.amqps_port:
-            await self.listen_amqp(self.config.host, self.config.amqps_port, tls=tls)
-        self._maintainer = asyncio.create_task(self._maintain_loop())
+        """Open the client listeners the config asks for (a port of 0 disables one:
+        DESIGN.md, docs/tls.md, docs/amqp.md), the plain ones first; start the timers."""
+        config = self.config
+        plain = ((config.port, self.listen_native), (config.stomp_port, self.listen_stomp),
+                 (config.amqp_port, self.listen_amqp), (config.http_port, self.listen_http))
+        secure = ((config.tls_port, self.listen_native),
+                  (config.stomp_tls_port, self.listen_stomp),
+                  (config.https_port, self.listen_http), (config.amqps_port, self.listen_amqp))
+        tls = config.server_ssl_context() if any(port for port, _ in secure) else None
+        for port, listen in plain:
+            if port:
+                await listen(config.host, port)
+        for port, listen in secure:
+            if port:
+                await listen(config.host, port, tls=tls)
+        self._maintainer = asyncio.create_task(maintain_loop(self))
         self._arm_timer()
 
     async def serve_forever(self) -> None:
@@ -326,6 +270,10 @@ class BrokerServer:
         log.info("%s on %s:%d", protocol, bound[0], bound[1])
         return listener
 
+    def _bound(self, listener: asyncio.Server, attribute: str) -> None:
+        """Record a listener's bound port as ``attribute`` (:attr:`port` …)."""
+        setattr(self, attribute, listener.sockets[0].getsockname()[1])
+
     async def listen_native(self, host: str, port: int, *, tls: ssl.SSLContext | None = None
                             ) -> asyncio.Server:
         """Listen for native-protocol clients; sets :attr:`port` (with ``tls``:
@@ -333,11 +281,7 @@ class BrokerServer:
         ops = self.ops
         listener = await self.listen(lambda: ClientConnection(ops), host, port,
                                      "native protocol", tls=tls)
-        bound = listener.sockets[0].getsockname()[1]
-        if tls is None:
-            self.port = bound
-        else:
-            self.tls_port = bound
+        self._bound(listener, "port" if tls is None else "tls_port")
         return listener
 
     async def listen_stomp(self, host: str, port: int, settings: StompSettings | None = None,
@@ -350,11 +294,7 @@ class BrokerServer:
         ops = self.ops
         listener = await self.listen(lambda: StompServerConnection(ops, chosen), host, port,
                                      "STOMP", tls=tls)
-        bound = listener.sockets[0].getsockname()[1]
-        if tls is None:
-            self.stomp_port = bound
-        else:
-            self.stomp_tls_port = bound
+        self._bound(listener, "stomp_port" if tls is None else "stomp_tls_port")
         return listener
 
     async def listen_amqp(self, host: str, port: int, settings: AmqpSettings | None = None,
@@ -370,11 +310,7 @@ class BrokerServer:
         ops, state = self.ops, self.amqp
         listener = await self.listen(lambda: AmqpServerConnection(ops, state, chosen), host,
                                      port, "AMQP 0-9-1", tls=tls)
-        bound = listener.sockets[0].getsockname()[1]
-        if tls is None:
-            self.amqp_port = bound
-        else:
-            self.amqps_port = bound
+        self._bound(listener, "amqp_port" if tls is None else "amqps_port")
         return listener
 
     async def listen_http(self, host: str, port: int, *, tls: ssl.SSLContext | None = None
@@ -387,11 +323,7 @@ class BrokerServer:
         if self._http is None:
             self._http = HttpEdge(self)
         listener = await self.listen(self._http.protocol, host, port, "HTTP", tls=tls)
-        bound = listener.sockets[0].getsockname()[1]
-        if tls is None:
-            self.http_port = bound
-        else:
-            self.https_port = bound
+        self._bound(listener, "http_port" if tls is None else "https_port")
         return listener
 
     def store_stats(self) -> StoreStats | None:
@@ -507,61 +439,12 @@ class BrokerServer:
         self.broker.tick(self.now())
         self.run_effects()
 
-    async def _maintain_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.maintain_interval)
-            relocation = self.maintain()
-            if relocation is not None:
-                await self.relocate(relocation)
-
     def maintain(self) -> Relocation | None:
         """Let the store drop dead segments; return the relocation it asks for."""
         store = self.store
         if store is None or self.broker.failed is not None:
             return None
         return store.maintain()
-
-    async def relocate(self, relocation: Relocation) -> None:
-        """Copy the live messages of a mostly-dead segment forward, a slice at a time:
-        the segment's entries are scanned a slice's worth at a time, and each slice
-        costs one ``pread`` for the bodies and one entry (``RELOCATE_MANY``), the
-        loop free for clients in between (a segment can hold a million live
-        messages; scanning and copying them in one go stalled every client for
-        seconds)."""
-        entries = relocation.entries
-        moved, start = 0, 0
-        while start < len(entries) and self.broker.failed is None:
-            end, count = start, 0
-            while end < len(entries) and count < RELOCATE_SLICE_MESSAGES:
-                count += len(entries[end].refs) + 1
-                end += 1
-            live = self.broker.live_refs(entries[start:end])
-            start = end
-            moved += await self._copy_forward(live)
-            await asyncio.sleep(0)
-        log.info("compaction: relocated %d live messages out of segment %d", moved,
-                 relocation.segment)
-
-    async def _copy_forward(self, live: list[tuple[int, int]]) -> int:
-        """Relocate ``(message id, ref)`` pairs in slices; how many were copied."""
-        store = self.store
-        assert store is not None
-        copied, start = 0, 0
-        while start < len(live) and self.broker.failed is None:
-            end, size = start, 0
-            while end < len(live) and end - start < RELOCATE_SLICE_MESSAGES and (
-                    end == start or size < RELOCATE_SLICE_BYTES):
-                size += store.body_size(live[end][1])
-                end += 1
-            pairs = self.broker.still_live(live[start:end])
-            start = end
-            if pairs:
-                bodies = store.read_bodies([ref for _, ref in pairs]).split()
-                self.broker.relocate_many(pairs, bodies)
-                self.run_effects()
-                copied += len(pairs)
-            await asyncio.sleep(RELOCATE_PAUSE)
-        return copied
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
@@ -593,41 +476,6 @@ async def serve(config: ServerConfig, ready: Callable[[BrokerServer], None] | No
     if ready is not None:
         ready(server)
     await server.serve_forever()
-
-
-#: gen0 allocations before a collection, and gen0/gen1 collections before the next
-#: generation (Python's defaults are 700, 10, 10).
-GC_THRESHOLDS = (50_000, 20, 100)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Run the block with the cyclic GC off, then put it back as it was.
-
-    A replay allocates a container per record (its decoded meta) that dies at once by
-    reference counting and leaves few tracked objects behind (26,727 after 100k
-    messages and 300k churned), so the collector's passes find nothing: on a journal
-    of 100k live messages and 330k dead ones, recovery took 0.85 s of CPU with
-    GC_THRESHOLDS and 0.77 s with the GC off (pure build, median of 3). A takeover
-    (shared-store HA) is a recovery, so this is takeover time too."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``): a
-    replay frees millions of small objects that would otherwise stay resident."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        pass
 
 
 def run(config: ServerConfig, ready: Callable[[BrokerServer], None] | None = None, *,

@@ -47,7 +47,7 @@ from txbroker.core.ha.replicated_role import NodeRole, RoleAction, RoleInput, ro
 from txbroker.core.ha.transition import IllegalTransition
 from txbroker.errors import EtcdError, IllegalState, ProtocolError
 from txbroker.protocol import replication as link
-from txbroker.server.app import BrokerServer, store_lock_path
+from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.etcd import EtcdClient
 from txbroker.server.ha.etcd_lease import Candidate, campaign_pause
@@ -62,6 +62,7 @@ from txbroker.server.ha.replica import (
 )
 from txbroker.server.ha.replication import ReplicationHub
 from txbroker.server.ha.standby import BackupPorts
+from txbroker.server.stores import store_lock_path
 from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.ha")

@@ -65,12 +65,13 @@ from txbroker.core.ha.shared_store_role import (
 )
 from txbroker.errors import ProtocolError
 from txbroker.protocol import ha as link
-from txbroker.server.app import BrokerServer, store_lock_path
+from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.link import LinkSecurity
 from txbroker.server.ha.pair_link import AttachedStandby, PeerRefused, next_message
 from txbroker.server.ha.standby import StandbyConnection, shared_store_refusal
 from txbroker.server.security.auth import Authenticator
+from txbroker.server.stores import store_lock_path
 from txbroker.storage.store_lock import StoreLock, lock_holder
 
 __all__ = ["HaRole", "PeerRefused", "SharedStoreNode", "StandbyConnection"]
