@@ -310,7 +310,7 @@ def test_xa_branches_across_a_failover(
 def test_a_message_delivered_before_a_kill_comes_back_flagged_redelivered(
         site: OnlyBroker | ReplicatedTrio) -> None:
     """Seed 004: messages delivered and not acknowledged before the failure come
-    again with ``redelivered`` set (the broker's delivered mark, core/queue_index.py)."""
+    again with ``redelivered`` set (the broker's delivered mark, core/delivered_mark.py)."""
     moves = Moves()
     with txbroker.connect(site.url, failover_timeout=FAILOVER_WAIT, on_failover=moves) as conn:
         conn.send("q", b"in a transaction")

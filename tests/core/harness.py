@@ -260,7 +260,7 @@ class Harness:
 
     def receive_marked(self, sid: int, rid: int, queue: str) -> Any:
         """``receive`` for tests without ``auto_sync``: a delivery the queue's delivered
-        mark holds back (core/queue_index.py) goes out after one sync — which also
+        mark holds back (core/delivered_mark.py) goes out after one sync — which also
         makes whatever else is pending durable, so call it with nothing pending."""
         result = self.receive(sid, rid, queue)
         if result is LATER and (sid, rid) not in self.replies and self.pending:

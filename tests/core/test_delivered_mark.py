@@ -1,4 +1,4 @@
-"""The delivered mark (core/queue_index.py, "Delivered mark"): a message delivered and
+"""The delivered mark (core/delivered_mark.py): a message delivered and
 not acked when the broker died comes back flagged redelivered (seed 004), a delivery
 never gets ahead of the durable mark, and a steady stream does not wait for marks."""
 

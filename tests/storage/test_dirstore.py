@@ -17,7 +17,7 @@ import pytest
 
 from tests.ledger import check
 from tests.server import test_kill9 as kill9
-from txbroker.core import queues as core_queues
+from txbroker.core import queue_settings as core_queue_settings
 from txbroker.core import records
 from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore, StorageFailed
@@ -307,7 +307,7 @@ def test_sync_flags_parse() -> None:
 
 
 def test_default_dup_window_is_the_cores() -> None:
-    assert DEFAULT_DUP_WINDOW == core_queues.DEFAULT_DUP_WINDOW
+    assert DEFAULT_DUP_WINDOW == core_queue_settings.DEFAULT_DUP_WINDOW
 
 
 # -- the seed's file flow ----------------------------------------------------------------

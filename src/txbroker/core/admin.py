@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from txbroker.core.dead_letters import readdress
 from txbroker.core.drop_jobs import delete_queue, purge_queue
 from txbroker.core.messages import Message
 from txbroker.core.outbox import Outbox
@@ -20,9 +21,9 @@ from txbroker.core.queue_index import (
     SUBSCRIPTION_SEPARATOR,
     QueueIndex,
     check_name,
-    readdress,
 )
-from txbroker.core.queues import Queue, QueueSettings
+from txbroker.core.queue_settings import QueueSettings
+from txbroker.core.queues import Queue
 from txbroker.core.records import Move, QueueDelete, QueuePut
 from txbroker.core.router.log import RESERVED_PREFIX, refuse_reserved
 from txbroker.core.sessions import Session, Topic

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from txbroker.core.dead_letters import dead_letter, expire
 from txbroker.core.drop_jobs import delete_queue
 from txbroker.core.effects import Reply
 from txbroker.core.limits import Limits
@@ -241,8 +242,8 @@ class Delivery:
                 queue = self.index.queues.get(message.queue)
                 if queue is not None:
                     queue.in_flight -= 1
-                    self.index.dead_letter(queue, message, queue.settings.dead_letter_queue,
-                                     "rejected", now)
+                    dead_letter(self.index, queue, message, queue.settings.dead_letter_queue,
+                                "rejected", now)
         for name in {consumer.queue for _, consumer in taken}:
             self.index.dispatch_name(name, now)
         return {}
@@ -314,7 +315,7 @@ class Delivery:
                 if message.expired(now):
                     queue.discard(message)
                     message.state = State.READY
-                    self.index.expire(queue, message, now)
+                    expire(self.index, queue, message, now)
 
     def next_wakeup(self) -> int | None:
         """The next time (ms) ``tick`` has something to do, if any."""

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A queue with ``max_messages`` or ``max_bytes`` is full when one more message
-would go past them. Its ``overflow`` setting (``core/queues.py``) says what
+would go past them. Its ``overflow`` setting (``core/queue_settings.py``) says what
 happens then:
 
 * ``reject`` (the default; every native and STOMP queue): the send is refused
@@ -38,9 +38,11 @@ messages, not those still on their way): :func:`trim`, called by
 
 from __future__ import annotations
 
+from txbroker.core.dead_letters import dead_letter
 from txbroker.core.messages import Message, State
 from txbroker.core.queue_index import QueueIndex
-from txbroker.core.queues import OVERFLOW_DROP_HEAD, Queue
+from txbroker.core.queue_settings import OVERFLOW_DROP_HEAD
+from txbroker.core.queues import Queue
 
 #: The reason a dropped message's MOVE record (and the AMQP ``x-death``) carries.
 MAXLEN_REASON = "maxlen"
@@ -92,7 +94,7 @@ def drop(index: QueueIndex, queue: Queue, message: Message, now: int) -> None:
     is consumed, its ack in the open record group."""
     target = queue.settings.overflow_queue
     if target:
-        index.dead_letter(queue, message, target, MAXLEN_REASON, now)
+        dead_letter(index, queue, message, target, MAXLEN_REASON, now)
         return
     queue.count_out(message)
     queue.dead_lettered += 1

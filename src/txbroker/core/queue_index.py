@@ -28,27 +28,8 @@ rebuilds (``core/replay.py``):
 Plain sends and acks wait in the outbox's record group; :meth:`close_group`
 writes them as one record (``core/outbox.py``).
 
-Delivered mark
---------------
-A delivery is not a record, yet after a crash (or a shared-store failover) a
-message that was delivered and not acked must come back flagged
-``redelivered`` (seed 004). So each durable queue keeps a **delivered mark**,
-``delivered_seq``: every message whose seq is at most the mark may have been
-delivered. A delivery above the durable mark is held until a ``QUEUE_PUT``
-carrying a new mark is durable; a mark reaches the queue's ``mark_reach``
-(``queues.MARK_AHEAD`` at first) seqs past the delivery plus the consumers'
-free credit (a prefetch window filling up in one dispatch does not wait
-twice), and the next mark is written early, when less than half the reach is
-left, so a steady stream of deliveries does not wait (a queue's first
-delivery, and its first after a restart, wait for one sync). When an early
-mark was not durable in time — deliveries faster than the store's syncs — the
-reach doubles, up to :data:`MAX_MARK_REACH`. Replay keeps the largest mark and counts one
-delivery for every surviving message at or below it (``core/replay.py``):
-such a message comes back with ``redelivered`` set — at most the reach plus
-the consumers' free credit (at most ``MAX_MARK_REACH + MAX_MARK_CREDIT``)
-messages per queue that were never delivered are flagged too, which JMS allows
-("likely, but not guaranteed, delivered before"). Auto-ack and non-persistent
-deliveries take no mark (they cannot come back).
+The delivered mark that holds a delivery until a record says it may have happened
+is ``core/delivered_mark.py``'s.
 """
 
 from __future__ import annotations
@@ -56,12 +37,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from txbroker.core.dead_letters import dead_letter, expire
+from txbroker.core.delivered_mark import MAX_MARK_REACH, write_mark
 from txbroker.core.effects import Deliver, Fail, Persist, Release, Reply
 from txbroker.core.limits import MAX_NAME_LENGTH, Limits
 from txbroker.core.messages import Message, MessageIndex, State, compactable
 from txbroker.core.outbox import Outbox, RecordGroup
-from txbroker.core.queues import MARK_AHEAD, OVERFLOW_REJECT, Consumer, Queue
-from txbroker.core.records import Add, Drop, Move, QueuePut, Tx
+from txbroker.core.queue_settings import OVERFLOW_REJECT
+from txbroker.core.queues import Consumer, Queue
+from txbroker.core.records import Add, QueuePut, Tx
 from txbroker.core.sessions import Session, Topic
 from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 
@@ -69,11 +53,6 @@ from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 LATER: Any = object()
 #: The separator in a topic subscription queue's name: ``topic::subscription``.
 SUBSCRIPTION_SEPARATOR = "::"
-#: The most free consumer credit a delivered mark reaches past, and the longest
-#: reach a queue's marks grow to (together they bound the messages flagged
-#: redelivered without need after a crash).
-MAX_MARK_CREDIT = 1000
-MAX_MARK_REACH = 16 * MARK_AHEAD
 #: Ready messages in a queue with consumers past which new plain messages are kept
 #: as compact chunk slots (below, they are about to be delivered: kept as objects).
 COMPACT_BACKLOG = 1024
@@ -384,7 +363,7 @@ class QueueIndex:
             if message is None:
                 return
             if message.expired(now):
-                self.expire(queue, message, now)
+                expire(self, queue, message, now)
                 continue
             self._deliver(queue, consumer, message)
 
@@ -408,11 +387,11 @@ class QueueIndex:
             self.outbox.emit(deliver)  # the usual case: well below the durable mark
         elif seq <= queue.delivered_seq and not queue.held_deliveries:
             self.outbox.emit(deliver)
-            self._mark(queue, seq)  # half-way through the reserve: the next one, early
+            write_mark(self, queue, seq)  # half-way through the reserve: the next one, early
         else:
             if queue.reserving >= seq and queue.mark_reach < MAX_MARK_REACH:
                 queue.mark_reach *= 2  # the early mark was not durable in time: reach further
-            self._mark(queue, seq)
+            write_mark(self, queue, seq)
             queue.held_deliveries.append(deliver)  # handed out when the mark is durable
             self.counters["deliveries_held"] += 1
         if consumer.ack_auto:
@@ -421,51 +400,6 @@ class QueueIndex:
             return
         consumer.unacked[tag] = message
         session.deliveries[tag] = consumer
-
-    def _mark(self, queue: Queue, seq: int) -> None:
-        """Make sure a delivered mark of at least ``seq`` is on its way (see
-        "Delivered mark" in the module docstring)."""
-        reach = queue.mark_reach
-        if max(queue.delivered_seq, queue.reserving) >= seq + reach // 2 \
-                or queue.name in self.deleting:
-            return  # a mark on its way (or durable) reaches far enough
-        # reach past what the consumers' free credit lets one dispatch hand out, so
-        # that a burst (a prefetch window filling up) does not wait for the next mark
-        credit = sum(max(0, c.prefetch - len(c.unacked)) for c in queue.consumers)
-        mark = seq + reach + min(credit, MAX_MARK_CREDIT)
-        queue.reserving = mark
-        self.counters["delivered_marks"] += 1
-
-        def durable(error: BaseException | None) -> None:
-            if queue.reserving <= mark:
-                queue.reserving = 0
-            if error is not None:
-                # the mark is not on disk: a delivery it was to cover would, after a
-                # restart, go out again without the redelivered flag — so the held
-                # deliveries stay held (the store failed: the broker takes no more
-                # writes until it restarts; found by the simulator, queue-failing-fsync
-                # seed 5)
-                self.outbox.storage_failed(error)
-                return
-            queue.delivered_seq = max(queue.delivered_seq, mark)
-            self._release_held(queue)
-
-        self.outbox.write(QueuePut(queue.definition()), durable)
-
-    def _release_held(self, queue: Queue) -> None:
-        """Hand out the held deliveries the durable mark now covers, in order; those
-        whose consumer or session went away meanwhile are not sent (the message went
-        back to its queue with them)."""
-        held = queue.held_deliveries
-        while held and held[0].message.seq <= queue.delivered_seq:
-            deliver = held.popleft()
-            session = self.sessions.get(deliver.session)
-            if session is None:
-                continue
-            consumer = session.deliveries.get(deliver.tag)
-            if consumer is None or consumer.unacked.get(deliver.tag) is not deliver.message:
-                continue
-            self.outbox.emit(deliver)
 
     def requeue(self, message: Message, now: int, *, delay_ms: int = 0) -> None:
         """A delivered or held message comes back to its queue (front of its priority)."""
@@ -476,7 +410,7 @@ class QueueIndex:
             queue.in_flight -= 1
         settings = queue.settings
         if settings.max_deliveries and message.delivery_count >= settings.max_deliveries:
-            self.dead_letter(queue, message, settings.dead_letter_queue, "max_deliveries", now)
+            dead_letter(self, queue, message, settings.dead_letter_queue, "max_deliveries", now)
             return
         delay = delay_ms or settings.redelivery_delay_ms
         message.deliver_at_ms = now + delay if delay else 0
@@ -523,68 +457,6 @@ class QueueIndex:
             queue.dequeued += 1
         self.counters["acked"] += 1
         self.forget(message)
-
-    def expire(self, queue: Queue, message: Message, now: int) -> None:
-        """A message's time to live ran out: to the expiry (or dead-letter) queue."""
-        self.counters["expired"] += 1
-        queue.expired += 1
-        target = queue.settings.expiry_queue or queue.settings.dead_letter_queue
-        self.dead_letter(queue, message, target, "expired", now)
-
-    def dead_letter(self, queue: Queue, message: Message, target_name: str, reason: str,
-                    now: int) -> None:
-        """Move a message to ``target_name`` (or drop it when there is none)."""
-        queue.count_out(message)
-        if reason != "expired":
-            self.counters["dead_lettered"] += 1
-            queue.dead_lettered += 1
-        target = None
-        if target_name and target_name != queue.name:
-            # an operator's setting, not a client naming a destination: a missing
-            # dead-letter queue is created even when its name has "::"
-            target = self.queues.get(target_name) or self.create_queue(target_name)
-        if target is None:
-            message.state = State.GONE
-            if message.persistent:
-                stored = message
-                self.outbox.write(Drop([message.id], reason),
-                                    lambda error: self._after_drop(stored, error))
-            else:
-                self.forget(message)
-            return
-        readdress(message, target.name)
-        if message.persistent:
-            seq = target.assign_seq(message)
-            self.outbox.write(Move([message.id], target.name, reason, [seq]),
-                                lambda error: self._after_move(target.name, seq, error))
-        target.count_in(message)
-        target.enqueued += 1
-        target.put(message, now)
-        self.dispatch(target, now)
-
-    def _after_move(self, target: str, seq: int, error: BaseException | None) -> None:
-        if error is not None:
-            self.outbox.storage_failed(error)
-        queue = self.queues.get(target)
-        if queue is not None:
-            queue.settle(seq)
-
-    def _after_drop(self, message: Message, error: BaseException | None) -> None:
-        if error is not None:
-            self.outbox.storage_failed(error)
-            return
-        self.forget(message)
-
-    # ------------------------------------------------------------------ deletion
-
-
-def readdress(message: Message, queue: str) -> None:
-    """A message moves to ``queue`` (dead-lettered, expired or re-driven): its TTL and
-    delay are cleared and its seq is the new queue's to give."""
-    message.queue = queue
-    message.expires_ms = 0
-    message.deliver_at_ms = 0
-    message.seq = 0
 
 
 def check_not_streamed(queue: Queue) -> None:

@@ -18,82 +18,18 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from txbroker.core.effects import Deliver
 from txbroker.core.messages import CHUNK_SIZE, Chunk, Message, MessageIndex, State
-from txbroker.errors import BadRequest
+from txbroker.core.queue_settings import QueueSettings
+from txbroker.core.seq_index import compact_index
 
 #: Priorities are 0–9 as in JMS; 4 is the JMS default.
 PRIORITIES = 10
 DEFAULT_PRIORITY = 4
-#: Ids remembered per queue for duplicate detection (Artemis: id-cache-size 20000).
-DEFAULT_DUP_WINDOW = 20_000
-#: What a full queue does with one more message (``core/overflow.py``): refuse it
-#: (QuotaExceeded; every native and STOMP queue), or drop its oldest ready messages
-#: (RabbitMQ's ``x-overflow: drop-head``, its default for ``x-max-length``).
-OVERFLOW_REJECT = "reject"
-OVERFLOW_DROP_HEAD = "drop_head"
-OVERFLOW_POLICIES = (OVERFLOW_REJECT, OVERFLOW_DROP_HEAD)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSettings:
-    """Per-queue settings, all persisted. 0 / "" mean "no limit" / "none"."""
-
-    max_messages: int = 0
-    max_bytes: int = 0
-    max_deliveries: int = 0  #: deliveries after which a message is dead-lettered
-    dead_letter_queue: str = ""
-    expiry_queue: str = ""
-    default_ttl_ms: int = 0
-    redelivery_delay_ms: int = 0
-    ingress: bool = True  #: sends accepted
-    egress: bool = True  #: deliveries made
-    dup_window: int = DEFAULT_DUP_WINDOW
-    #: XA (seed 002): a branch whose message cannot go to this queue (ingress off, over
-    #: quota) fails at prepare / one-phase commit; off: it commits, the message is dropped
-    reject_to_sender_on_discard: bool = True
-    overflow: str = OVERFLOW_REJECT  #: a full queue: reject the send, or drop_head
-    overflow_queue: str = ""  #: where drop_head's dropped messages go ("": dropped)
-
-    def updated(self, changes: dict[str, Any]) -> QueueSettings:
-        """A copy with ``changes`` applied, type-checked (BadRequest on bad input)."""
-        known = {f.name: f for f in fields(self)}
-        clean: dict[str, Any] = {}
-        for key, value in changes.items():
-            if key not in known:
-                raise BadRequest(f"unknown queue setting {key!r}")
-            current = getattr(self, key)
-            if isinstance(current, bool):
-                if not isinstance(value, bool):
-                    raise BadRequest(f"queue setting {key!r} must be a boolean")
-            elif isinstance(current, int):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise BadRequest(f"queue setting {key!r} must be an integer >= 0")
-            elif not isinstance(value, str):
-                raise BadRequest(f"queue setting {key!r} must be a string")
-            clean[key] = value
-        if clean.get("overflow", OVERFLOW_REJECT) not in OVERFLOW_POLICIES:
-            raise BadRequest(f"queue setting 'overflow' must be one of {OVERFLOW_POLICIES}")
-        return replace(self, **clean)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as a plain dict (the ``settings`` of a queue ``def``): the
-        same as ``dataclasses.asdict`` (every value is a scalar), 10x cheaper —
-        ``queue_list`` builds one per queue."""
-        return {name: getattr(self, name) for name in _SETTING_NAMES}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> QueueSettings:
-        """Settings from a ``def``'s dict; unknown keys (from newer versions) are ignored."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
 
 
 class Consumer:
@@ -130,11 +66,9 @@ class Consumer:
         return len(self.unacked) < self.prefetch
 
 
-#: QueueSettings' field names, in order (``to_dict``).
-_SETTING_NAMES: tuple[str, ...] = tuple(f.name for f in fields(QueueSettings))
 
 #: A delivered mark reaches this many seqs (plus the consumers' free credit) past
-#: the delivery that needed it (``core/queue_index.py``, "Delivered mark"): about
+#: the delivery that needed it (``core/delivered_mark.py``): about
 #: one small record per half this many deliveries of a queue.
 MARK_AHEAD = 256
 
@@ -182,7 +116,7 @@ class Queue:
         self.seq_messages: list[Message] = []
         self.seq_head = 0  #: entries below are released
         self.stream_owner: tuple[str, int] | None = None  #: (reader name, session)
-        # -- the delivered mark (core/queue_index.py, "Delivered mark") -----------
+        # -- the delivered mark (core/delivered_mark.py) ----------------------------
         #: every seq up to this may have been delivered (durable: in a QUEUE_PUT)
         self.delivered_seq = 0
         #: the highest mark written and not yet durable (0: none)
@@ -416,7 +350,7 @@ class Queue:
             self.seq_keys.extend(range(first, stop))
             self.seq_messages.extend(messages)
             if len(self.seq_keys) - self.seq_head > 2 * (self.messages + self.pending) + 4096:
-                self._compact_index()
+                compact_index(self)
 
     def settle(self, seq: int, count: int = 1) -> None:
         """The record that committed seqs ``seq`` … ``seq + count - 1`` is durable (or
@@ -454,79 +388,6 @@ class Queue:
                 if isinstance(item, Chunk):
                     item.messages()
 
-    def build_index(self, messages: Iterator[Message]) -> None:
-        """Build the seq index from the queue's messages (any order)."""
-        found = sorted((m for m in messages if m.seq and m.queue == self.name),
-                       key=lambda m: m.seq)
-        self.seq_keys = array("q", [m.seq for m in found])
-        self.seq_messages = found
-        self.seq_head = 0
-
-    def _readable(self, index: int) -> Message | None:
-        """The message at index position ``index`` if it is still this queue's."""
-        assert self.seq_keys is not None
-        message = self.seq_messages[index]
-        if (message.queue == self.name and message.seq == self.seq_keys[index]
-                and message.state in (State.READY, State.DELIVERED, State.HELD)):
-            return message
-        return None
-
-    def first_seq(self) -> int:
-        """The lowest seq still present (``readable_seq`` when none is)."""
-        assert self.seq_keys is not None
-        keys, end = self.seq_keys, self.readable_seq
-        index = self.seq_head
-        while index < len(keys) and keys[index] < end:
-            if self._readable(index) is not None:
-                return keys[index]
-            if self.seq_messages[index].state is not State.PENDING:
-                self.seq_head = index + 1  # gone for good: never look at it again
-            index += 1
-        return end
-
-    def read_range(self, start: int, end: int, max_count: int,
-                   max_bytes: int) -> tuple[list[Message], int]:
-        """Present messages with ``start <= seq < end`` (in seq order, at most
-        ``max_count`` / about ``max_bytes``) and the seq to continue from."""
-        assert self.seq_keys is not None
-        keys, messages, name = self.seq_keys, self.seq_messages, self.name
-        end = min(end, self.readable_seq)
-        index = max(bisect_left(keys, start, self.seq_head), self.seq_head)
-        stop = bisect_left(keys, end, index) if index < len(keys) else index
-        found: list[Message] = []
-        size = 0
-        ready, delivered, held = State.READY, State.DELIVERED, State.HELD
-        for position in range(index, stop):  # (hot: _readable inlined)
-            message = messages[position]
-            state = message.state
-            if (message.queue != name or message.seq != keys[position]
-                    or not (state is ready or state is delivered or state is held)):
-                continue
-            if len(found) >= max_count or (found and size >= max_bytes):
-                return found, keys[position]
-            found.append(message)
-            size += message.size
-        return found, max(end, start)
-
-    def below(self, end: int) -> list[Message]:
-        """Present messages with seq < ``end``; the index forgets everything below."""
-        assert self.seq_keys is not None
-        keys = self.seq_keys
-        stop = min(bisect_left(keys, end, self.seq_head), len(keys))
-        found = [m for i in range(self.seq_head, stop) if (m := self._readable(i)) is not None]
-        self.seq_head = max(self.seq_head, stop)
-        if self.seq_head > 4096 and self.seq_head * 2 > len(keys):
-            self._compact_index()
-        return found
-
-    def _compact_index(self) -> None:
-        assert self.seq_keys is not None
-        keep = [i for i in range(self.seq_head, len(self.seq_keys))
-                if self._readable(i) is not None
-                or self.seq_messages[i].state is State.PENDING]
-        self.seq_messages = [self.seq_messages[i] for i in keep]
-        self.seq_keys = array("q", [self.seq_keys[i] for i in keep])
-        self.seq_head = 0
 
     # -- consumers -------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:

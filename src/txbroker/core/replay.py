@@ -35,7 +35,8 @@ from txbroker.core.effects import Release
 from txbroker.core.messages import COMPACT_REF_LIMIT, COMPACT_SIZE_LIMIT, Message, State
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
-from txbroker.core.queues import Queue, QueueSettings
+from txbroker.core.queue_settings import QueueSettings
+from txbroker.core.queues import Queue
 from txbroker.core.records import MSG_FIELDS, Kind, Snapshot, SnapshotBranch, StoredEntry
 from txbroker.core.sessions import Topic
 from txbroker.core.sinks import Sinks

@@ -29,7 +29,8 @@ from txbroker.core.limits import Limits
 from txbroker.core.messages import Message
 from txbroker.core.overflow import drops_head, make_room
 from txbroker.core.queue_index import QueueIndex, check_name
-from txbroker.core.queues import DEFAULT_PRIORITY, OVERFLOW_REJECT, PRIORITIES, Queue
+from txbroker.core.queue_settings import OVERFLOW_REJECT
+from txbroker.core.queues import DEFAULT_PRIORITY, PRIORITIES, Queue
 from txbroker.core.transactions import LocalTransaction, TxEvent
 from txbroker.errors import BadRequest, Disabled, MessageTooLarge, QuotaExceeded
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from txbroker.core import seq_index
 from txbroker.core.limits import Limits
 from txbroker.core.messages import Message, State
 from txbroker.core.outbox import Outbox
@@ -69,7 +70,8 @@ class StreamReaders:
                                  f"('{name}::<subscription>')")
             raise NotFound(f"no queue {name!r}")
         if queue.seq_keys is None:
-            queue.build_index(m for m in index.messages.values() if m.queue == queue.name)
+            seq_index.build_index(queue, (m for m in index.messages.values()
+                                          if m.queue == queue.name))
         return queue
 
     def _check_reader(self, queue: Queue, name: str | None) -> None:
@@ -79,7 +81,8 @@ class StreamReaders:
 
     @staticmethod
     def _info(queue: Queue) -> dict[str, Any]:
-        return {"queue": queue.name, "first": queue.first_seq(), "next": queue.readable_seq,
+        return {"queue": queue.name, "first": seq_index.first_seq(queue),
+                "next": queue.readable_seq,
                 "reader": queue.stream_owner[0] if queue.stream_owner else None}
 
     # ------------------------------------------------------------------ commands
@@ -116,7 +119,7 @@ class StreamReaders:
         count = limit if max_count is None else max(1, min(max_count, limit))
         size = self.limits.max_stream_read_bytes
         size = size if max_bytes is None else max(1, min(max_bytes, size))
-        found, after = queue.read_range(start, end, count, size)
+        found, after = seq_index.read_range(queue, start, end, count, size)
         return ReadResult(queue.name, found, after)
 
     def commit(self, session_id: int, rid: int, queue_name: Any, name: Any, end: int) -> Any:
@@ -124,7 +127,7 @@ class StreamReaders:
         reader = check_name(name, "stream reader")
         queue = self._stream_queue(queue_name)
         self._check_reader(queue, reader)
-        released = [m for m in queue.below(end) if m.state is State.READY]
+        released = [m for m in seq_index.below(queue, end) if m.state is State.READY]
         for message in released:
             queue.discard(message)  # out of the ready lists; consume counts it out
         result = {"released": len(released)}

@@ -34,7 +34,7 @@ from txbroker.errors import XAError
 from txbroker.xid import Xid
 
 #: Ids remembered per queue for duplicate detection when a definition does not
-#: say: must equal ``txbroker.core.queues.DEFAULT_DUP_WINDOW`` (a test checks;
+#: say: must equal ``txbroker.core.queue_settings.DEFAULT_DUP_WINDOW`` (a test checks;
 #: the storage layer does not import the core).
 DEFAULT_DUP_WINDOW: Final = 20_000
 

@@ -66,7 +66,7 @@ branch's ``created_ms``: ``xa_records.py`` says why). XA_COMMIT is ``[xid,
 rolled_back_ms]`` (formerly the bare xid); XA_HEURISTIC is ``[xid, outcome,
 [discard id…], [[id, seq]…], at_ms]``.
 A queue ``def`` carries ``"next_seq"`` and ``"delivered_seq"`` (the delivered
-mark, ``core/queue_index.py``: a ``QUEUE_PUT`` is also written to move it); the
+mark, ``core/delivered_mark.py``: a ``QUEUE_PUT`` is also written to move it); the
 SNAPSHOT carries ``"sinks": {sink: last batch id}``. Seqs, marks and sink batch
 ids only grow: replay keeps the larger.
 
