@@ -29,16 +29,14 @@ part                   owns                                              module
 ``router``             the transaction router (seed 000)                 ``router/``
 =====================  ================================================  ==================
 
-Where work goes: a send or an ack that names a local transaction (``tx``) is
-staged there; otherwise, while the session is associated with an XA branch,
-in the branch; otherwise it is done at once (:meth:`Broker._work`). A nack is
-staged only in a local transaction (``core/xa_branches.py`` says why).
+Where a send or an ack goes (a local transaction, an XA branch, or nowhere) is
+``core/staged_work.py``'s.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from txbroker.core import overflow
@@ -60,10 +58,11 @@ from txbroker.core.router.log import RouterLog, refuse_reserved
 from txbroker.core.sending import Sending
 from txbroker.core.sessions import Session, Topic
 from txbroker.core.sinks import Sinks
+from txbroker.core.staged_work import check_work_room, held_messages, work_for
 from txbroker.core.streams import ReadResult, StreamReaders
-from txbroker.core.transactions import LocalTransaction
 from txbroker.core.xa import Branch
 from txbroker.core.xa_branches import XaBranches
+from txbroker.core.xa_one_phase import commit_leftover_local
 from txbroker.xid import Xid
 
 
@@ -77,24 +76,16 @@ class Broker:
         self.delivery = Delivery(self.index, self.limits, self.outbox)
         self.transactions = LocalTransactions(self.index, self.limits, self.outbox)
         self.xa = XaBranches(self.index, self.limits, self.outbox)
-        self.sending = Sending(self.index, self.limits, self._check_work_room)
+        self.sending = Sending(self.index, self.limits,
+                               functools.partial(check_work_room, self.transactions, self.xa))
         self.streams = StreamReaders(self.index, self.limits, self.outbox)
         self.sinks_part = Sinks(self.xa, self.outbox)
         self.admin = Admin(self.index, self.outbox)
         self.replay_part = Replay(self.index, self.xa, self.sinks_part, self.outbox)
         self.compaction = Compaction(self.index, self.outbox)
         self.router = Router(RouterLog(self.index, self.outbox), self.outbox, self.limits)
-        self.index.held_messages = self._held_messages
+        self.index.held_messages = functools.partial(held_messages, self.index, self.xa)
         self.index.trim_overflow = functools.partial(overflow.trim, self.index)
-
-    def _held_messages(self) -> Iterator[Message]:
-        """Messages consumed inside open local transactions and XA branches."""
-        for session in self.index.sessions.values():
-            for tx in session.transactions.values():
-                yield from tx.acks.values()
-                yield from tx.nacks.values()
-        for branch in self.xa.branches.values():
-            yield from branch.work.acks.values()
 
     # ------------------------------------------------------------------ state, for edges
     @property
@@ -160,17 +151,6 @@ class Broker:
         """The edge tells the core the time before running durable callbacks."""
         self.outbox.set_now(now)
 
-    def _work(self, session: Session, tx: int | None) -> LocalTransaction | None:
-        """Where a send or ack goes: the named local transaction, else the session's
-        XA branch, else nowhere (done at once)."""
-        return session.transaction(tx) if tx is not None else session.xa_work
-
-    def _check_work_room(self, work: LocalTransaction, more: int) -> None:
-        if work.is_xa:
-            self.xa.check_room(work, more)
-        else:
-            self.transactions.check_room(work, more)
-
     # ------------------------------------------------------------------ sessions
     def open_session(self, session_id: int, user: str | None = None) -> Session:
         """Register a connection's session."""
@@ -198,7 +178,7 @@ class Broker:
         """Send a message to a queue or topic. Replies ``{"duplicate": bool}``."""
         refuse_reserved(dest, "send")  # the router's journal (core/router/log.py)
         session = self.index.session(session_id)
-        work = session.transaction(tx) if tx is not None else session.xa_work  # (_work, inline)
+        work = session.transaction(tx) if tx is not None else session.xa_work  # (work_for, inline)
         return self.sending.send(session_id, rid, dest, body, now, work, headers, message_id,
                                  persistent, priority, ttl_ms, delay_ms)
 
@@ -238,10 +218,10 @@ class Broker:
             tx: int | None = None) -> Any:
         """Acknowledge deliveries (or stage the acks in a transaction or XA branch)."""
         session = self.index.session(session_id)
-        work = self._work(session, tx)
+        work = work_for(session, tx)
         tags = list(tags)
         if work is not None:
-            self._check_work_room(work, len(tags))
+            check_work_room(self.transactions, self.xa, work, len(tags))
         return self.delivery.ack(session, rid, tags, now, work)
 
     def ack_by_id(self, session_id: int, rid: int, queue: Any, message_id: Any, now: int,
@@ -249,9 +229,9 @@ class Broker:
         """Acknowledge a message delivered on an earlier session of the client (seed 004:
         an ack after a failover), named by its queue and id (``core/delivery.py``)."""
         session = self.index.session(session_id)
-        work = self._work(session, tx)
+        work = work_for(session, tx)
         if work is not None:
-            self._check_work_room(work, 1)
+            check_work_room(self.transactions, self.xa, work, 1)
         return self.delivery.ack_by_id(session, rid, queue, message_id, now, work)
 
     def nack(self, session_id: int, tags: Iterable[int], now: int, *, requeue: bool = True,
@@ -478,7 +458,7 @@ class Broker:
         """Replay is over: every surviving message goes into its queue; voted local
         commits left without an outcome are committed (``core/local_tx.py``)."""
         self.replay_part.finish(now)
-        self.xa.commit_leftover_local(now)
+        commit_leftover_local(self.xa, now)
 
     def vote_local_commits(self, voted: bool) -> None:
         """A replicated primary: local commits are voted by the backups

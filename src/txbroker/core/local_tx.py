@@ -22,8 +22,8 @@ seqs) follows in the log without being waited for. A backup could not write it
 work rolls back and the client gets ``TransactionRolledBack``. **Presumed
 commit**: an internal branch that recovery finds without an outcome was never
 answered as rolled back (the rollback is durable before that answer), so it is
-committed (``XaBranches.commit_leftover_local``), like a ``TX`` entry written
-before a crash.
+committed (``commit_leftover_local``, ``core/xa_one_phase.py``), like a ``TX``
+entry written before a crash.
 """
 
 from __future__ import annotations

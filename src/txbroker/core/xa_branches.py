@@ -36,10 +36,9 @@ from typing import Any
 
 from txbroker.core.effects import Fail, Reply
 from txbroker.core.limits import Limits
-from txbroker.core.messages import Message, State
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
-from txbroker.core.records import Tx, XaCommit, XaForget, XaHeuristic, XaPrepare, XaRollback
+from txbroker.core.records import XaCommit, XaForget, XaHeuristic, XaPrepare, XaRollback
 from txbroker.core.sessions import Session
 from txbroker.core.transactions import LocalTransaction
 from txbroker.core.xa import (
@@ -65,6 +64,7 @@ from txbroker.core.xa import (
     timeout_at,
 )
 from txbroker.core.xa_endpoints import commit_discards, consumed_problem, send_problem
+from txbroker.core.xa_one_phase import write_one_phase
 from txbroker.errors import (
     XA_OK,
     XA_RBOTHER,
@@ -76,7 +76,7 @@ from txbroker.errors import (
     ReplicaVoteFailed,
     XAError,
 )
-from txbroker.xid import LOCAL_TX_FORMAT_ID, Xid, is_local_tx_xid, is_sink_xid, local_tx_xid
+from txbroker.xid import LOCAL_TX_FORMAT_ID, Xid, is_local_tx_xid, is_sink_xid
 
 S = BranchState
 #: Timed-out branches remembered so that a late request gets XA_RBTIMEOUT, not XAER_NOTA.
@@ -106,7 +106,7 @@ class XaBranches:
         self.scans: set[int] = set()  #: sessions with an open recover scan
         #: a replicated primary: one-phase commits are voted (rule 9b, core/local_tx.py)
         self.voted = False
-        self._voted_commits = 0  #: internal branches written (their gtrids' counter)
+        self.voted_commits = 0  #: internal branches written (their gtrids' counter)
         #: voted commits recovery found without an outcome and committed (presumed commit)
         self.leftovers_committed = 0
 
@@ -307,7 +307,7 @@ class XaBranches:
                 self.undo(branch, now)
                 raise XAError(XA_RBROLLBACK, f"branch {xid} rolled back at commit: {problem}")
             branch.fire(request)
-            return self._write_one_phase(branch, session.id, rid, now)
+            return write_one_phase(self, branch, session.id, rid, now)
         branch.fire(request)
         discards = commit_discards(self.index, branch)
         self.outbox.write(
@@ -321,82 +321,6 @@ class XaBranches:
         sends = [m for m in branch.work.sends if m.persistent and m.id not in branch.discards]
         self.index.assign_seqs(sends)
         return [[m.id, m.seq] for m in sends if m.seq]
-
-    def _write_one_phase(self, branch: Branch, session_id: int, rid: int, now: int) -> Any:
-        work = branch.work
-        stored = [m for m in work.sends if m.persistent and m.id not in branch.discards]
-        acked = [m for m in work.acks.values() if m.persistent]
-        if self.voted and (stored or acked):
-            return self._one_phase_voted(branch, session_id, rid, stored, acked, now)
-        for message in work.acks.values():
-            message.state = State.GONE  # never relocated once its ack is on its way
-        if not stored and not acked:
-            self.apply(branch, commit=True, now=now)
-            branch.fire(Request.COMMIT_DURABLE)
-            self.remove(branch)
-            return {}
-
-        def on_refs(refs: list[int]) -> None:
-            for message, ref in zip(stored, refs, strict=True):
-                message.ref = ref
-
-        self.index.assign_seqs(stored)
-        record = Tx([m.to_record() for m in stored], [m.id for m in acked], now)
-        bodies = [m.body for m in stored if m.body is not None]
-        self.outbox.write(record,
-                          self.when_complete(branch, session_id, rid, commit=True,
-                                             request=Request.COMMIT_DURABLE),
-                          bodies, on_refs)
-        return LATER
-
-    def _one_phase_voted(self, branch: Branch, session_id: int, rid: int,
-                         stored: list[Message], acked: list[Message], now: int) -> Any:
-        """Rule 9b: the one-phase commit as an internal branch's XA_PREPARE, voted by
-        the backups, then XA_COMMIT — or XA_ROLLBACK and XA_RBROLLBACK (as a local
-        transaction's voted commit, ``core/local_tx.py``)."""
-        self._voted_commits += 1
-        internal = str(local_tx_xid(session_id, f"xa{self._voted_commits}", now))
-        outbox, xid = self.outbox, branch.xid
-
-        def on_refs(refs: list[int]) -> None:
-            for message, ref in zip(stored, refs, strict=True):
-                message.ref = ref
-
-        def rolled_back(failure: BaseException | None, error: BaseException) -> None:
-            if failure is not None and not isinstance(failure, ReplicaVoteFailed):
-                self.store_failed(session_id, rid, failure)
-                return
-            self.apply(branch, commit=False, now=outbox.now)
-            branch.fire(Request.ROLLBACK_DURABLE)
-            self.remove(branch)
-            outbox.emit(Fail(session_id, rid, XAError(
-                XA_RBROLLBACK, f"branch {xid} rolled back at commit: {error}")))
-
-        def on_durable(error: BaseException | None) -> None:
-            if isinstance(error, ReplicaVoteFailed):
-                branch.fire(Request.VOTE_FAILED)
-                outbox.write(XaRollback(internal, outbox.now),
-                             lambda failure: rolled_back(failure, error))
-                return
-            if error is not None:
-                self.store_failed(session_id, rid, error)
-                return
-            at = max(outbox.now, now)
-            outbox.write(XaCommit(internal, [], self.commit_seqs(branch), at),
-                         self._leftover_written)
-            for message in branch.work.acks.values():
-                message.state = State.GONE  # its ack is in the log from now on
-            self.apply(branch, commit=True, now=at)
-            branch.fire(Request.COMMIT_DURABLE)
-            self.remove(branch)
-            outbox.emit(Reply(session_id, rid, {}))
-
-        record = XaPrepare(internal, [m.to_record() for m in stored],
-                           [[m.id, m.delivery_count] for m in acked], [], branch.created_ms,
-                           now)
-        bodies = [m.body for m in stored if m.body is not None]
-        outbox.write(record, on_durable, bodies, on_refs)
-        return LATER
 
     def when_complete(self, branch: Branch, session_id: int, rid: int, *, commit: bool,
                       request: Request | None) -> OnDurable:
@@ -530,23 +454,8 @@ class XaBranches:
         return [b.info(now) for b in sorted(self.branches.values(), key=lambda b: b.created_ms)
                 if not is_local_tx_xid(b.xid)]
 
-    def commit_leftover_local(self, now: int) -> None:
-        """Recovery is over: a voted local commit (``core/local_tx.py``) whose internal
-        branch has no outcome in the log is committed — presumed commit: its client was
-        never told it rolled back (that answer waits for the durable XA_ROLLBACK). The
-        outcome applies now; its XA_COMMIT follows in the log (a crash before it is
-        durable commits the branch again, the same way)."""
-        for branch in [b for b in self.branches.values() if is_local_tx_xid(b.xid)]:
-            if branch.state is not S.PREPARED:
-                continue
-            seqs = self.commit_seqs(branch)
-            self.apply(branch, commit=True, now=now)
-            self.remove(branch)
-            self.leftovers_committed += 1
-            self.outbox.write(XaCommit(str(branch.xid), [], seqs, now),
-                              self._leftover_written)
-
-    def _leftover_written(self, error: BaseException | None) -> None:
+    def leftover_written(self, error: BaseException | None) -> None:
+        """``on_durable`` of an ``XA_COMMIT`` nobody waits for: a failure stops the store."""
         if error is not None:
             self.outbox.storage_failed(error)
 
