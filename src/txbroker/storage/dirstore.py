@@ -33,7 +33,7 @@ in-memory index (:mod:`~txbroker.storage.dirstore_index`), which updates
 itself and the metadata model at once — and queues it. Body refs are the
 message ids; bodies are read back from the LRU body cache, the writer's
 queue, or the message file. The writer
-thread (:mod:`~txbroker.storage.dirstore_writer`) moves each batch through
+thread (:mod:`~txbroker.storage.dirstore_thread`) moves each batch through
 write → prepare → commit and completes it with one ``dispatch`` call.
 
 :meth:`recover` locks the directory and resolves what a crash left behind
@@ -71,7 +71,8 @@ from txbroker.storage.dirstore_format import (
 from txbroker.storage.dirstore_index import MessageIndex, TxnPlan
 from txbroker.storage.dirstore_model import decode_operation
 from txbroker.storage.dirstore_recovery import RecoveredDirectory, Recovery, lock_directory
-from txbroker.storage.dirstore_writer import DirOps, DirWriter, Txn, read_file
+from txbroker.storage.dirstore_thread import DirWriter
+from txbroker.storage.dirstore_writer import DirOps, Txn, read_file
 from txbroker.storage.interface import (
     BodyRef,
     Dispatch,

@@ -1,12 +1,12 @@
-"""The directory store's disk steps and its writer thread (group commit).
+"""The directory store's disk steps (its writer thread is ``dirstore_thread.py``).
 
 Theory of operation
 -------------------
 Every store entry becomes one *transaction* (:class:`Txn`): a list of
 command blocks (see :mod:`~txbroker.storage.dirstore_format`) with a store
 transaction id. ``DirStore.append`` builds it on the broker's thread and
-queues it; the one :class:`DirWriter` thread takes *everything* queued (a
-batch) and moves the whole batch through the seed's three steps, so that the
+queues it; the one writer thread (``dirstore_thread.py``) takes *everything*
+queued (a batch) and moves the whole batch through the seed's three steps, so that the
 directory syncs are shared by every transaction of the batch:
 
 1. **write** — each block is created in ``active/`` as ``<tid>-<seq>`` and,
@@ -63,7 +63,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txbroker.core import records
-from txbroker.errors import StorageFailed
 from txbroker.storage.dirstore_format import (
     ACTIVE,
     COMMITTED,
@@ -87,12 +86,6 @@ from txbroker.storage.dirstore_format import (
 )
 from txbroker.storage.dirstore_model import COMMITTING_OUTCOMES, HEURISTIC_OUTCOMES, apply_patch
 from txbroker.storage.interface import DurableCallback
-from txbroker.storage.writer_thread import (
-    Barrier,
-    PendingQueue,
-    WriterThread,
-    completion,
-)
 
 log = logging.getLogger("txbroker.dirstore")
 
@@ -141,9 +134,6 @@ class Txn:
         return branch_block_name(self.prefix, self.first + sequence)
 
 
-
-
-WorkItem = Txn | Barrier
 
 #: A block in ``prepared/`` ready to commit: file name, type, message id, info.
 PreparedBlock = tuple[str, BlockType, int, bytes]
@@ -492,84 +482,3 @@ class DirOps:
 
 def _is_hex(name: str) -> bool:
     return bool(name) and all(c in "0123456789abcdef" for c in name)
-
-
-def prepared_blocks(txn: Txn) -> list[PreparedBlock]:
-    """The blocks of a transaction as :meth:`DirOps.commit` takes them."""
-    return [
-        (txn.name(sequence), block.type, block.message_id, block.info)
-        for sequence, block in enumerate(txn.blocks)
-    ]
-
-
-class DirWriter(WriterThread):
-    """The one thread that writes, renames and deletes block files."""
-
-    thread_name = "txbroker-dirstore-writer"
-    store_label = "dir store"
-
-    def __init__(
-        self,
-        ops: DirOps,
-        queue: PendingQueue,
-        dispatch: Callable[[Callable[[], None]], None] | None,
-    ) -> None:
-        self.ops = ops
-        super().__init__(queue)
-        self.dispatch = dispatch
-        #: Group commits done (batches that wrote at least one transaction).
-        self.batches = 0
-
-    def _process(self, batch: list[WorkItem]) -> None:
-        if self.queue.failure is not None:
-            self._poison(batch, self.queue.failure)
-            return
-        txns = [item for item in batch if isinstance(item, Txn)]
-        if txns:
-            try:
-                self.ops.write_active(txns)
-                self.ops.prepare(txns)
-                self.ops.commit([prepared_blocks(txn) for txn in txns
-                                 if txn.flags & FLAG_LOCAL])
-            except OSError as exc:
-                failure = StorageFailed(
-                    f"dir store write failed in {self.ops.directory}: {exc}"
-                )
-                log.error("%s; the store refuses further appends", failure)
-                self._poison(batch, failure)
-                return
-            self.batches += 1
-            callbacks = [txn.on_durable for txn in txns if txn.on_durable is not None]
-            if callbacks:
-                self._dispatch(completion(callbacks, None))
-        with self.queue.lock:
-            self.in_flight = []
-        for item in batch:
-            if isinstance(item, Barrier):
-                item.done.set()
-
-    def _poison(self, batch: list[WorkItem], failure: StorageFailed) -> None:
-        """Fail ``batch`` and everything still queued; refuse later appends."""
-        with self.queue.lock:
-            self.queue.failure = failure
-            batch = batch + self.queue.items
-            self.queue.items = []
-            self.in_flight = []
-        callbacks = [
-            item.on_durable for item in batch
-            if isinstance(item, Txn) and item.on_durable is not None
-        ]
-        if callbacks:
-            self._dispatch(completion(callbacks, failure))
-        for item in batch:
-            if isinstance(item, Barrier):
-                item.done.set()
-
-    def _dispatch(self, complete: Callable[[], None]) -> None:
-        if self.dispatch is None:
-            complete()
-            return
-        try:
-            self.dispatch(complete)
-        except Exception:
-            log.exception("dispatch of dir store completions failed")
