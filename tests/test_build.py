@@ -97,7 +97,8 @@ def test_digest_covers_exactly_the_compiled_set() -> None:
     assert "core/queues.py" in names and "protocol/stomp.py" in names
     assert {"core/router/__init__.py", "core/router/engine.py",
             "core/router/states.py"} <= names  # the router package (issue 26 §3)
-    assert {"storage/journal_format.py", "storage/dirstore_format.py"} <= names
+    assert {"storage/journal_format.py", "storage/journal_scan.py",
+            "storage/dirstore_format.py"} <= names
     assert {n for n in names if n.startswith("server/")} == {
         "server/ops/__init__.py", "server/ops/operations.py", "server/ops/seams.py",
         "server/ops/session.py", "server/ops/values.py", "server/edges/stomp/frames.py"}

@@ -36,7 +36,7 @@ from typing import Final
 #: encoders, and the request path every protocol edge shares (the operations layer)
 #: with the STOMP edge's frame handler.
 COMPILED: Final = ("core", "core/records", "core/router", "core/ha", "protocol",
-                   "storage/journal_format.py",
+                   "storage/journal_format.py", "storage/journal_scan.py",
                    "storage/dirstore_format.py", "server/ops", "server/edges/stomp/frames.py")
 #: The tests of the compiled set that ``make test`` runs a second time on the pure-Python
 #: sources (``TXBROKER_PURE=1``), relative to the repository; the Makefile reads them with

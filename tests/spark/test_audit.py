@@ -33,7 +33,6 @@ from txbroker.storage.journal_format import (
     encode_entry,
     encode_segment_header,
     entry_size,
-    entry_spans,
     segment_name,
 )
 from txbroker.storage.journal_reader import (
@@ -43,6 +42,9 @@ from txbroker.storage.journal_reader import (
     decode_record,
     journal_segments,
     read_records,
+)
+from txbroker.storage.journal_scan import (
+    entry_spans,
 )
 
 

@@ -26,9 +26,11 @@ from txbroker.storage.journal_format import (
     ENTRY_HEADER,
     SEGMENT_HEADER,
     encode_segment_header,
-    entry_spans,
     pack_ref,
     unpack_ref,
+)
+from txbroker.storage.journal_scan import (
+    entry_spans,
 )
 from txbroker.storage.journal_writer import PREALLOCATE_BYTES
 

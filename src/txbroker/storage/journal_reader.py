@@ -6,7 +6,7 @@ Theory of operation
 that the ids have no gap. :func:`read_segment` maps one segment read-only
 (``O_RDONLY``, ``PROT_READ``; no lock is taken, nothing is ever written, so it
 works on the directory of a live broker) and walks it with the same
-:func:`~txbroker.storage.journal_format.scan_entries` as recovery, so every
+:func:`~txbroker.storage.journal_scan.scan_entries` as recovery, so every
 entry's CRC is checked. Where the scan stops at damage it applies recovery's
 rule: if nothing valid follows in the **last** segment it is a torn tail or a
 record still being written (a live broker): the segment ends there; anything
@@ -46,14 +46,16 @@ from txbroker.storage.interface import StoredEntry
 from txbroker.storage.journal_format import (
     REF_OFFSET_BITS,
     SEGMENT_HEADER,
-    Tally,
     check_segment_header,
     entry_size,
-    find_next_entry,
     parse_segment_name,
     ref_length,
-    scan_entries,
     segment_name,
+)
+from txbroker.storage.journal_scan import (
+    Tally,
+    find_next_entry,
+    scan_entries,
 )
 
 #: The journal's subdirectory of a broker data directory (``storage/journal.py``).

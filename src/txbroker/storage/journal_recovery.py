@@ -4,7 +4,7 @@
 Theory of operation
 -------------------
 Segments are replayed oldest first. Each is opened, its header checked, and
-mapped read-only; :func:`~txbroker.storage.journal_format.scan_entries`
+mapped read-only; :func:`~txbroker.storage.journal_scan.scan_entries`
 walks it entry by entry, checking every CRC, and hands back ``(kind, meta,
 refs)`` in chunks of :data:`REPLAY_CHUNK` entries (a generator hop per entry
 costs more than the rest of the replay), counting bodies (every body counts
@@ -42,17 +42,19 @@ from txbroker.storage.journal_format import (
     ENTRY_MAGIC,
     MIN_PAD,
     SEGMENT_HEADER,
-    Tally,
     check_segment_header,
-    collect_entries,
     encode_pad,
     encode_segment_header,
-    find_next_entry,
     index_name,
     parse_segment_name,
+    segment_name,
+)
+from txbroker.storage.journal_scan import (
+    Tally,
+    collect_entries,
+    find_next_entry,
     read_index,
     scan_entries,
-    segment_name,
 )
 from txbroker.storage.store_lock import StoreLock
 
