@@ -119,9 +119,7 @@ class ReplicatedNode:
         #: the ready set the last primary recorded in etcd (None: none recorded)
         self.etcd_ready: list[str] | None = None
         self._manual = False  #: an operator asked for promotion (etcd: take the key)
-        #: wakes the etcd campaign before its pause ends (a promotion asked for, the
-        #: primary lost, a stop)
-        self._nudge = asyncio.Event()
+        self._nudge = asyncio.Event()  #: ends the campaign's pause (promote, loss, stop)
         #: monotonic time this backup last lost the primary it followed (etcd campaign)
         self._lost_primary_at: float | None = None
         self.fenced = ""
