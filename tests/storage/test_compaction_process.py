@@ -92,7 +92,7 @@ def wait_for_compaction(url: str, limit: int, data: Path | None = None) -> dict[
     while True:
         stats = store_stats(url)
         on_disk = None if data is None else len(list((data / "journal").glob("*.seg")))
-        if (stats["disk_bytes"] <= limit and on_disk in (None, stats["segments"])
+        if ((stats["disk_bytes"] <= limit and on_disk in (None, stats["segments"]))
                 or time.monotonic() > deadline):
             return stats
         time.sleep(0.2)
