@@ -52,7 +52,7 @@ TABLES: Final = ("xa_branches", "in_doubt", "messages", "dead_letters", "transac
 #: Progress steps: reading, one per table, the report.
 STEPS: Final = ("read journal", *TABLES, "report")
 #: Move reasons that make a message a dead letter (``core/queue_index.py``).
-DEAD_LETTER_REASONS: Final = ("max_deliveries", "rejected", "expired")
+DEAD_LETTER_REASONS: Final = ("max_deliveries", "rejected", "expired", "maxlen")
 #: Branch states that still need a decision or an operator (``core/xa.py`` BranchState).
 OPEN_STATES: Final = ("prepared", "heuristic_committed", "heuristic_rolled_back")
 #: Branch states that end a branch's transaction.

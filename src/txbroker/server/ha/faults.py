@@ -10,7 +10,7 @@ process passes ``txbroker serve --replica-fault SPEC``, read once at start. Unar
 
 ==============================  ========================================================
 ``vote_fail:KIND``              the backup votes fail on the first streamed entry of
-                                record kind ``KIND`` (``core/records.py``), as a backup
+                                record kind ``KIND`` (``core/records/``), as a backup
                                 whose disk refused it would
 ``vote_fail:local_commit``      ... on the first streamed entry that commits a local
                                 transaction or a one-phase XA commit (a ``TX``, or the
@@ -48,7 +48,8 @@ def is_local_commit(kind: int, meta: bytes) -> bool:
     ``XA_PREPARE`` of an internal branch)?"""
     if kind == Kind.TX:
         return True
-    return kind == Kind.XA_PREPARE and is_local_tx_xid(Xid.parse(records.unpack(meta)[0]))
+    return kind == Kind.XA_PREPARE and is_local_tx_xid(
+        Xid.parse(records.XaPrepare.decode(meta).xid))
 
 
 class ReplicaFaults:
