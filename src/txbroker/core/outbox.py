@@ -30,7 +30,7 @@ from typing import Any
 
 from txbroker.core.effects import Effect, Fail, Persist, Reply
 from txbroker.core.messages import Message
-from txbroker.core.records import Kind, Record, pack
+from txbroker.core.records import Record
 from txbroker.errors import StorageFailed
 
 #: What a part passes as ``on_durable``: called with ``None`` once durable, else the error.
@@ -81,17 +81,6 @@ class Outbox:
             self.close_group()
         self.items.append(Persist(record.kind, record.encode(), bodies or [], on_durable,
                                   on_refs))
-
-    def persist(self, kind: Kind, meta: Any, on_durable: OnDurable,
-                bodies: list[bytes] | None = None,
-                on_refs: Callable[[list[int]], None] | None = None) -> None:
-        """Append one record given as a kind and a bare meta value: only the router's
-        log (``core/router/log.py``) still writes this way, until it builds record
-        classes too (every other writer uses :meth:`write`)."""
-        self.check_writable()
-        if self.group:
-            self.close_group()
-        self.items.append(Persist(int(kind), pack(meta), bodies or [], on_durable, on_refs))
 
     def reply_later(self, session: int, rid: int, result: Any) -> None:
         """Answer ``rid`` when the open record group is durable."""

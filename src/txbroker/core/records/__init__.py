@@ -98,7 +98,7 @@ One class per kind (:data:`RECORD_CLASSES`): ``metadata.py`` (SNAPSHOT,
 QUEUE_PUT, QUEUE_DELETE), ``message_records.py`` (ADD, TX, ACK, DROP, MOVE,
 UPDATE, RELOCATE, RELOCATE_MANY) and ``xa_records.py`` (XA_*, SINK_COMMIT).
 Every writer builds one and appends ``record.encode()`` under ``record.kind``
-(``Outbox.persist`` takes the record); every reader decodes with
+(``Outbox.write`` takes the record; the router journal too); every reader decodes with
 :func:`decode` (or a class's ``decode``/``from_value``), which accepts every
 shape above and raises :class:`~txbroker.errors.MalformedRecord` (a
 ``ValueError``) for anything else: a field missing or extra, or of the wrong

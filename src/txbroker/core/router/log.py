@@ -45,7 +45,7 @@ from txbroker.core.messages import Message, State
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.queues import Queue
-from txbroker.core.records import Kind
+from txbroker.core.records import QueuePut, Tx
 from txbroker.core.router.model import Site
 from txbroker.core.router.states import PUBLIC, Transaction
 from txbroker.core.sending import build_messages
@@ -122,7 +122,7 @@ class RouterLog:
         if queue is None:  # created on first use, whatever auto_create says
             queue = Queue(ROUTER_QUEUE)
             self.index.queues[ROUTER_QUEUE] = queue
-            self.outbox.persist(Kind.QUEUE_PUT, queue.definition(), self.outbox.ignore_durable)
+            self.outbox.write(QueuePut(queue.definition()), self.outbox.ignore_durable)
         return queue
 
     def records(self) -> list[Message]:
@@ -178,8 +178,8 @@ class RouterLog:
             queue.trim()
             on_durable(None)
 
-        meta = [[message.to_record()], [] if old is None else [old.id], now]
-        outbox.persist(Kind.TX, meta, durable, [body], on_refs)
+        entry = Tx([message.to_record()], [] if old is None else [old.id], now)
+        outbox.write(entry, durable, [body], on_refs)
         return message
 
     def remove(self, record: Message | None) -> None:
