@@ -21,6 +21,7 @@ talks to the hub, ``server/ha/replication.py``, which sees the server as its
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -96,3 +97,20 @@ class SessionSink(Protocol):
     def abort(self) -> None:
         """Cut the connection at once, nothing more written (a fenced primary must not
         answer anybody again); a sink without a socket of its own does nothing."""
+
+
+def hold_reading(transport: asyncio.Transport | None, held: bool) -> None:
+    """What a socket edge's :meth:`SessionSink.hold_input` does: pause (``held``) or
+    resume reading its transport, unless it is gone or closing."""
+    if transport is None or transport.is_closing():
+        return
+    if held:
+        transport.pause_reading()
+    else:
+        transport.resume_reading()
+
+
+def abort_transport(transport: asyncio.Transport | None) -> None:
+    """What a socket edge's :meth:`SessionSink.abort` does: cut the transport at once."""
+    if transport is not None:
+        transport.abort()

@@ -64,6 +64,7 @@ from txbroker.server.edges.amqp.handshake import (
 )
 from txbroker.server.edges.amqp.state import AmqpState
 from txbroker.server.ops import Delivery, Operations, Session
+from txbroker.server.ops.seams import abort_transport, hold_reading
 
 log = logging.getLogger("txbroker.amqp")
 
@@ -364,19 +365,12 @@ class AmqpServerConnection(asyncio.Protocol):
     def hold_input(self, held: bool) -> None:
         """Stop (``held``) or go on reading this client (``SessionSink``: a replication
         dump is being described, ``server/ha/joining.py``)."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if held:
-            transport.pause_reading()
-        else:
-            transport.resume_reading()
+        hold_reading(self.transport, held)
 
     def abort(self) -> None:
         """Cut the connection at once, nothing more written (``SessionSink``: a fenced
         primary)."""
-        if self.transport is not None:
-            self.transport.abort()
+        abort_transport(self.transport)
 
     def close(self) -> None:
         """Shutdown: connection.close 320 CONNECTION_FORCED, then close."""

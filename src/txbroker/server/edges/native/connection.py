@@ -31,6 +31,7 @@ from txbroker.protocol.native import (
 )
 from txbroker.server.edges.native.handlers import HANDLERS
 from txbroker.server.ops import Delivery, Operations, Session, as_refusal
+from txbroker.server.ops.seams import abort_transport, hold_reading
 
 log = logging.getLogger("txbroker.server")
 
@@ -205,19 +206,12 @@ class ClientConnection(asyncio.Protocol):
     def hold_input(self, held: bool) -> None:
         """Stop (``held``) or go on reading this client (``SessionSink``: a replication
         dump is being described, ``server/ha/joining.py``)."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if held:
-            transport.pause_reading()
-        else:
-            transport.resume_reading()
+        hold_reading(self.transport, held)
 
     def abort(self) -> None:
         """Cut the connection at once, nothing more written (``SessionSink``: a fenced
         primary)."""
-        if self.transport is not None:
-            self.transport.abort()
+        abort_transport(self.transport)
 
     def close(self) -> None:
         """Shutdown: write what is gathered, then close."""

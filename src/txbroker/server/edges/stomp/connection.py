@@ -43,6 +43,7 @@ from txbroker.protocol.stomp import (
 )
 from txbroker.server.edges.stomp.frames import Refused, StompFrames
 from txbroker.server.ops import Delivery, Operations, Session
+from txbroker.server.ops.seams import abort_transport, hold_reading
 from txbroker.server.security.tls import looks_like_tls
 
 log = logging.getLogger("txbroker.stomp")
@@ -257,19 +258,12 @@ class StompServerConnection(asyncio.Protocol):
     def hold_input(self, held: bool) -> None:
         """Stop (``held``) or go on reading this client (``SessionSink``: a replication
         dump is being described, ``server/ha/joining.py``)."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if held:
-            transport.pause_reading()
-        else:
-            transport.resume_reading()
+        hold_reading(self.transport, held)
 
     def abort(self) -> None:
         """Cut the connection at once, nothing more written (``SessionSink``: a fenced
         primary)."""
-        if self.transport is not None:
-            self.transport.abort()
+        abort_transport(self.transport)
 
     def close(self) -> None:
         """Shutdown: write what is gathered, then close."""
