@@ -42,7 +42,6 @@ from typing import Any, Final
 
 from txbroker.client.aio import AsyncConnection
 from txbroker.errors import (
-    BadRequest,
     BrokerError,
     ConnectionLost,
     IllegalState,
@@ -51,7 +50,6 @@ from txbroker.errors import (
 )
 from txbroker.router._base import AsyncControllerBase
 from txbroker.router.constants import (
-    MAX_TID,
     REASON_CLIENT,
     REASON_LOST,
     REASON_UNKNOWN,
@@ -171,11 +169,10 @@ class AsyncTransactionController(AsyncControllerBase):
     async def start_transaction(self, *, tid: str | None = None) -> str:
         """Start a transaction; returns its tid. IllegalState while the previous one's
         outcome was not received. ``tid``: the transaction's id, when the caller draws
-        it (1 to 64 characters; it must be unique for ever — an id whose outcome was
-        answered never begins again); a random one (``uuid4().hex``) otherwise."""
+        it (it must be unique for ever — an id whose outcome was answered never begins
+        again; the broker refuses one that is not a string of 1 to 64 characters, as
+        any bad send: raised by accept); a random one (``uuid4().hex``) otherwise."""
         self._check_usable()
-        if tid is not None and (not isinstance(tid, str) or not 0 < len(tid) <= MAX_TID):
-            raise BadRequest(f"tid must be a string of 1 to {MAX_TID} characters")
         self._state = self._step("start")
         self._tid = uuid.uuid4().hex if tid is None else tid
         self._sends, self._errors, self._reason = [], [], REASON_CLIENT

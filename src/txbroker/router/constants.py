@@ -15,10 +15,6 @@ from typing import Any, Final
 
 from txbroker.errors import BadRequest, ProtocolError
 
-#: Longest transaction id (the broker's limit, ``core/router/model.py``; a uuid4 hex
-#: is 32).
-MAX_TID: Final = 64
-
 __all__ = [
     "ALL_ROUTER_EVENTS",
     "ALL_USER_EVENTS",
