@@ -167,8 +167,10 @@ def dir_bytes(path: Path) -> int:
 class Node:
     """One ``txbroker serve`` process (own session, stopped by pid)."""
 
-    def __init__(self, name: str, root: Path) -> None:
+    def __init__(self, name: str, root: Path, python: str = sys.executable) -> None:
         self.name, self.root = name, root
+        #: the Python of the txbroker install this node runs (``--install``)
+        self.python = python
         self.port, self.stomp_port, self.ha_port, self.http_port = free_ports(4)
         self.data = root / f"{name}-data"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -183,7 +185,7 @@ class Node:
     def start(self, args: list[str]) -> None:
         self.starts += 1
         self.out = self.root / f"{self.name}-{self.starts}.out"
-        cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
+        cmd = [self.python, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                "--host", HOST, "--port", str(self.port), "--stomp-port", str(self.stomp_port),
                "--amqp-port", "0",
                *args]
@@ -232,11 +234,11 @@ class Cluster:
     """``n`` replicated brokers (n = 0: one plain broker)."""
 
     def __init__(self, root: Path, backups: int | None, backup_timeout: float = 5.0,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, python: str = sys.executable) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.plain = backups is None
         count = 1 if backups is None else backups + 1
-        self.nodes = [Node("abc"[i], root) for i in range(count)]
+        self.nodes = [Node("abc"[i], root, python) for i in range(count)]
         self.backup_timeout = backup_timeout
         #: more ``serve`` arguments for every node (etcd's)
         self.extra = extra or []
@@ -359,12 +361,23 @@ def summarise(runs: dict[str, list[dict[str, Any]]], base: str) -> dict[str, Any
 
 
 def part_cost(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    configs = {"0 backups (plain broker)": None, "1 backup": 1, "2 backups": 2}
+    """Replication's cost: 0, 1 and 2 backups, each round in turn (and, with
+    ``--install``, each install in turn within a configuration, its order alternating
+    by round: a before/after comparison in one run)."""
+    base = {"0 backups (plain broker)": None, "1 backup": 1, "2 backups": 2}
+    installs: dict[str, str] = args.installs or {"": sys.executable}
+    configs = {(f"{name} {label}" if name else label): (backups, python)
+               for label, backups in base.items() for name, python in installs.items()}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         w: {c: [] for c in configs} for w in ("send-receipt", "tx-send")}
     for rnd in range(args.runs):
-        for label, backups in configs.items():
-            with cluster(work / f"cost-{rnd}-{backups}", backups) as c:
+        order = list(configs.items())
+        if rnd % 2 and len(installs) > 1:  # alternate the installs' order inside each config
+            order = [item for i in range(0, len(order), len(installs))
+                     for item in reversed(order[i:i + len(installs)])]
+        for label, (backups, python) in order:
+            with cluster(work / f"cost-{rnd}-{backups}-{len(label)}", backups,
+                         python=python) as c:
                 primary = c.nodes[0]
                 assert primary.proc is not None
                 for workload in runs:
@@ -373,7 +386,8 @@ def part_cost(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     runs[workload][label].append(figure(result))
                     say(f"round {rnd + 1} {label} {workload}: {result['msgs_per_s']} msg/s, "
                         f"p99 {figure(result)['p99_ms']} ms")
-    return {w: summarise(r, "0 backups (plain broker)") for w, r in runs.items()}
+    first = next(iter(configs))
+    return {w: summarise(r, first) for w, r in runs.items()}
 
 
 # ============================================================== promotion
@@ -701,9 +715,21 @@ def main() -> None:
     ap.add_argument("--etcd-ttls", default="3,2",
                     help="etcd part: lease TTLs (s) to run, one trio each (2: etcd's smallest)")
     ap.add_argument("--label", default="", help="added to the result file's name")
+    ap.add_argument("--install", action="append", default=[], metavar="NAME=PYTHON",
+                    help="cost part: run every configuration on this install too (its "
+                         "Python, e.g. before=/work/before/.venv/bin/python, an older "
+                         "commit's install) beside 'after' (this Python); repeatable")
     ap.add_argument("--no-wait", action="store_true",
                     help="do not wait for a running pytest (its presence is recorded)")
     args = ap.parse_args()
+    args.installs = {}
+    if args.install:
+        args.installs = {"after": sys.executable}
+        for spec in args.install:
+            name, _, python = spec.partition("=")
+            if not name or not Path(python).is_file():
+                ap.error(f"--install {spec!r}: want NAME=PYTHON (an installed interpreter)")
+            args.installs[name] = python
     while not args.no_wait and (busy := pytest_running()):
         say(f"waiting: pytest runs ({busy[0]})")
         time.sleep(10)

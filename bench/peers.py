@@ -31,6 +31,8 @@ Usage (as root, for the peers)::
     .venv/bin/python bench/peers.py --protocol amqp --smoke
     .venv/bin/python bench/peers.py --brokers txbroker --workloads send-receipt \\
         --reps 2 --count 2000
+    .venv/bin/python bench/peers.py --brokers txbroker,txbroker-before \\
+        --txbroker-install txbroker-before=/work/before/.venv/bin/txbroker  # two commits
     .venv/bin/python bench/peers.py --table-from bench/results/peers-<time>.jsonl
 
 The peers are started with ``start_peers.sh --fresh`` (RabbitMQ STOMP on
@@ -116,7 +118,7 @@ class Txbroker:
     the in-process ``--serve`` child (``inprocess``)."""
 
     def __init__(self, name: str, port: int, data_root: str, inprocess: bool,
-                 listeners: list[str]) -> None:
+                 listeners: list[str], binary: Path = TXBROKER) -> None:
         self.name = name
         self.port = port
         self.dir = tempfile.mkdtemp(prefix="txbroker-peerbench-", dir=data_root)
@@ -126,7 +128,7 @@ class Txbroker:
             self.command = [sys.executable, str(Path(__file__).resolve()), "--serve",
                             str(data), str(port)]
         else:
-            self.command = [str(TXBROKER), "serve", "--data", str(data), "--host", "127.0.0.1",
+            self.command = [str(binary), "serve", "--data", str(data), "--host", "127.0.0.1",
                             *listeners]
         self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, cwd=ROOT)
@@ -245,6 +247,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rabbitmq-amqp-port", type=int, default=5673,
                         help="RabbitMQ's AMQP port (RMQ_AMQP_PORT when this script starts it)")
     parser.add_argument("--activemq-port", type=int, default=61614)
+    parser.add_argument("--txbroker-install", action="append", default=[],
+                        metavar="NAME=BIN",
+                        help="another txbroker install to run side by side (e.g. "
+                             "txbroker-before=/work/before/.venv/bin/txbroker, an older "
+                             "commit's install): NAME joins --brokers (it must start with "
+                             "'txbroker-'), started as 'BIN serve' with the same defaults on "
+                             "the next free port after --txbroker-port; repeatable")
     parser.add_argument("--data-root", default="/var/lib",
                         help="txbroker's fresh data directory is made here (default /var/lib, "
                              "where the peers store; the same device as the rest of / here)")
@@ -272,7 +281,15 @@ def parse_args() -> argparse.Namespace:
     args.workloads = args.workloads or ",".join(protocol.workloads)
     args.reps = args.reps or 5
     args.txbroker_port = args.txbroker_port or (5672 if protocol.name == "amqp" else 61615)
-    unknown = [b for b in args.brokers.split(",") if b not in protocol.brokers]
+    args.installs = {}
+    for spec in args.txbroker_install:
+        name, _, binary = spec.partition("=")
+        if not name.startswith("txbroker-") or not binary or not Path(binary).is_file():
+            parser.error(f"--txbroker-install {spec!r}: want NAME=BIN, NAME starting with "
+                         "'txbroker-' and BIN an installed txbroker command")
+        args.installs[name] = Path(binary)
+    unknown = [b for b in args.brokers.split(",")
+               if b not in protocol.brokers and b not in args.installs]
     unknown += [w for w in args.workloads.split(",") if w not in protocol.workloads]
     if unknown:
         parser.error(f"unknown over {protocol.name}: {', '.join(unknown)} (brokers: "
@@ -346,7 +363,10 @@ def main() -> None:
         for name in [b for b in brokers if is_txbroker(b)]:
             inprocess = name == "txbroker-inprocess"
             port = args.txbroker_inprocess_port if inprocess else args.txbroker_port
-            txb = Txbroker(name, port, args.data_root, inprocess, listener_args(protocol, port))
+            if name in args.installs:
+                port = args.txbroker_port + 1 + list(args.installs).index(name)
+            txb = Txbroker(name, port, args.data_root, inprocess, listener_args(protocol, port),
+                           args.installs.get(name, TXBROKER))
             own.append(txb)
             info[name] = {"name": name, "port": port, "pidfile": txb.pidfile,
                           "command": txb.command, "ready": txb.ready_line}
