@@ -64,10 +64,11 @@ EXPECTED_TX: dict[tuple[str, str], str] = {
     ("COMMIT_DECIDING", "decision durable"): "COMMITTING",
     ("ABORT_DECIDING", "decision durable"): "ABORTING",
     ("EXCEPTION_DECIDING", "decision durable"): "EXCEPTION",
-    # the store failed under it: decided all the same, told nobody (no more writes)
-    ("COMMIT_DECIDING", "decision write failed"): "COMMITTING",
-    ("ABORT_DECIDING", "decision write failed"): "ABORTING",
-    ("EXCEPTION_DECIDING", "decision write failed"): "EXCEPTION",
+    # the store failed under it: not durable, so still deciding — told nobody, and
+    # asked, it is PENDING (a restart reads the journal)
+    ("COMMIT_DECIDING", "decision write failed"): "COMMIT_DECIDING",
+    ("ABORT_DECIDING", "decision write failed"): "ABORT_DECIDING",
+    ("EXCEPTION_DECIDING", "decision write failed"): "EXCEPTION_DECIDING",
 }
 
 #: The seed's four states, as the journal, ``show`` and ``stats`` name them.

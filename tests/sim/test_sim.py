@@ -62,6 +62,11 @@ REGRESSION_SEEDS = [
     ("router-bank-live", 1082,
      "a scenario defect: a partition server's registration was cut by a broker kill "
      "(rtr_register is not re-sent after a failover); the server program ended"),
+    ("router-bank-failing-fsync", 28115,
+     "the fsync of c0-14's commit decision fails; Rule 12 moved the transaction on to "
+     "COMMITTING all the same, so c0's rtr_outcome was answered ACCEPTED; the restart "
+     "found no decision in the journal and aborted c0-14: told ACCEPTED, never applied "
+     "(found in the 10,000-seed benchmark; Rule 12 now keeps the deciding state)"),
     ("queue-failing-fsync", 5,
      "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
      "raises delivered_seq and hands out the held delivery of p1-1; after the restart "

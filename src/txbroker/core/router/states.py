@@ -126,11 +126,15 @@ TX_RULES: dict[tuple[TxState, TxEvent], TxState] = {
     (TxState.COMMIT_DECIDING, TxEvent.DURABLE): TxState.COMMITTING,
     (TxState.ABORT_DECIDING, TxEvent.DURABLE): TxState.ABORTING,
     (TxState.EXCEPTION_DECIDING, TxEvent.DURABLE): TxState.EXCEPTION,
-    # Rule 12: the store failed while the decision was written: the decision stands, but
-    # nobody is told (the broker takes no more writes; a restart reads the journal).
-    (TxState.COMMIT_DECIDING, TxEvent.WRITE_FAILED): TxState.COMMITTING,
-    (TxState.ABORT_DECIDING, TxEvent.WRITE_FAILED): TxState.ABORTING,
-    (TxState.EXCEPTION_DECIDING, TxEvent.WRITE_FAILED): TxState.EXCEPTION,
+    # Rule 12: the store failed while the decision was written: the decision is NOT
+    # durable, so it stays a deciding state — nobody is told, and an rtr_outcome asked
+    # now answers PENDING (the broker takes no more writes; a restart reads the journal,
+    # which may decide otherwise: a lost commit decision is aborted, a lost rejection
+    # may be voted through). Moving on to COMMITTING here answered ACCEPTED for a
+    # transaction the restart then aborted (router-bank-failing-fsync, seed 28115).
+    (TxState.COMMIT_DECIDING, TxEvent.WRITE_FAILED): TxState.COMMIT_DECIDING,
+    (TxState.ABORT_DECIDING, TxEvent.WRITE_FAILED): TxState.ABORT_DECIDING,
+    (TxState.EXCEPTION_DECIDING, TxEvent.WRITE_FAILED): TxState.EXCEPTION_DECIDING,
 }
 
 #: The guards are tuples: ``in`` compares enum members by identity first, where a set
