@@ -325,9 +325,12 @@ class XaRun:
             await asyncio.sleep(0.05)
         gate = _Gate()
         workers = [asyncio.ensure_future(self._worker(tm, gate, n)) for n in range(WORKERS)]
+        in_flight = "recovery-in-flight" in self.plants
         while not self.draining:
-            await asyncio.sleep(RECOVERY_PERIOD_S)
-            if "recovery-in-flight" not in self.plants:
+            # (the plant runs recovery under the workers, and often: its window is the
+            # few ms between a branch's prepare and the decision)
+            await asyncio.sleep(RECOVERY_PERIOD_S / 20 if in_flight else RECOVERY_PERIOD_S)
+            if not in_flight:
                 await gate.close()
             await self._recover(tm)
             gate.open.set()
@@ -480,6 +483,11 @@ class XaRun:
         self.record.left_in_queue = int(info["messages"])
         self.record.broker_prepared = [x.gtrid.decode()
                                        for x in await conn.xa_resource().recover()]
+        for _ in range(self.record.left_in_queue):  # which ones (those not held)
+            message = await conn.receive(QUEUE, timeout=0.05)
+            if message is None:
+                break
+            self.record.left_ids.add(message.body.decode())
         await conn.close()
         self.record.pg_prepared = [xid.gtrid for xid in self.db.prepared_xids()]
 

@@ -1,9 +1,10 @@
 """The checkers of scenario ``xa-live`` (``live_xa.py``): what the workers saw and were
 told, the broker's queue and prepared branches, and the database model, at the end.
 
-Which global transaction consumed a message for good, on the broker's side: the
-queue is empty at the end and a message consumed for good is never delivered again,
-so it is the one that received its last delivery. On the database's side: the model
+Which global transaction consumed a message for good, on the broker's side: a
+message consumed for good is never delivered again, so it is the one that received
+its last delivery — when the message is not left in the queue at the end (those
+left are received once more at the end to name them) and no branch still holds one. On the database's side: the model
 records every branch's outcome (:attr:`~txbroker.sim.pg_model.PgDatabase.outcomes`).
 """
 
@@ -26,6 +27,7 @@ class XaRecord:
     failures: list[str] = field(default_factory=list)
     #: at the end: messages in the queue, prepared branches (global ids) in each
     left_in_queue: int = -1
+    left_ids: set[str] = field(default_factory=set)  #: those of them not held by a branch
     broker_prepared: list[str] = field(default_factory=list)
     pg_prepared: list[str] = field(default_factory=list)
     #: virtual time the manager's last recovery came out clean (None: it did not)
@@ -57,10 +59,16 @@ def check_xa(record: XaRecord, db: PgDatabase, messages: int) -> list[str]:
     for gtrid, message_id in record.deliveries:
         last[message_id] = gtrid
         message_of[gtrid] = message_id
-    drained = record.left_in_queue == 0 and not record.broker_prepared
+    # a message still in the queue is not consumed; one held by a branch left prepared
+    # (or suspended, when some are held) has no broker outcome yet
+    held = len(record.left_ids) < record.left_in_queue
+    undecided = set(record.broker_prepared)
     committed_by: dict[str, list[str]] = {}
     for gtrid, message_id in message_of.items():
-        broker = last[message_id] == gtrid if drained else None
+        broker: bool | None = (last[message_id] == gtrid
+                               and message_id not in record.left_ids)
+        if held or last[message_id] in undecided:
+            broker = None
         pg = db.outcomes.get(gtrid) == "committed"
         if pg:
             committed_by.setdefault(message_id, []).append(gtrid)
