@@ -110,7 +110,8 @@ class PgDatabase:
         self.epoch = 0  #: one more at each crash: older connections are broken
         self._sessions = 0
         self._owners: dict[int, int] = {}  #: session -> client process
-        self._waiting: dict[int, set[asyncio.Future[Any]]] = {}  #: per session
+        #: futures waiting for an answer, per session (dicts: failed in a fixed order)
+        self._waiting: dict[int, dict[asyncio.Future[Any], None]] = {}
         #: a planted bug (``pg-loses-prepared``): a crash loses prepared transactions
         self.lose_prepared = False
 
@@ -158,14 +159,14 @@ class PgDatabase:
         if epoch != self.epoch or not self.up or self.context is None:
             raise PgError("the connection is closed", None)
         future: asyncio.Future[T] = self.loop.create_future()
-        self._waiting.setdefault(session, set()).add(future)
+        self._waiting.setdefault(session, {})[future] = None
         if PROCESS.get() not in self.loop.dead:  # a dead client sends nothing
             self.loop.call_later(self.loop.random.uniform(*DELAY_S), self._arrive, session,
                                  work, future, context=self.context)
         try:
             return await future
         finally:
-            self._waiting.get(session, set()).discard(future)
+            self._waiting.get(session, {}).pop(future, None)
 
     def _arrive(self, session: int, work: Callable[[], T], future: asyncio.Future[T]) -> None:
         try:

@@ -4,8 +4,9 @@ told, the broker's queue and prepared branches, and the database model, at the e
 Which global transaction consumed a message for good, on the broker's side: a
 message consumed for good is never delivered again, so it is the one that received
 its last delivery — when the message is not left in the queue at the end (those
-left are received once more at the end to name them) and no branch still holds one. On the database's side: the model
-records every branch's outcome (:attr:`~txbroker.sim.pg_model.PgDatabase.outcomes`).
+left are received once more at the end to name them) and no branch still holds one.
+On the database's side: the model records every branch's outcome
+(:attr:`~txbroker.sim.pg_model.PgDatabase.outcomes`).
 """
 
 from __future__ import annotations
