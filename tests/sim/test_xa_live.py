@@ -11,8 +11,8 @@ import random
 import pytest
 
 from txbroker.sim import PLANTS, run_seed
-from txbroker.sim.live_xa import SimLogFile, TmDisk, XaLoop
 from txbroker.sim.pg_model import PgDatabase, PgError
+from txbroker.sim.xa_parts import SimLogFile, TmDisk, XaLoop
 from txbroker.tm.aio_recovery import AsyncPostgresResource, recover_async
 from txbroker.tm.log import DecisionLog
 from txbroker.tm.participants import branch_xid

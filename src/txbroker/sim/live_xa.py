@@ -18,8 +18,8 @@ sans-IO engine (``tm/engine.py``) with its ``DecisionLog`` and group commit,
   transaction, receive a message, ack it in the branch, insert its row (key: the
   message id, value: the global id), commit — one in ten rolled back by the
   application instead. Its decision log lives on a simulated disk
-  (:class:`TmDisk`: written and synced bytes apart; a kill keeps the synced ones and
-  a torn piece of the rest); a log sync takes virtual time (:class:`XaLoop`).
+  (``xa_parts.TmDisk``: written and synced bytes apart; a kill keeps the synced ones and
+  a torn piece of the rest); a log sync takes virtual time (``xa_parts.XaLoop``).
   It runs recovery at start and, every :data:`RECOVERY_PERIOD_S`, with its workers
   held between transactions (recovery must not run under transactions in flight:
   ``tm/aio_recovery.py``). It is killed at random moments and at the engine's crash
@@ -38,9 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import random
 from collections.abc import Callable
-from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from txbroker.client.aio import AsyncConnection
 from txbroker.core.limits import Limits
@@ -49,10 +47,10 @@ from txbroker.errors import TxBrokerError
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.sim.live import EPOCH_MS, SimDisk, captured_logs, connect_retrying, seed_client_jitter
-from txbroker.sim.loop import SimLoop
 from txbroker.sim.pg_model import PgConnection, PgDatabase, PgError
 from txbroker.sim.world import World
 from txbroker.sim.xa_checks import XaRecord, check_xa
+from txbroker.sim.xa_parts import SimLogFile, TmDisk, XaLoop
 from txbroker.storage.memory import MemoryState
 from txbroker.tm.aio import (
     AsyncBrokerParticipant,
@@ -83,8 +81,6 @@ HOOK_KILL = 0.04
 #: One application rollback in this many transactions.
 APP_ROLLBACK = 0.1
 RECOVERY_PERIOD_S = 0.4
-#: A decision-log sync: the write and sync happen within it, the answer at its end (s).
-LOG_SYNC_S = (0.0002, 0.004)
 #: Rewrite the decision log past this size (small: compaction runs in every seed).
 COMPACT_BYTES = 1_500
 
@@ -94,101 +90,6 @@ COMPACT_BYTES = 1_500
 #: branch not prepared within the transaction timeout is rolled back.
 XA_REATTACH_MS = 1_000
 XA_TRANSACTION_TIMEOUT_MS = 1_500
-
-_T = TypeVar("_T")
-_Ts = TypeVarTuple("_Ts")
-
-
-class XaLoop(SimLoop):
-    """A SimLoop whose executor work takes virtual time: the function runs at a random
-    moment within :data:`LOG_SYNC_S`, its answer arrives at the end (the decision
-    log's write + fsync runs "in a thread" this way: the process may die before, in
-    between, or after)."""
-
-    def run_in_executor(self, executor: Any, func: Callable[[Unpack[_Ts]], _T],
-                        *args: *_Ts) -> asyncio.Future[_T]:
-        """Run ``func`` a little later, answer a little after that."""
-        future: asyncio.Future[_T] = self.create_future()
-        total = self.random.uniform(*LOG_SYNC_S)
-        ran_at = self.random.uniform(0.0, total)
-
-        def run() -> None:
-            try:
-                result = func(*args)
-            except BaseException as exc:  # handed to the awaiting code
-                self.call_later(total - ran_at, _settle, future, None, exc)
-                return
-            self.call_later(total - ran_at, _settle, future, result, None)
-
-        self.call_later(ran_at, run)
-        return future
-
-    def call_exception_handler(self, context: dict[str, Any]) -> None:
-        """As SimLoop's; a future nobody retrieved that is collected once the run is
-        over (a dead process's request, failed when its connection was torn down at
-        the end) is no news either."""
-        if self.is_closed() and "task" not in context:
-            return
-        super().call_exception_handler(context)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
-class TmDisk:
-    """The transaction manager's disk: synced bytes survive a kill, written ones may
-    leave a torn piece."""
-
-    def __init__(self) -> None:
-        self.synced = bytearray()
-        self.written = bytearray()
-
-    def crash(self, rng: random.Random) -> None:
-        """A kill: what was written and not synced is lost, but a random prefix."""
-        self.synced += self.written[:rng.randint(0, len(self.written))]
-        self.written.clear()
-
-
-class SimLogFile:
-    """The :class:`~txbroker.tm.log.LogFile` of a decision log on a :class:`TmDisk`."""
-
-    def __init__(self, disk: TmDisk) -> None:
-        self.disk = disk
-        self.closed = False
-
-    def read(self) -> bytes:
-        """What survived."""
-        return bytes(self.disk.synced)
-
-    def truncate(self, size: int) -> None:
-        """Cut a torn tail."""
-        del self.disk.synced[size:]
-
-    def append(self, data: bytes) -> None:
-        """Written, not yet synced."""
-        if self.closed:
-            raise ValueError("write to a closed file")
-        self.disk.written += data
-
-    def sync(self) -> None:
-        """Everything written is synced."""
-        self.disk.synced += self.disk.written
-        self.disk.written.clear()
-
-    def replace(self, data: bytes) -> None:
-        """Compaction: atomically the new content, synced."""
-        self.disk.synced[:] = data
-        self.disk.written.clear()
-
-    def close(self) -> None:
-        """No more appends."""
-        self.closed = True
 
 
 class _NoDecisionLog(DecisionLog):
@@ -252,11 +153,13 @@ class XaRun:
         self.tm_task: asyncio.Task[None] | None = None
 
     def log(self, what: str) -> None:
+        """One trace line, stamped with the loop's virtual time."""
         self.world.log(f"{self.loop.time():.6f} {what}")
 
     # -- processes -----------------------------------------------------------------
 
     def start_broker(self) -> None:
+        """Start a broker process on the simulated disk."""
         if "forget-prepared-at-restart" in self.plants:
             _forget_prepared(self.disk.state)
         self.broker, _ = self.loop.spawn(BROKER, self._run_broker())
@@ -274,24 +177,29 @@ class XaRun:
         await server.serve_forever()
 
     def kill_broker(self) -> None:
+        """Kill the broker (``kill -9``): what it had not synced is lost."""
         self.loop.kill(self.broker)
         self.disk.crash()
         self.log("broker killed")
 
     def start_pg(self) -> None:
+        """Start the database process."""
         self.pg, _ = self.loop.spawn(PG_HOST, self.db.serve())
         self.log("database started")
 
     def kill_pg(self) -> None:
+        """Kill the database: its open transactions are lost."""
         self.loop.kill(self.pg)
         self.db.crash()
         self.log("database killed")
 
     def start_tm(self) -> None:
+        """Start the transaction manager process."""
         self.tm, self.tm_task = self.loop.spawn(TM_HOST, self._tm_main())
         self.log("manager started")
 
     def kill_tm(self) -> None:
+        """Kill the transaction manager; the database notices its dead sessions."""
         process = self.tm
         self.loop.kill(process)
         self.tm_disk.crash(self.loop.random)
@@ -300,6 +208,7 @@ class XaRun:
                              process, context=self.context)
 
     def later(self, start: Callable[[], None]) -> None:
+        """Call ``start`` after a restart pause, from the simulation itself."""
         self.loop.call_later(self.loop.random.uniform(*RESTART_S), start,
                              context=self.context)
 
@@ -433,6 +342,7 @@ class XaRun:
         await conn.close()
 
     async def main(self) -> None:
+        """The run: start, load, faults, heal, drain, look."""
         loop = self.loop
         self.start_broker()
         self.start_pg()

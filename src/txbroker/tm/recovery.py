@@ -162,7 +162,9 @@ class Tally:
 
 
 def recover(decisions: DecisionLog, resources: Sequence[Resource]) -> RecoveryReport:
-    """Resolve every in-doubt branch of ``resources`` from the decision log."""
+    """Resolve every in-doubt branch of ``resources`` from the decision log. Not while
+    transactions of this log are in flight: a branch prepared by one that has not
+    decided yet would be rolled back under it."""
     tally = Tally(decisions)
     for resource in resources:
         try:
