@@ -22,10 +22,10 @@ from txbroker.sim.__main__ import main
 #: Seeds each scenario runs in the suite (together well under a minute here).
 SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
                "router-bank-failing-fsync": 150, "router-bank-resets": 150,
-               "queue-live": 40, "router-bank-live": 15}
+               "queue-live": 40, "router-bank-live": 15, "xa-live": 20}
 #: Scenarios that run the production server and clients on the deterministic event loop
 #: (``sim/live*.py``).
-LIVE = {"queue-live", "router-bank-live"}
+LIVE = {"queue-live", "router-bank-live", "xa-live"}
 
 #: Scenarios that find a known, unfixed defect within their suite seeds (see
 #: REGRESSION_SEEDS).

@@ -42,6 +42,16 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("live-server-no-tid-check", "router-bank-live",
           "a partition server (over the production router server library) applies an "
           "UNCERTAIN replay without checking its TID table"),
+    Plant("forget-prepared-at-restart", "xa-live",
+          "the broker's restart forgets every prepared XA branch not yet finished (its "
+          "XA_PREPARE records are dropped from the journal)"),
+    Plant("tm-commit-without-log", "xa-live",
+          "the transaction manager starts phase two without writing its commit decision"),
+    Plant("pg-loses-prepared", "xa-live",
+          "the PostgreSQL model's crash loses its prepared transactions too"),
+    Plant("recovery-in-flight", "xa-live",
+          "the transaction manager runs its periodic recovery without holding its "
+          "workers: it rolls back branches that are prepared but not yet decided"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

@@ -42,7 +42,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
@@ -124,6 +123,10 @@ async def _together(calls: list[Coroutine[Any, Any, T]], *,
     return results
 
 
+def _random_gtrid() -> bytes:
+    return os.urandom(16)
+
+
 class AsyncDecisionLog:
     """Group commit of a :class:`DecisionLog` for one event loop: every decision that
     arrives while a sync runs goes into the next write + sync."""
@@ -173,9 +176,15 @@ class AsyncTransactionManager:
     """Creates asyncio global transactions and owns the decision log."""
 
     def __init__(self, log_path: str | os.PathLike[str], *, fsync: bool = True,
-                 hook: Callable[[str], None] | None = None) -> None:
-        self.log = DecisionLog(log_path, fsync=fsync)
+                 hook: Callable[[str], None] | None = None,
+                 decision_log: DecisionLog | None = None,
+                 new_gtrid: Callable[[], bytes] | None = None) -> None:
+        #: the decision log: ``decision_log`` when given (e.g. over a simulated disk),
+        #: else one at ``log_path``
+        self.log = DecisionLog(log_path, fsync=fsync) if decision_log is None else decision_log
         self.decisions = AsyncDecisionLog(self.log)
+        #: where global ids come from: 16 random bytes unless given (a simulation seeds it)
+        self.new_gtrid: Callable[[], bytes] = new_gtrid or _random_gtrid
         self.hook = hook or (lambda step: None)
         self.counters = {"committed": 0, "rolled_back": 0, "one_phase": 0, "in_doubt": 0}
 
@@ -196,7 +205,7 @@ class AsyncGlobalTransaction:
     def __init__(self, manager: AsyncTransactionManager,
                  participants: list[AsyncParticipant]) -> None:
         self.manager = manager
-        self.gtrid = os.urandom(16)
+        self.gtrid = manager.new_gtrid()
         self.participants = in_branch_order(participants)
         self.xids = [branch_xid(self.gtrid, p.sort_key) for p in self.participants]
         self.coordinator = Coordinator(self.gtrid, [p.sort_key for p in self.participants],
@@ -228,6 +237,7 @@ class AsyncGlobalTransaction:
     async def _drive(self, steps: Steps) -> None:
         """Run the coordinator's effects on the loop, each batch of calls at once."""
         reply: object = None
+        clock = asyncio.get_running_loop().time  # monotonic, and virtual in a simulation
         while True:
             try:
                 effect = steps.send(reply)
@@ -236,25 +246,25 @@ class AsyncGlobalTransaction:
             reply = None
             if isinstance(effect, Calls):
                 op = effect.calls[0].op
-                started = time.monotonic()
+                started = clock()
                 # begins start together on the next loop iteration (the broker's pipelined
                 # xa_start then shares a write with what the application queues meanwhile,
                 # e.g. a receive); other batches run their first call in this task
                 reply = await _together([self._call(call) for call in effect.calls],
                                         inline_first=op is not Op.BEGIN)
                 if op is Op.VOTE:
-                    self.timings["votes"] = time.monotonic() - started
+                    self.timings["votes"] = clock() - started
                 elif op is Op.COMMIT:
-                    self.timings["finishes"] = time.monotonic() - started
+                    self.timings["finishes"] = clock() - started
             elif isinstance(effect, Fault):
                 self.manager.hook(effect.step)
             elif isinstance(effect, Decide):
-                started = time.monotonic()
+                started = clock()
                 try:
                     await self.manager.decisions.decide(effect.gtrid)
                 except Exception as exc:
                     reply = exc
-                self.timings["decision"] = time.monotonic() - started
+                self.timings["decision"] = clock() - started
             else:
                 self.manager.decisions.forget(effect.gtrid)
 

@@ -26,14 +26,20 @@ File format — UTF-8 text, one record per line::
 ``kind`` is ``C`` (commit decided) or ``E`` (ended: every participant
 finished). A line that does not check out at the end of the file is a torn
 write and is ignored; anywhere else it is reported as corruption.
+
+The bytes go through a :class:`LogFile` (:class:`OsLogFile`, a file on disk, unless
+one is given): a simulation gives one whose sync is virtual and whose crash keeps
+only what was synced (``txbroker.sim``).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 import zlib
 from pathlib import Path
+from typing import Protocol
 
 from txbroker.errors import CorruptStore
 
@@ -61,12 +67,92 @@ def _parse(line: bytes) -> tuple[str, bytes] | None:
         return None
 
 
+class LogFile(Protocol):
+    """Where a :class:`DecisionLog` keeps its bytes: one append-only file."""
+
+    def read(self) -> bytes:
+        """The whole file (empty when there is none yet: it is created)."""
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (a torn tail found by :meth:`read`)."""
+
+    def append(self, data: bytes) -> None:
+        """Write ``data`` at the end (not synced)."""
+
+    def sync(self) -> None:
+        """Make every byte appended so far durable."""
+
+    def replace(self, data: bytes) -> None:
+        """Atomically and durably make ``data`` the whole file (compaction)."""
+
+    def close(self) -> None:
+        """Close the file (appending after it raises)."""
+
+
+class OsLogFile:
+    """A :class:`LogFile` on disk: ``fdatasync`` to sync; compaction writes a temporary
+    file, syncs it, renames it over the log and syncs the directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: io.FileIO | None = None
+
+    def read(self) -> bytes:
+        """The whole file (created, with its directory, when missing)."""
+        if not self.path.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            data = b""
+        else:
+            data = self.path.read_bytes()
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+        return data
+
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes."""
+        with open(self.path, "r+b") as f:
+            f.truncate(size)
+
+    def append(self, data: bytes) -> None:
+        """Write ``data`` at the end."""
+        assert self._file is not None, "read() first"
+        self._file.write(data)
+
+    def sync(self) -> None:
+        """``fdatasync`` the file."""
+        assert self._file is not None, "read() first"
+        os.fdatasync(self._file.fileno())
+
+    def replace(self, data: bytes) -> None:
+        """Temporary file, fsync, atomic rename, fsync of the directory; reopen."""
+        temp = self.path.with_suffix(".compact")
+        with open(temp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self.close()
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._file is not None:
+            self._file.close()
+
+
 class DecisionLog:
-    """A durable log of commit decisions (see the module docstring)."""
+    """A durable log of commit decisions (see the module docstring). ``file``: where
+    the bytes go (default: :class:`OsLogFile` at ``path``)."""
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True,
-                 compact_bytes: int = DEFAULT_COMPACT_BYTES) -> None:
+                 compact_bytes: int = DEFAULT_COMPACT_BYTES,
+                 file: LogFile | None = None) -> None:
         self.path = Path(path)
+        self._file: LogFile = OsLogFile(self.path) if file is None else file
         self.fsync = fsync
         self.compact_bytes = compact_bytes
         self.open_decisions: set[bytes] = set()  #: decided COMMIT, not yet ended
@@ -77,16 +163,11 @@ class DecisionLog:
         self._durable_seq = 0  #: records up to this one are on disk
         self._leader = False
         self.syncs = 0  #: fsyncs done (group commit: fewer than decisions)
-        self._load()
-        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
         #: bytes in the file (kept here: no fstat per forget to decide on compaction)
-        self._size = os.fstat(self._file.fileno()).st_size
+        self._size = self._load()
 
-    def _load(self) -> None:
-        if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return
-        lines = self.path.read_bytes().splitlines(keepends=True)
+    def _load(self) -> int:
+        lines = self._file.read().splitlines(keepends=True)
         good = 0
         for number, line in enumerate(lines):
             record = _parse(line)
@@ -102,8 +183,8 @@ class DecisionLog:
             else:
                 self.open_decisions.discard(gtrid)
         if good != sum(len(line) for line in lines):
-            with open(self.path, "r+b") as f:
-                f.truncate(good)
+            self._file.truncate(good)
+        return good
 
     # ------------------------------------------------------------------ writing
     def decide(self, gtrid: bytes) -> None:
@@ -145,9 +226,9 @@ class DecisionLog:
                 self._lock.release()
                 data = b"".join(batch)
                 try:
-                    self._file.write(data)
+                    self._file.append(data)
                     if self.fsync:
-                        os.fdatasync(self._file.fileno())
+                        self._file.sync()
                 finally:
                     self._lock.acquire()
                     self._leader = False
@@ -180,21 +261,9 @@ class DecisionLog:
     def _compact_locked(self) -> None:
         self._queue = []  # ENDs not yet written are implied by the rewrite
         self._durable_seq = self._queued_seq
-        temp = self.path.with_suffix(".compact")
         data = b"".join(_line("C", g) for g in sorted(self.open_decisions))
         self._size = len(data)
-        with open(temp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-        self._file.close()
-        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+        self._file.replace(data)
 
     def close(self) -> None:
         """Write what is queued and close the file."""

@@ -104,47 +104,82 @@ class RecoveryReport:
         return not self.heuristic and not self.unresolved
 
 
+class Tally:
+    """Recovery's bookkeeping, shared by :func:`recover` and the asyncio form
+    (:func:`txbroker.tm.aio_recovery.recover_async`): which global ids are decided,
+    where each branch found is reported (:data:`RESOLUTIONS`), and which decisions may
+    be forgotten at the end."""
+
+    def __init__(self, decisions: DecisionLog) -> None:
+        self.report = RecoveryReport()
+        self.decided = set(decisions.open_decisions)
+        self.blocked: set[bytes] = set()
+        self.all_answered = True
+
+    def recover_failed(self, resource: str, exc: Exception) -> None:
+        """A resource did not list its branches: no decision is forgotten this time."""
+        self.all_answered = False
+        self.report.unresolved.append((resource, f"recover failed: {exc}"))
+
+    def commit_of(self, resource: str, xid: Xid) -> bool | None:
+        """Whether branch ``xid`` is to be committed; None (reported) when it is not
+        one of ours."""
+        gtrid = global_id(xid.gtrid)
+        if gtrid is None:
+            self.report.unresolved.append((resource, f"{xid}: not one of ours"))
+            return None
+        return gtrid in self.decided
+
+    def resolved(self, resource: str, xid: Xid, commit: bool,
+                 error: Exception | None) -> None:
+        """Report how the resolve of ``xid`` went (``error``: None when it went well)."""
+        outcome, keep = RESOLUTIONS[commit, resolved(error)]
+        if keep:
+            gtrid = global_id(xid.gtrid)
+            assert gtrid is not None
+            self.blocked.add(gtrid)
+        if outcome is Outcome.COMMITTED:
+            self.report.committed.append((resource, xid))
+        elif outcome is Outcome.ROLLED_BACK:
+            self.report.rolled_back.append((resource, xid))
+        elif outcome is Outcome.HEURISTIC:
+            assert isinstance(error, XAError)
+            self.report.heuristic.append((resource, xid, error.message))
+        elif outcome is Outcome.UNRESOLVED:
+            self.report.unresolved.append((resource, f"{xid}: {error}"))
+        if outcome in (Outcome.COMMITTED, Outcome.ROLLED_BACK):
+            log.info("recovery: %s %s on %s", outcome.value.replace("_", " "), xid,
+                     resource)
+
+    def finish(self, decisions: DecisionLog) -> RecoveryReport:
+        """Forget the decisions whose branches are all resolved (only when every
+        resource answered); the report."""
+        if self.all_answered:
+            for gtrid in self.decided - self.blocked:
+                decisions.forget(gtrid)
+            decisions.flush()
+        return self.report
+
+
 def recover(decisions: DecisionLog, resources: Sequence[Resource]) -> RecoveryReport:
-    """Resolve every in-doubt branch of ``resources`` from the decision log."""
-    report = RecoveryReport()
-    decided = set(decisions.open_decisions)
-    blocked: set[bytes] = set()
-    all_answered = True
+    """Resolve every in-doubt branch of ``resources`` from the decision log. Not while
+    transactions of this log are in flight: a branch prepared by one that has not
+    decided yet would be rolled back under it."""
+    tally = Tally(decisions)
     for resource in resources:
         try:
             found = resource.recover()
         except Exception as exc:
-            all_answered = False
-            report.unresolved.append((resource.name, f"recover failed: {exc}"))
+            tally.recover_failed(resource.name, exc)
             continue
         for xid in found:
-            gtrid = global_id(xid.gtrid)
-            if gtrid is None:
-                report.unresolved.append((resource.name, f"{xid}: not one of ours"))
+            commit = tally.commit_of(resource.name, xid)
+            if commit is None:
                 continue
-            commit = gtrid in decided
             error: Exception | None = None
             try:
                 resource.resolve(xid, commit)
             except Exception as exc:
                 error = exc
-            outcome, keep = RESOLUTIONS[commit, resolved(error)]
-            if keep:
-                blocked.add(gtrid)
-            if outcome is Outcome.COMMITTED:
-                report.committed.append((resource.name, xid))
-            elif outcome is Outcome.ROLLED_BACK:
-                report.rolled_back.append((resource.name, xid))
-            elif outcome is Outcome.HEURISTIC:
-                assert isinstance(error, XAError)
-                report.heuristic.append((resource.name, xid, error.message))
-            elif outcome is Outcome.UNRESOLVED:
-                report.unresolved.append((resource.name, f"{xid}: {error}"))
-            if outcome in (Outcome.COMMITTED, Outcome.ROLLED_BACK):
-                log.info("recovery: %s %s on %s", outcome.value.replace("_", " "), xid,
-                         resource.name)
-    if all_answered:
-        for gtrid in decided - blocked:
-            decisions.forget(gtrid)
-        decisions.flush()
-    return report
+            tally.resolved(resource.name, xid, commit, error)
+    return tally.finish(decisions)
