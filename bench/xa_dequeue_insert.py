@@ -27,6 +27,17 @@ bench/results/xa-<timestamp>.json::
 
 ``--url``/``--dsn`` use a running broker / PostgreSQL instead (the table and the
 queue are created and emptied).
+
+``--threads N`` (issue 30: "a user with threads and the sync client is a user
+too") runs both phases in ONE worker process with N threads instead, each with
+a sync txbroker connection and a sync psycopg connection (bench/xa_sync_worker.py):
+the XA phase through the sync ``TransactionManager`` (``--sync-driver tm``, the
+default) or the ``tpc_*`` calls on both connections by hand (``--sync-driver
+tpc``), PostgreSQL's phase with psycopg's sync ``tpc_*``. The report adds the wall
+time of each step and the kernel's share of the worker's CPU::
+
+    flock /tmp/txb-bench.lock python bench/xa_dequeue_insert.py --threads 8 \
+        --count 3000 --reps 3
 """
 
 from __future__ import annotations
