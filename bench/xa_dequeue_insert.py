@@ -27,6 +27,17 @@ bench/results/xa-<timestamp>.json::
 
 ``--url``/``--dsn`` use a running broker / PostgreSQL instead (the table and the
 queue are created and emptied).
+
+``--threads N`` (issue 30: "a user with threads and the sync client is a user
+too") runs both phases in ONE worker process with N threads instead, each with
+a sync txbroker connection and a sync psycopg connection (bench/xa_sync_worker.py):
+the XA phase through the sync ``TransactionManager`` (``--sync-driver tm``, the
+default) or the ``tpc_*`` calls on both connections by hand (``--sync-driver
+tpc``), PostgreSQL's phase with psycopg's sync ``tpc_*``. The report adds the wall
+time of each step and the kernel's share of the worker's CPU::
+
+    flock /tmp/txb-bench.lock python bench/xa_dequeue_insert.py --threads 8 \
+        --count 3000 --reps 3
 """
 
 from __future__ import annotations
@@ -173,8 +184,13 @@ async def _worker_main(kind: str, worker: int, url: str, dsn: str, queue: str, s
 
 
 def _worker(kind: str, worker: int, url: str, dsn: str, queue: str, slots: list[int],
-            log_dir: str, ready_q: Any, go_ev: Any, out_q: Any) -> None:
+            log_dir: str, ready_q: Any, go_ev: Any, out_q: Any, driver: str = "tm") -> None:
     try:
+        if kind.endswith("_sync"):  # --threads: one process, a thread per slot
+            from xa_sync_worker import sync_worker_main
+            out_q.put(("ok", worker, sync_worker_main(kind, driver, worker, url, dsn, queue,
+                                                      slots, log_dir, ready_q, go_ev)))
+            return
         try:
             import uvloop
             runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
@@ -237,7 +253,7 @@ def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: 
     per_worker = _split(args.count, args.workers)
     procs = [ctx.Process(target=_worker, args=(kind, w, url, dsn, args.queue,
                                                _split(per_worker[w], args.inflight), log_dir,
-                                               ready_q, go_ev, out_q))
+                                               ready_q, go_ev, out_q, args.sync_driver))
              for w in range(args.workers)]
     for p in procs:
         p.start()
@@ -285,7 +301,10 @@ def run_phase(kind: str, args: argparse.Namespace, url: str, dsn: str, log_dir: 
         "cpu_ms_per_tx": {k: round(1000 * v / args.count, 3) for k, v in cpu.items()},
         "cpu_busy": round(sum(cpu.values()) / wall / (os.cpu_count() or 1), 3),
     }
-    if kind == "xa":
+    if "cpu_system" in data[0]:  # --threads: how much of the workers' CPU was the kernel's
+        out["workers_system_ms_per_tx"] = round(1000 * sum(d["cpu_system"] for d in data)
+                                                / args.count, 3)
+    if kind.startswith("xa"):
         counters: dict[str, int] = {}
         for d in data:
             for key, value in d["counters"].items():
@@ -334,7 +353,7 @@ def verify(kind: str, args: argparse.Namespace, url: str, dsn: str) -> dict[str,
         prepared = pg.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone()
     assert rows is not None and prepared is not None
     checked = {"rows": int(rows[0]), "pg_prepared": int(prepared[0])}
-    if kind == "xa":
+    if kind.startswith("xa"):
         with txbroker.connect(url) as conn:
             checked["queue_depth"] = _depth(conn.queue_info(args.queue))
             checked["broker_branches"] = len(conn.xa_branches())
@@ -361,7 +380,16 @@ def main() -> None:
     parser.add_argument("--profile", type=Path,
                         help="py-spy the broker and one worker during rep 1 (raw stacks here)")
     parser.add_argument("--profile-seconds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="instead: ONE worker process with this many threads, each with a "
+                             "sync txbroker and a sync psycopg connection (xa_sync_worker.py)")
+    parser.add_argument("--sync-driver", choices=("tm", "tpc"), default="tm",
+                        help="with --threads: the sync TransactionManager (default) or the "
+                             "tpc_* calls by hand")
     args = parser.parse_args()
+    if args.threads:
+        args.workers, args.inflight = 1, args.threads
+    xa_kind, pg_kind = ("xa_sync", "pg_sync") if args.threads else ("xa", "pg")
     if args.workers * args.inflight > 240:
         parser.error("workers × inflight must stay ≤ 240 (max_connections = 250)")
 
@@ -397,12 +425,12 @@ def main() -> None:
             prepare_rep(args, url, dsn, rep)
             pids = {"broker": broker_pid, "postgres": postmaster}
             profile = args.profile if rep == 0 else None
-            xa = run_phase("xa", args, url, dsn, str(log_dir), pids, profile)
-            xa["checked"] = verify("xa", args, url, dsn)
+            xa = run_phase(xa_kind, args, url, dsn, str(log_dir), pids, profile)
+            xa["checked"] = verify(xa_kind, args, url, dsn)
             with psycopg.connect(dsn, autocommit=True) as pg:
                 pg.execute(f"TRUNCATE {TABLE}")
-            pg2pc = run_phase("pg", args, url, dsn, str(log_dir), pids, profile)
-            pg2pc["checked"] = verify("pg", args, url, dsn)
+            pg2pc = run_phase(pg_kind, args, url, dsn, str(log_dir), pids, profile)
+            pg2pc["checked"] = verify(pg_kind, args, url, dsn)
             ratio = round(xa["tx_per_s"] / pg2pc["tx_per_s"], 3)
             reps.append({"xa": xa, "pg_2pc": pg2pc, "ratio": ratio})
             print(f"rep {rep + 1}: XA {xa['tx_per_s']} tx/s (p50 {xa['p50_ms']} ms, p99 "
@@ -413,6 +441,7 @@ def main() -> None:
             "bench": "xa_dequeue_insert",
             "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "workers": args.workers, "inflight_per_worker": args.inflight,
+            "threads": args.threads, "sync_driver": args.sync_driver if args.threads else None,
             "count": args.count, "reps": args.reps,
             "broker": {"store": "journal", "sync": "fdatasync", "pid": broker_pid,
                        "url": url if args.url else "started by the bench"},

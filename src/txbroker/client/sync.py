@@ -1,11 +1,12 @@
 """The sync client: ``with txbroker.connect(url) as conn: conn.send("q", b"hi")``.
 
 A thin wrapper: each :class:`Connection` runs an
-:class:`~txbroker.client.aio.AsyncConnection` on a private event loop
-(uvloop if installed) on a daemon thread, and every method hands the
-matching coroutine to that loop with ``run_coroutine_threadsafe`` and waits
-for its outcome. Exceptions are the async client's. ``on_failover`` runs on
-that private thread, so it must not call the connection itself.
+:class:`~txbroker.client.aio.AsyncConnection` on an event loop (uvloop if
+installed) on a daemon thread that every sync connection of the process shares
+(``_portal.SHARED_LOOP``), and every method hands the matching coroutine to
+that loop with ``run_coroutine_threadsafe`` and waits for its outcome.
+Exceptions are the async client's. ``on_failover`` runs on that thread, so it
+must not call a sync connection (that raises RuntimeError: it would deadlock).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-from txbroker.client._portal import LoopThread
+from txbroker.client._engine import Engine
+from txbroker.client._portal import SHARED_LOOP, LoopThread
 from txbroker.client.aio import AsyncConnection, open_connection
 from txbroker.client.async_objects import AckMode, AsyncMessage, AsyncSubscription, MessageBase
 from txbroker.client.async_transaction import AsyncTransaction
@@ -33,7 +35,7 @@ from txbroker.client.streams import StreamMixin
 from txbroker.client.url import ClientURL, parse_url
 from txbroker.client.xa import AsyncXAResource
 from txbroker.core.xa import TMENDRSCAN, TMSTARTRSCAN, TMSUCCESS
-from txbroker.errors import ConnectionLost
+from txbroker.errors import BrokerError, ConnectionLost
 from txbroker.xid import Xid
 
 __all__ = ["Connection", "Message", "Subscription", "Transaction", "XAResource", "connect"]
@@ -46,6 +48,16 @@ SYNC_BATCH: Final = 256
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+async def _deferring(engine: Engine, coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro``; a broker error it raises is raised by the next call instead (as
+    the engine does with a pipelined request's error)."""
+    try:
+        await coro
+    except BrokerError as exc:
+        if engine.deferred is None:
+            engine.deferred = exc
 
 
 class Message(MessageBase):
@@ -303,6 +315,18 @@ class Connection(StreamMixin):
         parts built on :attr:`async_connection` (``txbroker.router``)."""
         return self._call(coro)
 
+    def run_async_pipelined(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Hand ``coro`` to this connection's loop thread without waiting for it — for a
+        pipelined request (``xa_start`` with ``wait=False``): the calls made after it
+        run after it on the loop, in order, and a broker error it raises (an
+        :class:`~txbroker.errors.XAError` too) is raised by the next call on this
+        connection, like a pipelined request's refusal. It saves the wait for the loop
+        thread's turn (a thread wake-up each way, issue 30)."""
+        if self._closed:
+            coro.close()
+            raise ConnectionLost("the connection is closed")
+        self._portal.submit(_deferring(self._inner._engine, coro))
+
     def recover(self) -> int:
         """Give back every unacknowledged message of this connection (JMS
         ``Session.recover()``); the broker redelivers them. Returns how many.
@@ -389,14 +413,14 @@ class Connection(StreamMixin):
         self._call(self._inner.xa_heuristic(xid, commit))
 
     def close(self) -> None:
-        """Flush pending acks, close, and stop the private loop thread."""
+        """Flush pending acks and close (the last connection open stops the loop thread)."""
         if self._closed:
             return
         self._closed = True
         try:
             self._portal.call(self._inner.close())
         finally:
-            self._portal.stop()
+            SHARED_LOOP.release(self._portal)
 
     def __enter__(self) -> Connection:
         return self
@@ -466,10 +490,10 @@ def connect(url: str | ClientURL, **options: Any) -> Connection:
     """
     parsed = url if isinstance(url, ClientURL) else parse_url(url)
     checked = ConnectOptions.from_kwargs(options).for_url(parsed)
-    portal = LoopThread()
+    portal = SHARED_LOOP.acquire()
     try:
         inner = portal.call(open_connection(parsed, options=checked))
     except BaseException:
-        portal.stop()
+        SHARED_LOOP.release(portal)
         raise
     return Connection(inner, portal)
