@@ -331,7 +331,10 @@ class Recovery:
         """Replay the entries of one mapped segment from ``start``; return (valid end,
         regions to pad)."""
         pads: list[tuple[int, int]] = []
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        # populate the mapping up front for a whole scan, not for a warm standby's
+        # suffix (the pages before ``start`` are never read)
+        populate = getattr(mmap, "MAP_POPULATE", 0) if start == SEGMENT_HEADER.size else 0
+        flags = mmap.MAP_SHARED | populate
         with mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ) as mapped:
             if hasattr(mapped, "madvise"):
                 mapped.madvise(mmap.MADV_SEQUENTIAL)
@@ -347,17 +350,16 @@ class Recovery:
                     if offset < size:
                         continue
                     return size, pads
+                if last and mapped[damage.offset:size] == bytes(size - damage.offset):
+                    # the writer's pre-allocated zeros (journal_writer.py): free space
+                    # (one comparison: searching them for an entry took 0.1 s at 8 MiB)
+                    log.debug("%s: %d pre-allocated bytes after offset %d", path,
+                              size - damage.offset, damage.offset)
+                    return damage.offset, pads
                 following = find_next_entry(mapped, damage.offset + 1, size)
                 if following is None and last:
-                    if not mapped[damage.offset:size].strip(b"\0"):
-                        # the writer's pre-allocated zeros (journal_writer.py): free space
-                        log.debug("%s: %d pre-allocated bytes after offset %d", path,
-                                  size - damage.offset, damage.offset)
-                    else:
-                        self._note(
-                            f"{path}: cut torn tail at offset {damage.offset} "
-                            f"({size - damage.offset} bytes dropped): {damage.reason}"
-                        )
+                    self._note(f"{path}: cut torn tail at offset {damage.offset} "
+                               f"({size - damage.offset} bytes dropped): {damage.reason}")
                     return damage.offset, pads
                 if not self.repair:
                     where = (

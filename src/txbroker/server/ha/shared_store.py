@@ -56,7 +56,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from txbroker.core.ha.shared_store_role import (
     StoreRole,
@@ -135,8 +135,7 @@ class SharedStoreNode:
         self._last_problem = ""
         #: seconds between two tries of the lock while standby (LOCK_POLL_INTERVAL)
         self.lock_poll_interval = LOCK_POLL_INTERVAL
-        self.warm_standby = True  #: follow the journal while standby (warm.py)
-        self._warm: WarmStandby | None = None
+        self.warm_standby, self._warm = True, cast("WarmStandby | None", None)  # warm.py
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -158,6 +157,7 @@ class SharedStoreNode:
             "lock_file": str(self.lock_path),
             "lock_holder": lock_holder(self.lock_path),
             "link": self.security.status(),
+            "warm": self._warm.status() if self._warm is not None else None,
         }
 
     def _enter(self, role: StoreRole, actions: tuple[StoreRoleAction, ...]) -> None:

@@ -69,6 +69,16 @@ class WarmStandby:
         self.broken: str | None = None
         self._task: asyncio.Task[None] | None = None
 
+    def status(self) -> dict[str, Any]:
+        """What it followed (``ha status --json``: ``warm``)."""
+        follower = self.follower
+        last = next(reversed(follower.segments.values()), None)
+        return {"entries": follower.entries, "bytes_read": follower.bytes_read,
+                "segment": last.segment_id if last is not None else None,
+                "offset": last.end if last is not None else None,
+                "following": self._task is not None and not self._task.done(),
+                "broken": self.broken}
+
     def start(self) -> asyncio.Task[None]:
         """Start following (on the running event loop); the task that follows."""
         self._task = asyncio.ensure_future(self._run())
