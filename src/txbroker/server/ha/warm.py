@@ -21,8 +21,8 @@ suffix the active wrote since, with the rules of a cold recovery (a torn tail of
 the last segment is cut; damage anywhere else stops the start), then finishes
 as usual; the noted releases go to the store with the others. Anything that
 does not match -- a file replaced or shortened, a segment gone before it was
-read, a configuration whose limits changed, an entry the core could not
-replay, another store kind -- gives a cold recovery, as before. The lock stays
+read, a configuration whose limits changed, ``--repair``, an entry the core
+could not replay, another store kind -- gives a cold recovery, as before. The lock stays
 the only authority: the follower never writes, and the core it built serves
 nobody before the lock is held and the suffix replayed.
 """
@@ -129,8 +129,8 @@ class WarmStandby:
         """Holding the lock: the core and where recovery resumes, or None (cold)."""
         if self.broken is not None:
             return None
-        if (config.limits, config.store, config.data) != \
-                (self.config.limits, "journal", self.config.data):
+        if (config.limits, config.store, config.data, config.repair) != \
+                (self.config.limits, "journal", self.config.data, False):
             log.info("warm standby: the configuration changed: recovering the whole journal")
             return None
         resume = self.follower.resume_point()
