@@ -186,3 +186,20 @@ def test_a_rewritten_last_entry_is_noticed_at_the_takeover(tmp_path: Path) -> No
         file.seek(last.end - 6)
         file.write(b"XX")
     assert follower.resume_point() is None
+
+
+def test_an_entry_longer_than_a_read_is_read_whole_and_zeros_are_not_read_again(
+        tmp_path: Path) -> None:
+    store = JournalStore(tmp_path, segment_size=4 * 1024 * 1024)
+    assert list(store.recover()) == []
+    follower = JournalFollower(store.journal_dir)
+    big = os.urandom(300 * 1024)  # more than FOLLOW_FIRST_READ, and than its doubling
+    refs = store.append(9, b"big", [b"small", big], lambda _error: None)
+    store.flush(5)
+    entries = _drain(follower)
+    assert _entries(entries) == [(9, b"big", tuple(refs))]
+    assert store.read_body(entries[0].refs[1]) == big
+    before = follower.bytes_read
+    assert follower.poll() == []  # at the end of what is written: one short read
+    assert follower.bytes_read - before <= 64 * 1024
+    store.close()

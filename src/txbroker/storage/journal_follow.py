@@ -48,6 +48,7 @@ from typing import Final
 
 from txbroker.storage.interface import BodyRef, StoredEntry
 from txbroker.storage.journal_format import (
+    ENTRY_MAGIC,
     REF_LENGTH_BITS,
     SEGMENT_HEADER,
     check_segment_header,
@@ -62,6 +63,10 @@ log = logging.getLogger("txbroker.journal")
 #: Bytes read per ``pread`` while following: a few MiB keep one poll short on the
 #: standby's event loop (the page cache serves them in about a millisecond).
 FOLLOW_READ_BYTES: Final = 4 * 1024 * 1024
+#: The first read of a poll (the head's pre-allocated zeros follow what is written:
+#: most polls find a few entries and then zeros); each read that found entries doubles
+#: the next, up to FOLLOW_READ_BYTES.
+FOLLOW_FIRST_READ: Final = 64 * 1024
 #: Entries handed back by one :meth:`JournalFollower.poll` at most.
 FOLLOW_ENTRIES: Final = 4096
 
@@ -195,19 +200,22 @@ class JournalFollower:
             if stat.st_size < followed.end:
                 raise FollowerLost(f"{path} shrank below what was read ({followed.end})")
             progressed = False
-            want = FOLLOW_READ_BYTES
+            want = FOLLOW_FIRST_READ
             while len(out) < limit and followed.end < stat.st_size:
                 start = followed.end
                 data = os.pread(fd, min(want, stat.st_size - start), start)
                 self.bytes_read += len(data)
-                found = self._scan(followed, data, start, out, limit)
-                if found:
+                if self._scan(followed, data, start, out, limit):
                     progressed = True
-                    want = FOLLOW_READ_BYTES
+                    want = min(2 * want, FOLLOW_READ_BYTES)
                     continue
-                if len(data) < want or start + len(data) >= stat.st_size:
-                    break  # the end of what is written (or damage)
-                want *= 2  # an entry longer than the read: read more at once
+                # nothing: the end of what is written (the writer's zeros), damage, or
+                # an entry longer than the read (then read it whole)
+                magic, length = data[:4], int.from_bytes(data[4:8], "little")
+                if magic != ENTRY_MAGIC or length <= len(data) or \
+                        start + length > stat.st_size:
+                    break
+                want = length
             if later and followed.end == stat.st_size and not followed.sealed:
                 followed.sealed = progressed = True
             return progressed
