@@ -288,8 +288,8 @@ class Recovery:
                                                   start)
             if end < size:
                 os.ftruncate(fd, end)
-            for start, stop in pads:
-                os.pwrite(fd, encode_pad(stop - start), start)
+            for pad_start, pad_stop in pads:
+                os.pwrite(fd, encode_pad(pad_stop - pad_start), pad_start)
             if end < size or pads:
                 os.fsync(fd)
             return RecoveredSegment(segment_id, end, tally.bodies, tally.body_bytes,
