@@ -203,3 +203,21 @@ def test_an_entry_longer_than_a_read_is_read_whole_and_zeros_are_not_read_again(
     assert follower.poll() == []  # at the end of what is written: one short read
     assert follower.bytes_read - before <= 64 * 1024
     store.close()
+
+
+def test_a_segment_deleted_before_it_was_read_to_its_end_makes_the_follower_lost(
+        tmp_path: Path) -> None:
+    """Its unread entries (say the acks of messages the follower holds) are gone:
+    the follower must start again, never go on from the next segment."""
+    active = _open(tmp_path)
+    follower = JournalFollower(active.journal_dir)
+    _append(active, 0, 5)
+    _drain(follower)  # in segment 1, not sealed
+    _append(active, 5, 200)  # rolls on
+    first = min(follower.segments)
+    assert not follower.segments[first].sealed
+    os.unlink(active.journal_dir / segment_name(first))
+    with pytest.raises(FollowerLost, match="before it was read to its end"):
+        follower.poll()
+    active.close()
+    assert follower.resume_point() is None

@@ -146,6 +146,9 @@ class JournalFollower:
                 break
             if ids and segment_id > ids[0]:
                 raise FollowerLost(f"segment {segment_id} vanished before older ones")
+            if not self.segments[segment_id].sealed:  # its unread entries are lost to us
+                raise FollowerLost(f"segment {segment_id} was deleted before it was read "
+                                   "to its end")
             del self.segments[segment_id]
             self._released.pop(segment_id, None)
         if self.segments and any(segment_id not in present for segment_id in self.segments):
