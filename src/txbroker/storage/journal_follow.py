@@ -23,7 +23,7 @@ recovery finds it and stops the start, as a cold recovery would. Files are read
 with ``pread`` (no mapping: a file cut under a mapping would be a SIGBUS).
 
 Deleted segments (compaction deletes the oldest ones) are forgotten at the next
-poll, with the refs released in them. A segment deleted before it was read, or
+poll, with the bodies released in them. A segment deleted before it was read, or
 replaced or shortened under the follower, makes it *lost*
 (:class:`FollowerLost`): the standby starts following again from scratch.
 
@@ -96,8 +96,6 @@ class Resume:
     """Where a takeover's recovery picks up: per segment id, what was read."""
 
     segments: dict[int, ResumedSegment]
-    #: refs of bodies the follower's core released (dead messages) in those segments
-    released: tuple[BodyRef, ...]
     #: entries the follower read, over its life (for the log and the tests)
     entries_followed: int
 
@@ -109,15 +107,18 @@ class JournalFollower:
         self.journal_dir = journal_dir
         #: the segments read, oldest first (dict order)
         self.segments: dict[int, FollowedSegment] = {}
-        #: refs released by the follower's core, by segment id
-        self._released: dict[int, list[BodyRef]] = {}
+        #: bodies released by the follower's core (count, bytes), by segment id
+        self._released: dict[int, list[int]] = {}
         #: entries and segment bytes read so far
         self.entries = 0
         self.bytes_read = 0
 
     def release(self, ref: BodyRef) -> None:
         """Note that the follower's core released ``ref`` (its message died)."""
-        self._released.setdefault(unpack_ref(ref)[0], []).append(ref)
+        segment_id, _offset, length = unpack_ref(ref)
+        released = self._released.setdefault(segment_id, [0, 0])
+        released[0] += 1
+        released[1] += length
 
     # ------------------------------------------------------------------ following
     def poll(self, limit: int = FOLLOW_ENTRIES) -> list[StoredEntry]:
@@ -268,12 +269,13 @@ class JournalFollower:
         except (FollowerLost, OSError) as exc:
             log.warning("warm standby: %s; recovering the whole journal", exc)
             return None
-        released = tuple(ref for refs in self._released.values() for ref in refs)
-        return Resume({segment_id: ResumedSegment(followed.end, followed.tally.bodies,
-                                                  followed.tally.body_bytes,
-                                                  followed.tally.overhead)
-                       for segment_id, followed in self.segments.items()},
-                      released, self.entries)
+        segments = {}
+        for segment_id, followed in self.segments.items():
+            tally = followed.tally
+            released, released_bytes = self._released.get(segment_id, (0, 0))
+            segments[segment_id] = ResumedSegment(followed.end, tally.bodies, tally.body_bytes,
+                                                  tally.overhead, released, released_bytes)
+        return Resume(segments, self.entries)
 
     def _check(self, followed: FollowedSegment) -> None:
         """The file is the one read, no shorter, and its last entry read is intact."""

@@ -86,6 +86,10 @@ class RecoveredSegment:
     #: bytes a warm standby had read already (``journal_follow.py``): recovery read
     #: only what follows
     resumed: int = 0
+    #: bodies (and bytes) of it that are dead already: the warm standby's core released
+    #: them while it followed (a cold recovery counts every body live)
+    dead: int = 0
+    dead_bytes: int = 0
 
     @property
     def read_bytes(self) -> int:
@@ -102,6 +106,9 @@ class ResumedSegment:
     bodies: int
     body_bytes: int
     overhead: int
+    #: bodies its core released there (messages that died), and their bytes
+    released: int = 0
+    released_bytes: int = 0
 
 
 def lock_directory(directory: Path, journal_dir: Path, lock: StoreLock | None = None
@@ -294,7 +301,9 @@ class Recovery:
                 os.fsync(fd)
             return RecoveredSegment(segment_id, end, tally.bodies, tally.body_bytes,
                                     tally.overhead, segment_lead(fd, end),
-                                    resumed=start if resumed is not None else 0)
+                                    resumed=start if resumed is not None else 0,
+                                    dead=resumed.released if resumed is not None else 0,
+                                    dead_bytes=resumed.released_bytes if resumed else 0)
         finally:
             os.close(fd)
 

@@ -19,7 +19,7 @@ around that core with a store that resumes where the follower stopped
 (``JournalStore.resume_from``): the recovery reads and CRC-checks only the
 suffix the active wrote since, with the rules of a cold recovery (a torn tail of
 the last segment is cut; damage anywhere else stops the start), then finishes
-as usual; the noted releases go to the store with the others. Anything that
+as usual; the store counts the bodies noted released as dead from the start. Anything that
 does not match -- a file replaced or shortened, a segment gone before it was
 read, a configuration whose limits changed, ``--repair``, an entry the core
 could not replay, another store kind -- gives a cold recovery, as before. The lock stays
@@ -138,8 +138,6 @@ class WarmStandby:
             return None
         for effect in self._effects:
             self.broker.outbox.emit(effect)
-        for ref in resume.released:
-            self.broker.outbox.emit(Release(ref))
         return self.broker, resume
 
 
