@@ -5,8 +5,9 @@ Theory of operation
 One event loop owns the :class:`~txbroker.core.Broker` (no locks). Each
 listener (native protocol, STOMP, and each of them over TLS — all opened by
 :meth:`BrokerServer.listen`; a TLS listener runs the handshake first,
-``server/security/tls.py``) makes one connection object per client; a connection turns frames into
-operations of the operation layer (``server/ops/operations.py``), which calls the core.
+``server/security/tls.py``) makes one connection object per client; a connection turns
+frames into operations of the operation layer (``server/ops/operations.py``), which calls
+the core.
 After each batch the server runs the core's effects: records go to the store
 (whose single writer thread does group commit and hands completions back to
 the loop in one call per batch), replies and deliveries go through the
@@ -90,14 +91,14 @@ class BrokerServer:
     """A running broker: see the module docstring."""
 
     def __init__(self, config: ServerConfig, stomp_settings: StompSettings | None = None,
-                 *, lock: StoreLock | None = None,
-                 store_opener: StoreOpener | None = None) -> None:
+                 *, lock: StoreLock | None = None, store_opener: StoreOpener | None = None,
+                 broker: Broker | None = None) -> None:
         config.validate()
         if stomp_settings is not None:
             stomp_settings.validate()
         self.config = config
         self.stomp_settings = stomp_settings or StompSettings()
-        self.broker = Broker(config.limits)
+        self.broker = broker or Broker(config.limits)  # a warm standby's: server/ha/warm.py
         #: the operation layer: sessions, admission, and every decision about a request
         self.ops = Operations(self, Authenticator(config.users))
         self.store: Store | None = None
@@ -462,9 +463,9 @@ class BrokerServer:
                 "appends": s.appends, "syncs": s.syncs, "bytes_written": s.bytes_written,
                 "segments": s.segments, "disk_bytes": s.disk_bytes,
                 "live_bodies": s.live_bodies, "live_body_bytes": s.live_body_bytes,
-                "body_cache_bytes": s.body_cache_bytes,
-                "recovered_bytes": s.recovered_bytes,
+                "body_cache_bytes": s.body_cache_bytes, "recovered_bytes": s.recovered_bytes,
                 "recovered_segments": s.recovered_segments,
+                "recovered_entries": s.recovered_entries,
             }
         return result
 

@@ -151,6 +151,9 @@ class StoreStats:
     recovered_bytes: int = 0
     #: files (segments) the last recovery read
     recovered_segments: int = 0
+    #: entries the last recovery replayed (a warm standby's takeover: only those its
+    #: core had not replayed yet)
+    recovered_entries: int = 0
     #: seconds to write and sync each group-commit batch (None: not measured)
     batch_seconds: Histogram | None = None
     #: work items (records) per batch: the group commit's size

@@ -29,12 +29,11 @@ live bodies and live body bytes. Recovery counts every body live;
 :meth:`release` marks one dead. :meth:`maintain` deletes dead segments from
 the oldest end (through the writer, after the sync of everything queued
 before), and offers the oldest sealed segment for *relocation* when that pays —
-it is mostly dead, or it pins enough dead segments behind it
-(:meth:`~txbroker.storage.journal_space.SegmentSpace.offer_relocation`; when
-is set by ``compaction``, a
-:class:`~txbroker.storage.journal_space.CompactionSettings`). ``stats()``
-reports what recovery replayed (``recovered_bytes``), and the named crash
-points of ``journal_faults.py`` let process tests kill it mid-compaction.
+it is mostly dead, or it pins enough dead segments behind it (``SegmentSpace.
+offer_relocation``; when is set by ``compaction``, a ``CompactionSettings``).
+``stats()`` reports what recovery replayed (``recovered_bytes``, ``_entries``: a
+warm standby's takeover resumes where it stopped, ``resume_from``), and the named
+crash points of ``journal_faults.py`` let process tests kill it mid-compaction.
 
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread
@@ -46,7 +45,7 @@ from __future__ import annotations
 import enum
 import inspect
 import os
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
@@ -81,6 +80,7 @@ from txbroker.storage.journal_recovery import (
     LOCK_FILE,
     RecoveredSegment,
     Recovery,
+    ResumedSegment,
     list_segments,
     lock_directory,
 )
@@ -186,7 +186,9 @@ class JournalStore:
         #: environment, none armed outside tests)
         self.crash_points = CrashPoints.from_env()
         #: what recovery read (segment data, or recovery indexes), and segments (``stats``)
-        self._recovered_bytes = self._recovered_segments = 0
+        self._recovered_bytes = self._recovered_segments = self._recovered_entries = 0
+        #: what a warm standby read already (``resume_from``; journal_follow.py)
+        self._resume: Mapping[int, ResumedSegment] | None = None
         self._head = 1
         self._offset = self._first_free = SEGMENT_HEADER.size
         #: the head rolls when an entry would end past this (see SNAPSHOT_SEGMENT_FACTOR)
@@ -203,6 +205,13 @@ class JournalStore:
         """The lock file of the journal store in ``directory`` (the HA lock too)."""
         return Path(directory) / JOURNAL_SUBDIR / LOCK_FILE
 
+    def resume_from(self, segments: Mapping[int, ResumedSegment]) -> None:
+        """Before :meth:`recover`: the segments a warm standby read and how far
+        (``journal_follow.py``): recovery yields only the entries after those."""
+        if self._state is not _State.NEW:
+            raise StoreError("resume_from() must come before recover()")
+        self._resume = segments
+
     def recover(self) -> Iterator[StoredEntry]:
         """Lock the directory and yield every entry in log order.
 
@@ -216,7 +225,7 @@ class JournalStore:
                                                         self._lock)
         self._state = _State.RECOVERING
         recovery = Recovery(self.journal_dir, repair=self.repair,
-                            use_index=self.recovery_index)
+                            use_index=self.recovery_index, resume=self._resume)
         self.repair_report = recovery.report
         self._replay_iterator = self._replay(recovery, list_segments(self.journal_dir))
         return self._replay_iterator
@@ -225,14 +234,16 @@ class JournalStore:
         replay = recovery.replay(ids)
         try:
             while True:
-                yield from next(replay)
+                chunk = next(replay)
+                self._recovered_entries += len(chunk)
+                yield from chunk
         except StopIteration as done:
             recovered: list[RecoveredSegment] = done.value
         except Exception:
             self.close()  # e.g. CorruptStore: unlock, so that a retry with repair can open
             raise
         self._recovered_bytes = sum(segment.read_bytes for segment in recovered)
-        self._recovered_segments = len(recovered)
+        self._recovered_segments = sum(1 for segment in recovered if segment.read_bytes)
         self._open_for_appends(recovered)
 
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
@@ -439,14 +450,12 @@ class JournalStore:
     def stats(self) -> StoreStats:
         """Current counters."""
         writer = self.writer
-        stats = self._space.stats(
-            self._appends,
-            writer.syncs if writer else 0,
-            writer.bytes_written if writer else 0,
-        )
+        stats = self._space.stats(self._appends, writer.syncs if writer else 0,
+                                  writer.bytes_written if writer else 0)
         stats = replace(stats, body_cache_bytes=self._bodies.cache_bytes,
                         recovered_bytes=self._recovered_bytes,
-                        recovered_segments=self._recovered_segments)
+                        recovered_segments=self._recovered_segments,
+                        recovered_entries=self._recovered_entries)
         if writer is None:
             return stats
         return replace(stats, batch_seconds=writer.batch_seconds,
@@ -486,10 +495,6 @@ class JournalStore:
     def __enter__(self) -> JournalStore:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         self.close()

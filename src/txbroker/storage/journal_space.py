@@ -139,10 +139,11 @@ class SegmentInfo:
 
     @classmethod
     def recovered(cls, segment: RecoveredSegment) -> SegmentInfo:
-        """The accounting of a segment recovery replayed: every body counts live."""
+        """The accounting of a segment recovery replayed: every body counts live but
+        those a warm standby's core released already (``segment.dead``)."""
         return cls(
-            segment.size, segment.bodies, segment.body_bytes, segment.bodies,
-            segment.overhead, segment.lead,
+            segment.size, segment.bodies - segment.dead, segment.body_bytes - segment.dead_bytes,
+            segment.bodies, segment.overhead, segment.lead,
         )
 
 

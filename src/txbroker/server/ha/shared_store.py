@@ -22,7 +22,8 @@ runs a :class:`SharedStoreNode`, which listens on its HA port at once and then
    :data:`LOCK_POLL_INTERVAL` whatever the link does, so that a standby whose
    link hangs (a partition, a stopped peer: a connect or a handshake waits up
    to ``heartbeat_interval``) still takes the lock within one poll interval of
-   its release, not after the link's timeout.
+   its release, not after the link's timeout; and a warm standby (``warm.py``)
+   follows the journal into a core of its own, so a takeover reads only its suffix.
 
 The lock decides, never the heartbeats: a standby takes over only once it holds
 the lock, and the kernel (or the NFS server) hands the lock over only when its
@@ -55,7 +56,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from txbroker.core.ha.shared_store_role import (
     StoreRole,
@@ -70,6 +71,7 @@ from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.link import LinkSecurity
 from txbroker.server.ha.pair_link import AttachedStandby, PeerRefused, next_message
 from txbroker.server.ha.standby import StandbyConnection, shared_store_refusal
+from txbroker.server.ha.warm import WarmStandby, start_warm, takeover_server
 from txbroker.server.security.auth import Authenticator
 from txbroker.server.stores import store_lock_path
 from txbroker.storage.store_lock import StoreLock, lock_holder
@@ -133,6 +135,7 @@ class SharedStoreNode:
         self._last_problem = ""
         #: seconds between two tries of the lock while standby (LOCK_POLL_INTERVAL)
         self.lock_poll_interval = LOCK_POLL_INTERVAL
+        self.warm_standby, self._warm = True, cast("WarmStandby | None", None)  # warm.py
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -154,6 +157,7 @@ class SharedStoreNode:
             "lock_file": str(self.lock_path),
             "lock_holder": lock_holder(self.lock_path),
             "link": self.security.status(),
+            "warm": self._warm.status() if self._warm is not None else None,
         }
 
     def _enter(self, role: StoreRole, actions: tuple[StoreRoleAction, ...]) -> None:
@@ -255,6 +259,8 @@ class SharedStoreNode:
         if StoreRoleAction.OPEN_REFUSER in actions:
             await self._open_refuser()
         self._enter(role, actions)
+        if self.warm_standby and self._warm is None:
+            self._warm = start_warm(self.config, self._tasks)
         while not self._stopping.is_set():
             followed = False
             try:
@@ -315,8 +321,7 @@ class SharedStoreNode:
                     welcome = await next_message(reader, decoder)
             except TimeoutError:
                 raise TimeoutError(f"connected, but no answer to the HA handshake within "
-                                   f"{timeout:g} s (a stopped active, or not a txbroker HA "
-                                   "port)") from None
+                                   f"{timeout:g} s (a stopped active, or not an HA port)") from None
             if welcome["type"] == "refused":
                 raise PeerRefused(str(welcome.get("reason", "")), bool(welcome.get("retry")))
             if welcome["type"] != "welcome":
@@ -379,7 +384,7 @@ class SharedStoreNode:
         if StoreRoleAction.CLOSE_REFUSER in actions and self._refuser is not None:
             self._refuser.close()
             self._refuser = None
-        server = BrokerServer(config, lock=lock)
+        server = await takeover_server(self._warm, config, lock)
         server.ha_status = self.status
         self.server = server
         await server.recover()
