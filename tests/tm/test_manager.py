@@ -181,3 +181,63 @@ def test_a_no_stops_the_crash_points_and_a_failed_begin_aborts_in_order(
         tm.begin([Fake("a", journal), NoBegin("b", journal), Fake("c", journal)])
     assert journal == ["begin a", "begin b", "abort a"]
     assert tm.counters == {"committed": 0, "rolled_back": 1, "one_phase": 0, "in_doubt": 0}
+
+
+class RecoversWhileVoting(Fake):
+    """A participant whose vote runs the manager's recovery first: a recovery that
+    comes at the worst moment, with ``a`` prepared and nothing decided yet."""
+
+    def __init__(self, name: str, journal: list[str], tm: TransactionManager,
+                 resources: list[Fake]) -> None:
+        super().__init__(name, journal)
+        self.tm, self.resources = tm, resources
+        self.reports: list[object] = []
+
+    def vote(self, xid: Xid) -> bool:
+        self.reports.append(self.tm.recover(self.resources))
+        return super().vote(xid)
+
+
+def test_recovery_through_the_manager_leaves_its_transactions_in_flight_alone(
+        tm: TransactionManager) -> None:
+    journal: list[str] = []
+    a = Fake("a", journal)
+    b = RecoversWhileVoting("b", journal, tm, [])
+    b.resources = [a, b]
+    gtx = tm.begin([a, b])
+    assert tm.in_flight == {gtx.gtrid}
+    gtx.commit()
+    (report,) = b.reports
+    # a's branch was prepared and undecided: an orphan to a recovery that did not know
+    assert report.in_flight == [("a", gtx.xid_of(a))]  # type: ignore[attr-defined]
+    assert report.rolled_back == [] and report.clean  # type: ignore[attr-defined]
+    assert a.committed == [gtx.xid_of(a)] and b.committed == [gtx.xid_of(b)]
+    assert tm.in_flight == set() and tm.log.open_decisions == set()
+
+
+def test_a_recovery_that_does_not_know_the_transactions_in_flight_rolls_them_back(
+        tm: TransactionManager) -> None:
+    """Why the manager passes them: the bare function sees an orphan."""
+    journal: list[str] = []
+    a = Fake("a", journal)
+    prepared_a = Xid(0x5458424D, b"00" * 16, b"a")
+    a.prepared.add(prepared_a)
+    assert recover(tm.log, [a], in_flight={bytes(16)}).in_flight == [("a", prepared_a)]
+    assert a.prepared == {prepared_a}
+    assert recover(tm.log, [a]).rolled_back == [("a", prepared_a)] and not a.prepared
+
+
+def test_a_failed_begin_or_a_rollback_leaves_nothing_in_flight(
+        tm: TransactionManager) -> None:
+    journal: list[str] = []
+
+    class FailsBegin(Fake):
+        def begin(self, xid: Xid) -> None:
+            raise RuntimeError("refused")
+
+    with pytest.raises(Exception, match="refused"):
+        tm.begin([Fake("a", journal), FailsBegin("b", journal)])
+    assert tm.in_flight == set()
+    gtx = tm.begin([Fake("a", journal)])
+    gtx.rollback()
+    assert tm.in_flight == set()

@@ -20,10 +20,11 @@ sans-IO engine (``tm/engine.py``) with its ``DecisionLog`` and group commit,
   application instead. Its decision log lives on a simulated disk
   (``xa_parts.TmDisk``: written and synced bytes apart; a kill keeps the synced ones and
   a torn piece of the rest); a log sync takes virtual time (``xa_parts.XaLoop``).
-  It runs recovery at start and, every :data:`RECOVERY_PERIOD_S`, with its workers
-  held between transactions (recovery must not run under transactions in flight:
-  ``tm/aio_recovery.py``). It is killed at random moments and at the engine's crash
-  points (its ``hook``), and started again after a pause.
+  It runs recovery at start and, every :data:`RECOVERY_PERIOD_S`, under its running
+  workers, through the manager (``AsyncTransactionManager.recover``), which leaves the
+  branches of its transactions in flight to them (``tm/recovery.py``). It is killed
+  at random moments and at the engine's crash points (its ``hook``), and started
+  again after a pause.
 
 After the fault phase everything is up and stays up (the healed phase): the workers
 drain the queue, then stop; the manager runs recovery a last time. Checkers
@@ -59,7 +60,12 @@ from txbroker.tm.aio import (
     RolledBack,
     TMError,
 )
-from txbroker.tm.aio_recovery import AsyncBrokerResource, AsyncPostgresResource, recover_async
+from txbroker.tm.aio_recovery import (
+    AsyncBrokerResource,
+    AsyncPostgresResource,
+    AsyncResource,
+    recover_async,
+)
 from txbroker.tm.log import DecisionLog
 
 BROKER, PORT = "127.0.0.10", 5445
@@ -80,7 +86,7 @@ NOTICE_S = (0.001, 0.2)
 HOOK_KILL = 0.04
 #: One application rollback in this many transactions.
 APP_ROLLBACK = 0.1
-RECOVERY_PERIOD_S = 0.4
+RECOVERY_PERIOD_S = 0.02
 #: Rewrite the decision log past this size (small: compaction runs in every seed).
 COMPACT_BYTES = 1_500
 
@@ -106,31 +112,6 @@ def _forget_prepared(state: MemoryState) -> None:
              if e.kind in (int(Kind.XA_COMMIT), int(Kind.XA_ROLLBACK))}
     state.entries = [e for e in state.entries if e.kind != int(Kind.XA_PREPARE)
                      or decode(e.kind, e.meta).xid in ended]
-
-
-class _Gate:
-    """Holds the workers between transactions while recovery runs."""
-
-    def __init__(self) -> None:
-        self.busy = 0
-        self.open = asyncio.Event()
-        self.open.set()
-        self.idle = asyncio.Event()
-        self.idle.set()
-
-    async def enter(self) -> None:
-        await self.open.wait()
-        self.busy += 1
-        self.idle.clear()
-
-    def leave(self) -> None:
-        self.busy -= 1
-        if self.busy == 0:
-            self.idle.set()
-
-    async def close(self) -> None:
-        self.open.clear()
-        await self.idle.wait()
 
 
 class XaRun:
@@ -232,25 +213,23 @@ class XaRun:
                                      new_gtrid=self._new_gtrid)
         while not await self._recover(tm):
             await asyncio.sleep(0.05)
-        gate = _Gate()
-        workers = [asyncio.ensure_future(self._worker(tm, gate, n)) for n in range(WORKERS)]
-        in_flight = "recovery-in-flight" in self.plants
+        workers = [asyncio.ensure_future(self._worker(tm, n)) for n in range(WORKERS)]
+        bare = "recovery-in-flight" in self.plants
         while not self.draining:
-            # (the plant runs recovery under the workers, and often: its window is the
-            # few ms between a branch's prepare and the decision)
-            await asyncio.sleep(RECOVERY_PERIOD_S / 20 if in_flight else RECOVERY_PERIOD_S)
-            if not in_flight:
-                await gate.close()
-            await self._recover(tm)
-            gate.open.set()
+            # recovery under the running workers, and often: the window it must leave
+            # alone is the few ms between a branch's prepare and the decision
+            await asyncio.sleep(RECOVERY_PERIOD_S)
+            await self._recover(tm, bare=bare)
         await asyncio.gather(*workers)
         while not await self._recover(tm):
             await asyncio.sleep(0.05)
         self.record.final_recovery = self.loop.time()
         self.log("manager: final recovery clean")
 
-    async def _recover(self, tm: AsyncTransactionManager) -> bool:
-        """One recovery run; True when it resolved everything."""
+    async def _recover(self, tm: AsyncTransactionManager, bare: bool = False) -> bool:
+        """One recovery run, through the manager (or, ``bare``: the
+        ``recovery-in-flight`` plant, the bare function that knows nothing of the
+        transactions in flight); True when it resolved everything."""
         conn: AsyncConnection | None = None
         pg: PgConnection | None = None
         try:
@@ -258,8 +237,10 @@ class XaRun:
                 connect_retrying(self.loop, f"txb://{BROKER}:{PORT}", reconnect=False,
                                  timeout=1.0), 0.5)
             pg = await self.db.connect()
-            report = await recover_async(tm.log, [AsyncBrokerResource(conn),
-                                                  AsyncPostgresResource(pg)])
+            resources: list[AsyncResource] = [AsyncBrokerResource(conn),
+                                              AsyncPostgresResource(pg)]
+            report = await (recover_async(tm.log, resources) if bare
+                            else tm.recover(resources))
         except (TxBrokerError, PgError, TimeoutError, OSError) as exc:
             self.log(f"manager: recovery failed: {exc!r}")
             return False
@@ -275,11 +256,10 @@ class XaRun:
             self.record.failures.append(f"heuristic outcome in recovery: {report.heuristic}")
         return report.clean
 
-    async def _worker(self, tm: AsyncTransactionManager, gate: _Gate, number: int) -> None:
+    async def _worker(self, tm: AsyncTransactionManager, number: int) -> None:
         conn: AsyncConnection | None = None
         pg: PgConnection | None = None
         while not self.draining:
-            await gate.enter()
             try:
                 if conn is None:
                     conn = await connect_retrying(self.loop, f"txb://{BROKER}:{PORT}",
@@ -294,8 +274,6 @@ class XaRun:
                         await conn.close()
                 conn = pg = None
                 await asyncio.sleep(self.loop.random.uniform(0.005, 0.03))
-            finally:
-                gate.leave()
         if conn is not None:
             await conn.close()
 

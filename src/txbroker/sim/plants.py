@@ -50,8 +50,9 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("pg-loses-prepared", "xa-live",
           "the PostgreSQL model's crash loses its prepared transactions too"),
     Plant("recovery-in-flight", "xa-live",
-          "the transaction manager runs its periodic recovery without holding its "
-          "workers: it rolls back branches that are prepared but not yet decided"),
+          "the transaction manager runs its periodic recovery without telling it the "
+          "transactions in flight: it rolls back branches that are prepared but not "
+          "yet decided"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

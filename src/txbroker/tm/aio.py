@@ -48,6 +48,7 @@ from typing import Any, Protocol, TypeVar
 
 from txbroker.client.xa import TMFAIL, TMSUCCESS, XA_RDONLY
 from txbroker.errors import XAError
+from txbroker.tm.aio_recovery import AsyncResource, recover_async
 from txbroker.tm.engine import (
     CONCURRENT_STEPS,
     Call,
@@ -64,6 +65,7 @@ from txbroker.tm.errors import RolledBack as RolledBack
 from txbroker.tm.errors import TMError as TMError
 from txbroker.tm.log import DecisionLog
 from txbroker.tm.participants import _pg_xid, branch_xid, finish_failed
+from txbroker.tm.recovery import RecoveryReport
 from txbroker.xid import Xid
 
 log = logging.getLogger("txbroker.tm")
@@ -187,12 +189,25 @@ class AsyncTransactionManager:
         self.new_gtrid: Callable[[], bytes] = new_gtrid or _random_gtrid
         self.hook = hook or (lambda step: None)
         self.counters = {"committed": 0, "rolled_back": 0, "one_phase": 0, "in_doubt": 0}
+        #: global ids of the transactions begun and not yet completed (recovery skips them)
+        self.in_flight: set[bytes] = set()
 
     async def begin(self, participants: Sequence[AsyncParticipant]) -> AsyncGlobalTransaction:
         """Start a global transaction over ``participants`` (each opens its branch)."""
         gtx = AsyncGlobalTransaction(self, list(participants))
-        await gtx._begin()
+        self.in_flight.add(gtx.gtrid)
+        try:
+            await gtx._begin()
+        except BaseException:
+            self.in_flight.discard(gtx.gtrid)
+            raise
         return gtx
+
+    async def recover(self, resources: Sequence[AsyncResource]) -> RecoveryReport:
+        """Resolve the in-doubt branches of ``resources`` from this manager's log,
+        leaving those of its transactions in flight to them (``tm/recovery.py``): safe
+        to run beside running transactions."""
+        return await recover_async(self.log, resources, in_flight=self.in_flight)
 
     def close(self) -> None:
         """Close the decision log (after every transaction completed)."""
@@ -228,11 +243,17 @@ class AsyncGlobalTransaction:
     async def commit(self) -> None:
         """Two-phase commit (one phase for a single participant); see the module
         docstring. Raises RolledBack when a participant voted no."""
-        await self._drive(self.coordinator.commit())
+        try:
+            await self._drive(self.coordinator.commit())
+        finally:
+            self.manager.in_flight.discard(self.gtrid)
 
     async def rollback(self) -> None:
         """Roll every participant back (nothing is logged: presumed abort)."""
-        await self._drive(self.coordinator.rollback())
+        try:
+            await self._drive(self.coordinator.rollback())
+        finally:
+            self.manager.in_flight.discard(self.gtrid)
 
     async def _drive(self, steps: Steps) -> None:
         """Run the coordinator's effects on the loop, each batch of calls at once."""

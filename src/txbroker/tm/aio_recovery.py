@@ -17,7 +17,7 @@ decision, and would be rolled back under it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 from txbroker.tm.log import DecisionLog
@@ -43,11 +43,12 @@ class AsyncResource(Protocol):
         """Commit or roll back one in-doubt branch found by :meth:`recover`."""
 
 
-async def recover_async(decisions: DecisionLog,
-                        resources: Sequence[AsyncResource]) -> RecoveryReport:
-    """Resolve every in-doubt branch of ``resources`` from the decision log (see the
-    module docstring: not while transactions of this log are in flight)."""
-    tally = Tally(decisions)
+async def recover_async(decisions: DecisionLog, resources: Sequence[AsyncResource],
+                        in_flight: Collection[bytes] = ()) -> RecoveryReport:
+    """Resolve every in-doubt branch of ``resources`` from the decision log, except
+    those of the global ids ``in_flight`` (``tm/recovery.py``: transactions in flight;
+    :meth:`AsyncTransactionManager.recover` passes its own)."""
+    tally = Tally(decisions, in_flight)
     for resource in resources:
         try:
             found = await resource.recover()

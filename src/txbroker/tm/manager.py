@@ -50,7 +50,8 @@ from txbroker.tm.engine import (
 )
 from txbroker.tm.errors import InDoubt, RolledBack, TMError, one_phase_failure
 from txbroker.tm.log import DecisionLog
-from txbroker.tm.participants import Participant, branch_xid
+from txbroker.tm.participants import Participant, Resource, branch_xid
+from txbroker.tm.recovery import RecoveryReport, recover
 from txbroker.xid import Xid
 
 __all__ = ["STEPS", "GlobalTransaction", "InDoubt", "RolledBack", "TMError",
@@ -68,10 +69,18 @@ class TransactionManager:
         self.log = DecisionLog(log_path, fsync=fsync)
         self.hook = hook or (lambda step: None)
         self.counters = {"committed": 0, "rolled_back": 0, "one_phase": 0, "in_doubt": 0}
+        #: global ids of the transactions begun and not yet completed (recovery skips them)
+        self.in_flight: set[bytes] = set()
 
     def begin(self, participants: Sequence[Participant]) -> GlobalTransaction:
         """Start a global transaction over ``participants`` (each opens its branch)."""
         return GlobalTransaction(self, list(participants))
+
+    def recover(self, resources: Sequence[Resource]) -> RecoveryReport:
+        """Resolve the in-doubt branches of ``resources`` from this manager's log,
+        leaving those of its transactions in flight to them (``tm/recovery.py``): safe
+        to run beside running transactions, e.g. periodically in a worker process."""
+        return recover(self.log, resources, in_flight=self.in_flight)
 
     def close(self) -> None:
         """Close the decision log."""
@@ -89,7 +98,12 @@ class GlobalTransaction:
         self._xids = list(self.xids.values())  # in branch order, as the coordinator counts
         self.coordinator = Coordinator(self.gtrid, [p.sort_key for p in self.participants],
                                        sequential=True, counters=manager.counters)
-        self._drive(self.coordinator.begin())
+        manager.in_flight.add(self.gtrid)
+        try:
+            self._drive(self.coordinator.begin())
+        except BaseException:
+            manager.in_flight.discard(self.gtrid)
+            raise
 
     @property
     def done(self) -> bool:
@@ -104,11 +118,17 @@ class GlobalTransaction:
         """Two-phase commit (one phase for a single participant). Raises RolledBack
         when a participant voted no; returns once the decision is durable and every
         participant finished (or was left to recovery)."""
-        self._drive(self.coordinator.commit())
+        try:
+            self._drive(self.coordinator.commit())
+        finally:
+            self.manager.in_flight.discard(self.gtrid)
 
     def rollback(self) -> None:
         """Roll every participant back (nothing is logged: presumed abort)."""
-        self._drive(self.coordinator.rollback())
+        try:
+            self._drive(self.coordinator.rollback())
+        finally:
+            self.manager.in_flight.discard(self.gtrid)
 
     def _drive(self, steps: Steps) -> None:
         """Run the coordinator's effects with blocking calls, one after another."""

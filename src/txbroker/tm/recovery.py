@@ -5,7 +5,17 @@ Theory of operation
 Read the decision log (its open COMMIT decisions), ask every resource for the
 branches it holds prepared with our format id, commit those whose global id
 was decided, roll back the rest (presumed abort: no decision means abort),
-then forget every decision whose branches are all resolved. Anything that
+then forget every decision whose branches are all resolved.
+
+**Transactions in flight.** A branch prepared by a transaction that has not
+decided yet looks exactly like an orphan; rolled back under it, the transaction
+would then commit its other branches (and a "not found" commit of this one counts
+as done): the broker and the database would disagree (the ``xa-live``
+simulation's ``recovery-in-flight`` plant). So recovery skips the global ids the
+manager has in flight — :meth:`TransactionManager.recover` and
+:meth:`AsyncTransactionManager.recover` pass them (``in_flight``) — reports those
+branches as such, and keeps their decisions; a process that runs recovery while
+its own transactions run must recover through its manager. Anything that
 cannot be resolved — a resource that does not answer, a resolve that fails,
 a heuristic outcome — is reported, never hidden; run recovery again later.
 
@@ -18,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from txbroker.errors import XA_HEURCOM, XA_HEURRB, XAER_NOTA, XAError
@@ -97,6 +107,8 @@ class RecoveryReport:
     rolled_back: list[tuple[str, Xid]] = field(default_factory=list)
     heuristic: list[tuple[str, Xid, str]] = field(default_factory=list)
     unresolved: list[tuple[str, str]] = field(default_factory=list)  #: (resource, reason)
+    #: branches of transactions in flight in this manager: left to them
+    in_flight: list[tuple[str, Xid]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -110,10 +122,16 @@ class Tally:
     where each branch found is reported (:data:`RESOLUTIONS`), and which decisions may
     be forgotten at the end."""
 
-    def __init__(self, decisions: DecisionLog) -> None:
+    def __init__(self, decisions: DecisionLog, in_flight: Collection[bytes] = ()) -> None:
         self.report = RecoveryReport()
+        self.decisions = decisions
+        #: the decisions open when recovery began: those it may forget at the end
         self.decided = set(decisions.open_decisions)
-        self.blocked: set[bytes] = set()
+        #: global ids of the manager's transactions in flight, a live view (a recovery
+        #: waits on its resources; a transaction may begin or end meanwhile): checked
+        #: when each branch is resolved, and again at the end
+        self.in_flight = in_flight
+        self.blocked: set[bytes] = set(in_flight)
         self.all_answered = True
 
     def recover_failed(self, resource: str, exc: Exception) -> None:
@@ -128,7 +146,13 @@ class Tally:
         if gtrid is None:
             self.report.unresolved.append((resource, f"{xid}: not one of ours"))
             return None
-        return gtrid in self.decided
+        if gtrid in self.in_flight:
+            self.report.in_flight.append((resource, xid))
+            self.blocked.add(gtrid)
+            return None
+        # the log as it is now: a transaction that decided and left this branch to
+        # recovery since recovery began is decided
+        return gtrid in self.decided or gtrid in self.decisions.open_decisions
 
     def resolved(self, resource: str, xid: Xid, commit: bool,
                  error: Exception | None) -> None:
@@ -155,17 +179,18 @@ class Tally:
         """Forget the decisions whose branches are all resolved (only when every
         resource answered); the report."""
         if self.all_answered:
-            for gtrid in self.decided - self.blocked:
+            for gtrid in self.decided - self.blocked - set(self.in_flight):
                 decisions.forget(gtrid)
             decisions.flush()
         return self.report
 
 
-def recover(decisions: DecisionLog, resources: Sequence[Resource]) -> RecoveryReport:
-    """Resolve every in-doubt branch of ``resources`` from the decision log. Not while
-    transactions of this log are in flight: a branch prepared by one that has not
-    decided yet would be rolled back under it."""
-    tally = Tally(decisions)
+def recover(decisions: DecisionLog, resources: Sequence[Resource],
+            in_flight: Collection[bytes] = ()) -> RecoveryReport:
+    """Resolve every in-doubt branch of ``resources`` from the decision log, except
+    those of the global ids ``in_flight`` (transactions of this log still running:
+    module docstring; :meth:`TransactionManager.recover` passes its own)."""
+    tally = Tally(decisions, in_flight)
     for resource in resources:
         try:
             found = resource.recover()
