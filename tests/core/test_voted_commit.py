@@ -148,6 +148,31 @@ def test_a_crash_before_the_commit_record_is_a_presumed_commit() -> None:
     assert bodies(again, "out") == [] and bodies(again, "in") == []
 
 
+def test_a_presumed_commit_flags_its_sends_redelivered() -> None:
+    """The process that answered the commit may have delivered the sends before its
+    XA_COMMIT was durable (a delivered mark written earlier reached past their seqs):
+    after the presumed commit they come out flagged redelivered, not as new
+    (``replicated-live`` seed 15, docs/simulation.md). A message of the same queue that
+    the log commits outright is not flagged."""
+    h = voted(Harness(auto_sync=False))
+    tx = staged(h)
+    h.sync()
+    h.call("tx_commit", 1, 5, tx, h.now)
+    [(prepare, refs)] = h.pending
+    h.pending = []
+    h.log.append((prepare.kind, prepare.meta, refs))
+    prepare.on_durable(None)
+    h.run_effects_only()
+    after = h.crash()  # the XA_COMMIT is lost
+    after.auto_sync = True
+    after.session(2)
+    first = after.receive(2, 1, "out")
+    assert (first.body, first.redelivered) == (b"reply", True)
+    after.send(2, 2, "out", b"plain")
+    second = after.receive(2, 3, "out")
+    assert (second.body, second.redelivered) == (b"plain", False)
+
+
 def test_a_client_cannot_start_a_branch_with_the_reserved_format_id() -> None:
     h = Harness()
     h.session(1)

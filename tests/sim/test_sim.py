@@ -22,10 +22,11 @@ from txbroker.sim.__main__ import main
 #: Seeds each scenario runs in the suite (together well under a minute here).
 SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
                "router-bank-failing-fsync": 150, "router-bank-resets": 150,
-               "queue-live": 40, "router-bank-live": 15, "xa-live": 20}
+               "queue-live": 40, "router-bank-live": 15, "xa-live": 20,
+               "replicated-live": 12}
 #: Scenarios that run the production server and clients on the deterministic event loop
 #: (``sim/live*.py``).
-LIVE = {"queue-live", "router-bank-live", "xa-live"}
+LIVE = {"queue-live", "router-bank-live", "xa-live", "replicated-live"}
 
 #: Scenarios that find a known, unfixed defect within their suite seeds (see
 #: REGRESSION_SEEDS).
@@ -67,6 +68,12 @@ REGRESSION_SEEDS = [
      "COMMITTING all the same, so c0's rtr_outcome was answered ACCEPTED; the restart "
      "found no decision in the journal and aborted c0-14: told ACCEPTED, never applied "
      "(found in the 10,000-seed benchmark; Rule 12 now keeps the deciding state)"),
+    ("replicated-live", 15,
+     "a voted local commit is answered (its XA_PREPARE on every ready backup) and its "
+     "messages delivered at once under an earlier delivered mark, before its XA_COMMIT "
+     "reaches the backup then promoted; that backup's presumed commit gives the sends "
+     "new seqs no mark covers: delivered again without the redelivered flag"),
+    ("replicated-live", 12, "as 15"),
     ("queue-failing-fsync", 5,
      "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
      "raises delivered_seq and hands out the held delivery of p1-1; after the restart "

@@ -117,10 +117,18 @@ def commit_leftover_local(xa: XaBranches, now: int) -> None:
     branch has no outcome in the log is committed — presumed commit: its client was
     never told it rolled back (that answer waits for the durable XA_ROLLBACK). The
     outcome applies now; its XA_COMMIT follows in the log (a crash before it is
-    durable commits the branch again, the same way)."""
+    durable commits the branch again, the same way).
+
+    Its sends come out flagged ``redelivered``: the process (or the primary) that
+    answered the commit may have delivered them already — under a delivered mark that
+    reached past their seqs, before its XA_COMMIT was durable here — and they get their
+    seqs only now, so no mark of this log covers them (the simulator's
+    ``replicated-live`` seed 15)."""
     for branch in [b for b in xa.branches.values() if is_local_tx_xid(b.xid)]:
         if branch.state is not S.PREPARED:
             continue
+        for message in branch.work.sends:  # "likely, but not guaranteed, delivered"
+            message.delivery_count = max(message.delivery_count, 1)
         seqs = xa.commit_seqs(branch)
         xa.apply(branch, commit=True, now=now)
         xa.remove(branch)

@@ -53,6 +53,12 @@ PLANTS: Final = {plant.name: plant for plant in (
           "the transaction manager runs its periodic recovery without telling it the "
           "transactions in flight: it rolls back branches that are prepared but not "
           "yet decided"),
+    Plant("reply-before-backups", "replicated-live",
+          "the primary answers once an entry is on its own disk, without waiting for "
+          "the ready backups' acknowledgements"),
+    Plant("promote-outside-ready-set", "replicated-live",
+          "the operator promotes the first live node it reaches and every node says it "
+          "is promotable: a backup that is not ready (copying, catching up) is promoted"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

@@ -22,13 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Final
 
 from txbroker.core.ha.backup_link import LinkInput, LinkState
 from txbroker.core.replica import DumpEntry, check_quiet, state_entries
 from txbroker.protocol import replication as link
+from txbroker.server.ha.clock import monotonic
 
 if TYPE_CHECKING:
     from txbroker.server.ha.replication import AttachedBackup, ReplicationHub
@@ -73,9 +73,9 @@ async def _quiet(hub: ReplicationHub) -> None:
     port = hub.port
     port.hold_input(True)
     try:
-        deadline = time.monotonic() + QUIET_TIMEOUT
+        deadline = monotonic() + QUIET_TIMEOUT
         while hub.pending or check_quiet(port.broker) is not None:
-            if time.monotonic() > deadline:
+            if monotonic() > deadline:
                 raise TimeoutError("the broker did not become quiet for a dump")
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             hub.waiting_quiet.append(future)

@@ -33,7 +33,6 @@ import contextlib
 import logging
 import secrets
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -41,6 +40,7 @@ from typing import Any, Final
 from txbroker.errors import ProtocolError
 from txbroker.protocol.ha_auth import NONCE_SIZE, Failure, LinkHandshake, Side
 from txbroker.server.config import ServerConfig
+from txbroker.server.ha.clock import monotonic
 from txbroker.server.security.tls import tls_factory
 
 __all__ = ["HANDSHAKE_TIMEOUT", "LinkAuthFailed", "LinkHandler", "LinkSecurity"]
@@ -202,7 +202,7 @@ class LinkSecurity:
         self.refused += 1
         self.last_refusal = f"{address}: {reason}"
         key = (address.rpartition(":")[0], reason)
-        now = time.monotonic()
+        now = monotonic()
         last, left_out = self._logged.get(key, (-REFUSAL_LOG_INTERVAL, 0))
         if now - last < REFUSAL_LOG_INTERVAL:
             self._logged[key] = (last, left_out + 1)

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -56,8 +57,9 @@ LOCK_LINE: Final = "replicated broker, HA {node}"
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["INCOMPLETE", "LOCK_LINE", "STATE_FILE", "Follower", "PrimaryRefused", "forget_standing",
-           "incomplete", "read_standing", "wipe", "write_standing"]
+__all__ = ["INCOMPLETE", "LOCK_LINE", "STATE_FILE", "Follower", "PrimaryRefused", "ServerFactory",
+           "forget_standing", "incomplete", "new_server", "read_standing", "wipe",
+           "write_standing"]
 
 #: The marker of a data directory whose copy of the primary is not whole.
 INCOMPLETE: Final = "REPLICA_INCOMPLETE"
@@ -67,6 +69,16 @@ HEARTBEAT_INTERVAL: Final = 0.25
 #: synced whenever it changes, so that a whole-group restart still knows whether this
 #: copy had every acknowledged entry (a primary's directory has none of it).
 STATE_FILE: Final = "REPLICA_STATE"
+
+#: Makes the broker a node runs on its data directory, under the store's lock (held).
+ServerFactory = Callable[[ServerConfig, StoreLock | None], BrokerServer]
+
+
+def new_server(config: ServerConfig, lock: StoreLock | None) -> BrokerServer:
+    """The production :data:`ServerFactory`: the store the configuration names (the
+    simulator's gives a store on its simulated disk and its virtual clock)."""
+    return BrokerServer(config, lock=lock)
+
 
 class PrimaryRefused(TxBrokerError):
     """The peer is not a primary that takes this backup (it said why)."""
@@ -157,8 +169,10 @@ class Follower:
 
     def __init__(self, config: ServerConfig, lock: StoreLock, lock_path: Path,
                  node: str, security: LinkSecurity | None = None,
-                 faults: ReplicaFaults = FAULTS) -> None:
+                 faults: ReplicaFaults = FAULTS, make_server: ServerFactory = new_server
+                 ) -> None:
         self.config = config
+        self._make_server = make_server
         #: TLS and the handshake on the link (server/ha/link.py)
         self.security = security if security is not None else LinkSecurity.from_config(config)
         self.lock = lock
@@ -203,7 +217,7 @@ class Follower:
                 "state": self.state.value, "ready": self.ready, "dump_lsn": self.at,
                 "durable_lsn": self.durable_lsn, "applied_lsn": self.applied_lsn,
                 "received": self.received, "connected": self.connected,
-                "joined_by": self.joined_by, "resumes": self.resumes}
+                "joined_by": self.joined_by, "resumes": self.resumes, "epoch": self.epoch}
 
     def resumable(self) -> bool:
         """A whole copy whose link ended: it may ask the next primary for the suffix."""
@@ -301,7 +315,7 @@ class Follower:
         log.info("replication: following %s from its dump at LSN %d", primary, at)
         wipe(self.config.data, self.lock_path)
         write_standing(self.config.data, False, primary)
-        server = BrokerServer(self.config, lock=self.lock)
+        server = self._make_server(self.config, self.lock)
         server.open_store()
         self.server = server
 

@@ -4,31 +4,29 @@ disk, promotion decided outside the brokers (``txbroker ha promote``, or etcd).
 Theory of operation
 -------------------
 Every broker of the group is started the same way (``--ha replicated --ha-port P
---ha-peers H:P,H:P``, each with its own data directory) and starts as a
-**backup**: it holds its own store's lock, listens on its HA port, answers
-clients with ``Standby`` ("this broker is a backup", so a client moves on
-through its failover list), and looks for the primary among its peers: the
-peer that welcomes its ``join`` is the primary; a backup refuses joins. It then
-follows the primary (``server/ha/replica.py``), joining again after any break.
+--ha-peers H:P,H:P``, each with its own data directory) and starts as a **backup**:
+it holds its own store's lock, listens on its HA port, answers clients with
+``Standby`` (a client moves on through its failover list), and looks for the
+primary among its peers: the peer that welcomes its ``join``. It then follows the
+primary (``server/ha/replica.py``), joining again after any break.
 
-A backup becomes the **primary** only when told: ``txbroker ha promote --url``
-(what a cluster manager such as Pacemaker — the seed's rgmanager — calls), or
-by taking the etcd key (``server/ha/etcd.py``). It is promotable when its copy is
-whole: following a primary with the dump complete, or not following anybody
-with no ``REPLICA_INCOMPLETE`` marker in its data directory (a whole-cluster
-restart). Promotion finishes recovery from the state the backup replayed (or
-recovers its own store), opens the client listeners and starts the
+A backup becomes the **primary** only when told: ``txbroker ha promote --url`` (what
+a cluster manager such as Pacemaker — the seed's rgmanager — calls), or by taking
+the etcd key (``server/ha/etcd.py``). It is promotable when its copy is whole:
+following a primary with the dump complete, or not following anybody with no
+``REPLICA_INCOMPLETE`` marker in its data directory (a whole-cluster restart).
+Promotion finishes recovery from the state the backup replayed (or recovers its own
+store), opens the client listeners and starts the
 :class:`~txbroker.server.ha.replication.ReplicationHub`: the other brokers join it.
 
-The role's changes are the rules of ``core/ha/replicated_role.py`` (backup,
-promoting, primary, stopped): :meth:`ReplicatedNode._step` feeds the table and
-announces each change.
+The role's changes are the rules of ``core/ha/replicated_role.py`` (backup, promoting,
+primary, stopped): :meth:`ReplicatedNode._step` feeds the table, announces changes.
 
-Nothing a client left open reaches a backup: only committed entries and
-prepared XA branches are replicated, so after a failover every open, unprepared
-transaction of the old primary is simply gone (rolled back) and every prepared
-branch is still prepared, for the transaction manager to complete (seed
-requirement 5).
+Nothing a client left open reaches a backup: only committed entries and prepared
+XA branches are replicated, so after a failover every open, unprepared transaction
+of the old primary is gone (rolled back) and every prepared branch is still
+prepared, for the transaction manager to complete (seed requirement 5). The simulator
+(``sim/live_replicated.py``) gives a node its ``make_server`` and ``clock_ns``.
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from txbroker.errors import EtcdError, IllegalState, ProtocolError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig, peer_address
+from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.etcd import EtcdClient
 from txbroker.server.ha.etcd_lease import Candidate, campaign_pause
 from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
@@ -56,8 +55,10 @@ from txbroker.server.ha.replica import (
     LOCK_LINE,
     Follower,
     PrimaryRefused,
+    ServerFactory,
     forget_standing,
     incomplete,
+    new_server,
     read_standing,
 )
 from txbroker.server.ha.replication import ReplicationHub
@@ -72,7 +73,6 @@ __all__ = ["ReplicatedNode", "Role"]
 #: Pause between two rounds over the peers when none is a primary (s).
 SEARCH_PAUSE: Final = 0.3
 
-
 #: The roles of a replicated broker (``core/ha/replicated_role.py``).
 Role = NodeRole
 
@@ -81,9 +81,11 @@ class ReplicatedNode:
     """One broker of a replicated group (module docstring)."""
 
     def __init__(self, config: ServerConfig,
-                 on_role: Callable[[NodeRole, BrokerServer | None], None] | None = None
-                 ) -> None:
+                 on_role: Callable[[NodeRole, BrokerServer | None], None] | None = None,
+                 *, make_server: ServerFactory = new_server,
+                 clock_ns: Callable[[], int] = time.time_ns) -> None:
         config.validate()
+        self._make_server, self._clock_ns = make_server, clock_ns
         if config.ha != "replicated":
             raise ValueError('ReplicatedNode needs ha = "replicated"')
         self.config = config
@@ -106,10 +108,9 @@ class ReplicatedNode:
         self._ports = BackupPorts(config, status=self.status, promote=self.request_promotion,
                                   refusal=self._refusal, role=lambda: self.role.value)
         self.last_problem = ""
-        #: the last TLS / handshake failure logged per peer (each is logged once)
-        self._link_problems: dict[tuple[str, int], str] = {}
-        #: whether the primary counted our copy as ready when we last lost it, as synced
-        #: in the data directory (REPLICA_STATE; None: no record — a primary's directory)
+        self._link_problems: dict[tuple[str, int], str] = {}  #: the last failure per peer
+        #: whether the primary counted our copy as ready when we last lost it, as synced in
+        #: the data directory (REPLICA_STATE; None: no record, e.g. a primary's directory)
         self.copy_ready: bool | None = read_standing(config.data)
         self.copy_position = -1  #: the LSN our last copy had durable
         #: etcd (``--ha-etcd``): the client, our candidacy, who holds the primary key
@@ -258,7 +259,7 @@ class ReplicatedNode:
                 follower = self.follower
                 if follower is None:  # else: a whole copy kept to resume (replica.py)
                     follower = Follower(self.config, self.lock, self.lock_path, self.node,
-                                        self.security)
+                                        self.security, make_server=self._make_server)
                 self.follower = follower
                 outcome = await self._follow(follower, host, port)
                 self.lock = follower.lock  # it takes the lock again when it replaces a copy
@@ -308,7 +309,7 @@ class ReplicatedNode:
                 await task
             return "promote" if self._promote.is_set() else "stop"
         if follower.links != links:  # a primary welcomed us and the link ended: lost it
-            self._lost_primary_at = time.monotonic()
+            self._lost_primary_at = monotonic()
             self._nudge.set()  # etcd: publish our final position, watch the key closely
         try:
             task.result()
@@ -333,7 +334,7 @@ class ReplicatedNode:
     async def _be_primary(self) -> None:
         """Finish recovery (from the replayed copy or our own store), then serve."""
         self._step(RoleInput.PROMOTE)
-        started = time.monotonic()
+        started = monotonic()
         follower = self.follower
         if follower is not None and follower.server is not None \
                 and follower.state is CopyState.FOLLOWING:
@@ -342,13 +343,13 @@ class ReplicatedNode:
         else:
             if follower is not None:
                 self._drop_copy(follower)
-            server = BrokerServer(self.config, lock=self.lock)
+            server = self._make_server(self.config, self.lock)
             await server.recover()
         self.follower = None
         self.last_problem = ""
         forget_standing(self.config.data)
         hub = ReplicationHub(server, self.node, self.config.backup_timeout,
-                             self.config.ha_catchup_bytes)
+                             self.config.ha_catchup_bytes, clock_ns=self._clock_ns)
         if self.etcd is not None:
             hub.on_ready_change = self._record_ready
             await self._record_ready([])  # until a backup is ready, none may succeed us
@@ -360,7 +361,7 @@ class ReplicatedNode:
         self._ports.close()
         await server.open_listeners()
         log.info("replication: %s is the primary (promoted in %.2f s)", self.node,
-                 time.monotonic() - started)
+                 monotonic() - started)
         self._step(RoleInput.SERVING)
         if self._stopping.is_set():
             server.request_stop()
@@ -408,7 +409,7 @@ class ReplicatedNode:
                 lost = self._lost_primary_at
                 pause = campaign_pause(ttl, following=following, holder=self.etcd_primary,
                                        node=self.node, lost_for=None if lost is None
-                                       else time.monotonic() - lost)
+                                       else monotonic() - lost)
             except EtcdError as exc:
                 self.last_problem = f"etcd: {exc}"
             with contextlib.suppress(TimeoutError):

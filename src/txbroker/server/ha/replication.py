@@ -73,6 +73,7 @@ from txbroker.core.records import Kind
 from txbroker.errors import ProtocolError, ReplicaVoteFailed
 from txbroker.protocol import replication as link
 from txbroker.server.config import DEFAULT_HA_CATCHUP_BYTES
+from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.joining import send_dump, send_suffix
 from txbroker.server.ha.replica import HEARTBEAT_INTERVAL
 from txbroker.server.ha.replicating_store import ReplicatingStore
@@ -130,7 +131,7 @@ class AttachedBackup:
     acked: int = 0
     dump_at: int = 0
     joined: float = field(default_factory=time.time)
-    last_ack: float = field(default_factory=time.monotonic)
+    last_ack: float = field(default_factory=monotonic)
     backlog: list[bytes] = field(default_factory=list)  #: frames queued behind the dump
     sent_bytes: int = 0
     reason: str = ""
@@ -149,13 +150,15 @@ class ReplicationHub:
     """LSNs, the entries in flight, the attached backups (module docstring)."""
 
     def __init__(self, port: HubPort, node: str, backup_timeout: float,
-                 catchup_bytes: int = DEFAULT_HA_CATCHUP_BYTES) -> None:
+                 catchup_bytes: int = DEFAULT_HA_CATCHUP_BYTES, *,
+                 clock_ns: Callable[[], int] = time.time_ns) -> None:
         self.port = port
         #: the primary's own store, under the replicating one (:meth:`wrap`)
         self.local: Store | None = None
         self.node = node
         self.backup_timeout = backup_timeout
-        self.epoch = f"{node}-{time.time_ns()}"
+        #: this primary's epoch: its node and the wall clock (ns) when it became primary
+        self.epoch = f"{node}-{clock_ns()}"
         self.lsn = 0
         self.bytes = 0  #: bytes of every entry numbered so far (meta and bodies)
         #: (lsn, bytes up to and with it) of the latest entries: a backup's lag in bytes
@@ -187,7 +190,7 @@ class ReplicationHub:
         lsn = self.lsn
         self.bytes += len(meta) + sum(map(len, bodies))
         self.history.append((lsn, self.bytes))
-        self.pending.append(_Pending(lsn, kind, on_durable, time.monotonic()))
+        self.pending.append(_Pending(lsn, kind, on_durable, monotonic()))
         if self.backups or self.catchup_bytes:
             frame = link.encode("entries", [[lsn, kind, meta, bodies]])
             for backup in list(self.backups.values()):
@@ -433,7 +436,7 @@ class ReplicationHub:
             lsn = int(message.body["lsn"])
             if lsn > backup.acked:
                 backup.acked = lsn
-                backup.last_ack = time.monotonic()
+                backup.last_ack = monotonic()
             self.feed(backup, ack_input(self.lsn, backup.acked))
         elif message.type == "vote":
             lsn, reason = int(message.body["lsn"]), str(message.body.get("reason", ""))
@@ -458,7 +461,7 @@ class ReplicationHub:
         last_beat = 0.0
         while self.backups:
             await asyncio.sleep(min(0.2, self.backup_timeout / 4))
-            now = time.monotonic()
+            now = monotonic()
             if now - last_beat >= HEARTBEAT_INTERVAL:  # a silent primary is a gone one
                 last_beat = now
                 beat = link.encode("heartbeat", {"lsn": self.lsn})
@@ -467,7 +470,7 @@ class ReplicationHub:
             if not self.pending:
                 continue
             oldest = self.pending[0]
-            if time.monotonic() - oldest.appended <= self.backup_timeout:
+            if monotonic() - oldest.appended <= self.backup_timeout:
                 continue
             for backup in self._ready():
                 if backup.acked < oldest.lsn:

@@ -1,0 +1,451 @@
+"""Scenario ``replicated-live``: the replicated trio (``--ha replicated``) with manual
+promotion, on the deterministic event loop, with nodes killed, restarted and cut off.
+
+Everything but the disks is the code users run (``sim/live_trio.py`` says what is a
+model): three ``ReplicatedNode`` processes on three hosts, each with its own disk;
+``txbroker.aio`` clients with the failover list of all three; an **operator** who,
+once the primary is dead, promotes a backup the way ``txbroker ha promote`` does (the
+native probe's ``ha_promote`` on the node's client port, which refuses a backup that
+is not promotable) — trying the live nodes in a random order until one accepts.
+
+Faults in the fault phase (one every ~0.35 s): kill -9 the primary (restarted later:
+it joins the new primary as a backup), kill a backup (restarted later), cut a backup
+off from the primary (both ways or one way) for up to 1.2 s; every disk has slow
+syncs. Then everything heals (the dead restart, the cuts mend) and the queue drains.
+
+Checkers: those of ``queue-live`` (no answered send lost, no duplicate without the
+redelivered flag, no answered ack undone, transactions all-or-nothing, an empty queue
+at the end), and
+
+- **one primary at a time**: a node becomes primary only while no other live node is
+  one, and each primary epoch belongs to one node;
+- **every backup's log a prefix of the primary's**: after the healed phase every node
+  follows the primary, caught up; the entries each streamed to it (LSN by LSN, after
+  its dump) are the primary's entries of the same LSNs (kind, meta, body sizes);
+- nothing unhandled in the loop, no client dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from txbroker.client.aio import AsyncConnection
+from txbroker.core.ha.follower import CopyState
+from txbroker.core.ha.replicated_role import NodeRole
+from txbroker.errors import NotFound, TxBrokerError
+from txbroker.server.app import BrokerServer
+from txbroker.server.ha.replicated import ReplicatedNode
+from txbroker.sim.live import captured_logs, connect_retrying, seed_client_jitter
+from txbroker.sim.live_queue import Record
+from txbroker.sim.live_queue import _check as check_queue
+from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
+from txbroker.sim.loop import SimLoop
+from txbroker.sim.world import World
+
+HOSTS: Final = ["127.0.0.11", "127.0.0.12", "127.0.0.13"]
+URL: Final = "txb://" + ",".join(f"{host}:{CLIENT_PORT}" for host in HOSTS)
+QUEUE: Final = "orders"
+#: Virtual lengths of the fault phase and of the healed phase (s).
+FAULT_S: Final = 3.0
+HEAL_S: Final = 5.0
+#: Mean time between faults, a dead node's pause before its restart, a cut's length (s).
+MEAN_FAULT_GAP_S: Final = 0.35
+RESTART_S: Final = (0.02, 0.4)
+PARTITION_S: Final = (0.1, 1.2)
+#: How long the operator takes to notice a dead primary (s, uniform).
+OPERATOR_S: Final = (0.02, 0.2)
+#: How long after the healed phase every backup may take to catch up (s).
+SETTLE_S: Final = 5.0
+PRODUCERS: Final = 2
+CONSUMERS: Final = 2
+SEND_GAP_S: Final = (0.0, 0.01)
+FAILOVER_TIMEOUT_S: Final = 30.0
+
+
+@dataclass
+class Trio:
+    """The run: its nodes, who the operator made primary, what went wrong."""
+
+    loop: SimLoop
+    world: World
+    plants: frozenset[str]
+    nodes: list[TrioNode]
+    record: Record = field(default_factory=Record)
+    primary: TrioNode | None = None
+    #: the primary that died last (the operator promotes a backup it counted as ready)
+    lost: TrioNode | None = None
+    #: the epoch of the primary now (its ``ha status``), and of the one that died last
+    epoch: str = ""
+    lost_epoch: str = ""
+    #: the operator promotes any node that accepts (``BLIND_OPERATOR_SEEDS``)
+    blind: bool = False
+    need_primary: asyncio.Event = field(default_factory=asyncio.Event)
+    partitioned: bool = False
+    #: epoch -> the node that was primary in it
+    epochs: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    #: the run is over: what the loop's shutdown does to the nodes is not news
+    over: bool = False
+
+    def log(self, line: str) -> None:
+        """A trace line stamped with virtual time."""
+        self.world.log(f"{self.loop.time():.6f} {line}")
+
+    # -- the nodes -----------------------------------------------------------------
+    def start(self, node: TrioNode) -> None:
+        """Start (or restart) a node's process."""
+        node.start(self.on_role, self.prepare)
+        self.log(f"node {node.index} started")
+
+    def prepare(self, node: ReplicatedNode) -> None:
+        """Plant ``promote-outside-ready-set``: every copy says it is promotable."""
+        if "promote-outside-ready-set" in self.plants:
+            setattr(node, "promotable", lambda: None)  # noqa: B010 (the plant)
+
+    def on_role(self, node: TrioNode, role: NodeRole, server: BrokerServer | None) -> None:
+        """A node announced a role: check one primary at a time and one node per epoch."""
+        if self.over:
+            return
+        self.log(f"node {node.index} is {role.value}")
+        replicated = node.node
+        if role is not NodeRole.PRIMARY or replicated is None or replicated.hub is None:
+            return
+        hub = replicated.hub
+        for other in self.nodes:
+            if other is not node and other.alive and other.node is not None \
+                    and other.node.role is NodeRole.PRIMARY:
+                self.violations.append(f"node {node.index} became primary at "
+                                       f"{self.loop.time():.6f} while node {other.index} "
+                                       "was the primary")
+        owner = self.epochs.setdefault(hub.epoch, node.index)
+        if owner != node.index:
+            self.violations.append(f"epoch {hub.epoch} had two primaries: nodes {owner} and "
+                                   f"{node.index}")
+        if "reply-before-backups" in self.plants:  # replies wait for the local disk only
+            setattr(hub, "_ready", list)  # noqa: B010 (the plant)
+
+    def kill(self, node: TrioNode) -> None:
+        """kill -9 a node; it restarts after a pause (if still dead then)."""
+        node.kill()
+        self.log(f"node {node.index} killed")
+        if node is self.primary:
+            self.primary, self.lost, self.lost_epoch = None, node, self.epoch
+            self.epoch = ""
+            self.need_primary.set()
+        self.loop.call_later(self.loop.random.uniform(*RESTART_S), self.restart, node)
+
+    def restart(self, node: TrioNode) -> None:
+        """Start a dead node again (a supervisor's restart)."""
+        if not node.alive:
+            self.start(node)
+
+    # -- the operator ----------------------------------------------------------------
+    async def operator(self) -> None:
+        """Once the primary is dead, ``txbroker ha promote`` a node that the dead primary
+        counted as ready (its ``ha status``), else the old primary itself once it is back
+        (its own disk has every entry it answered); the first time, any node. With
+        ``blind`` (the defect kept as ``BLIND_OPERATOR_SEEDS``): any node that accepts."""
+        loop = self.loop
+        while True:
+            await self.need_primary.wait()
+            await asyncio.sleep(loop.random.uniform(*OPERATOR_S))
+            order = [node for node in self.nodes if node.alive]
+            loop.random.shuffle(order)
+            if not self.blind and self.lost is not None:
+                order = await self._ready_for(self.lost, order)
+            for node in order:
+                if not self.need_primary.is_set():
+                    break
+                try:
+                    await probe(node.host, "ha_promote")
+                except (TxBrokerError, OSError, TimeoutError) as exc:
+                    self.log(f"operator: node {node.index} refused: {type(exc).__name__}")
+                    continue
+                self.primary = node
+                self.need_primary.clear()
+                self.log(f"operator: promoted node {node.index}")
+                await self._note_epoch(node)
+                break
+            else:
+                await asyncio.sleep(0.05)
+
+    async def _note_epoch(self, node: TrioNode) -> None:
+        """Ask the new primary its epoch (``ha status``), once it serves: its backups'
+        ``ha status`` names the epoch they follow."""
+        while self.primary is node:
+            with contextlib.suppress(TxBrokerError, OSError, TimeoutError):
+                status = await probe(node.host, "stats")
+                epoch = status.get("ha", {}).get("replication", {}).get("epoch")
+                if epoch:
+                    self.epoch = str(epoch)
+                    self.log(f"operator: node {node.index} serves epoch {epoch}")
+                    return
+            await asyncio.sleep(0.01)
+
+    async def _ready_for(self, lost: TrioNode, nodes: list[TrioNode]) -> list[TrioNode]:
+        """Of ``nodes``, those whose ``ha status`` says the lost primary counted them
+        as ready, the most up-to-date first (as etcd's election does); else the lost
+        primary itself, if it is back."""
+        ready: list[tuple[int, TrioNode]] = []
+        for node in nodes:
+            try:
+                status = await probe(node.host, "stats")
+            except (TxBrokerError, OSError, TimeoutError):
+                continue
+            following = status.get("ha", {}).get("following") or {}
+            if following.get("epoch") == self.lost_epoch and following.get("ready") is True:
+                ready.append((-int(following.get("durable_lsn", 0)), node))
+        ready.sort(key=lambda pair: pair[0])  # stable: ties keep the random order
+        return [node for _, node in ready] or [node for node in nodes if node is lost]
+
+    # -- the faults --------------------------------------------------------------------
+    async def faults(self, fault_end: float) -> None:
+        """Kills and cuts until ``fault_end``."""
+        loop = self.loop
+        rng = loop.random
+        while True:
+            await asyncio.sleep(rng.expovariate(1 / MEAN_FAULT_GAP_S))
+            if loop.time() >= fault_end:
+                return
+            choice = rng.random()
+            primary = self.primary
+            backups = [n for n in self.nodes if n.alive and n is not primary]
+            if choice < 0.4 and primary is not None and primary.alive:
+                self.kill(primary)
+            elif choice < 0.6 and backups:
+                self.kill(rng.choice(backups))
+            elif backups and primary is not None and not self.partitioned:
+                backup = rng.choice(backups)
+                one_way = rng.random() < 0.3
+                if one_way and rng.random() < 0.5:
+                    loop.network.partition(primary.host, backup.host, one_way=True)
+                else:
+                    loop.network.partition(backup.host, primary.host, one_way=one_way)
+                self.partitioned = True
+                self.log(f"cut node {backup.index} from node {primary.index} "
+                         f"({'one way' if one_way else 'both ways'})")
+                loop.call_later(rng.uniform(*PARTITION_S), self.heal)
+
+    def heal(self) -> None:
+        """Mend every cut."""
+        if self.partitioned:
+            self.loop.network.heal()
+            self.partitioned = False
+            self.log("network healed")
+
+
+async def _connect(loop: SimLoop) -> AsyncConnection:
+    return await connect_retrying(loop, URL, failover_timeout=FAILOVER_TIMEOUT_S,
+                                  timeout=5.0)
+
+
+async def _producer(trio: Trio, number: int, until: float) -> None:
+    """Persistent sends with message ids, one in four a local transaction of two."""
+    loop, record = trio.loop, trio.record
+    conn = await _connect(loop)
+    count = 0
+    while loop.time() < until:
+        count += 1
+        if count % 4 == 0:
+            ids = [f"p{number}-{count}-a", f"p{number}-{count}-b"]
+            tx_number = number * 1_000_000 + count
+            for message_id in ids:
+                record.sent[message_id] = "unknown"
+            record.transactions[tx_number] = (ids, False)
+            try:
+                tx = conn.transaction()
+                for message_id in ids:
+                    await tx.send(QUEUE, message_id.encode(), message_id=message_id)
+                await tx.commit()
+            except (TxBrokerError, TimeoutError):  # the outcome is unknown
+                continue
+            record.transactions[tx_number] = (ids, True)
+            for message_id in ids:
+                record.sent[message_id] = "ok"
+            trio.log(f"commit {ids}")
+        else:
+            message_id = f"p{number}-{count}"
+            record.sent[message_id] = "unknown"
+            try:
+                await conn.send(QUEUE, message_id.encode(), message_id=message_id)
+            except (TxBrokerError, TimeoutError):  # the outcome is unknown
+                continue
+            record.sent[message_id] = "ok"
+            trio.log(f"sent {message_id}")
+        await asyncio.sleep(loop.random.uniform(*SEND_GAP_S))
+    await conn.close()
+
+
+async def _consumer(trio: Trio, until: float) -> None:
+    """Receive and acknowledge (waiting for the ack's answer)."""
+    loop, record = trio.loop, trio.record
+    conn = await _connect(loop)
+    while loop.time() < until:
+        try:
+            message = await conn.receive(QUEUE, timeout=0.1)
+        except (TxBrokerError, TimeoutError):
+            continue
+        if message is None:
+            continue
+        message_id = message.body.decode()
+        record.delivered.append((loop.time(), message_id, message.redelivered))
+        trio.log(f"delivered {message_id} {message.redelivered}")
+        try:
+            await message.ack(wait=True)
+        except (TxBrokerError, TimeoutError):
+            continue
+        record.acked[message_id] = loop.time()
+    await conn.close()
+
+
+async def _left_in_queue(loop: SimLoop) -> int:
+    conn = await _connect(loop)
+    try:
+        info = await conn.queue_info(QUEUE)
+    except NotFound:  # never made (nothing was sent): nothing left
+        return 0
+    finally:
+        await conn.close()
+    return int(info["messages"])
+
+
+def _caught_up(trio: Trio) -> str | None:
+    """Why the trio is not settled yet: every node alive, one primary with nothing in
+    flight, every other node following it, ready, with its newest entry durable."""
+    primaries = [n for n in trio.nodes if n.alive and n.node is not None
+                 and n.node.role is NodeRole.PRIMARY and n.node.hub is not None]
+    if len(primaries) != 1:
+        return f"{len(primaries)} primaries"
+    hub = primaries[0].node.hub if primaries[0].node is not None else None
+    assert hub is not None
+    if hub.pending:
+        return f"{len(hub.pending)} entries in flight on the primary"
+    for node in trio.nodes:
+        if node is primaries[0]:
+            continue
+        follower = node.node.follower if node.node is not None else None
+        if follower is None or follower.state is not CopyState.FOLLOWING \
+                or follower.epoch != hub.epoch or not follower.ready:
+            return f"node {node.index} does not follow the primary, ready"
+        if follower.durable_lsn != hub.lsn:
+            return f"node {node.index} has LSN {follower.durable_lsn} of {hub.lsn}"
+    return None
+
+
+async def _settle(trio: Trio) -> str | None:
+    deadline = trio.loop.time() + SETTLE_S
+    while (why := _caught_up(trio)) is not None and trio.loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    return why
+
+
+def _check_prefixes(trio: Trio) -> list[str]:
+    """Every backup's streamed entries are the primary's entries of the same LSNs."""
+    primary = next(n for n in trio.nodes if n.node is not None
+                   and n.node.role is NodeRole.PRIMARY)
+    assert primary.node is not None and primary.node.hub is not None
+    hub = primary.node.hub
+    ours = primary.disk.state
+    base = len(ours.entries) - hub.lsn  # the entries before this epoch's LSN 1
+    violations = []
+    for node in trio.nodes:
+        follower = node.node.follower if node.node is not None else None
+        if node is primary or follower is None:
+            continue
+        theirs = node.disk.state
+        for lsn in range(follower.at + 1, follower.durable_lsn + 1):
+            index = follower.dump_entries + lsn - follower.at - 1
+            if index >= len(theirs.entries) or base + lsn - 1 >= len(ours.entries):
+                violations.append(f"node {node.index}: LSN {lsn} is not on a disk")
+                break
+            mine, copy = ours.entries[base + lsn - 1], theirs.entries[index]
+            if (mine.kind, mine.meta, [ours.sizes[r] for r in mine.refs]) != \
+                    (copy.kind, copy.meta, [theirs.sizes[r] for r in copy.refs]):
+                violations.append(f"node {node.index}: its entry of LSN {lsn} is not the "
+                                  f"primary's (kind {copy.kind} vs {mine.kind})")
+                break
+    return violations
+
+
+def run_replicated_live(world: World, plants: frozenset[str], *,
+                        blind: bool = False) -> list[str]:
+    """One seed of ``replicated-live``; returns the violations. ``blind``: the operator
+    promotes whichever live node accepts ``ha_promote`` (``BLIND_OPERATOR_SEEDS``)."""
+    loop = SimLoop(world.rng.getrandbits(63))
+    seed_client_jitter(loop)
+    shm = Path("/dev/shm")
+    root = Path(tempfile.mkdtemp(prefix="txbroker-sim-",
+                                 dir=shm if shm.is_dir() else None))
+    first_line = len(world.trace)
+    trio = Trio(loop, world, plants, [TrioNode(loop, n, HOSTS, root)
+                                      for n in range(len(HOSTS))],
+                blind=blind or "promote-outside-ready-set" in plants)
+    left: list[int] = []
+    unsettled: list[str] = []
+    errors: list[str] = []
+    ended: list[int] = []  # the trace's length when the run ended
+
+    async def main() -> None:
+        for node in trio.nodes:
+            trio.start(node)
+        trio.need_primary.set()
+        operator = asyncio.ensure_future(trio.operator())
+        await asyncio.sleep(0.05)
+        fault_end = loop.time() + FAULT_S
+        end = fault_end + HEAL_S
+        clients = [loop.spawn(f"127.0.1.{n + 1}", _producer(trio, n, fault_end))[1]
+                   for n in range(PRODUCERS)]
+        clients += [loop.spawn(f"127.0.2.{n + 1}", _consumer(trio, end))[1]
+                    for n in range(CONSUMERS)]
+        await trio.faults(fault_end)
+        trio.heal()
+        for node in trio.nodes:
+            trio.restart(node)
+        for client in clients:
+            try:
+                await client
+            except Exception as exc:  # a client that died is a finding
+                trio.record.failures.append(f"a client raised {exc!r}")
+        _, counting = loop.spawn("127.0.3.1", _left_in_queue(loop))
+        left.append(await counting)
+        why = await _settle(trio)
+        if why is not None:
+            unsettled.append(f"{SETTLE_S:g} s after the healed phase the trio has not "
+                             f"settled: {why}")
+        else:
+            unsettled.extend(_check_prefixes(trio))
+        operator.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await operator
+        trio.over = True
+        errors.extend(loop.errors)  # (not what the shutdown's cancellations leave)
+        ended.append(len(world.trace))
+
+    # No cyclic collection while the run lasts: what it frees would run at moments set
+    # by the process's earlier allocations (a StreamWriter collected unclosed closes
+    # its transport: another network trace after other seeds ran in the process).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        with captured_logs(world, loop):
+            loop.run(main())
+        violations = list(trio.violations) + unsettled
+        # what the loop's shutdown logs (its cancellations go in a set's order) is not
+        # part of the run
+        del world.trace[ended[0] if ended else len(world.trace):]
+    finally:
+        if collecting:
+            gc.enable()
+        shutil.rmtree(root, ignore_errors=True)
+        world.trace[first_line:] = [line.replace(str(root), "<data>")
+                                    for line in world.trace[first_line:]]
+    world.log(f"network {loop.network.trace_hash()}")
+    violations += [f"unhandled in the event loop: {error}" for error in errors]
+    return violations + check_queue(trio.record, left[0] if left else -1)

@@ -1,0 +1,53 @@
+"""The replicated trio on the deterministic event loop (``replicated-live``,
+``sim/live_replicated.py``): three production ``ReplicatedNode`` processes, manual
+promotion by a simulated operator, kills, restarts and cuts — and checkers that can
+fail. (``test_sim.py`` runs its bounded seeds, its trace twice, without clocks and in
+another process, and its plants.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from txbroker.sim import live_replicated, run_seed
+from txbroker.sim.live_replicated import Trio, run_replicated_live
+from txbroker.sim.world import World
+
+#: Seeds on which an operator who promotes whichever node accepts ``ha_promote`` loses
+#: answered sends (``--ha replicated`` without etcd: a node's ``promotable()`` is its
+#: own view, see docs/simulation.md, "Findings"). Not fixed: the operator of the
+#: scenario follows the documented procedure instead.
+BLIND_OPERATOR_SEEDS = [1, 10, 14]
+
+
+def test_a_seed_kills_promotes_and_settles() -> None:
+    """The primary is killed, a ready backup is promoted, the old primary comes back as
+    a backup; at the end all three follow one primary, caught up, logs equal."""
+    result = run_seed("replicated-live", 5)
+    assert result.violations == []
+    trace = "\n".join(result.trace)
+    assert trace.count("operator: promoted") >= 2
+    assert trace.count("killed") >= 2 and "cut node" in trace
+
+
+def test_the_prefix_checker_fails_on_a_backup_entry_that_differs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    checker = live_replicated._check_prefixes
+
+    def corrupted(trio: Trio) -> list[str]:
+        backup = next(n for n in trio.nodes if n.node is not None
+                      and n.node.follower is not None and n.node.follower.durable_lsn
+                      > n.node.follower.at)
+        entries = backup.disk.state.entries
+        last = entries[-1]
+        entries[-1] = type(last)(last.kind, last.meta + b"!", last.refs)
+        return checker(trio)
+
+    monkeypatch.setattr(live_replicated, "_check_prefixes", corrupted)
+    violations = run_seed("replicated-live", 5).violations
+    assert len(violations) == 1 and "is not the primary's" in violations[0]
+
+
+@pytest.mark.parametrize("seed", BLIND_OPERATOR_SEEDS)
+@pytest.mark.xfail(strict=True, reason="a node's own promotable() may be stale")
+def test_a_blind_operator_loses_answered_sends(seed: int) -> None:
+    assert run_replicated_live(World(seed), frozenset(), blind=True) == []
