@@ -33,6 +33,7 @@ from txbroker.server.edges.amqp.consuming import CONSUMING_METHODS
 from txbroker.server.edges.amqp.declares import DECLARE_METHODS
 from txbroker.server.edges.amqp.handshake import Phase
 from txbroker.server.edges.amqp.model import ChannelError
+from txbroker.server.edges.amqp.publishing import PUBLISHING_METHODS
 
 if TYPE_CHECKING:
     from txbroker.server.edges.amqp.connection import AmqpServerConnection
@@ -43,7 +44,8 @@ __all__ = ["METHODS", "channel_error", "channel_method", "drop_channel", "guard"
            "named_channel"]
 
 #: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
-METHODS: Final = {**CHANNEL_METHODS, **CONSUMING_METHODS, **DECLARE_METHODS}
+METHODS: Final = {**CHANNEL_METHODS, **PUBLISHING_METHODS, **CONSUMING_METHODS,
+                  **DECLARE_METHODS}
 
 
 def channel_method(conn: AmqpServerConnection, number: int, method: Any, now: int) -> None:

@@ -56,12 +56,14 @@ from txbroker.server.edges.amqp.channel_routing import (
     named_channel,
 )
 from txbroker.server.edges.amqp.connection_methods import connection_method, start
+from txbroker.server.edges.amqp.content import PropertyTexts
 from txbroker.server.edges.amqp.handshake import (
     CLOSE_WAIT_S,
     DEFAULT_AMQP_PORT,
     AmqpSettings,
     Phase,
 )
+from txbroker.server.edges.amqp.publishing import publish, take_confirms
 from txbroker.server.edges.amqp.state import AmqpState
 from txbroker.server.ops import Delivery, Operations, Session
 from txbroker.server.ops.seams import abort_transport, hold_reading
@@ -94,6 +96,10 @@ class AmqpServerConnection(asyncio.Protocol):
         self.heartbeat_s = 0
         self._out: list[bytes] = []
         self._flush_soon = False
+        #: the channels with publisher confirms gathered, written before any other bytes
+        self._confirms: list[Channel] = []
+        #: the properties' conversions of the messages this connection sees (content.py)
+        self.texts = PropertyTexts()
         #: why the operation layer refused the connection (told after the protocol header)
         self.refusal: BrokerError | None = None
         #: request id -> the (channel, pending output) waiting for its answer
@@ -202,8 +208,9 @@ class AmqpServerConnection(asyncio.Protocol):
         elif isinstance(event, ContentReceived):
             channel = named_channel(self, event.channel, event.method)
             if channel is not None:
-                guard(self, channel, lambda: channel.publish(
-                    event.method, event.properties, event.body, now), event.method)
+                guard(self, channel, lambda: publish(
+                    channel, event.method, event.properties, event.body, now,
+                    event.raw_properties), event.method)
 
     def describe_channels(self) -> list[dict[str, Any]]:
         """The open channels, for the connections list (console, REST, CLI, metrics)."""
@@ -212,10 +219,25 @@ class AmqpServerConnection(asyncio.Protocol):
     # ------------------------------------------------------------- ConnectionPort
     def write(self, data: bytes) -> None:
         """Queue bytes; they are written at the end of this loop turn."""
+        if self._confirms:
+            self._take_confirms()
         self._out.append(data)
         if not self._flush_soon:
             self._flush_soon = True
             self.loop.call_soon(self.flush)
+
+    def confirm_later(self, channel: Channel) -> None:
+        """``channel`` gathered publisher confirms (``publishing.py``): they are
+        written before the next bytes, or at the end of this loop turn."""
+        self._confirms.append(channel)
+        if not self._flush_soon:
+            self._flush_soon = True
+            self.loop.call_soon(self.flush)
+
+    def _take_confirms(self) -> None:
+        for channel in self._confirms:
+            self._out.append(take_confirms(channel))
+        self._confirms.clear()
 
     def new_rid(self) -> int:
         """A request id for the core."""
@@ -348,6 +370,8 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         """Write what was gathered; resume reading once the store caught up."""
+        if self._confirms:
+            self._take_confirms()
         self._flush_soon = False
         if self._out:
             if self.transport is not None and not self.transport.is_closing():
