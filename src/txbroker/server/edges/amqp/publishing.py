@@ -142,6 +142,7 @@ def take_confirms(channel: Channel) -> bytes:
     return channel.conn.codec.send_ack(channel.number, upto, multiple)
 
 def confirm_select(channel: Channel, m: Any, now: int) -> None:
+    """confirm.select: the channel's publishes are confirmed from now on (not in tx mode)."""
     if channel.tx is not None:
         raise ChannelError(ReplyCode.PRECONDITION_FAILED,
                            "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
