@@ -105,6 +105,10 @@ class ConnectionPort(Protocol):
     def settle_when_written(self, core_tag: int) -> None:
         """A ``no_ack`` delivery: acknowledge it once handed to the socket."""
 
+    def acks_staged(self, channel: Channel) -> None:
+        """``channel`` staged acks (``consuming.basic_ack``): acknowledge them before
+        the next method of another kind or channel, and at the end of the read."""
+
     def confirm_later(self, channel: Channel) -> None:
         """``channel`` has publisher confirms to write (:meth:`Channel.take_confirms`)
         before the next bytes of the connection."""
@@ -193,6 +197,9 @@ class Channel:
         self.last_queue = ""
         #: request ids of this channel's publishes not yet answered by the core
         self.publishing: set[int] = set()
+        #: basic.acks read and checked, not yet given to the core: the core tags of each
+        #: and the channel tags they settled (``consuming.flush_acks``)
+        self.staged_acks: list[tuple[list[int], dict[int, tuple[int, int]]]] = []
 
     @property
     def session(self) -> Session:

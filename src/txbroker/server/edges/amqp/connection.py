@@ -56,6 +56,7 @@ from txbroker.server.edges.amqp.channel_routing import (
     named_channel,
 )
 from txbroker.server.edges.amqp.connection_methods import connection_method, start
+from txbroker.server.edges.amqp.consuming import flush_acks
 from txbroker.server.edges.amqp.content import PropertyTexts
 from txbroker.server.edges.amqp.handshake import (
     CLOSE_WAIT_S,
@@ -96,6 +97,8 @@ class AmqpServerConnection(asyncio.Protocol):
         self.heartbeat_s = 0
         self._out: list[bytes] = []
         self._flush_soon = False
+        #: the channel whose basic.acks are staged (``consuming.flush_acks``)
+        self._acking: Channel | None = None
         #: the channels with publisher confirms gathered, written before any other bytes
         self._confirms: list[Channel] = []
         #: the properties' conversions of the messages this connection sees (content.py)
@@ -149,10 +152,13 @@ class AmqpServerConnection(asyncio.Protocol):
                     self._event(event, now)
                     if self._closed():
                         break
+                self._flush_acks(now)
         except ProtocolHeaderMismatch:
             self.write(PROTOCOL_HEADER)  # spec 4.2.2: our header, then close
             self.shut()
         except AmqpProtocolError as exc:
+            with contextlib.suppress(AmqpProtocolError):
+                self._flush_acks(now)  # (the acks read before the error count)
             self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
                                   exc.class_id, exc.method_id)
         except TxBrokerError as exc:  # pragma: no cover - a core bug, not the client's
@@ -193,6 +199,11 @@ class AmqpServerConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------- events
     def _event(self, event: Any, now: int) -> None:
+        acking = self._acking
+        if acking is not None and not (
+                isinstance(event, MethodReceived) and event.channel == acking.number
+                and event.method.name == "Basic.Ack"):
+            self._flush_acks(now)
         if self.phase is Phase.CLOSING and not (
                 isinstance(event, MethodReceived) and event.channel == 0):
             return  # spec 2.3.5: after our connection.close only close-ok counts
@@ -211,6 +222,16 @@ class AmqpServerConnection(asyncio.Protocol):
                 guard(self, channel, lambda: publish(
                     channel, event.method, event.properties, event.body, now,
                     event.raw_properties), event.method)
+
+    def acks_staged(self, channel: Channel) -> None:
+        """``channel`` staged basic.acks (``consuming.basic_ack``)."""
+        self._acking = channel
+
+    def _flush_acks(self, now: int) -> None:
+        channel = self._acking
+        if channel is not None:
+            self._acking = None
+            guard(self, channel, lambda: flush_acks(channel, now), commands.Basic.Ack)
 
     def describe_channels(self) -> list[dict[str, Any]]:
         """The open channels, for the connections list (console, REST, CLI, metrics)."""
