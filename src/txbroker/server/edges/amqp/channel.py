@@ -367,9 +367,11 @@ class Channel:
         delivered = core.deliveries
         return [t for t in core_tags if t in delivered]
 
-    def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
-        """A message for one of this channel's consumers: basic.deliver."""
-        auto = self._no_ack(delivery.sub)
+    def deliver(self, delivery: Delivery, consumer_tag: str,
+                no_ack: bool | None = None) -> None:
+        """A message for one of this channel's consumers: basic.deliver (``no_ack``:
+        the consumer's, if the caller knows it)."""
+        auto = self._no_ack(delivery.sub) if no_ack is None else no_ack
         tag = self.tag_for(delivery, delivery.sub, auto=auto)
         if auto:
             self.conn.settle_when_written(delivery.tag)

@@ -312,22 +312,22 @@ class AmqpServerConnection(asyncio.Protocol):
     # ------------------------------------------------------------- SessionSink
     def answer(self, rid: int, result: Any) -> None:
         """A request the core answered later."""
-        self._safely(lambda: self._answered(rid, result, None))
+        self._safely(self._answered, rid, result, None)
 
     def refuse(self, rid: int, error: BrokerError) -> None:
         """A request the core refused later."""
-        self._safely(lambda: self._answered(rid, None, error))
+        self._safely(self._answered, rid, None, error)
 
     def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
         """Run a later callback for ``channel`` (a definitions save that became
         durable): a refusal closes the channel, never the effect runner."""
         self._safely(lambda: guard(self, channel, run, None))
 
-    def _safely(self, run: Any) -> None:
-        """Run a callback of the effect runner: a failure of this connection's code
-        closes this connection (541), never the effects of the others."""
+    def _safely(self, run: Any, *args: Any) -> None:
+        """Run a callback of the effect runner (``run(*args)``): a failure of this
+        connection's code closes this connection (541), never the effects of the others."""
         try:
-            run()
+            run(*args)
         except AmqpProtocolError as exc:
             self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
                                   exc.class_id, exc.method_id)
@@ -349,19 +349,19 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def deliver(self, delivery: Delivery) -> None:
         """basic.deliver for a consumer, or the basic.get-ok waiting for it."""
-        self._safely(lambda: self._deliver(delivery))
+        self._safely(self._deliver, delivery)
 
     def _deliver(self, delivery: Delivery) -> None:
         if delivery.sub == 0:
             self._answered(delivery.rid, None, None, delivery)
             return
         channel = self._subs.get(delivery.sub)
-        tag = None if channel is None else next(
-            (c.tag for c in channel.consumers.values() if c.sub == delivery.sub), None)
-        if channel is None or tag is None:
-            self._give_back(delivery)
-            return
-        channel.deliver(delivery, tag)
+        if channel is not None:
+            for consumer in channel.consumers.values():
+                if consumer.sub == delivery.sub:
+                    channel.deliver(delivery, consumer.tag, consumer.no_ack)
+                    return
+        self._give_back(delivery)
 
     def _give_back(self, delivery: Delivery) -> None:
         """A delivery for a consumer that ended meanwhile (``basic.cancel`` keeps the
