@@ -289,3 +289,42 @@ def test_acks_ready_together_go_out_as_one_multiple_ack() -> None:
     assert take_confirms(channel) == b""
     assert decoded(port.out) == [("Basic.Ack", 3, True), ("Basic.Ack", 5, True),
                                  ("Basic.Nack", 6, False), ("Basic.Ack", 7, False)]
+
+
+# ---------------------------------------------------------------------- fuzzing
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=40), st.sampled_from([b"\x00\x3c\x00\x28", b"\x00\x3c\x00\x50"]))
+def test_any_payload_the_readers_take_is_read_as_pamqp_reads_it(rest: bytes,
+                                                                index: bytes) -> None:
+    """Whatever bytes follow the index: the hand readers give up (None), or give
+    exactly what pamqp decodes from them."""
+    payload = index + rest
+    ours = read_publish(payload) if index.endswith(b"\x28") else read_ack(payload)
+    if ours is not None:
+        same_method(ours, pamqp_method(payload))
+
+
+def _stream() -> bytes:
+    props = commands.Basic.Properties(delivery_mode=2, content_type="t")
+    one = m(1, commands.Basic.Publish(exchange="e", routing_key="k")) \
+        + frame.marshal(header.ContentHeader(0, 3, props), 1) \
+        + frame.marshal(body.ContentBody(b"abc"), 1)
+    return PROTOCOL_HEADER + one + one + m(1, commands.Basic.Ack(5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(8, len(_stream()) - 1), st.integers(0, 255), st.booleans())
+def test_a_corrupted_stream_gives_events_or_a_protocol_error(at: int, byte: int,
+                                                             bytewise: bool) -> None:
+    """One byte of the per-message frames changed: events, or AmqpProtocolError
+    (a clear connection error), never another exception."""
+    data = bytearray(_stream())
+    data[at] = byte
+    codec = AmqpConnection()
+    try:
+        FEEDERS[1 if bytewise else 0](bytes(data), codec)
+        codec.drain()
+    except AmqpProtocolError as exc:
+        assert exc.reply_code in set(ReplyCode)
