@@ -80,3 +80,42 @@ def _deliveries_of_get(raw: RawAmqp) -> bytes:
         assert got is not None
         if isinstance(got[1], body.ContentBody):
             return bytes(got[1].value)
+
+
+def test_confirms_of_one_read_say_each_publishs_outcome(amqp_broker: AmqpBroker) -> None:
+    """Publishes of one write to a queue that takes 2 (``reject-publish``): whether
+    the acks come single or ``multiple``, publishes 1-2 are acked, 3-5 nacked, 6-7
+    (to another queue) acked, each exactly once, in sequence order."""
+    full = f"ab-{uuid.uuid4().hex[:10]}"
+    other = f"ab-{uuid.uuid4().hex[:10]}"
+    raw = RawAmqp(amqp_broker.amqp_port)
+    try:
+        raw.handshake()
+        raw.expect("Connection.OpenOk")
+        raw.method(1, commands.Channel.Open())
+        raw.expect("Channel.OpenOk")
+        raw.method(1, commands.Queue.Declare(queue=full, durable=True, arguments={
+            "x-max-length": 2, "x-overflow": "reject-publish"}))
+        raw.expect("Queue.DeclareOk")
+        raw.method(1, commands.Queue.Declare(queue=other, durable=True))
+        raw.expect("Queue.DeclareOk")
+        raw.method(1, commands.Confirm.Select())
+        raw.expect("Confirm.SelectOk")
+        raw.send(b"".join(_publish(full, b"f%d" % i) for i in range(5))
+                 + _publish(other, b"o1") + _publish(other, b"o2"))
+        outcome: dict[int, str] = {}
+        while len(outcome) < 7:
+            got = raw.read()
+            assert got is not None
+            value = got[1]
+            if value.name not in ("Basic.Ack", "Basic.Nack"):
+                continue
+            seqs = range(max(outcome, default=0) + 1, value.delivery_tag + 1) \
+                if value.multiple else [value.delivery_tag]
+            for seq in seqs:
+                assert seq not in outcome and seq == max(outcome, default=0) + 1
+                outcome[seq] = value.name
+        assert outcome == {1: "Basic.Ack", 2: "Basic.Ack", 3: "Basic.Nack", 4: "Basic.Nack",
+                           5: "Basic.Nack", 6: "Basic.Ack", 7: "Basic.Ack"}
+    finally:
+        raw.close()
