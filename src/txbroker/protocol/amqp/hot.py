@@ -33,7 +33,9 @@ leaves anything else to pamqp.
 
 Written (byte for byte what ``pamqp.frame.marshal`` writes, checked by
 ``tests/amqp/test_codec_hot.py``): ``basic.ack`` (publisher confirms), and
-``basic.deliver`` with its content header and body frames.
+``basic.deliver`` with its content header and body frames. :func:`method_payload`
+writes any method as pamqp does but without its name checks (the codec's fallback
+for names pamqp refuses).
 """
 
 from __future__ import annotations
