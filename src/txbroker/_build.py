@@ -32,16 +32,17 @@ from types import ModuleType
 from typing import Final
 
 #: The sources mypyc compiles, relative to the package directory (setup.py reads this):
-#: the pure core (with its records, router and HA packages) and codecs, the storage
-#: encoders, and the request path every protocol edge shares (the operations layer)
-#: with the STOMP edge's frame handler.
+#: the pure core (with its records, router and HA packages) and codecs (AMQP's too),
+#: the storage encoders, and the request path every protocol edge shares (the
+#: operations layer) with the STOMP edge's frame handler.
 COMPILED: Final = ("core", "core/records", "core/router", "core/ha", "protocol",
-                   "storage/journal_format.py", "storage/journal_scan.py",
+                   "protocol/amqp", "storage/journal_format.py", "storage/journal_scan.py",
                    "storage/dirstore_format.py", "server/ops", "server/edges/stomp/frames.py")
 #: The tests of the compiled set that ``make test`` runs a second time on the pure-Python
 #: sources (``TXBROKER_PURE=1``), relative to the repository; the Makefile reads them with
 #: ``python src/txbroker/_build.py pure-tests`` (and its sources with ``... sources``).
 PURE_TESTS: Final = ("tests/core", "tests/protocol", "tests/storage",
+                     "tests/amqp/test_codec.py", "tests/amqp/test_codec_hot.py",
                      "tests/server/test_ops.py", "tests/stomp/test_listener.py",
                      "tests/stomp/test_stomppy.py", "tests/test_build.py")
 #: The file setup.py writes next to this one: the digest of the sources compiled.

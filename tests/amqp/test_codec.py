@@ -314,7 +314,7 @@ def test_names_pamqp_would_refuse_are_still_written(method: Any) -> None:
     assert (channel, value.name) == (1, method.name)
     for slot in method.__slots__:
         assert getattr(value, slot) == getattr(method, slot), slot
-    from txbroker.protocol.amqp.codec import _method_payload
+    from txbroker.protocol.amqp.hot import method_payload as _method_payload
 
     try:
         expected = frame.marshal(method, 1)

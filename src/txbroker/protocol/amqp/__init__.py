@@ -1,8 +1,8 @@
-"""AMQP 0-9-1, sans IO: the server's side of the framing (``codec.py``).
+"""AMQP 0-9-1, sans IO: the server's side of the framing (``codec.py``), and the
+per-message frames read and written by hand (``hot.py``).
 
-This package sits beside the compiled codecs of ``txbroker.protocol`` but is not
-one of them (``txbroker._build.COMPILED`` globs ``protocol/*.py`` only): it is
-pure Python over pamqp.
+Compiled with mypyc like the other codecs (``txbroker._build.COMPILED``), over pamqp
+for every frame but the per-message ones.
 """
 
 from txbroker.protocol.amqp.codec import (

@@ -45,9 +45,21 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from pamqp import body as pamqp_body
-from pamqp import commands, encode, exceptions, frame, header, heartbeat
+from pamqp import commands, exceptions, frame, header, heartbeat
 
 from txbroker.errors import ProtocolError
+from txbroker.protocol.amqp.hot import (
+    ACK_INDEX,
+    PUBLISH_INDEX,
+    PropertiesCache,
+    ack_frame,
+    content_frames,
+    deliver_frame,
+    header_body_size,
+    method_payload,
+    read_ack,
+    read_publish,
+)
 from txbroker.protocol.native import NEED_DATA, LocalProtocolError, NeedData
 
 __all__ = [
@@ -89,6 +101,9 @@ _METHOD, _HEADER, _BODY, _HEARTBEAT = 1, 2, 3, 8
 _FRAME_TYPES: Final = frozenset({_METHOD, _HEADER, _BODY, _HEARTBEAT})
 _HEAD: Final = struct.Struct(">BHI")
 assert _HEAD.size == FRAME_HEADER_SIZE
+_INDEX: Final = struct.Struct(">I")
+#: A content header's class, weight and body size, before its property flags.
+_CONTENT_HEAD_SIZE: Final = 12
 
 
 class ReplyCode(enum.IntEnum):
@@ -182,6 +197,9 @@ class ContentReceived:
     method: Any
     properties: commands.Basic.Properties
     body: bytes
+    #: the property flags and list as they came (b"": not known); ``properties`` may be
+    #: shared by the messages that carried the same bytes: read-only
+    raw_properties: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +228,7 @@ class _Content:
 
     method: Any
     properties: commands.Basic.Properties | None = None
+    raw_properties: bytes = b""
     size: int = -1
     chunks: list[bytes] | None = None
     received: int = 0
@@ -228,6 +247,7 @@ class AmqpConnection:
         self._buffer = bytearray()
         self._error: AmqpProtocolError | None = None
         self._content: dict[int, _Content] = {}
+        self._properties = PropertiesCache()
 
     # ------------------------------------------------------------------ receiving
     def receive_data(self, data: bytes) -> None:
@@ -313,19 +333,37 @@ class AmqpConnection:
                                     f"frame end octet is {buffer[end]:#04x}, not 0xce",
                                     channel=channel)
         payload = bytes(buffer[FRAME_HEADER_SIZE:end])
-        whole = bytes(buffer[:end + 1])
-        del buffer[:end + 1]
         if kind == _BODY:
+            del buffer[:end + 1]
             return self._body(channel, payload)
         if kind == _HEARTBEAT:
+            del buffer[:end + 1]
             if channel != 0:
                 raise AmqpProtocolError(ReplyCode.COMMAND_INVALID,
                                         f"heartbeat frame on channel {channel}, not 0")
             return HeartbeatReceived()
-        value = self._decode(whole, channel)
         if kind == _HEADER:
-            return self._header(channel, value)
-        return self._method(channel, value)
+            raw = payload[_CONTENT_HEAD_SIZE:]
+            properties = self._properties.get(raw) if len(raw) >= 2 else None
+            if properties is not None:  # (hot.py: the same bytes decoded before)
+                del buffer[:end + 1]
+                return self._header(channel, header_body_size(payload), properties, raw)
+            value = self._decode(bytes(buffer[:end + 1]), channel)
+            del buffer[:end + 1]
+            assert isinstance(value, header.ContentHeader)
+            self._properties.put(raw, value.properties)
+            return self._header(channel, int(value.body_size), value.properties, raw)
+        method = None
+        if size >= 4:  # the per-message methods by hand (hot.py), the others by pamqp
+            index = _INDEX.unpack_from(payload)[0]
+            if index == PUBLISH_INDEX:
+                method = read_publish(payload)
+            elif index == ACK_INDEX:
+                method = read_ack(payload)
+        if method is None:
+            method = self._decode(bytes(buffer[:end + 1]), channel)
+        del buffer[:end + 1]
+        return self._method(channel, method)
 
     @staticmethod
     def _bad_type(kind: int) -> None:
@@ -361,21 +399,21 @@ class AmqpConnection:
             return None
         return MethodReceived(channel, method)
 
-    def _header(self, channel: int, value: Any) -> Event | None:
+    def _header(self, channel: int, size: int, properties: commands.Basic.Properties,
+                raw: bytes) -> Event | None:
         content = self._content.get(channel)
         if content is None or content.size >= 0:
             raise AmqpProtocolError(
                 ReplyCode.UNEXPECTED_FRAME,
                 f"content header on channel {channel} without a content-bearing method "
                 "before it", channel=channel)
-        assert isinstance(value, header.ContentHeader)
-        size = int(value.body_size)
         if size > self.max_body_size:
             raise AmqpProtocolError(
                 ReplyCode.FRAME_ERROR,
                 f"message body of {size} bytes exceeds the limit of {self.max_body_size}",
                 channel=channel)
-        content.properties = value.properties
+        content.properties = properties
+        content.raw_properties = raw
         content.size = size
         content.chunks = []
         return self._finish(channel, content) if size == 0 else None
@@ -400,7 +438,8 @@ class AmqpConnection:
         del self._content[channel]
         assert content.properties is not None and content.chunks is not None
         body = content.chunks[0] if len(content.chunks) == 1 else b"".join(content.chunks)
-        return ContentReceived(channel, content.method, content.properties, body)
+        return ContentReceived(channel, content.method, content.properties, body,
+                               content.raw_properties)
 
     def forget_channel(self, channel: int) -> None:
         """The channel was closed: drop a content half received on it."""
@@ -415,7 +454,7 @@ class AmqpConnection:
             # pamqp checks names against the spec's pattern (letters, digits, "-_.:"
             # and a few more, 127 at most); a queue named otherwise (by another
             # protocol, or by a client RabbitMQ would accept) is written as it is
-            payload = _method_payload(method)
+            payload = method_payload(method)
             return _HEAD.pack(_METHOD, channel, len(payload)) + payload + bytes([FRAME_END])
 
     def send_content(self, channel: int, method: Any, properties: commands.Basic.Properties,
@@ -431,33 +470,24 @@ class AmqpConnection:
         return b"".join(parts)
 
     @staticmethod
+    def send_ack(channel: int, delivery_tag: int, multiple: bool = False) -> bytes:
+        """A ``basic.ack`` frame (a publisher confirm), as ``send_method`` writes it."""
+        return ack_frame(channel, delivery_tag, multiple)
+
+    def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int,
+                     redelivered: bool, exchange: str, routing_key: str,
+                     properties: bytes, body: bytes) -> bytes | None:
+        """``basic.deliver``, its content header (``properties``: the property flags
+        and list, marshalled) and its body, as ``send_content`` writes them; None
+        when only pamqp can write the method (``send_content`` then)."""
+        method = deliver_frame(channel, consumer_tag, delivery_tag, redelivered, exchange,
+                               routing_key)
+        if method is None:
+            return None
+        return method + content_frames(channel, properties, body, self.frame_max)
+
+    @staticmethod
     def send_heartbeat() -> bytes:
         """A heartbeat frame."""
         return frame.marshal(heartbeat.Heartbeat(), 0)
 
-
-def _method_payload(method: Any) -> bytes:
-    """A method's payload (its index, then its arguments) as pamqp's
-    ``Frame.marshal`` encodes it, without its ``validate()``: consecutive bits
-    share octets (spec 4.2.5.2)."""
-    output = [struct.pack(">I", method.index)]
-    bits = -1
-    offset = 0
-    for argument in method.__slots__:
-        kind = method.amqp_type(argument)
-        value = getattr(method, argument, 0)
-        if kind == "bit":
-            if bits < 0 or offset == 8:
-                if bits >= 0:
-                    output.append(encode.octet(bits))
-                bits, offset = 0, 0
-            bits = encode.bit(value, bits, offset)
-            offset += 1
-            continue
-        if bits >= 0:
-            output.append(encode.octet(bits))
-            bits = -1
-        output.append(encode.by_type(value, kind))
-    if bits >= 0:
-        output.append(encode.octet(bits))
-    return b"".join(output)

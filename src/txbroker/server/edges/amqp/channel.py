@@ -29,9 +29,10 @@ the channel owns:
   into it. **Confirms** (``confirm.select``): ``basic.ack`` once every queue the
   message was routed to has it durably (``basic.nack`` if one refused it).
 
-The methods themselves: publishing, cancelling and closing here;
-``basic.qos/consume/get``, the acknowledgements and ``tx.*`` in ``consuming.py``;
-declarations in ``declares.py`` (each a function of the channel).
+The methods themselves: cancelling and closing here; ``basic.publish`` and
+publisher confirms in ``publishing.py``; ``basic.qos/consume/get``, the
+acknowledgements and ``tx.*`` in ``consuming.py``; declarations in ``declares.py``
+(each a function of the channel).
 
 A refusal raises :class:`~txbroker.server.edges.amqp.model.ChannelError`; the
 connection closes the channel (or, ``hard``, itself) with its reply code.
@@ -65,11 +66,9 @@ from txbroker.errors import (
 )
 from txbroker.protocol.amqp import AmqpConnection, ReplyCode
 from txbroker.server.edges.amqp.content import (
-    DEFAULT_PRIORITY,
-    PERSISTENT,
+    PropertyTexts,
     delivery_facts,
-    message_headers,
-    ttl_of,
+    delivery_wire,
 )
 from txbroker.server.edges.amqp.model import ChannelError
 from txbroker.server.edges.amqp.state import INTERNAL_PREFIX, AmqpState
@@ -78,8 +77,6 @@ from txbroker.server.ops import Delivery, Session
 #: Prefixes of the names the server makes (RabbitMQ's).
 SERVER_NAMED_PREFIX: Final = "amq.gen-"
 CONSUMER_TAG_PREFIX: Final = "amq.ctag-"
-#: txbroker's highest message priority (core/messages.py: 0-9, as JMS).
-MAX_PRIORITY: Final = 9
 
 
 class ConnectionPort(Protocol):
@@ -88,6 +85,7 @@ class ConnectionPort(Protocol):
     codec: AmqpConnection
     session: Session | None
     state: AmqpState
+    texts: PropertyTexts
 
     def write(self, data: bytes) -> None:
         """Queue bytes for the socket."""
@@ -106,6 +104,14 @@ class ConnectionPort(Protocol):
 
     def settle_when_written(self, core_tag: int) -> None:
         """A ``no_ack`` delivery: acknowledge it once handed to the socket."""
+
+    def acks_staged(self, channel: Channel) -> None:
+        """``channel`` staged acks (``consuming.basic_ack``): acknowledge them before
+        the next method of another kind or channel, and at the end of the read."""
+
+    def confirm_later(self, channel: Channel) -> None:
+        """``channel`` has publisher confirms to write (:meth:`Channel.take_confirms`)
+        before the next bytes of the connection."""
 
     def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
         """Run a callback of the effect runner for ``channel``: a refusal closes the
@@ -184,9 +190,16 @@ class Channel:
         self.tx_settled: list[tuple[int, int, int]] = []
         self.confirming = False
         self.next_confirm = 1
+        #: the highest publish sequence number confirmed (basic.ack) on the wire, and
+        #: the highest one confirmed but not yet written (``take_confirms``)
+        self.confirmed = 0
+        self.confirm_upto = 0
         self.last_queue = ""
         #: request ids of this channel's publishes not yet answered by the core
         self.publishing: set[int] = set()
+        #: basic.acks read and checked, not yet given to the core: the core tags of each
+        #: and the channel tags they settled (``consuming.flush_acks``)
+        self.staged_acks: list[tuple[list[int], dict[int, tuple[int, int]]]] = []
 
     @property
     def session(self) -> Session:
@@ -307,75 +320,6 @@ class Channel:
                                f"queue '{queue}' in vhost '/'")
         return queue
 
-    # ------------------------------------------------------------------ publishing
-    def publish(self, m: Any, properties: commands.Basic.Properties, body: bytes,
-                now: int) -> None:
-        """basic.publish with its content: one core send per queue it is routed to."""
-        if m.immediate:
-            raise ChannelError(ReplyCode.NOT_IMPLEMENTED,
-                               "NOT_IMPLEMENTED - immediate=true", hard=True)
-        session = self.session
-        core = session.core
-        queues = self.conn.state.definitions.route(m.exchange, m.routing_key,
-                                                   properties.headers, core.queues)
-        if queues and queues[0].startswith(INTERNAL_PREFIX):  # only the default exchange
-            raise ChannelError(ReplyCode.ACCESS_REFUSED,  # routes to it (nothing binds it)
-                               f"ACCESS_REFUSED - queue '{queues[0]}' is the broker's own")
-        seq = 0
-        if self.confirming:
-            seq = self.next_confirm
-            self.next_confirm += 1
-        if not queues:
-            if m.mandatory:
-                self.emit(self.conn.codec.send_content(
-                    self.number, commands.Basic.Return(312, "NO_ROUTE", m.exchange,
-                                                       m.routing_key), properties, body))
-            if seq:
-                self.send(commands.Basic.Ack(seq))
-            return
-        headers = message_headers(m.exchange, m.routing_key, properties)
-        ttl = ttl_of(properties)
-        persistent = properties.delivery_mode == PERSISTENT
-        rids: list[int] = []
-        refused: BrokerError | None = None
-        for queue in queues:
-            priority = DEFAULT_PRIORITY
-            flags = self.conn.state.definitions.queues.get(queue)
-            highest = flags.arguments.get("x-max-priority") if flags is not None else None
-            if isinstance(highest, int) and highest > 0:  # above it counts as it (RabbitMQ)
-                priority = min(int(properties.priority or 0), highest, MAX_PRIORITY)
-            rid = self.conn.new_rid()
-            try:
-                result = session.send(rid, queue, body, now, headers=headers,
-                                      persistent=persistent, priority=priority, ttl_ms=ttl,
-                                      tx=self.tx)
-            except BrokerError as exc:
-                if isinstance(exc, Forbidden) or (not seq and not isinstance(exc, QuotaExceeded)):
-                    raise as_channel_error(exc) from None
-                refused = exc  # reject-publish: nacked with confirms, dropped without
-                continue
-            if session.started(rid, result):
-                rids.append(rid)
-        self.publishing.update(rids)
-        if seq:
-            if refused is not None:
-                self.later(rids, lambda p: self.conn.write(self.conn.codec.send_method(
-                    self.number, commands.Basic.Nack(seq))))
-            else:
-                self.later(rids, lambda p: self.conn.write(self.conn.codec.send_method(
-                    self.number, commands.Basic.Nack(seq) if p.error is not None
-                    else commands.Basic.Ack(seq))))
-        elif rids:
-            self.later(rids, _ignore_errors)
-
-    def _confirm_select(self, m: Any, now: int) -> None:
-        if self.tx is not None:
-            raise ChannelError(ReplyCode.PRECONDITION_FAILED,
-                               "PRECONDITION_FAILED - cannot switch from tx to confirm mode")
-        self.confirming = True
-        if not m.nowait:
-            self.send(commands.Confirm.SelectOk())
-
     # ------------------------------------------------------------------ consuming
     def _basic_cancel(self, m: Any, now: int) -> None:
         consumer = self.consumers.get(m.consumer_tag)
@@ -423,16 +367,24 @@ class Channel:
         delivered = core.deliveries
         return [t for t in core_tags if t in delivered]
 
-    def deliver(self, delivery: Delivery, consumer_tag: str) -> None:
-        """A message for one of this channel's consumers: basic.deliver."""
-        auto = self._no_ack(delivery.sub)
+    def deliver(self, delivery: Delivery, consumer_tag: str,
+                no_ack: bool | None = None) -> None:
+        """A message for one of this channel's consumers: basic.deliver (``no_ack``:
+        the consumer's, if the caller knows it)."""
+        auto = self._no_ack(delivery.sub) if no_ack is None else no_ack
         tag = self.tag_for(delivery, delivery.sub, auto=auto)
         if auto:
             self.conn.settle_when_written(delivery.tag)
-        properties, exchange, key = delivery_facts(delivery.message)
-        self.emit(self.conn.codec.send_content(
-            self.number, commands.Basic.Deliver(consumer_tag, tag, delivery.redelivered,
-                                                exchange, key), properties, delivery.body))
+        wire = delivery_wire(delivery.message, self.conn.texts)
+        data = None if wire is None else self.conn.codec.send_deliver(
+            self.number, consumer_tag, tag, delivery.redelivered, wire[1], wire[2], wire[0],
+            delivery.body)
+        if data is None:  # (the message's properties are made, or pamqp writes the method)
+            properties, exchange, key = delivery_facts(delivery.message)
+            data = self.conn.codec.send_content(
+                self.number, commands.Basic.Deliver(consumer_tag, tag, delivery.redelivered,
+                                                    exchange, key), properties, delivery.body)
+        self.emit(data)
 
     def _no_ack(self, sub: int) -> bool:
         return any(c.no_ack for c in self.consumers.values() if c.sub == sub)
@@ -484,12 +436,7 @@ class Channel:
         self.tx = None
 
 
-def _ignore_errors(pending: Pending) -> None:
-    """A publish without confirms: a later refusal is the broker's log's business."""
-
-
 CHANNEL_METHODS: Final[dict[str, Callable[[Channel, Any, int], None]]] = {
     "Basic.Cancel": Channel._basic_cancel,
-    "Confirm.Select": Channel._confirm_select,
     "Channel.Flow": Channel._flow,
 }

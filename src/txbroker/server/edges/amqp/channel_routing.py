@@ -16,6 +16,7 @@ everything but close and close-ok (spec 2.3.5).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,10 +30,11 @@ from txbroker.server.edges.amqp.channel import (
     ChannelState,
     as_channel_error,
 )
-from txbroker.server.edges.amqp.consuming import CONSUMING_METHODS
+from txbroker.server.edges.amqp.consuming import CONSUMING_METHODS, flush_acks
 from txbroker.server.edges.amqp.declares import DECLARE_METHODS
 from txbroker.server.edges.amqp.handshake import Phase
 from txbroker.server.edges.amqp.model import ChannelError
+from txbroker.server.edges.amqp.publishing import PUBLISHING_METHODS
 
 if TYPE_CHECKING:
     from txbroker.server.edges.amqp.connection import AmqpServerConnection
@@ -43,7 +45,8 @@ __all__ = ["METHODS", "channel_error", "channel_method", "drop_channel", "guard"
            "named_channel"]
 
 #: Every channel method we run, by pamqp name (anything else: 540 NOT_IMPLEMENTED).
-METHODS: Final = {**CHANNEL_METHODS, **CONSUMING_METHODS, **DECLARE_METHODS}
+METHODS: Final = {**CHANNEL_METHODS, **PUBLISHING_METHODS, **CONSUMING_METHODS,
+                  **DECLARE_METHODS}
 
 
 def channel_method(conn: AmqpServerConnection, number: int, method: Any, now: int) -> None:
@@ -135,7 +138,12 @@ def channel_error(conn: AmqpServerConnection, channel: Channel, error: ChannelEr
 
 def drop_channel(conn: AmqpServerConnection, channel: Channel, now: int) -> None:
     """Release ``channel`` (its consumers end, its unacked messages go back) and
-    forget it and the answers it waited for."""
+    forget it and the answers it waited for. The acks it read before count, as if
+    each had been its own operation (a refusal of one of them is not told: the
+    channel closes anyway)."""
+    if channel.staged_acks:
+        with contextlib.suppress(ChannelError, BrokerError):
+            flush_acks(channel, now)
     for consumer in channel.consumers.values():
         conn.queues_consumed.add(consumer.queue)
     channel.release(now, session_alive=True)

@@ -56,12 +56,15 @@ from txbroker.server.edges.amqp.channel_routing import (
     named_channel,
 )
 from txbroker.server.edges.amqp.connection_methods import connection_method, start
+from txbroker.server.edges.amqp.consuming import flush_acks
+from txbroker.server.edges.amqp.content import PropertyTexts
 from txbroker.server.edges.amqp.handshake import (
     CLOSE_WAIT_S,
     DEFAULT_AMQP_PORT,
     AmqpSettings,
     Phase,
 )
+from txbroker.server.edges.amqp.publishing import publish, take_confirms
 from txbroker.server.edges.amqp.state import AmqpState
 from txbroker.server.ops import Delivery, Operations, Session
 from txbroker.server.ops.seams import abort_transport, hold_reading
@@ -94,6 +97,12 @@ class AmqpServerConnection(asyncio.Protocol):
         self.heartbeat_s = 0
         self._out: list[bytes] = []
         self._flush_soon = False
+        #: the channel whose basic.acks are staged (``consuming.flush_acks``)
+        self._acking: Channel | None = None
+        #: the channels with publisher confirms gathered, written before any other bytes
+        self._confirms: list[Channel] = []
+        #: the properties' conversions of the messages this connection sees (content.py)
+        self.texts = PropertyTexts()
         #: why the operation layer refused the connection (told after the protocol header)
         self.refusal: BrokerError | None = None
         #: request id -> the (channel, pending output) waiting for its answer
@@ -143,10 +152,13 @@ class AmqpServerConnection(asyncio.Protocol):
                     self._event(event, now)
                     if self._closed():
                         break
+                self._flush_acks(now)
         except ProtocolHeaderMismatch:
             self.write(PROTOCOL_HEADER)  # spec 4.2.2: our header, then close
             self.shut()
         except AmqpProtocolError as exc:
+            with contextlib.suppress(AmqpProtocolError):
+                self._flush_acks(now)  # (the acks read before the error count)
             self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
                                   exc.class_id, exc.method_id)
         except TxBrokerError as exc:  # pragma: no cover - a core bug, not the client's
@@ -187,6 +199,11 @@ class AmqpServerConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------- events
     def _event(self, event: Any, now: int) -> None:
+        acking = self._acking
+        if acking is not None and not (
+                isinstance(event, MethodReceived) and event.channel == acking.number
+                and event.method.name == "Basic.Ack"):
+            self._flush_acks(now)
         if self.phase is Phase.CLOSING and not (
                 isinstance(event, MethodReceived) and event.channel == 0):
             return  # spec 2.3.5: after our connection.close only close-ok counts
@@ -202,8 +219,19 @@ class AmqpServerConnection(asyncio.Protocol):
         elif isinstance(event, ContentReceived):
             channel = named_channel(self, event.channel, event.method)
             if channel is not None:
-                guard(self, channel, lambda: channel.publish(
-                    event.method, event.properties, event.body, now), event.method)
+                guard(self, channel, lambda: publish(
+                    channel, event.method, event.properties, event.body, now,
+                    event.raw_properties), event.method)
+
+    def acks_staged(self, channel: Channel) -> None:
+        """``channel`` staged basic.acks (``consuming.basic_ack``)."""
+        self._acking = channel
+
+    def _flush_acks(self, now: int) -> None:
+        channel = self._acking
+        if channel is not None:
+            self._acking = None
+            guard(self, channel, lambda: flush_acks(channel, now), commands.Basic.Ack)
 
     def describe_channels(self) -> list[dict[str, Any]]:
         """The open channels, for the connections list (console, REST, CLI, metrics)."""
@@ -212,10 +240,25 @@ class AmqpServerConnection(asyncio.Protocol):
     # ------------------------------------------------------------- ConnectionPort
     def write(self, data: bytes) -> None:
         """Queue bytes; they are written at the end of this loop turn."""
+        if self._confirms:
+            self._take_confirms()
         self._out.append(data)
         if not self._flush_soon:
             self._flush_soon = True
             self.loop.call_soon(self.flush)
+
+    def confirm_later(self, channel: Channel) -> None:
+        """``channel`` gathered publisher confirms (``publishing.py``): they are
+        written before the next bytes, or at the end of this loop turn."""
+        self._confirms.append(channel)
+        if not self._flush_soon:
+            self._flush_soon = True
+            self.loop.call_soon(self.flush)
+
+    def _take_confirms(self) -> None:
+        for channel in self._confirms:
+            self._out.append(take_confirms(channel))
+        self._confirms.clear()
 
     def new_rid(self) -> int:
         """A request id for the core."""
@@ -269,22 +312,22 @@ class AmqpServerConnection(asyncio.Protocol):
     # ------------------------------------------------------------- SessionSink
     def answer(self, rid: int, result: Any) -> None:
         """A request the core answered later."""
-        self._safely(lambda: self._answered(rid, result, None))
+        self._safely(self._answered, rid, result, None)
 
     def refuse(self, rid: int, error: BrokerError) -> None:
         """A request the core refused later."""
-        self._safely(lambda: self._answered(rid, None, error))
+        self._safely(self._answered, rid, None, error)
 
     def run_guarded(self, channel: Channel, run: Callable[[], None]) -> None:
         """Run a later callback for ``channel`` (a definitions save that became
         durable): a refusal closes the channel, never the effect runner."""
         self._safely(lambda: guard(self, channel, run, None))
 
-    def _safely(self, run: Any) -> None:
-        """Run a callback of the effect runner: a failure of this connection's code
-        closes this connection (541), never the effects of the others."""
+    def _safely(self, run: Any, *args: Any) -> None:
+        """Run a callback of the effect runner (``run(*args)``): a failure of this
+        connection's code closes this connection (541), never the effects of the others."""
         try:
-            run()
+            run(*args)
         except AmqpProtocolError as exc:
             self.close_connection(exc.reply_code, f"{exc.reply_code.name} - {exc.text}",
                                   exc.class_id, exc.method_id)
@@ -306,19 +349,19 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def deliver(self, delivery: Delivery) -> None:
         """basic.deliver for a consumer, or the basic.get-ok waiting for it."""
-        self._safely(lambda: self._deliver(delivery))
+        self._safely(self._deliver, delivery)
 
     def _deliver(self, delivery: Delivery) -> None:
         if delivery.sub == 0:
             self._answered(delivery.rid, None, None, delivery)
             return
         channel = self._subs.get(delivery.sub)
-        tag = None if channel is None else next(
-            (c.tag for c in channel.consumers.values() if c.sub == delivery.sub), None)
-        if channel is None or tag is None:
-            self._give_back(delivery)
-            return
-        channel.deliver(delivery, tag)
+        if channel is not None:
+            for consumer in channel.consumers.values():
+                if consumer.sub == delivery.sub:
+                    channel.deliver(delivery, consumer.tag, consumer.no_ack)
+                    return
+        self._give_back(delivery)
 
     def _give_back(self, delivery: Delivery) -> None:
         """A delivery for a consumer that ended meanwhile (``basic.cancel`` keeps the
@@ -348,6 +391,8 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         """Write what was gathered; resume reading once the store caught up."""
+        if self._confirms:
+            self._take_confirms()
         self._flush_soon = False
         if self._out:
             if self.transport is not None and not self.transport.is_closing():

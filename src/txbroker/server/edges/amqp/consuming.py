@@ -26,12 +26,13 @@ from txbroker.server.edges.amqp.channel import (
     Channel,
     Consumer,
     Pending,
+    as_channel_error,
 )
 from txbroker.server.edges.amqp.content import delivery_facts
 from txbroker.server.edges.amqp.model import ChannelError
 from txbroker.server.security.acl import CONSUME
 
-__all__ = ["CONSUMING_METHODS"]
+__all__ = ["CONSUMING_METHODS", "flush_acks"]
 
 
 def basic_qos(channel: Channel, m: Any, now: int) -> None:
@@ -123,11 +124,13 @@ def get_ok(channel: Channel, pending: Pending, queue: str, no_ack: bool) -> None
 # ---------------------------------------------------------------------- acknowledging
 
 
-def settled(channel: Channel, tag: int, multiple: bool) -> list[int]:
+def settled(channel: Channel, tag: int, multiple: bool,
+            taken: dict[int, tuple[int, int]] | None = None) -> list[int]:
     """The core tags an ack/nack/reject names (406 for an unknown tag); in a
     transaction they are remembered, unacked again if it rolls back. A tag whose
     message went with its deleted queue (an auto-delete queue whose last consumer
-    was cancelled, say) is settled without a word, as in RabbitMQ."""
+    was cancelled, say) is settled without a word, as in RabbitMQ. ``taken`` gets
+    the channel tags settled, with their core tag and subscription."""
     if multiple:
         tags = [t for t in channel.unacked if tag == 0 or t <= tag]
         if tag and not tags and tag not in channel.given_back and tag >= channel.next_tag:
@@ -143,6 +146,8 @@ def settled(channel: Channel, tag: int, multiple: bool) -> list[int]:
         channel.given_back.discard(each)
         core_tag, sub = channel.unacked.pop(each)
         core_tags.append(core_tag)
+        if taken is not None:
+            taken[each] = (core_tag, sub)
         if channel.tx is not None:
             channel.tx_settled.append((each, core_tag, sub))
     kept = channel.still_delivered(core_tags)
@@ -152,10 +157,40 @@ def settled(channel: Channel, tag: int, multiple: bool) -> list[int]:
 
 
 def basic_ack(channel: Channel, m: Any, now: int) -> None:
-    """basic.ack (single or ``multiple``), staged in the transaction if any."""
-    core_tags = settled(channel, m.delivery_tag, bool(m.multiple))
+    """basic.ack (single or ``multiple``), staged in the transaction if any. Outside
+    one, the acks a channel gets in a row are acknowledged together, by ONE core
+    operation (hence one ``ACK`` record), as the STOMP edge does with its ACK frames:
+    the connection calls :func:`flush_acks` before any other method and at the end of
+    each read."""
+    if channel.tx is not None:
+        core_tags = settled(channel, m.delivery_tag, bool(m.multiple))
+        if core_tags:
+            channel.session.ack(0, core_tags, now, tx=channel.tx)
+        return
+    taken: dict[int, tuple[int, int]] = {}
+    core_tags = settled(channel, m.delivery_tag, bool(m.multiple), taken)
     if core_tags:
-        channel.session.ack(0, core_tags, now, tx=channel.tx)
+        if len(taken) != len(core_tags):  # (only those the core still has count)
+            kept = set(core_tags)
+            taken = {t: entry for t, entry in taken.items() if entry[0] in kept}
+        channel.staged_acks.append((core_tags, taken))
+        channel.conn.acks_staged(channel)
+
+
+def flush_acks(channel: Channel, now: int) -> None:
+    """Acknowledge the channel's staged acks in one core operation. If the core
+    refuses one, those before it count, and the channel's messages of those after it
+    are unacked on the channel again (as if each ack had been its own operation: the
+    channel then closes, giving them back)."""
+    staged, channel.staged_acks = channel.staged_acks, []
+    if not staged:
+        return
+    outcome = channel.session.ack_groups(0, [core_tags for core_tags, _ in staged], now)
+    if outcome.error is None:
+        return
+    for _, taken in staged[outcome.refused + 1:]:
+        channel.unacked.update(taken)
+    raise as_channel_error(outcome.error)
 
 
 def basic_nack(channel: Channel, m: Any, now: int) -> None:

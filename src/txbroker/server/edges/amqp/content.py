@@ -15,12 +15,14 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import struct
 from typing import Any, Final
 
 from pamqp import commands, header
 
 from txbroker.core.messages import Message
 from txbroker.protocol.amqp import ReplyCode
+from txbroker.protocol.amqp.hot import PROPERTIES_CACHE_SIZE
 from txbroker.server.edges.amqp.model import ChannelError
 
 #: txbroker headers that carry an AMQP message's publish-time facts.
@@ -72,11 +74,67 @@ def decode_properties(text: str) -> commands.Basic.Properties:
     return content.properties
 
 
+class PropertyTexts:
+    """The two conversions of ``basic`` properties each message needs, kept for the
+    byte strings and texts seen last (consecutive messages of a producer usually
+    carry the same properties): the properties as they came on the wire -> the
+    stored text (:func:`encode_properties`), and the stored text -> the properties
+    marshalled for a content header. Each is exactly what the conversion gives."""
+
+    def __init__(self, size: int = PROPERTIES_CACHE_SIZE) -> None:
+        self.size = size
+        self._texts: dict[bytes, str] = {}
+        self._marshalled: dict[str, bytes | None] = {}
+
+    def text(self, raw: bytes, properties: commands.Basic.Properties) -> str:
+        """:func:`encode_properties` of ``properties``, decoded from ``raw``."""
+        text = self._texts.get(raw)
+        if text is None:
+            text = encode_properties(properties)
+            if len(self._texts) >= self.size:
+                self._texts.clear()
+            self._texts[raw] = text
+        return text
+
+    def marshalled(self, text: str) -> bytes | None:
+        """The property flags and list a content header carries for a stored
+        :data:`PROPERTIES_HEADER` value; None if ``text`` is not one we could have
+        written (another protocol's header of that name)."""
+        if text in self._marshalled:
+            return self._marshalled[text]
+        try:
+            marshalled: bytes | None = decode_properties(text).marshal()
+        except (ValueError, binascii.Error, TypeError, struct.error):
+            marshalled = None
+        if len(self._marshalled) >= self.size:
+            self._marshalled.clear()
+        self._marshalled[text] = marshalled
+        return marshalled
+
+
+def delivery_wire(message: Message, texts: PropertyTexts) -> tuple[bytes, str, str] | None:
+    """(properties marshalled, exchange, routing key) of a message published over AMQP
+    (None: :func:`delivery_facts` makes its properties)."""
+    headers = message.headers
+    if not headers:
+        return None
+    text = headers.get(PROPERTIES_HEADER)
+    if text is None:
+        return None
+    marshalled = texts.marshalled(text)
+    if marshalled is None:
+        return None
+    return (marshalled, headers.get(EXCHANGE_HEADER, ""),
+            headers.get(ROUTING_KEY_HEADER, message.queue))
+
+
 def message_headers(exchange: str, routing_key: str,
-                    properties: commands.Basic.Properties) -> dict[str, str]:
+                    properties: commands.Basic.Properties,
+                    text: str | None = None) -> dict[str, str]:
     """The txbroker headers of a message published with these facts: the exact
-    properties for AMQP consumers, and the ``headers`` table's plain values (text,
-    numbers, booleans) as text for consumers of the other protocols."""
+    properties for AMQP consumers (``text``: their :func:`encode_properties`, when
+    known), and the ``headers`` table's plain values (text, numbers, booleans) as
+    text for consumers of the other protocols."""
     headers: dict[str, str] = {}
     for key, value in (properties.headers or {}).items():
         if isinstance(value, bool):
@@ -88,7 +146,7 @@ def message_headers(exchange: str, routing_key: str,
                 headers[key] = value.decode()
             except UnicodeDecodeError:
                 continue
-    headers.update({PROPERTIES_HEADER: encode_properties(properties),
+    headers.update({PROPERTIES_HEADER: encode_properties(properties) if text is None else text,
                     EXCHANGE_HEADER: exchange, ROUTING_KEY_HEADER: routing_key})
     return headers
 
