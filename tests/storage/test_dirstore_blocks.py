@@ -1,6 +1,6 @@
-"""The directory store's own block infos (``dirstore_format.py``): an XA branch's first
+"""The directory store's own block infos (``dirstore_blocks.py``): an XA branch's first
 block (a DUMMY holding the branch's header) and the RESOLVE block that completes a
-branch — their exact bytes.
+branch — their exact bytes, their classes, and one clear error for a malformed one.
 
 The golden bytes were written out by the store as it was before these infos had
 classes (``records.pack`` of the positional lists ``dirstore_index.py`` and
@@ -10,15 +10,24 @@ classes (``records.pack`` of the positional lists ``dirstore_index.py`` and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from txbroker.core.records import Kind
+import pytest
+
+from txbroker.core.records import Kind, MalformedRecord, pack
+from txbroker.storage.dirstore_blocks import (
+    BRANCH_HEADER_FIELDS,
+    RESOLVE_FIELDS,
+    BranchHeader,
+    ResolveInfo,
+)
 from txbroker.storage.dirstore_format import PREPARED, BlockType, decode_block
 from txbroker.storage.dirstore_index import MessageIndex
 from txbroker.storage.dirstore_model import decode_operation
 
 from .contract import Entry, add_entry, append_all
-from .test_dirstore import kind_entry, open_store
-from .test_dirstore_xa import A2, A, B, C, S, prepare
+from .test_dirstore import files, kind_entry, open_store
+from .test_dirstore_xa import A2, A, B, C, S, _block, prepare
 
 #: Entries in order, with the DUMMY / RESOLVE infos the index plans for each (hex).
 SCRIPT: list[tuple[Entry, list[tuple[BlockType, str]]]] = [
@@ -74,4 +83,57 @@ def test_a_heuristic_outcome_rewrites_the_branch_header_to_the_same_bytes(
     assert (header.type, header.count, header.info.hex()) == (
         BlockType.DUMMY, 1,
         "95ae30303030303030312d43432d30319064ccc8b06865757269737469632d636f6d6d6974")
+    store.close()
+
+
+#: (the info as the store builds it, its golden bytes)
+CLASSES: list[tuple[Any, str]] = [
+    (BranchHeader(A, [21], 100, 200, "prepared"), SCRIPT[2][1][0][1]),
+    (BranchHeader(C, [], 100, 200, "heuristic-commit"),
+     "95ae30303030303030312d43432d30319064ccc8b06865757269737469632d636f6d6d6974"),
+    (ResolveInfo("commit", A, "AA", 0, 4, 3, [[20, 1]], [21]), SCRIPT[7][1][0][1]),
+    (ResolveInfo("rollback", A2, "AA", 4, 1, 4, [], []), SCRIPT[8][1][0][1]),
+    (ResolveInfo("heuristic-commit", C, "CC", 5, 3, 5, [[23, 3]], []), SCRIPT[9][1][0][1]),
+    (ResolveInfo("forget", C, "CC", 5, 1, 5, [], []), SCRIPT[10][1][0][1]),
+]
+
+
+@pytest.mark.parametrize(("info", "golden"), CLASSES)
+def test_the_classes_encode_and_decode_the_golden_bytes(info: Any, golden: str) -> None:
+    data = bytes.fromhex(golden)
+    assert info.encode() == data
+    assert type(info).decode(data) == info
+    assert (BRANCH_HEADER_FIELDS, RESOLVE_FIELDS) == (5, 8)
+
+
+@pytest.mark.parametrize(("cls", "value", "error"), [
+    (BranchHeader, [A, [], 1, 2], "4 fields, expected 5"),
+    (BranchHeader, [A, [], 1, 2, "prepared", 0], "6 fields, expected 5"),
+    (BranchHeader, [A, [], 1, None, "prepared"], "prepared_ms is NoneType"),
+    (BranchHeader, [A, ["x"], 1, 2, "prepared"], "discards holds a str"),
+    (BranchHeader, {"xid": A}, "expected a list of fields"),
+    (ResolveInfo, ["commit", A, "AA", 0, 4, 3, [[20, 1]]], "7 fields, expected 8"),
+    (ResolveInfo, ["commit", A, "AA", 0, 4, 3, [[20]], []], "not an [int, int] pair"),
+    (ResolveInfo, ["commit", A, b"AA", 0, 4, 3, [], []], "gtrid is bytes"),
+])
+def test_a_malformed_info_is_one_clear_error(cls: Any, value: Any, error: str) -> None:
+    with pytest.raises(MalformedRecord) as info:
+        cls.decode(pack(value))
+    assert error in str(info.value)
+    with pytest.raises(MalformedRecord, match="undecodable"):
+        cls.decode(b"\xc1")
+
+
+def test_recovery_quarantines_a_branch_whose_header_does_not_decode(tmp_path: Path) -> None:
+    store, loop, _ = open_store(tmp_path)
+    append_all(store, loop, [entry for entry, _ in SCRIPT[:2]])
+    store.close()
+    (tmp_path / PREPARED / "EE-100").write_bytes(_block(
+        BlockType.DUMMY, 900, 0, 1, 0, ["00000001-EE-01", [], 1, "2", "prepared"]))
+    store, _, _ = open_store(tmp_path)
+    assert store.report == [
+        f"{tmp_path / PREPARED / 'EE-100'}: XA branch of transaction 384 with an unreadable "
+        "header (the Xid): malformed XA branch header record: prepared_ms is str, not int; "
+        f"moved to {tmp_path / 'quarantine' / 'prepared.EE-100'}"]
+    assert files(tmp_path, "quarantine") == ["prepared.EE-100"]
     store.close()
