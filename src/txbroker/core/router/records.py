@@ -69,6 +69,8 @@ PARTITION_KEYS: Final = ("name", "low", "high", "retry_count", "vote_timeout_ms"
 TX_KEYS: Final = ("r", "tid", "facility", "state", "reason", "exception", "strikes",
                   "messages", "created_ms", "decided_ms", "flagged_ms", "shadowed")
 TOMB_KEYS: Final = ("r", "tid", "facility", "state", "reason", "until_ms")
+_KEY_SETS: Final = {keys: frozenset(keys)
+                    for keys in (FACILITY_KEYS, PARTITION_KEYS, TX_KEYS, TOMB_KEYS)}
 #: Fields of one message of a ``tx`` record: partition, key, body, headers.
 TX_MESSAGE_FIELDS: Final = 4
 
@@ -78,7 +80,7 @@ RouterMessage = tuple[str, Key, bytes, "dict[str, str] | None"]
 
 def _check_keys(value: dict[Any, Any], name: str, keys: tuple[str, ...]) -> None:
     """``value`` has exactly ``keys`` (the field count of a map record)."""
-    if len(value) != len(keys) or any(key not in value for key in keys):
+    if value.keys() != _KEY_SETS[keys]:
         missing = sorted(key for key in keys if key not in value)
         extra = sorted(str(key) for key in value if key not in keys)
         malformed(name, f"keys missing {missing}, unknown {extra}")
