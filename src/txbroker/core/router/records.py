@@ -69,7 +69,7 @@ PARTITION_KEYS: Final = ("name", "low", "high", "retry_count", "vote_timeout_ms"
 TX_KEYS: Final = ("r", "tid", "facility", "state", "reason", "exception", "strikes",
                   "messages", "created_ms", "decided_ms", "flagged_ms", "shadowed")
 TOMB_KEYS: Final = ("r", "tid", "facility", "state", "reason", "until_ms")
-_KEY_SETS: Final = {keys: frozenset(keys)
+_KEY_SETS: Final[dict[tuple[str, ...], frozenset[str]]] = {keys: frozenset(keys)
                     for keys in (FACILITY_KEYS, PARTITION_KEYS, TX_KEYS, TOMB_KEYS)}
 #: Fields of one message of a ``tx`` record: partition, key, body, headers.
 TX_MESSAGE_FIELDS: Final = 4
