@@ -75,7 +75,7 @@ _KEY_SETS: Final[dict[tuple[str, ...], frozenset[str]]] = {keys: frozenset(keys)
 TX_MESSAGE_FIELDS: Final = 4
 
 #: One message of a transaction: partition, key, body, headers.
-RouterMessage = tuple[str, Key, bytes, "dict[str, str] | None"]
+RouterMessage = tuple[str, Key, bytes, dict[str, str] | None]
 
 
 def _check_keys(value: dict[Any, Any], name: str, keys: tuple[str, ...]) -> None:
