@@ -66,27 +66,29 @@ The info of each block type:
 * ``UPDATE`` — a map ``{position in msg: new value}`` (a redelivery count and
   delay; a move sets expiry and deliver-at to 0 and key -1, "queue now"):
   "updated header information to replace in the message file";
-* ``DELETE`` — nil: the message id in the header names the message to remove;
-* ``DUMMY`` — nil: marks a read-only transaction (nothing to change);
+* ``DELETE`` — empty: the message id in the header names the message to remove;
+* ``DUMMY`` — empty: marks a read-only transaction (nothing to change);
 * ``METADATA`` — the ``SNAPSHOT`` map of ``records.py`` (``next_id``,
   ``queues``, ``dups``, ``sinks``); committing it renames it to ``DIR/metadata``.
 
 XA branch blocks (flag XA; ``docs/dirstore.md`` has the lifecycle):
 
 * the branch's first block is a ``DUMMY`` whose info is ``[xid, [discard
-  id…], created_ms, prepared_ms, state]`` (``xid`` the Xid text form; ``state``
-  ``"prepared"``, or ``"heuristic-commit"`` / ``"heuristic-rollback"`` once
-  an operator completed the branch, when it is the branch's only block); a
-  read-only branch is this block alone, the seed's dummy;
+  id…], created_ms, prepared_ms, state]`` (``dirstore_blocks.BranchHeader``;
+  ``xid`` the Xid text form; ``state`` ``"prepared"``, or ``"heuristic-commit"``
+  / ``"heuristic-rollback"`` once an operator completed the branch, when it is
+  the branch's only block); a read-only branch is this block alone, the seed's
+  dummy;
 * ``NEW`` — a message the branch sends: info the ``msg`` tuple (its seq is
   0 until commit), body the message body;
 * ``DELETE`` — a message the branch consumed: info its delivery count.
 
 ``RESOLVE`` (in a local transaction) completes a prepared branch: info
 ``[outcome, xid, GTRID, first seq, block count, branch tid, [[id, seq]…],
-[discard id…]]`` with ``outcome`` one of ``"commit"``, ``"rollback"``,
-``"heuristic-commit"``, ``"heuristic-rollback"``, ``"forget"``; committing
-it applies the outcome to the branch's blocks (see ``dirstore_writer.py``).
+[discard id…]]`` (``dirstore_blocks.ResolveInfo``) with ``outcome`` one of
+``"commit"``, ``"rollback"``, ``"heuristic-commit"``, ``"heuristic-rollback"``,
+``"forget"``; committing it applies the outcome to the branch's blocks (see
+``dirstore_writer.py``).
 
 Sync flags (the seed's ``NDRX_XA_FLAGS``): ``FSYNC`` or ``FDATASYNC`` make the
 store sync each block file's contents before it is renamed; ``DSYNC`` makes it

@@ -50,6 +50,7 @@ from typing import Any, Final
 
 from txbroker.core import records
 from txbroker.core.records import Kind
+from txbroker.storage.dirstore_blocks import BranchHeader, ResolveInfo
 from txbroker.storage.dirstore_format import (
     FLAG_LOCAL,
     FLAG_XA,
@@ -336,9 +337,9 @@ class MessageIndex:
         first = self.next_branch_block
         count = 1 + len(prepare.sends) + len(prepare.consumed)
         self.next_branch_block += count
-        header = records.pack([prepare.xid, prepare.discards, prepare.created_ms,
-                               prepare.prepared_ms, PREPARED_STATE])
-        blocks = [BlockOp(BlockType.DUMMY, 0, header)]
+        header = BranchHeader(prepare.xid, prepare.discards, prepare.created_ms,
+                              prepare.prepared_ms, PREPARED_STATE)
+        blocks = [BlockOp(BlockType.DUMMY, 0, header.encode())]
         metadata = False
         for offset, (msg, info, body) in enumerate(prepare.sends, start=1):
             name = branch_block_name(gtrid, first + offset)
@@ -381,9 +382,9 @@ class MessageIndex:
             dropped = set(resolve.discards)
             kept = [i for i in branch.sends if i not in dropped]
             seqs = [[message_id, seq_of.get(message_id, 0)] for message_id in kept]
-        blocks.append(BlockOp(BlockType.RESOLVE, 0, records.pack([
+        blocks.append(BlockOp(BlockType.RESOLVE, 0, ResolveInfo(
             outcome, branch.xid, branch.gtrid, branch.first, branch.count, branch.tid,
-            seqs, resolve.discards])))
+            seqs, resolve.discards).encode()))
         metadata = False
         if outcome in COMMITTING_OUTCOMES:
             discards = set(resolve.discards)

@@ -56,6 +56,7 @@ from typing import Any, Final
 
 from txbroker.core import records
 from txbroker.errors import StoreError
+from txbroker.storage.dirstore_blocks import BranchHeader
 from txbroker.storage.dirstore_format import (
     FLAG_LOCAL,
     FLAG_XA,
@@ -367,10 +368,11 @@ def _branch_of(tid: int, blocks: list[tuple[int, str, Block]]
         return (f"XA blocks of transaction {tid:x} without their first block (the Xid): "
                 f"a file for an unknown Xid"), None
     try:
-        xid, discards, created, prepared, state = records.unpack(first_block.info)
+        header = BranchHeader.decode(first_block.info)
+        xid, state = header.xid, header.state
         gtrid = Xid.parse(xid).gtrid.hex().upper()
     except Exception as exc:
-        return f"XA branch of transaction {tid:x} with an unreadable Xid: {exc}", None
+        return f"XA branch of transaction {tid:x} with an unreadable header (the Xid): {exc}", None
     gtrid_name, first = parsed
     if gtrid != gtrid_name:
         return f"XA branch {xid} under another gtrid's name ({gtrid_name})", None
@@ -400,8 +402,8 @@ def _branch_of(tid: int, blocks: list[tuple[int, str, Block]]
             consumed.append((block.message_id, int(count_)))
         else:
             return f"XA branch {xid}: a second {block.type.name} block", None
-    return "", RecoveredBranch(xid, gtrid, first, tid, state, list(discards), int(created),
-                               int(prepared), sends, locations, consumed)
+    return "", RecoveredBranch(xid, gtrid, first, tid, state, header.discards,
+                               header.created_ms, header.prepared_ms, sends, locations, consumed)
 
 
 def _foreign(name: str) -> str:

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from txbroker.core import records
+from txbroker.storage.dirstore_blocks import BranchHeader, ResolveInfo
 from txbroker.storage.dirstore_format import (
     ACTIVE,
     COMMITTED,
@@ -402,12 +403,14 @@ class DirOps:
         flagged XA is rewritten again; a block whose header names another
         transaction is not this branch's and is left alone.
         """
-        outcome, xid, gtrid, first, count, branch_tid, seqs, discards = records.unpack(info)
+        resolve = ResolveInfo.decode(info)
+        outcome, xid, gtrid, branch_tid = (resolve.outcome, resolve.xid, resolve.gtrid,
+                                           resolve.branch_tid)
         committing = outcome in COMMITTING_OUTCOMES
-        discarded = set(discards)
+        discarded = set(resolve.discards)
         moved: dict[int, Block] = {}
         rewrote = False
-        for number in range(first, first + count):
+        for number in range(resolve.first, resolve.first + resolve.count):
             path = self.prepared / branch_block_name(gtrid, number)
             try:
                 data = read_file(path)
@@ -427,15 +430,15 @@ class DirOps:
                 self.remove(self.committed / message_name(block.message_id))
             elif block.type is BlockType.DUMMY and outcome in HEURISTIC_OUTCOMES:
                 if block.count != 1:  # the branch's first block stays, as its outcome
-                    state = records.unpack(block.info)
-                    state[4] = outcome
+                    header = BranchHeader.decode(block.info)
+                    header.state = outcome
                     self.rewrite(path, encode_block(
                         BlockType.DUMMY, sequence=0, count=1, tid=branch_tid, message_id=0,
-                        info=records.pack(state), flags=block.flags))
+                        info=header.encode(), flags=block.flags))
                     rewrote = True
                 continue
             leftovers.append(path)
-        for message_id, seq in seqs if committing else ():
+        for message_id, seq in resolve.seqs if committing else ():
             self._commit_message(message_id, seq, tid, moved.get(message_id))
         return rewrote
 

@@ -26,9 +26,9 @@ from typing import Any
 from txbroker.core.effects import Fail, Reply
 from txbroker.core.queue_index import LATER
 from txbroker.core.router.data import RouterData
-from txbroker.core.router.log import journal_record
 from txbroker.core.router.model import USER_EVENT_MAX, Site, event_matches
 from txbroker.core.router.presenting import enqueue
+from txbroker.core.router.records import TxRecord
 from txbroker.core.router.states import (
     PUBLIC,
     PUBLIC_NAMES,
@@ -177,7 +177,7 @@ def commit_exception(router: RouterData, session_id: int, rid: int, tid: Any, no
             enqueue(router, participant)
         router.outbox.emit(Reply(session_id, rid, {"tid": tx.tid, "state": PUBLIC[tx.state]}))
 
-    tx.record = router.log.write(journal_record(tx), tx.record, now, durable)
+    tx.record = router.log.write(TxRecord.of(tx), tx.record, now, durable)
     return LATER
 
 

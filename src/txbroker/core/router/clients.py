@@ -21,9 +21,9 @@ from typing import Any
 
 from txbroker.core.queue_index import LATER
 from txbroker.core.router.data import RouterData
-from txbroker.core.router.log import journal_record
 from txbroker.core.router.model import CLIENT, LOST, Site, check_tid
 from txbroker.core.router.presenting import ask, enqueue, message_body
+from txbroker.core.router.records import TxRecord
 from txbroker.core.router.states import (
     DECIDED,
     REJECTED,
@@ -142,7 +142,7 @@ def accept(router: RouterData, session_id: int, controller_id: Any, tid: Any, no
         decide(router, tx, TxEvent.ALL_VOTED, None, now)
         return answer
     reply = None if rid is None else router.outbox.reply_when_durable(session_id, rid, answer)
-    tx.record = router.log.write(journal_record(tx), tx.record, now, router.journaled(reply))
+    tx.record = router.log.write(TxRecord.of(tx), tx.record, now, router.journaled(reply))
     for participant in tx.participants.values():
         ask(router, participant)
     return answer if reply is None else LATER

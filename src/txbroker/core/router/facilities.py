@@ -16,6 +16,7 @@ from txbroker.core.outbox import OnDurable
 from txbroker.core.queue_index import LATER
 from txbroker.core.router.data import RouterData
 from txbroker.core.router.model import Facility, parse_facility
+from txbroker.core.router.records import FacilityRecord
 from txbroker.errors import BadRequest, IllegalState
 
 
@@ -41,10 +42,10 @@ def define(router: RouterData, session_id: int, rid: int, name: Any, partitions:
 
 def store(router: RouterData, facility: Facility, now: int, on_durable: OnDurable) -> None:
     """Keep ``facility`` and write its record (replacing the previous one)."""
-    record = {"r": "facility", **facility.to_dict()}
     router.facilities[facility.name] = facility
     router.facility_records[facility.name] = router.log.write(
-        record, router.facility_records.get(facility.name), now, on_durable)
+        FacilityRecord.of(facility), router.facility_records.get(facility.name), now,
+        on_durable)
 
 
 def define_from_config(router: RouterData, name: str, partitions: Any, now: int) -> None:

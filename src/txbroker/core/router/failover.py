@@ -25,7 +25,6 @@ from typing import Any
 
 from txbroker.core.router.data import RouterData
 from txbroker.core.router.facilities import add_key_range
-from txbroker.core.router.log import journal_record
 from txbroker.core.router.model import (
     CLIENT,
     OUTCOME_RETENTION_MS,
@@ -36,6 +35,7 @@ from txbroker.core.router.model import (
     Site,
 )
 from txbroker.core.router.presenting import enqueue, pump
+from txbroker.core.router.records import TxRecord
 from txbroker.core.router.states import (
     WRITING,
     Controller,
@@ -193,7 +193,7 @@ def lost(router: RouterData, participant: Participant, now: int) -> None:
             # takes no more writes: a session's end must not raise for it — found
             # by the simulator, router-bank-failing-fsync seed 126)
             with contextlib.suppress(StorageFailed):
-                tx.record = router.log.write(journal_record(tx), tx.record, now,
+                tx.record = router.log.write(TxRecord.of(tx), tx.record, now,
                                              router.journaled(None))
     else:  # it voted, or had the outcome: it may have committed
         participant.uncertain = True

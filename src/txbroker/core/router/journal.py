@@ -1,5 +1,5 @@
-"""Restart: the router rebuilt from its journal records (``log.py`` has their
-byte format, and :func:`~txbroker.core.router.log.journal_record` writes them).
+"""Restart: the router rebuilt from its journal records (``records.py``: their classes
+and byte format; :func:`~txbroker.core.router.records.decode` reads them).
 
 On restart every transaction the client accepted comes back with each of its
 participants WAITING and *uncertain* (the router cannot tell which server voted
@@ -12,13 +12,11 @@ exception.
 
 from __future__ import annotations
 
-from typing import Any
-
 from txbroker.core.messages import Message
 from txbroker.core.router.data import RouterData
-from txbroker.core.router.log import decode
-from txbroker.core.router.model import OUTCOME_RETENTION_MS, Site, parse_facility
+from txbroker.core.router.model import OUTCOME_RETENTION_MS, Site
 from txbroker.core.router.presenting import enqueue, free_aborted
+from txbroker.core.router.records import FacilityRecord, TombRecord, TxRecord, decode
 from txbroker.core.router.states import Participant, Transaction, TxState
 from txbroker.errors import BadRequest
 
@@ -38,11 +36,11 @@ def restore(router: RouterData, records: list[tuple[Message, bytes]], now: int) 
     for message, body in records:
         try:
             record = decode(body)
-            if record["r"] == "facility":
-                facility = parse_facility(record["name"], record["partitions"])
+            if isinstance(record, FacilityRecord):
+                facility = record.facility
                 router.facilities[facility.name] = facility
                 router.facility_records[facility.name] = message
-            elif record["r"] == "tomb":
+            elif isinstance(record, TombRecord):
                 router.tombstones.restore(record, message)
             else:
                 _restore_tx(router, record, message, now)
@@ -55,26 +53,25 @@ def restore(router: RouterData, records: list[tuple[Message, bytes]], now: int) 
     return problems
 
 
-def _restore_tx(router: RouterData, record: dict[str, Any], message: Message, now: int
-                ) -> None:
-    key = (record["state"], bool(record["exception"]))
+def _restore_tx(router: RouterData, record: TxRecord, message: Message, now: int) -> None:
+    key = (record.state, record.exception)
     state = _RESTORED.get(key)
     if state is None:
         raise ValueError(f"a transaction record in state {key[0]!r}"
                          f"{' (exception)' if key[1] else ''}")
-    tx = Transaction(record["tid"], record["facility"], None, record["created_ms"])
+    tx = Transaction(record.tid, record.facility, None, record.created_ms)
     tx.seq = router.next_seq()
-    tx.state, tx.reason, tx.record = state, record["reason"], message
-    tx.decided_ms, tx.flagged_ms = record["decided_ms"], record.get("flagged_ms", 0)
-    tx.messages = [(m[0], m[1], m[2], m[3]) for m in record["messages"]]
-    shadowed = set(record.get("shadowed", ()))
+    tx.state, tx.reason, tx.record = state, record.reason, message
+    tx.decided_ms, tx.flagged_ms = record.decided_ms, record.flagged_ms
+    tx.messages = record.messages
+    shadowed = set(record.shadowed)
     for position, (name, _, _, _) in enumerate(tx.messages):
         sites = [Site.PRIMARY, Site.SECONDARY] if name in shadowed else [Site.PRIMARY]
         for site in sites:
             participant = tx.participants.get((name, site))
             if participant is None:
                 participant = Participant(tx, name, site, uncertain=True,
-                                          strikes=record["strikes"].get(name, 0))
+                                          strikes=record.strikes.get(name, 0))
                 tx.participants[(name, site)] = participant
             participant.indexes.append(position)
     router.transactions[tx.tid] = tx

@@ -6,7 +6,7 @@ The router writes every step it must not forget into the broker's own store,
 with the broker's group commit and durability contract, and without a record
 kind of its own: each router record is one persistent message of the internal
 queue :data:`ROUTER_QUEUE` whose body is one msgpack map (the byte format is
-below). It is the way Kafka's transaction coordinator logs to its internal
+in ``records.py``). It is the way Kafka's transaction coordinator logs to its internal
 ``__transaction_state`` topic, and it means every store (``journal`` and
 ``dir``), compaction, snapshots and anything that copies the store carry the
 router's journal as they carry messages.
@@ -24,30 +24,21 @@ operation layer refuses it first, and audits the refusal), so the queue is never
 dispatched, and the slots its consumed records leave in the ready list are
 trimmed here (:meth:`Queue.trim`).
 
-Record bodies (msgpack map, ``use_bin_type``)::
-
-    {"r": "facility", "name": str, "partitions": [{name, low, high, retry_count,
-     vote_timeout_ms}…]}
-    {"r": "tx", "tid": str, "facility": str, "state": "VREQ"|"COMMITTING"|"ABORTING",
-     "reason": str|nil, "exception": bool, "strikes": {partition: n},
-     "messages": [[partition, key, body: bin, headers|nil]…], "created_ms": int,
-     "decided_ms": int, "flagged_ms": int, "shadowed": [partition…]}
-    {"r": "tomb", …}   a tid that never begins again (core/router/tombstones.py)
+Record bodies: a typed class per kind (a facility, a transaction, a tombstone) in
+``records.py``, with the byte format; :meth:`RouterLog.write` takes the record and
+writes ``record.encode()``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-import msgpack
-
 from txbroker.core.messages import Message, State
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.queues import Queue
 from txbroker.core.records import QueuePut, Tx
-from txbroker.core.router.model import Site
-from txbroker.core.router.states import PUBLIC, Transaction
+from txbroker.core.router.records import RouterRecord
 from txbroker.core.sending import build_messages
 from txbroker.errors import Forbidden, StorageFailed
 
@@ -73,37 +64,6 @@ def refuse_reserved(destination: Any, op: str) -> None:
     """Raise :func:`reserved_refusal` if ``destination`` is reserved."""
     if is_reserved(destination):
         raise reserved_refusal(destination, op)
-
-
-def encode(record: dict[str, Any]) -> bytes:
-    """One router record's body."""
-    return msgpack.packb(record, use_bin_type=True)
-
-
-def decode(body: bytes) -> dict[str, Any]:
-    """A router record from its body (ValueError if it is not one)."""
-    try:
-        record = msgpack.unpackb(body, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise ValueError(f"not a router record: {exc}") from exc
-    if not isinstance(record, dict) or record.get("r") not in ("facility", "tx", "tomb"):
-        raise ValueError("not a router record")
-    return record
-
-
-def journal_record(tx: Transaction) -> dict[str, Any]:
-    """The transaction as its journal record (``"r": "tx"`` above): its state by the
-    seed's name (:data:`~txbroker.core.router.states.PUBLIC`; an exception is an
-    ``ABORTING`` record with ``"exception": true``)."""
-    strikes: dict[str, int] = {}
-    for (name, _), participant in tx.participants.items():
-        strikes[name] = max(strikes.get(name, 0), participant.strikes)
-    return {"r": "tx", "tid": tx.tid, "facility": tx.facility, "state": PUBLIC[tx.state],
-            "reason": tx.reason, "exception": tx.exception, "strikes": strikes,
-            "messages": [list(m) for m in tx.messages], "created_ms": tx.created_ms,
-            "decided_ms": tx.decided_ms, "flagged_ms": tx.flagged_ms,
-            "shadowed": sorted(name for name, site in tx.participants
-                               if site is Site.SECONDARY)}
 
 
 class RouterLog:
@@ -132,7 +92,7 @@ class RouterLog:
             return []
         return sorted(queue.ready_messages(), key=lambda m: m.id)
 
-    def write(self, record: dict[str, Any], replaces: Message | None, now: int,
+    def write(self, record: RouterRecord, replaces: Message | None, now: int,
               on_durable: OnDurable) -> Message:
         """Write ``record`` (replacing the record ``replaces``, atomically); call
         ``on_durable`` once it is on disk. Returns the new record's message.
@@ -144,7 +104,7 @@ class RouterLog:
         self.outbox.check_writable()
         index, outbox = self.index, self.outbox
         queue = self._queue()
-        body = encode(record)
+        body = record.encode()
         made, _ = build_messages(index, [queue], [body], [len(body)], now)
         message = made[0]
         index.messages[message.id] = message
@@ -201,5 +161,5 @@ class RouterLog:
             return  # the store failed: nothing more is written (the record stays)
         queue.trim()
 
-__all__ = ["RESERVED_PREFIX", "ROUTER_QUEUE", "RouterLog", "decode", "encode", "is_reserved",
-           "journal_record", "refuse_reserved", "reserved_refusal"]
+__all__ = ["RESERVED_PREFIX", "ROUTER_QUEUE", "RouterLog", "is_reserved", "refuse_reserved",
+           "reserved_refusal"]

@@ -36,10 +36,8 @@ transaction (:meth:`Router.send <txbroker.core.router.engine.Router.send>`) — 
 first message of a forgotten, never-asked tid would begin a new one: client
 libraries draw tids at random (``uuid4``) and never reuse them.
 
-Record body (msgpack map)::
-
-    {"r": "tomb", "tid": str, "facility": str|nil, "state": "UNKNOWN"|"ACCEPTED"|
-     "REJECTED", "reason": str|nil, "until_ms": int}
+Journal record: :class:`~txbroker.core.router.records.TombRecord` (``{"r": "tomb",
+…}``, its bytes described in ``records.py``).
 """
 
 from __future__ import annotations
@@ -51,6 +49,7 @@ from txbroker.core.messages import Message
 from txbroker.core.outbox import OnDurable, Outbox
 from txbroker.core.queue_index import LATER
 from txbroker.core.router.log import RouterLog
+from txbroker.core.router.records import TombRecord
 from txbroker.errors import BrokerError, IllegalState, TransactionRolledBack
 
 #: How long a tombstone is kept (7 days): far beyond any request still in flight.
@@ -89,10 +88,9 @@ class Tombstone:
             f"transaction {self.tid} was answered {said} (applied nowhere): a transaction "
             "id never begins again; start a new transaction")
 
-    def record_body(self) -> dict[str, Any]:
+    def to_record(self) -> TombRecord:
         """The journal record."""
-        return {"r": "tomb", "tid": self.tid, "facility": self.facility,
-                "state": self.state, "reason": self.reason, "until_ms": self.until_ms}
+        return TombRecord(self.tid, self.facility, self.state, self.reason, self.until_ms)
 
 
 class Tombstones:
@@ -130,7 +128,7 @@ class Tombstones:
             for waiter in waiters:
                 waiter(error)
 
-        tomb.record = self.log.write(tomb.record_body(), replaces, now, durable)
+        tomb.record = self.log.write(tomb.to_record(), replaces, now, durable)
         old = self.by_tid.pop(tid, None)
         if old is not None:
             self.log.remove(old.record)
@@ -146,13 +144,12 @@ class Tombstones:
         tomb.waiters.append(self.outbox.reply_when_durable(session_id, rid, tomb.answer()))
         return LATER
 
-    def restore(self, record: dict[str, Any], message: Message) -> None:
+    def restore(self, record: TombRecord, message: Message) -> None:
         """A tombstone read back from the journal at start."""
-        state = record["state"]
-        if state not in STATES:
-            raise ValueError(f"tombstone of {record['tid']!r} with state {state!r}")
-        tomb = Tombstone(str(record["tid"]), record.get("facility"), state,
-                         record.get("reason"), int(record["until_ms"]), message, durable=True)
+        if record.state not in STATES:
+            raise ValueError(f"tombstone of {record.tid!r} with state {record.state!r}")
+        tomb = Tombstone(record.tid, record.facility, record.state, record.reason,
+                         record.until_ms, message, durable=True)
         self.by_tid.pop(tomb.tid, None)
         self.by_tid[tomb.tid] = tomb
 

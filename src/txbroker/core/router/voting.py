@@ -22,9 +22,9 @@ import contextlib
 from typing import Any
 
 from txbroker.core.router.data import RouterData
-from txbroker.core.router.log import journal_record
 from txbroker.core.router.model import OUTCOME_RETENTION_MS, TIMEOUT, check_tid
 from txbroker.core.router.presenting import enqueue, free_aborted, pump, tell
+from txbroker.core.router.records import TxRecord
 from txbroker.core.router.states import (
     DECIDED,
     WRITING,
@@ -148,7 +148,7 @@ def decide(router: RouterData, tx: Transaction, event: TxEvent, reason: str | No
         announce(router, tx, max(now, router.outbox.now))
 
     try:
-        tx.record = router.log.write(journal_record(tx), tx.record, now, durable)
+        tx.record = router.log.write(TxRecord.of(tx), tx.record, now, durable)
     except StorageFailed:
         tx.state = tx_next(tx.tid, tx.state, TxEvent.WRITE_FAILED)
 
