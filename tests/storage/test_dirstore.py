@@ -204,10 +204,16 @@ def open_store(directory: Path, **options: Any) -> tuple[DirStore, Loop, list[St
 def append_and_wait(
     store: DirStore, loop: Loop, entries: list[Entry]
 ) -> list[BaseException | None]:
-    """Append ``entries`` at once; the outcome of each (None: durable)."""
+    """Append ``entries`` at once; the outcome of each (None: durable). A store that
+    failed under the appends (a kill in its writer thread) refuses the later ones at
+    once, raising StorageFailed: that is their outcome (whether the writer fails
+    before or after the last append depends on the threads' timing)."""
     done = Completions()
     for n, (kind, meta, bodies) in enumerate(entries):
-        store.append(kind, meta, bodies, done.callback(n))
+        try:
+            store.append(kind, meta, bodies, done.callback(n))
+        except StorageFailed as error:
+            done.callback(n)(error)
     loop.run_until(lambda: len(done) == len(entries))
     return [error for _, error in sorted(done.calls, key=lambda call: call[0])]
 
