@@ -42,6 +42,9 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("live-server-no-tid-check", "router-bank-live",
           "a partition server (over the production router server library) applies an "
           "UNCERTAIN replay without checking its TID table"),
+    Plant("standby-ignores-lock", "shared-store-live",
+          "a shared-store standby that heard no heartbeat for the activation interval "
+          "activates without the lock (taking it from its live holder)"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

@@ -9,6 +9,7 @@ from typing import Final
 from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_bank_resets
 from txbroker.sim.live_bank import run_bank_live
 from txbroker.sim.live_queue import run_queue_live
+from txbroker.sim.live_shared_store import run_shared_store_live
 from txbroker.sim.plants import PLANTS
 from txbroker.sim.queue_scenario import run_queue, run_queue_failing_fsync
 from txbroker.sim.world import World
@@ -22,6 +23,7 @@ SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "router-bank-failing-fsync": run_bank_failing_fsync,
     "router-bank-resets": run_bank_resets,
     "router-bank-live": run_bank_live,
+    "shared-store-live": run_shared_store_live,
 }
 
 
