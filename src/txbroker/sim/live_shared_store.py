@@ -19,10 +19,11 @@ naming both nodes). What is a model:
 
 Faults in the fault phase, one after another, each with a pause before it: kill -9 of
 the active (restarted later: it becomes the standby), kill of the standby (restarted
-later), a stop (``SimLoop.pause``) of either node for up to
-:data:`PAUSE_S` — often past the activation interval — and a partition of the pair link
-(symmetric or one-way) for up to :data:`PARTITION_S`. Then the healed phase: every cut
-mended, every node running; producers send for :data:`HEAL_SEND_S` more, consumers drain.
+later), a stop (``SimLoop.pause``) of either node for up to :data:`PAUSE_S` — often
+past the activation interval — and a partition of the pair link (symmetric or one-way)
+for up to :data:`PARTITION_S`, none lasting past the fault phase. Then the healed phase:
+every cut mended, every node running; producers send until :data:`HEAL_SEND_S` after
+the fault phase, consumers drain.
 
 Checkers: those of ``queue-live`` (no answered send lost, no duplicate without the
 redelivered flag, no answered ack undone, transactions all-or-nothing, an empty queue
@@ -73,9 +74,9 @@ ACTIVATION_S = 0.25
 #: The HA link's shared secret (the handshake runs, nonces from the seed).
 SECRET = "simulated-shared-store-pair-secret"
 #: Virtual lengths of the fault phase, of the healed phase and of the sends in it (s).
-FAULT_S = 2.5
-HEAL_S = 5.0
-HEAL_SEND_S = 1.0
+FAULT_S = 2.0
+HEAL_S = 3.0
+HEAL_SEND_S = 0.5
 #: Mean pause between two faults; a killed node's restart delay; how long a node
 #: stays stopped and the pair link cut (s, uniform).
 MEAN_FAULT_GAP_S = 0.3
@@ -314,7 +315,7 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
         if pair.process[host] is None:
             start(host)
 
-    async def fault(restarts: list[asyncio.Task[None]]) -> None:
+    async def fault(restarts: list[asyncio.Task[None]], fault_end: float) -> None:
         running = [host for host in NODES if pair.process[host] is not None]
         kind = loop.random.choice(("kill-active", "kill-standby", "pause", "partition"))
         if kind.startswith("kill"):
@@ -329,7 +330,7 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
             process = pair.process[host]
             assert process is not None
             loop.pause(process)
-            stopped = loop.random.uniform(*PAUSE_S)
+            stopped = min(loop.random.uniform(*PAUSE_S), fault_end - loop.time())
             world.log(f"{loop.time():.6f} {host} stopped for {stopped:.3f} s")
             await asyncio.sleep(stopped)
             if process not in loop.dead:
@@ -338,7 +339,7 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
         elif kind == "partition":
             one_way = loop.random.random() < 0.5
             loop.network.partition(NODES[0], NODES[1], one_way=one_way)
-            cut = loop.random.uniform(*PARTITION_S)
+            cut = min(loop.random.uniform(*PARTITION_S), fault_end - loop.time())
             world.log(f"{loop.time():.6f} pair link cut ({'one way' if one_way else 'both'})"
                       f" for {cut:.3f} s")
             await asyncio.sleep(cut)
@@ -361,10 +362,11 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
                     for n in range(CONSUMERS)]
         restarts: list[asyncio.Task[None]] = []
         while True:
-            await asyncio.sleep(loop.random.expovariate(1 / MEAN_FAULT_GAP_S))
+            gap = loop.random.expovariate(1 / MEAN_FAULT_GAP_S)
+            await asyncio.sleep(min(gap, fault_end - loop.time()))
             if loop.time() >= fault_end:
                 break
-            await fault(restarts)
+            await fault(restarts, fault_end)
         world.log(f"{loop.time():.6f} healed phase")
         await asyncio.gather(*restarts)
         for host in NODES:
