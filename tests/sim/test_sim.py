@@ -22,10 +22,11 @@ from txbroker.sim.__main__ import main
 #: Seeds each scenario runs in the suite (together well under a minute here).
 SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
                "router-bank-failing-fsync": 150, "router-bank-resets": 150,
-               "queue-live": 40, "router-bank-live": 15}
+               "queue-live": 40, "router-bank-live": 15,
+               "shared-store-live": 20}
 #: Scenarios that run the production server and clients on the deterministic event loop
 #: (``sim/live*.py``).
-LIVE = {"queue-live", "router-bank-live"}
+LIVE = {"queue-live", "router-bank-live", "shared-store-live"}
 
 #: Scenarios that find a known, unfixed defect within their suite seeds (see
 #: REGRESSION_SEEDS).
@@ -62,6 +63,14 @@ REGRESSION_SEEDS = [
     ("router-bank-live", 1082,
      "a scenario defect: a partition server's registration was cut by a broker kill "
      "(rtr_register is not re-sent after a failover); the server program ended"),
+    ("shared-store-live", 1,
+     "the active stops (end of the run) with its standby attached: its HA link handler "
+     "task is cancelled and Python 3.11's StreamReaderProtocol logs 'Exception in "
+     "callback ... CancelledError' (LinkSecurity.start_server now ends it quietly)"),
+    ("shared-store-live", 10,
+     "the active stopped; the standby's _watch computed 'activation - (now - last)' as "
+     "2.8e-17 s, its timeout fell due at once without the clock moving, for ever: a "
+     "busy loop (now the timer itself says the activation interval is over)"),
     ("queue-failing-fsync", 5,
      "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
      "raises delivered_seq and hands out the held delivery of p1-1; after the restart "

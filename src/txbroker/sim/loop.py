@@ -64,6 +64,12 @@ class SimulationStalled(SimulationError):
     every task waits for something that will never happen."""
 
 
+#: Turns of the loop in a row at one instant of virtual time after which a run is
+#: stuck in a busy loop (real time would have moved; virtual time moves only when
+#: nothing is ready): far more than any burst of work at one instant needs.
+MAX_TURNS_AT_ONE_INSTANT = 100_000
+
+
 class _Clock:
     """The loop's "selector": waiting for ``timeout`` seconds advances the clock."""
 
@@ -104,6 +110,7 @@ class SimLoop(asyncio.BaseEventLoop):
         #: simulated processes stopped (SIGSTOP): their callbacks wait in ``_held``
         self.paused: set[int] = set()
         self._held: list[asyncio.Handle] = []
+        self._turns_at_now = 0
         self._next_process = 1
         #: the process each task belongs to (where it was created); strong references,
         #: so that a dead process's tasks stay (pending, never run) until the loop closes
@@ -125,6 +132,17 @@ class SimLoop(asyncio.BaseEventLoop):
         self.idle += seconds
 
     # -- what BaseEventLoop asks of a concrete loop ------------------------------
+
+    def _run_once(self) -> None:
+        """One turn of the loop; a busy loop (the clock never moves) is stopped with
+        :class:`SimulationStalled` instead of running for ever."""
+        before = self._now
+        super()._run_once()  # type: ignore[misc]
+        self._turns_at_now = self._turns_at_now + 1 if self._now == before else 0
+        if self._turns_at_now > MAX_TURNS_AT_ONE_INSTANT:
+            raise SimulationStalled(
+                f"at virtual time {self._now:.6f} s the loop turned "
+                f"{MAX_TURNS_AT_ONE_INSTANT} times without the clock moving: a busy loop")
 
     def _process_events(self, event_list: list[Any]) -> None:
         pass  # no file descriptors: the network schedules its callbacks itself
