@@ -385,8 +385,10 @@ for _name in REFUSED:
 
 
 def _cancel_all(loop: SimLoop) -> None:
-    tasks = [task for task in asyncio.all_tasks(loop)
-             if not task.done() and loop.process_of(task) not in loop.dead]
+    # in the order they were made (all_tasks is a set: its order changes from run to run,
+    # and what the cancelled tasks log would too)
+    tasks = [task for task, process in loop._process_of.items()
+             if not task.done() and process not in loop.dead]
     for task in tasks:
         task.cancel()
     if tasks:
