@@ -290,7 +290,7 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
     record = Record()
     pair = _Pair()
     left: list[int] = []
-    #: sends answered when the healed phase began, and at its end; the roles at its end
+    # sends answered when the healed phase began, and at its end; the roles at its end
     answered: list[int] = []
     final_roles: list[str] = []
 
@@ -309,6 +309,7 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
         disk.crash(process)
         pair.process[host] = None
         world.log(f"{loop.time():.6f} {host} killed ({pair.role[host].value})")
+        pair.role[host] = StoreRole.STOPPED  # until its next process says otherwise
 
     async def restart_later(host: str) -> None:
         await asyncio.sleep(loop.random.uniform(*RESTART_S))
