@@ -23,10 +23,10 @@ from txbroker.sim.__main__ import main
 SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
                "router-bank-failing-fsync": 150, "router-bank-resets": 150,
                "queue-live": 40, "router-bank-live": 15, "xa-live": 20,
-               "replicated-live": 12}
+               "replicated-live": 12, "shared-store-live": 20}
 #: Scenarios that run the production server and clients on the deterministic event loop
 #: (``sim/live*.py``).
-LIVE = {"queue-live", "router-bank-live", "xa-live", "replicated-live"}
+LIVE = {"queue-live", "router-bank-live", "xa-live", "replicated-live", "shared-store-live"}
 
 #: Scenarios that find a known, unfixed defect within their suite seeds (see
 #: REGRESSION_SEEDS).
@@ -74,6 +74,14 @@ REGRESSION_SEEDS = [
      "reaches the backup then promoted; that backup's presumed commit gives the sends "
      "new seqs no mark covers: delivered again without the redelivered flag"),
     ("replicated-live", 12, "as 15"),
+    ("shared-store-live", 1,
+     "the active stops (end of the run) with its standby attached: its HA link handler "
+     "task is cancelled and Python 3.11's StreamReaderProtocol logs 'Exception in "
+     "callback ... CancelledError' (LinkSecurity.start_server now ends it quietly)"),
+    ("shared-store-live", 10,
+     "the active stopped; the standby's _watch computed 'activation - (now - last)' as "
+     "2.8e-17 s, its timeout fell due at once without the clock moving, for ever: a "
+     "busy loop (now the timer itself says the activation interval is over)"),
     ("queue-failing-fsync", 5,
      "the fsync of a queue's delivered mark fails; QueueIndex._mark's completion still "
      "raises delivered_seq and hands out the held delivery of p1-1; after the restart "

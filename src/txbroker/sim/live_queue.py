@@ -51,6 +51,8 @@ from txbroker.sim.world import World
 
 BROKER = "127.0.0.10"
 PORT = 5445
+#: The broker's URL (other scenarios give their clients a failover list instead).
+URL = f"txb://{BROKER}:{PORT}"
 QUEUE = "orders"
 #: Virtual lengths of the fault phase and of the healed phase (s).
 FAULT_S = 2.0
@@ -82,14 +84,14 @@ class Record:
     failures: list[str] = field(default_factory=list)
 
 
-async def _connect(loop: SimLoop) -> AsyncConnection:
-    return await connect_retrying(loop, f"txb://{BROKER}:{PORT}",
+async def _connect(loop: SimLoop, url: str) -> AsyncConnection:
+    return await connect_retrying(loop, url,
                                   failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
 
 
 async def _producer(loop: SimLoop, world: World, number: int, record: Record,
-                    until: float) -> None:
-    conn = await _connect(loop)
+                    until: float, *, url: str = URL) -> None:
+    conn = await _connect(loop, url)
     count = 0
     while loop.time() < until:
         count += 1
@@ -123,8 +125,9 @@ async def _producer(loop: SimLoop, world: World, number: int, record: Record,
     await conn.close()
 
 
-async def _consumer(loop: SimLoop, world: World, record: Record, until: float) -> None:
-    conn = await _connect(loop)
+async def _consumer(loop: SimLoop, world: World, record: Record, until: float, *,
+                    url: str = URL) -> None:
+    conn = await _connect(loop, url)
     while loop.time() < until:
         try:
             message = await conn.receive(QUEUE, timeout=0.1)
@@ -143,8 +146,8 @@ async def _consumer(loop: SimLoop, world: World, record: Record, until: float) -
     await conn.close()
 
 
-async def _left_in_queue(loop: SimLoop) -> int:
-    conn = await _connect(loop)
+async def _left_in_queue(loop: SimLoop, *, url: str = URL) -> int:
+    conn = await _connect(loop, url)
     try:
         info = await conn.queue_info(QUEUE)
     except NotFound:  # never made (nothing was sent): nothing left

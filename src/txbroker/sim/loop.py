@@ -23,6 +23,10 @@ runs unchanged, and deterministically:
   from the simulation's random source. Sockets, readers/writers on file
   descriptors, subprocesses, signals, DNS and TLS raise :class:`SimulationError`.
 
+- **Processes.** :meth:`SimLoop.spawn` starts a simulated process, :meth:`SimLoop.kill`
+  ends it as ``kill -9`` does, :meth:`SimLoop.pause` and :meth:`SimLoop.resume` stop
+  and continue it as ``SIGSTOP`` and ``SIGCONT`` do (its callbacks are held meanwhile).
+
 Each callback runs in the order asyncio's own scheduler gives (FIFO for ready
 callbacks; by due time, then by scheduling order, for timers), so one seed and the
 same program give the same run — as long as the program itself does not iterate
@@ -33,9 +37,11 @@ a run, compared between two runs, is what catches that).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
+import heapq
 import random
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, TypeVarTuple, Unpack
@@ -56,6 +62,12 @@ class SimulationError(RuntimeError):
 class SimulationStalled(SimulationError):
     """Nothing is ready and nothing is scheduled, yet the awaited work is not done:
     every task waits for something that will never happen."""
+
+
+#: Turns of the loop in a row at one instant of virtual time after which a run is
+#: stuck in a busy loop (real time would have moved; virtual time moves only when
+#: nothing is ready): far more than any burst of work at one instant needs.
+MAX_TURNS_AT_ONE_INSTANT = 100_000
 
 
 class _Clock:
@@ -95,6 +107,10 @@ class SimLoop(asyncio.BaseEventLoop):
         self.idle = 0.0
         #: simulated processes that died: none of their callbacks runs again
         self.dead: set[int] = set()
+        #: simulated processes stopped (SIGSTOP): their callbacks wait in ``_held``
+        self.paused: set[int] = set()
+        self._held: list[asyncio.Handle] = []
+        self._turns_at_now = 0
         self._next_process = 1
         #: the process each task belongs to (where it was created); strong references,
         #: so that a dead process's tasks stay (pending, never run) until the loop closes
@@ -116,6 +132,17 @@ class SimLoop(asyncio.BaseEventLoop):
         self.idle += seconds
 
     # -- what BaseEventLoop asks of a concrete loop ------------------------------
+
+    def _run_once(self) -> None:
+        """One turn of the loop; a busy loop (the clock never moves) is stopped with
+        :class:`SimulationStalled` instead of running for ever."""
+        before = self._now
+        super()._run_once()  # type: ignore[misc]
+        self._turns_at_now = self._turns_at_now + 1 if self._now == before else 0
+        if self._turns_at_now > MAX_TURNS_AT_ONE_INSTANT:
+            raise SimulationStalled(
+                f"at virtual time {self._now:.6f} s the loop turned "
+                f"{MAX_TURNS_AT_ONE_INSTANT} times without the clock moving: a busy loop")
 
     def _process_events(self, event_list: list[Any]) -> None:
         pass  # no file descriptors: the network schedules its callbacks itself
@@ -164,9 +191,66 @@ class SimLoop(asyncio.BaseEventLoop):
         ``finally`` block, no cleanup), its connections are reset after what was on
         its way, and its listeners go."""
         self.dead.add(process)
-        for handle in [*self._ready, *self._scheduled]:  # type: ignore[attr-defined]
+        self.paused.discard(process)
+        for handle in [*self._ready_queue, *self._timers, *self._held]:
             self._bury(handle)
+        self._held = [handle for handle in self._held if not handle.cancelled()]
         self.network.crash(process)
+
+    def pause(self, process: int) -> None:
+        """The process stops as under ``SIGSTOP``: none of its callbacks runs until
+        :meth:`resume` — what falls due meanwhile (its timers, bytes reaching its
+        connections, futures it awaits) waits. It keeps everything it holds (its
+        connections, listeners, the store's lock); others see a silent peer."""
+        self.paused.add(process)
+        ready = list(self._ready_queue)
+        self._ready_queue.clear()
+        for handle in ready:
+            self._hold_or(handle, self._ready_queue.append)
+        scheduled = self._timers
+        timers, scheduled[:] = list(scheduled), []
+        for timer in timers:
+            self._hold_or(timer, scheduled.append)
+        heapq.heapify(scheduled)
+
+    def resume(self, process: int) -> None:
+        """The process continues (``SIGCONT``): what it missed runs, in the order it
+        came (timers that fell due while it was stopped, at once)."""
+        self.paused.discard(process)
+        held, self._held = self._held, []
+        for handle in held:
+            if handle.cancelled():
+                continue
+            if self._owner(handle) in self.paused:
+                self._held.append(handle)
+            elif isinstance(handle, asyncio.TimerHandle):
+                heapq.heappush(self._timers, handle)
+            else:
+                self._ready_queue.append(handle)
+
+    @property
+    def _ready_queue(self) -> collections.deque[asyncio.Handle]:
+        """BaseEventLoop's queue of ready callbacks."""
+        ready: collections.deque[asyncio.Handle] = self._ready  # type: ignore[attr-defined]
+        return ready
+
+    @property
+    def _timers(self) -> list[asyncio.TimerHandle]:
+        """BaseEventLoop's heap of timers."""
+        timers: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        return timers
+
+    @staticmethod
+    def _owner(handle: asyncio.Handle) -> int:
+        context: contextvars.Context | None = getattr(handle, "_context", None)
+        return 0 if context is None else context.get(PROCESS, 0)
+
+    def _hold_or(self, handle: asyncio.Handle, keep: Callable[[Any], object]) -> None:
+        """Hold ``handle`` if its process is paused, else ``keep`` it."""
+        if self._owner(handle) in self.paused:
+            self._held.append(handle)
+        else:
+            keep(handle)
 
     def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any,
                   context: contextvars.Context | None = None) -> asyncio.Task[Any]:
@@ -200,24 +284,31 @@ class SimLoop(asyncio.BaseEventLoop):
                     task.get_coro().close()  # type: ignore[attr-defined]
 
     def _bury(self, handle: asyncio.Handle) -> None:
-        context: contextvars.Context | None = getattr(handle, "_context", None)
-        if context is not None and context.get(PROCESS, 0) in self.dead:
+        if self._owner(handle) in self.dead:
             handle.cancel()
 
     def call_soon(self, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts,
                   context: contextvars.Context | None = None) -> asyncio.Handle:
-        """``call_soon``; never for a dead process."""
+        """``call_soon``; never for a dead process, later for a paused one."""
         handle = super().call_soon(callback, *args, context=context)
         if self.dead:
             self._bury(handle)
+        if self.paused and self._owner(handle) in self.paused:
+            self._held.append(self._ready_queue.pop())  # (just added)
         return handle
 
     def call_at(self, when: float, callback: Callable[[Unpack[_Ts]], object], *args: *_Ts,
                 context: contextvars.Context | None = None) -> asyncio.TimerHandle:
-        """``call_at`` (and ``call_later``); never for a dead process."""
+        """``call_at`` (and ``call_later``); never for a dead process, later for a
+        paused one."""
         handle = super().call_at(when, callback, *args, context=context)
         if self.dead:
             self._bury(handle)
+        if self.paused and self._owner(handle) in self.paused:
+            scheduled = self._timers
+            del scheduled[next(n for n, timer in enumerate(scheduled) if timer is handle)]
+            heapq.heapify(scheduled)
+            self._held.append(handle)
         return handle
 
     # -- the network ---------------------------------------------------------------
@@ -256,6 +347,8 @@ class SimLoop(asyncio.BaseEventLoop):
         try:
             return self.run_until_complete(main)
         finally:
+            for process in sorted(self.paused):  # continued, so that they can be cancelled
+                self.resume(process)
             try:
                 _cancel_all(self)
                 self.run_until_complete(self._close_the_dead())
@@ -292,8 +385,10 @@ for _name in REFUSED:
 
 
 def _cancel_all(loop: SimLoop) -> None:
-    tasks = [task for task in asyncio.all_tasks(loop)
-             if not task.done() and loop.process_of(task) not in loop.dead]
+    # in the order they were made (all_tasks is a set: its order changes from run to run,
+    # and what the cancelled tasks log would too)
+    tasks = [task for task, process in loop._process_of.items()
+             if not task.done() and process not in loop.dead]
     for task in tasks:
         task.cancel()
     if tasks:

@@ -336,7 +336,10 @@ class SimNetwork:
         client.peer, server.peer = server, client
         self.ends.append(client)
         self.ends.append(server)
-        server.context.run(self._accept, listener, server)
+        if listener.owner in self.loop.paused:  # a stopped process accepts once continued
+            self.loop.call_soon(self._accept, listener, server, context=server.context)
+        else:
+            server.context.run(self._accept, listener, server)
         await asyncio.sleep(self._delay())
         if client._reset_early or client._dead:  # the listener's process died meanwhile
             client.kill()

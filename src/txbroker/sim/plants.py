@@ -59,6 +59,9 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("promote-outside-ready-set", "replicated-live",
           "the operator promotes the first live node it reaches and every node says it "
           "is promotable: a backup that is not ready (copying, catching up) is promoted"),
+    Plant("standby-ignores-lock", "shared-store-live",
+          "a shared-store standby that heard no heartbeat for the activation interval "
+          "activates without the lock (taking it from its live holder)"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

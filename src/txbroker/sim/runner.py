@@ -11,6 +11,7 @@ from txbroker.sim.live_bank import run_bank_live
 from txbroker.sim.live_queue import run_queue_live
 from txbroker.sim.live_replicated import run_replicated_live
 from txbroker.sim.live_xa import run_xa_live
+from txbroker.sim.live_shared_store import run_shared_store_live
 from txbroker.sim.plants import PLANTS
 from txbroker.sim.queue_scenario import run_queue, run_queue_failing_fsync
 from txbroker.sim.world import World
@@ -26,6 +27,7 @@ SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "router-bank-live": run_bank_live,
     "xa-live": run_xa_live,
     "replicated-live": run_replicated_live,
+    "shared-store-live": run_shared_store_live,
 }
 
 

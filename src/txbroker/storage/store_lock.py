@@ -22,6 +22,10 @@ when the holder's process dies, however it dies. A stopped (SIGSTOP) process
 keeps it. The holder writes one line into the file (pid, host, what it is) so
 that others can say who holds the lock; the line is informative, never trusted
 for the decision.
+
+Who takes the lock and reads its line is a :class:`LockOpener`: :data:`FILE_LOCKS` (the
+file's ``fcntl`` lock) in production; the simulator passes a model of it
+(``sim/live_shared_store.py``: one holder, released when its process is killed).
 """
 
 from __future__ import annotations
@@ -33,11 +37,11 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 from txbroker.errors import StoreLocked
 
-__all__ = ["StoreLock", "lock_holder"]
+__all__ = ["FILE_LOCKS", "LockOpener", "StoreLock", "lock_holder"]
 
 #: ``struct flock`` on Linux: l_type, l_whence (short), l_start, l_len (off_t), l_pid.
 _FLOCK: Final = struct.Struct("hhqqi4x")
@@ -140,3 +144,30 @@ class StoreLock:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class LockOpener(Protocol):
+    """Takes a data directory's lock and reads the line its holder wrote: the lock
+    file's ``fcntl`` lock (:data:`FILE_LOCKS`), or the simulator's model of it."""
+
+    def try_acquire(self, path: Path, role: str) -> StoreLock | None:
+        """Lock ``path`` for ``role`` or return None at once (another holder)."""
+        ...
+
+    def holder(self, path: Path) -> str:
+        """The line the current (or last) holder wrote ("" if none)."""
+        ...
+
+
+class _FileLocks:
+    """:class:`LockOpener` of the lock files themselves."""
+
+    def try_acquire(self, path: Path, role: str) -> StoreLock | None:
+        return StoreLock.try_acquire(path, role)
+
+    def holder(self, path: Path) -> str:
+        return lock_holder(path)
+
+
+#: The lock files' own ``fcntl`` locks (what production uses).
+FILE_LOCKS: Final[LockOpener] = _FileLocks()

@@ -22,8 +22,8 @@ Both HA modes open their HA port and reach their peers through one
   :class:`LinkAuthFailed` (a :class:`~txbroker.errors.ProtocolError`) saying
   why, so that the caller logs it as it logs a peer that breaks the link.
 
-The nonces are drawn here (``secrets.token_bytes``): the handshake itself is
-pure.
+The nonces are drawn here (``LinkSecurity.nonces``: ``secrets.token_bytes``; the
+simulator gives its seeded source): the handshake itself is pure.
 """
 
 from __future__ import annotations
@@ -92,6 +92,8 @@ class LinkSecurity:
     refused: int = 0  #: peers refused on our port (foreign, no or wrong secret, silent)
     last_refusal: str = ""
     pending: int = 0  #: connections in the handshake now
+    #: draws the handshake's nonces (the simulator gives its seeded source)
+    nonces: Callable[[int], bytes] = field(default=secrets.token_bytes, repr=False)
     #: (host, reason) -> (when last logged, monotonic; refusals left out since)
     _logged: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
 
@@ -144,11 +146,17 @@ class LinkSecurity:
                 return
             self.pending += 1
             try:
-                passed = await self._accept(reader, writer)
-            finally:
-                self.pending -= 1
-            if passed:
-                await handler(reader, writer)
+                try:
+                    passed = await self._accept(reader, writer)
+                finally:
+                    self.pending -= 1
+                if passed:
+                    await handler(reader, writer)
+            except asyncio.CancelledError:
+                # the node stops: the link ends, quietly. Python 3.11's StreamReaderProtocol
+                # logs a cancelled handler task as an error ("Exception in callback ...
+                # CancelledError"; shared-store-live seed 1, docs/simulation.md)
+                writer.close()
 
         def protocol() -> asyncio.Protocol:
             return asyncio.StreamReaderProtocol(asyncio.StreamReader(), accepted)
@@ -165,7 +173,7 @@ class LinkSecurity:
         counted and closed)."""
         address = _address(writer)
         handshake = LinkHandshake(Side.RESPONDER, self.link, self.secret,
-                                  secrets.token_bytes(NONCE_SIZE))
+                                  self.nonces(NONCE_SIZE))
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT):
                 while not (handshake.done or handshake.failed):
@@ -255,7 +263,7 @@ class LinkSecurity:
     async def _initiate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                         timeout: float) -> None:
         handshake = LinkHandshake(Side.INITIATOR, self.link, self.secret,
-                                  secrets.token_bytes(NONCE_SIZE))
+                                  self.nonces(NONCE_SIZE))
         writer.write(handshake.start())
         try:
             async with asyncio.timeout(timeout):

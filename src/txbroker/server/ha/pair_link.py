@@ -35,7 +35,7 @@ class AttachedStandby:
 
     address: str
     writer: asyncio.StreamWriter
-    last_ack: float  # monotonic
+    last_ack: float  # the event loop's clock (monotonic)
 
 
 async def next_message(reader: asyncio.StreamReader, decoder: link.HaDecoder

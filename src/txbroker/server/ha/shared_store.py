@@ -32,16 +32,12 @@ its role and its store; the standby keeps alternating and never writes. Once
 the old active is restarted it finds the lock held and becomes the standby
 (**role reversal**).
 
-A standby serves no clients. Its native port answers every ``hello`` with the
-``Standby`` error (code 32) and closes, so a client moves on to the next
-address of its failover list at once and an operator who points a tool at it
-reads why; a ``hello`` with ``probe: true`` may ask ``stats`` and ``ping``
-only (``txbroker ha status``). Its STOMP port does not listen: a STOMP client
-with a host list moves on when a connection is refused, while an ``ERROR``
-frame after ``CONNECT`` makes stomp.py and stompman report a failure instead.
+A standby serves no clients: its native port answers every ``hello`` with the
+``Standby`` error (code 32) and closes (a ``probe`` hello may ask ``stats`` and
+``ping``: ``txbroker ha status``); its STOMP port does not listen, so that clients
+with a host list move on at once (docs/ha.md says why).
 
-The roles (starting, standby, activating, active, stopped) change only by the rules
-of ``core/ha/shared_store_role.py``.
+The roles change only by the rules of ``core/ha/shared_store_role.py``.
 
 ``request_stop`` (SIGTERM, SIGINT) stops either role; the active shuts down as
 a single broker does and its lock goes with its store.
@@ -54,9 +50,8 @@ import contextlib
 import importlib
 import logging
 import signal
-import time
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from txbroker.core.ha.shared_store_role import (
     StoreRole,
@@ -66,15 +61,15 @@ from txbroker.core.ha.shared_store_role import (
 )
 from txbroker.errors import ProtocolError
 from txbroker.protocol import ha as link
-from txbroker.server.app import BrokerServer
+from txbroker.server.app import BrokerServer, wall_clock_ms
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.link import LinkSecurity
 from txbroker.server.ha.pair_link import AttachedStandby, PeerRefused, next_message
 from txbroker.server.ha.standby import StandbyConnection, shared_store_refusal
 from txbroker.server.ha.warm import WarmStandby, start_warm, takeover_server
 from txbroker.server.security.auth import Authenticator
-from txbroker.server.stores import store_lock_path
-from txbroker.storage.store_lock import StoreLock, lock_holder
+from txbroker.server.stores import StoreOpener, store_lock_path
+from txbroker.storage.store_lock import FILE_LOCKS, LockOpener, StoreLock
 
 __all__ = ["HaRole", "PeerRefused", "SharedStoreNode", "StandbyConnection"]
 
@@ -101,25 +96,28 @@ class SharedStoreNode:
 
     ``reload`` re-reads the configuration (file and command line) when the node
     activates; ``on_role(role, server)`` is told each role change (``server``:
-    the running broker once active).
+    the running broker once active). ``store_opener``, ``locks`` (who takes the lock),
+    ``clock`` (wall ms): the simulator gives its own; durations: the loop's clock.
     """
 
     def __init__(self, config: ServerConfig, reload: Callable[[], ServerConfig] | None = None,
-                 on_role: Callable[[StoreRole, BrokerServer | None], None] | None = None
-                 ) -> None:
+                 on_role: Callable[[StoreRole, BrokerServer | None], None] | None = None, *,
+                 store_opener: StoreOpener | None = None, locks: LockOpener = FILE_LOCKS,
+                 clock: Callable[[], int] = wall_clock_ms) -> None:
         config.validate()
         if config.ha != "shared-store":
             raise ValueError("SharedStoreNode needs ha = \"shared-store\"")
         self.config = config
         self._reload = reload
         self._on_role = on_role
+        self._store_opener, self.locks, self.clock = store_opener, locks, clock
         self.peer = peer_address(config.ha_peer)
         self.lock_path = store_lock_path(config)
         self.node = f"{config.host}:{config.ha_port}"
         #: TLS and the peers' handshake on the HA link (server/ha/link.py)
         self.security = LinkSecurity.from_config(config)
         self.role = HaRole.STARTING
-        self.since = time.time()
+        self.since = self.clock() / 1000
         self.server: BrokerServer | None = None
         self.lock: StoreLock | None = None
         #: wall-clock time of the last heartbeat from the active (standby side), or
@@ -135,12 +133,14 @@ class SharedStoreNode:
         self._last_problem = ""
         #: seconds between two tries of the lock while standby (LOCK_POLL_INTERVAL)
         self.lock_poll_interval = LOCK_POLL_INTERVAL
-        self.warm_standby, self._warm = True, cast("WarmStandby | None", None)  # warm.py
+        # warm.py; it follows the journal's files: not over a store of the caller's
+        self.warm_standby = store_opener is None
+        self._warm: WarmStandby | None = None
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
         """Role, peer, last heartbeat, lock holder: what ``txbroker ha status`` prints."""
-        now = time.time()
+        now = self.clock() / 1000
         standby = self._standby
         return {
             "mode": "shared-store",
@@ -155,7 +155,7 @@ class SharedStoreNode:
             "heartbeat_interval": self.config.heartbeat_interval,
             "activation_interval": self.config.activation_interval,
             "lock_file": str(self.lock_path),
-            "lock_holder": lock_holder(self.lock_path),
+            "lock_holder": self.locks.holder(self.lock_path),
             "link": self.security.status(),
             "warm": self._warm.status() if self._warm is not None else None,
         }
@@ -165,7 +165,7 @@ class SharedStoreNode:
         if role is not self.role:
             log.info("HA role: %s -> %s", self.role.value, role.value)
             self.role = role
-            self.since = time.time()
+            self.since = self.clock() / 1000
         if StoreRoleAction.ANNOUNCE in actions and self._on_role is not None:
             self._on_role(role, self.server)
 
@@ -212,10 +212,9 @@ class SharedStoreNode:
 
     # ------------------------------------------------------------------ standby side
     async def _contend(self) -> StoreLock | None:
-        """Alternate between the lock and following the active, with the lock polled
-        beside it all (:meth:`_poll_lock`); the lock, or None once stopped."""
+        """Alternate the lock and the active, the lock polled beside (:meth:`_poll_lock`)."""
         role_line = f"active broker, HA {self.node}"
-        lock = StoreLock.try_acquire(self.lock_path, role_line)
+        lock = self.locks.try_acquire(self.lock_path, role_line)
         if lock is not None or self._stopping.is_set():
             return lock
         poller = asyncio.ensure_future(self._poll_lock(role_line))
@@ -238,15 +237,14 @@ class SharedStoreNode:
         return None
 
     async def _poll_lock(self, role_line: str) -> StoreLock | None:
-        """Try the lock every ``lock_poll_interval`` until it is ours (None once
-        stopped)."""
+        """Try the lock every ``lock_poll_interval`` until ours (None once stopped)."""
         while not self._stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.lock_poll_interval):
                     await self._stopping.wait()
             if self._stopping.is_set():
                 break
-            lock = StoreLock.try_acquire(self.lock_path, role_line)
+            lock = self.locks.try_acquire(self.lock_path, role_line)
             if lock is not None:
                 log.info("HA: the lock was free at a poll")
                 return lock
@@ -284,7 +282,7 @@ class SharedStoreNode:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(RETRY_PAUSE):
                         await self._stopping.wait()
-            lock = StoreLock.try_acquire(self.lock_path, role_line)
+            lock = self.locks.try_acquire(self.lock_path, role_line)
             if lock is not None:
                 return lock
         return None
@@ -294,7 +292,7 @@ class SharedStoreNode:
         20 kills the first try came before the dead process's lock was released, and
         the round trip to the dead peer plus the pause cost 0.2 s)."""
         for _ in range(FAST_LOCK_TRIES):
-            lock = StoreLock.try_acquire(self.lock_path, role_line)
+            lock = self.locks.try_acquire(self.lock_path, role_line)
             if lock is not None or self._stopping.is_set():
                 return lock
             await asyncio.sleep(FAST_LOCK_PAUSE)
@@ -307,15 +305,14 @@ class SharedStoreNode:
             log.log(logging.ERROR if error else logging.INFO, "HA: %s", text)
 
     async def _follow(self) -> bool:
-        """Connect as the standby and follow the heartbeats until detection; True if
-        a handshake succeeded (the caller then tries the lock at once)."""
+        """Follow the active's heartbeats until detection; True if a handshake was made."""
         host, port = self.peer
         timeout = self.config.heartbeat_interval
         reader, writer = await self.security.connect(host, port, timeout)
         try:
             decoder = link.HaDecoder()
             writer.write(link.encode("standby", node=self.node,
-                                     lock=lock_holder(self.lock_path)))
+                                     lock=self.locks.holder(self.lock_path)))
             try:
                 async with asyncio.timeout(timeout):
                     welcome = await next_message(reader, decoder)
@@ -327,7 +324,7 @@ class SharedStoreNode:
             if welcome["type"] != "welcome":
                 raise ProtocolError(f"expected welcome, got {welcome['type']!r}")
             self.following = str(welcome.get("node", self.config.ha_peer))
-            self.last_heartbeat = time.time()
+            self.last_heartbeat = self.clock() / 1000
             self._last_problem = ""
             log.info("HA: standby of the active %s", self.following)
             await self._watch(reader, writer, decoder)
@@ -337,21 +334,21 @@ class SharedStoreNode:
 
     async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      decoder: link.HaDecoder) -> None:
-        """Read heartbeats until none came for the activation interval, the link
-        broke, or the node stops."""
-        activation = self.config.activation_interval
-        last = time.monotonic()
+        """Read heartbeats until detection (silence, a broken link) or a stop."""
+        activation, clock = self.config.activation_interval, asyncio.get_running_loop().time
+        silent_at = clock() + activation  # detection, unless a heartbeat comes first
         while not self._stopping.is_set():
-            remaining = activation - (time.monotonic() - last)
-            if remaining <= 0:
+            # the timer decides: clock() may not move in between (shared-store-live seed 10)
+            wake = min(silent_at, clock() + 1.0)
+            try:
+                async with asyncio.timeout_at(wake):
+                    data = await reader.read(4096)
+            except TimeoutError:
+                if wake < silent_at:
+                    continue  # a look at _stopping once a second
                 log.warning("HA: no heartbeat from the active %s for %.1f s: trying the lock",
                             self.following, activation)
                 return
-            try:
-                async with asyncio.timeout(min(remaining, 1.0)):
-                    data = await reader.read(4096)
-            except TimeoutError:
-                continue
             except OSError as exc:
                 data = b""
                 log.debug("HA link read failed: %s", exc)
@@ -361,8 +358,8 @@ class SharedStoreNode:
                 return
             for message in decoder.feed(data):
                 if message["type"] == "heartbeat":
-                    last = time.monotonic()
-                    self.last_heartbeat = time.time()
+                    silent_at = clock() + activation
+                    self.last_heartbeat = self.clock() / 1000
                     writer.write(link.encode("heartbeat_ack", seq=message.get("seq")))
 
     # ------------------------------------------------------------------ activation
@@ -384,7 +381,9 @@ class SharedStoreNode:
         if StoreRoleAction.CLOSE_REFUSER in actions and self._refuser is not None:
             self._refuser.close()
             self._refuser = None
-        server = await takeover_server(self._warm, config, lock)
+        server = (await takeover_server(self._warm, config, lock) if self._store_opener is None
+                  else BrokerServer(config, lock=lock, store_opener=self._store_opener))
+        server.clock = self.clock
         server.ha_status = self.status
         self.server = server
         await server.recover()
@@ -421,11 +420,12 @@ class SharedStoreNode:
             writer.close()
             return
         node = str(hello.get("node", address))
-        standby = AttachedStandby(node, writer, time.monotonic())
+        standby = AttachedStandby(node, writer, asyncio.get_running_loop().time())
         if self._standby is not None:  # the same standby again, or one that went silent
             self._standby.writer.close()
         self._standby = standby
-        writer.write(link.encode("welcome", node=self.node, lock=lock_holder(self.lock_path),
+        writer.write(link.encode("welcome", node=self.node,
+                                 lock=self.locks.holder(self.lock_path),
                                  heartbeat_interval=self.config.heartbeat_interval))
         log.info("HA: %s is the standby", node)
         task = asyncio.current_task()
@@ -447,12 +447,12 @@ class SharedStoreNode:
         _, actions = store_role_next(self.role, StoreRoleInput.STANDBY_HELLO)
         if StoreRoleAction.CHECK_STANDBY not in actions:
             return f"{self.node} is {self.role.value}, not the active", True
-        current = self._standby
+        current, now = self._standby, asyncio.get_running_loop().time()
         if current is not None and current.address != hello.get("node") and \
-                time.monotonic() - current.last_ack < self.config.activation_interval:
+                now - current.last_ack < self.config.activation_interval:
             return (f"the active {self.node} already has a standby ({current.address}); "
                     "a shared store has one active and one standby"), False
-        ours = lock_holder(self.lock_path)
+        ours = self.locks.holder(self.lock_path)
         if hello.get("lock") != ours:
             return (f"the peer reads {hello.get('lock')!r} in its lock file but this active "
                     f"wrote {ours!r}: the two brokers do not share one data directory"), False
@@ -461,15 +461,15 @@ class SharedStoreNode:
     async def _heartbeats(self, standby: AttachedStandby, reader: asyncio.StreamReader,
                           decoder: link.HaDecoder) -> None:
         """Send a heartbeat every interval; read the acks; return when the link breaks."""
-        interval = self.config.heartbeat_interval
+        interval, clock = self.config.heartbeat_interval, asyncio.get_running_loop().time
         reading = asyncio.ensure_future(reader.read(4096))
         seq = 0
         try:
             while True:
                 seq += 1
                 standby.writer.write(link.encode("heartbeat", seq=seq))
-                deadline = time.monotonic() + interval
-                while (remaining := deadline - time.monotonic()) > 0:
+                deadline = clock() + interval
+                while (remaining := deadline - clock()) > 0:
                     done, _ = await asyncio.wait([reading], timeout=remaining)
                     if not done:
                         break
@@ -478,8 +478,8 @@ class SharedStoreNode:
                         return
                     for message in decoder.feed(data):
                         if message["type"] == "heartbeat_ack":
-                            standby.last_ack = time.monotonic()
-                            self.last_heartbeat = time.time()
+                            standby.last_ack = clock()
+                            self.last_heartbeat = self.clock() / 1000
                     reading = asyncio.ensure_future(reader.read(4096))
         except (OSError, ProtocolError) as exc:
             log.info("HA: link to the standby %s: %s", standby.address, exc)
