@@ -10,8 +10,8 @@ from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_ban
 from txbroker.sim.live_bank import run_bank_live
 from txbroker.sim.live_queue import run_queue_live
 from txbroker.sim.live_replicated import run_replicated_live
-from txbroker.sim.live_xa import run_xa_live
 from txbroker.sim.live_shared_store import run_shared_store_live
+from txbroker.sim.live_xa import run_xa_live
 from txbroker.sim.plants import PLANTS
 from txbroker.sim.queue_scenario import run_queue, run_queue_failing_fsync
 from txbroker.sim.world import World
