@@ -193,6 +193,16 @@ def listener_args(protocol: Protocol, port: int) -> list[str]:
     return ["--stomp-port", str(port), "--port", "0", "--amqp-port", "0"]
 
 
+def known_options(binary: Path, listeners: list[str]) -> list[str]:
+    """``listeners`` without the options an older install's ``serve`` does not know
+    (one from before the AMQP edge has no ``--amqp-port``: nothing to turn off)."""
+    help_text = subprocess.run([str(binary), "serve", "--help"], capture_output=True,
+                               text=True, check=False).stdout
+    pairs = zip(listeners[::2], listeners[1::2], strict=True)
+    return [item for option, value in pairs if option in help_text
+            for item in (option, value)]
+
+
 def run_one(protocol: Protocol, broker: dict[str, Any], workload: str, count: int,
             timeout: float, data_root: str) -> dict[str, Any]:
     """One run of the protocol's load generator: its JSON line, and what we add."""
@@ -365,7 +375,10 @@ def main() -> None:
             port = args.txbroker_inprocess_port if inprocess else args.txbroker_port
             if name in args.installs:
                 port = args.txbroker_port + 1 + list(args.installs).index(name)
-            txb = Txbroker(name, port, args.data_root, inprocess, listener_args(protocol, port),
+            listeners = listener_args(protocol, port)
+            if name in args.installs:
+                listeners = known_options(args.installs[name], listeners)
+            txb = Txbroker(name, port, args.data_root, inprocess, listeners,
                            args.installs.get(name, TXBROKER))
             own.append(txb)
             info[name] = {"name": name, "port": port, "pidfile": txb.pidfile,
