@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -164,6 +165,15 @@ def dir_bytes(path: Path) -> int:
 
 
 # ============================================================== txbroker processes
+@functools.cache
+def knows_amqp(python: str) -> bool:
+    """Does this install's ``serve`` have an AMQP port to turn off (an older commit's
+    may predate the AMQP edge)?"""
+    done = subprocess.run([python, "-m", "txbroker.cli", "serve", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    return "--amqp-port" in done.stdout
+
+
 class Node:
     """One ``txbroker serve`` process (own session, stopped by pid)."""
 
@@ -187,7 +197,7 @@ class Node:
         self.out = self.root / f"{self.name}-{self.starts}.out"
         cmd = [self.python, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                "--host", HOST, "--port", str(self.port), "--stomp-port", str(self.stomp_port),
-               "--amqp-port", "0",
+               *(["--amqp-port", "0"] if knows_amqp(self.python) else []),
                *args]
         out: IO[bytes] = open(self.out, "wb")  # noqa: SIM115 - the child keeps it
         log: IO[bytes] = open(self.log, "ab")  # noqa: SIM115
