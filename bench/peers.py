@@ -263,7 +263,7 @@ def parse_args() -> argparse.Namespace:
                              "txbroker-before=/work/before/.venv/bin/txbroker, an older "
                              "commit's install): NAME joins --brokers (it must start with "
                              "'txbroker-'), started as 'BIN serve' with the same defaults on "
-                             "the next free port after --txbroker-port; repeatable")
+                             "--txbroker-port + 10 (+1 for each further one); repeatable")
     parser.add_argument("--data-root", default="/var/lib",
                         help="txbroker's fresh data directory is made here (default /var/lib, "
                              "where the peers store; the same device as the rest of / here)")
@@ -374,7 +374,8 @@ def main() -> None:
             inprocess = name == "txbroker-inprocess"
             port = args.txbroker_inprocess_port if inprocess else args.txbroker_port
             if name in args.installs:
-                port = args.txbroker_port + 1 + list(args.installs).index(name)
+                # +10: ActiveMQ holds 61616 (OpenWire) beside its STOMP port
+                port = args.txbroker_port + 10 + list(args.installs).index(name)
             listeners = listener_args(protocol, port)
             if name in args.installs:
                 listeners = known_options(args.installs[name], listeners)
