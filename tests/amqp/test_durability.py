@@ -4,16 +4,16 @@ queues (stored as the broker's own durable state), confirmed and committed messa
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from pathlib import Path
 
 import pika
 import pytest
-from pika.exceptions import AMQPError, ChannelClosedByBroker
+from pika.exceptions import ChannelClosedByBroker
 
 import txbroker
 from tests.amqp.support import AmqpBroker
+from tests.amqp.total_queue import TotalQueue
 from tests.support import RawClient
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
@@ -69,121 +69,21 @@ def test_kill9_with_confirms_and_transactions_loses_nothing(tmp_path: Path) -> N
     transactions and moves what it takes to another queue in the same transaction,
     run while the broker is killed with SIGKILL, three times; afterwards every
     confirmed or committed message is in exactly one place: 0 lost, 0 duplicated,
-    0 unexpected, and each transaction whole."""
+    0 unexpected, and each transaction whole (``total_queue.py``)."""
     broker = AmqpBroker(tmp_path / "data").start()
-    confirmed: set[str] = set()  # acknowledged by the broker: must not be lost
-    attempted: set[str] = set()  # sent: may be there or not
-    lock = threading.Lock()
-    stop = threading.Event()
-    setup = connect(broker)
-    setup.channel().queue_declare("k9", durable=True)
-    setup.channel().queue_declare("k9-moved", durable=True)
-    setup.close()
-
-    def confirming(prefix: str) -> None:
-        try:
-            conn = connect(broker)
-            ch = conn.channel()
-            ch.confirm_delivery()
-            n = 0
-            while not stop.is_set():
-                body = f"{prefix}-{n}"
-                with lock:
-                    attempted.add(body)
-                ch.basic_publish("", "k9", body.encode(), PERSISTENT)  # returns once acked
-                with lock:
-                    confirmed.add(body)
-                n += 1
-        except (AMQPError, OSError):
-            return  # the broker is gone
-
-    def transactional(prefix: str) -> None:
-        try:
-            conn = connect(broker)
-            ch = conn.channel()
-            ch.tx_select()
-            n = 0
-            while not stop.is_set():
-                bodies = [f"{prefix}-{n}-{i}" for i in range(5)]
-                with lock:
-                    attempted.update(bodies)
-                for body in bodies:
-                    ch.basic_publish("", "k9", body.encode(), PERSISTENT)
-                ch.tx_commit()
-                with lock:
-                    confirmed.update(bodies)
-                n += 1
-        except (AMQPError, OSError):
-            return
-
-    def mover() -> None:
-        """Take up to 3 messages from k9 and publish them to k9-moved, acking the
-        takes, all in one transaction: a message is in one queue or the other."""
-        try:
-            conn = connect(broker)
-            ch = conn.channel()
-            ch.tx_select()
-            while not stop.is_set():
-                taken = []
-                for _ in range(3):
-                    method, _, body = ch.basic_get("k9")
-                    if method is None:
-                        break
-                    taken.append((method.delivery_tag, body))
-                for _, body in taken:
-                    ch.basic_publish("", "k9-moved", body, PERSISTENT)
-                if taken:
-                    ch.basic_ack(taken[-1][0], multiple=True)
-                ch.tx_commit()
-        except (AMQPError, OSError):
-            return
-
+    work = TotalQueue()
+    work.declare(broker.amqp_url)
     for cycle in range(3):
-        workers = [threading.Thread(target=confirming, args=(f"c{cycle}a",)),
-                   threading.Thread(target=confirming, args=(f"c{cycle}b",)),
-                   threading.Thread(target=transactional, args=(f"c{cycle}t",)),
-                   threading.Thread(target=mover)]
-        for w in workers:
-            w.start()
-        # let the load run until some more messages are confirmed, then kill
-        wanted = 150 * (cycle + 1)
-        for _ in range(400):
-            with lock:
-                if len(confirmed) >= wanted:
-                    break
-            stop.wait(0.05)
-        broker.kill(signal.SIGKILL)
-        stop.set()
-        for w in workers:
-            w.join(timeout=60)
-            assert not w.is_alive()
-        stop.clear()
+        work.cycle(broker.amqp_url, f"c{cycle}", 150 * (cycle + 1),
+                   lambda: broker.kill(signal.SIGKILL))
         broker.start()
-    conn = connect(broker)
-    ch = conn.channel()
-    found: list[str] = []
-    moved = 0
-    for queue in ("k9", "k9-moved"):
-        while True:
-            method, _, body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            found.append(body.decode())
-            moved += queue == "k9-moved"
-    conn.close()
+    tally = work.drain(broker.amqp_url)
     broker.kill()
-    assert confirmed, "nothing was confirmed: the test did not test"
-    lost = confirmed - set(found)
-    duplicated = len(found) - len(set(found))
-    unexpected = set(found) - attempted
-    assert moved, "the mover moved nothing: its transactions were not tested"
-    print(f"kill -9 via AMQP: confirmed {len(confirmed)}, found {len(found)} ({moved} moved), "
-          f"lost "
-          f"{len(lost)}, duplicated {duplicated}, unexpected {len(unexpected)}")
-    assert (len(lost), duplicated, len(unexpected)) == (0, 0, 0)
-    # a committed transaction is all there or not at all
-    for prefix in {b.rsplit("-", 1)[0] for b in found if b[2] == "t"}:
-        assert {f"{prefix}-{i}" for i in range(5)} <= set(found), prefix
+    print(f"kill -9 via AMQP: {tally}")
+    assert tally.confirmed, "nothing was confirmed: the test did not test"
+    assert tally.moved, "the mover moved nothing: its transactions were not tested"
+    assert (tally.lost, tally.duplicated, tally.unexpected) == (0, 0, 0)
+    assert tally.broken_transactions == []  # a committed transaction is all there or none
 
 
 def test_definitions_session_closed_by_an_administrator_comes_back(tmp_path: Path) -> None:

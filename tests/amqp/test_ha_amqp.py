@@ -5,12 +5,14 @@ are there (and, replicated, a drop-head queue's overflow setting and drops)."""
 
 from __future__ import annotations
 
+import functools
 import socket
 from pathlib import Path
 
 import pika
 import pytest
 
+from tests.amqp.total_queue import TotalQueue
 from tests.ha_support import READY_PREFIX, HaPair
 from tests.replicated_support import Group
 from tests.support import free_port
@@ -93,3 +95,57 @@ def test_replicated_backup_refuses_then_serves_after_promotion(tmp_path: Path) -
         assert [ch2.basic_get("rep-cap", auto_ack=True)[2] for _ in range(4)] == \
             [b"c3", b"c4", b"after", None]
         conn2.close()
+
+
+def test_kill9_of_the_active_under_amqp_load_loses_nothing(tmp_path: Path) -> None:
+    """The total-queue workload (``total_queue.py``: confirms, tx.commit, a mover
+    that acks and republishes in one transaction) on a shared-store pair, the active
+    killed with SIGKILL three times; the standby takes over on the same AMQP port and
+    the killed node comes back as the standby. Every confirmed or committed message
+    is then in exactly one place."""
+    amqp_port = free_port()
+    url = f"amqp://guest:guest@127.0.0.1:{amqp_port}/"
+    work = TotalQueue()
+    with HaPair(tmp_path, "--amqp-port", str(amqp_port)) as pair:
+        work.declare(url)
+        for cycle in range(3):
+            active = pair.active()
+            work.cycle(url, f"s{cycle}", 150 * (cycle + 1), functools.partial(pair.kill9, active))
+            assert pair.active() is not active
+            pair.restart(active)
+        tally = work.drain(url)
+    print(f"kill -9 of the active via AMQP: {tally}")
+    assert tally.confirmed and tally.moved
+    assert (tally.lost, tally.duplicated, tally.unexpected) == (0, 0, 0)
+    assert tally.broken_transactions == []
+
+
+def test_kill9_of_the_primary_under_amqp_load_loses_nothing(tmp_path: Path) -> None:
+    """The same workload on a replicated group of three, each node with its own AMQP
+    port: the primary killed with SIGKILL twice, a ready backup promoted, the killed
+    node restarted as a backup; the workers of each round use the primary's port."""
+    names = ("a", "b", "c")
+    ports = {name: free_port() for name in names}
+    group = Group(tmp_path / "group", 3,
+                  node_args={name: ["--amqp-port", str(port)] for name, port in ports.items()})
+    work = TotalQueue()
+
+    def url(node_name: str) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{ports[node_name]}/"
+
+    with group:
+        primary = group.primary()
+        work.declare(url(primary.name))
+        for cycle in range(2):
+            primary = group.primary()
+            group.wait_ready_backups(2, primary=primary)  # every backup promotable
+            work.cycle(url(primary.name), f"r{cycle}", 150 * (cycle + 1),
+                       functools.partial(group.kill9, primary))
+            successor = next(n for n in group.nodes if n is not primary)
+            group.promote(successor)
+            group.restart(primary)
+        tally = work.drain(url(group.primary().name))
+    print(f"kill -9 of the primary via AMQP: {tally}")
+    assert tally.confirmed and tally.moved
+    assert (tally.lost, tally.duplicated, tally.unexpected) == (0, 0, 0)
+    assert tally.broken_transactions == []
