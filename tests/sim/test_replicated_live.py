@@ -51,3 +51,19 @@ def test_the_prefix_checker_fails_on_a_backup_entry_that_differs(
 @pytest.mark.xfail(strict=True, reason="a node's own promotable() may be stale")
 def test_a_blind_operator_loses_answered_sends(seed: int) -> None:
     assert run_replicated_live(World(seed), frozenset(), blind=True) == []
+
+
+#: Seeds where even the scenario's careful operator loses answered sends (found by
+#: ``bench/sim.py --seeds 1000 --first-seed 30000 --scenarios replicated-live``, 5 of
+#: 1,000): a backup cut off from the primary leaves its ready set, the primary (and
+#: often the other backup) is killed, and the cut-off node — whose own status still
+#: says ready in that epoch — is the one left to promote. The same defect as the blind
+#: operator's: a node's own ``promotable()`` may be stale (a decision for the team:
+#: promotion that asks the peers, or etcd). Strict: a fix makes these pass.
+CAREFUL_OPERATOR_SEEDS = [30041, 30085, 30385, 30849, 30991]
+
+
+@pytest.mark.parametrize("seed", CAREFUL_OPERATOR_SEEDS)
+@pytest.mark.xfail(strict=True, reason="a node's own promotable() may be stale")
+def test_a_careful_operator_still_loses_sends_a_stale_ready_backup_missed(seed: int) -> None:
+    assert run_seed("replicated-live", seed).violations == []
