@@ -198,12 +198,15 @@ class Group:
         return node
 
     # -- promotion and roles ----------------------------------------------
-    def promote(self, node: RNode, *, cli: bool = True, timeout: float = START_TIMEOUT) -> str:
+    def promote(self, node: RNode, *, cli: bool = True, timeout: float = START_TIMEOUT,
+                force: bool = False) -> str:
         """Make ``node`` the primary: ``txbroker ha promote --url`` (``cli``) or the raw
-        ``ha_promote`` probe; waits for its ready line and returns it."""
+        ``ha_promote`` probe; waits for its ready line and returns it. ``force``: even
+        when the peers that answer do not allow it (``--force``)."""
         if cli:
             run = subprocess.run(
-                [sys.executable, "-m", "txbroker.cli", "ha", "promote", "--url", node.url],
+                [sys.executable, "-m", "txbroker.cli", "ha", "promote", "--url", node.url,
+                 *(["--force"] if force else [])],
                 cwd=ROOT, capture_output=True, text=True, timeout=60)
             assert run.returncode == 0, (f"ha promote {node.name} failed:\n{run.stdout}"
                                          f"{run.stderr}\n{self.describe()}")
@@ -212,7 +215,8 @@ class Group:
             from txbroker.cli.ha_commands import probe
             from txbroker.client.url import HostPort
 
-            probe(HostPort(HOST, node.port), None, None, op="ha_promote")
+            probe(HostPort(HOST, node.port), None, None, op="ha_promote",
+                  args={"force": True} if force else None)
         return node.wait_line(READY_PREFIX, timeout=timeout)
 
     def promote_fails(self, node: RNode) -> str:

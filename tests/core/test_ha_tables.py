@@ -115,6 +115,11 @@ EXPECTED_ROLE: Expected = {
     ("promoting", "LEASE_LOST"): ("promoting", ("FENCE",)),
     ("primary", "LEASE_LOST"): ("primary", ("FENCE",)),
     ("stopped", "LEASE_LOST"): ("stopped", ()),
+    # superseded (a backup holds a newer term): a primary, or one on its way, fences
+    ("backup", "SUPERSEDED"): ("backup", ()),
+    ("promoting", "SUPERSEDED"): ("promoting", ("FENCE",)),
+    ("primary", "SUPERSEDED"): ("primary", ("FENCE",)),
+    ("stopped", "SUPERSEDED"): ("stopped", ()),
     ("backup", "STOP"): ("backup", ("STOP",)),
     ("promoting", "STOP"): ("promoting", ("STOP",)),
     ("primary", "STOP"): ("primary", ("STOP",)),

@@ -391,10 +391,12 @@ def test_backup_killed_and_restarted_under_load_catches_up(tmp_path: Path, link:
         assert c.log_count("replication: copy of a is whole") == 2  # both starts
         worst = max(p0.max_latency(), p1.max_latency())
         assert worst < timeout, f"a producer waited {worst:.2f} s"
-        # c alone must hold everything: lose a and b, promote c
+        # c alone must hold everything: lose a and b, promote c (alone of three it
+        # cannot hear a majority: only by force)
         g.kill9(a)
         g.kill9(b)
-        g.promote(c)
+        assert "only 1 of the 3 nodes answered" in g.promote_fails(c)
+        g.promote(c, force=True)
         plain = drain(g.url, "plain")
         bulk = drain(g.url, "bulk")
     assert len(bulk) == 2000
@@ -586,15 +588,10 @@ def test_a_backup_dropped_from_the_ready_set_cannot_be_promoted(tmp_path: Path) 
         assert g.backup_states(b) == {"c": "ready"}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a known limit of promotion WITHOUT etcd (docs/replication.md, 'Not done'): a backup "
-    "frozen while the primary dropped it never learns it, and nothing outside the brokers "
-    "records the ready set; with etcd the primary records it first "
-    "(test_replicated_etcd.py::test_after_a_whole_group_loss_only_a_backup_of_the_recorded_"
-    "ready_set_takes_over)"))
 def test_after_a_whole_group_restart_a_stale_backup_is_not_promotable(tmp_path: Path) -> None:
     """c is dropped from the ready set (SIGSTOP); five sends are acknowledged without
-    it; the whole group is killed and restarted. c must not be promotable (a is)."""
+    it; the whole group is killed and restarted. c must not be promotable (a is): the
+    smaller ready set is on a and b (a majority), and c hears it from them."""
     timeout = 1.0
     with group(tmp_path, backup_timeout=timeout) as g:
         a, _, c = g.nodes
@@ -610,8 +607,13 @@ def test_after_a_whole_group_restart_a_stale_backup_is_not_promotable(tmp_path: 
         for node in g.nodes:
             wait_for(lambda: (node.try_status() or {}).get("role") == "backup",  # noqa: B023
                      30, f"{node.name} to answer as a backup", g.describe)
+        # c learns the newer ready set when its search for a primary reaches a or b
+        wait_for(lambda: c.status()["promotable"] is False, 10,
+                 "c to hear the newer ready set", g.describe)
         assert a.status()["promotable"] is True
-        assert c.status()["promotable"] is False, c.status()
+        assert "does not hold it" in g.promote_fails(c)
+        g.promote(a)
+        assert drain(g.url, "q") == ["m"] * 5
 
 
 # ----------------------------------------------------------------- a backup cut off
@@ -645,14 +647,10 @@ def cut_c_off_and_send(g: Group, proxy: LinkProxy, timeout: float) -> list[str]:
     return sent
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a known limit of promotion WITHOUT etcd (docs/replication.md, 'Not done'): over a "
-    "silent link a backup cannot tell a dropped-by-the-primary from a dead primary (a lost "
-    "machine is silent too), so it keeps its last standing; with etcd the recorded ready "
-    "set decides"))
 def test_a_backup_dropped_over_a_silent_link_is_not_promotable(tmp_path: Path) -> None:
     """c's link goes silent; a drops c from the ready set after backup_timeout and
-    acknowledges five sends c never got; a dies. c must not be promotable (b is)."""
+    acknowledges five sends c never got (once b holds the smaller ready set); a dies.
+    c must not be promotable (b is): c hears the newer record from b."""
     timeout = 1.0
     with group_with_c_behind_a_proxy(tmp_path, timeout) as (g, proxy):
         a, b, c = g.nodes
@@ -663,8 +661,8 @@ def test_a_backup_dropped_over_a_silent_link_is_not_promotable(tmp_path: Path) -
         wait_for(lambda: c.log_has("replication: lost the primary a"), 10,
                  "c to notice the end of its link", g.describe)
         assert b.status()["promotable"] is True
-        assert c.status()["promotable"] is False, c.status()
         assert "cannot be promoted" in g.promote_fails(c)
+        assert c.status()["promotable"] is False, c.status()  # it asked b
 
 
 def test_a_backup_dropped_over_a_silent_link_is_safe_to_skip(tmp_path: Path) -> None:

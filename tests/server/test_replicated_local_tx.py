@@ -64,7 +64,7 @@ def on_each_node_after_promotion(g: Group, *queues: str) -> dict[str, dict[str, 
     seen["b"] = depths(g.b, *queues)
     g.wait_ready_backups(1, primary=g.b)  # c follows b: a fresh copy of b's state
     g.kill9(g.b)
-    g.promote(g.c)
+    g.promote(g.c, force=True)  # alone of three (a and b dead): by force
     seen["c"] = depths(g.c, *queues)
     return seen
 
@@ -190,5 +190,5 @@ def test_a_promoted_backup_commits_a_voted_commit_left_without_its_outcome(
             assert conn.xa_resource().recover() == []
         g.wait_ready_backups(1, primary=g.b)
         g.kill9(g.b)
-        g.promote(g.c)
+        g.promote(g.c, force=True)  # alone of three: by force
         assert bodies(g.c, "out") == [b"committed"] and bodies(g.c, "in") == []

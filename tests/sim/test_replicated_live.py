@@ -12,10 +12,11 @@ from txbroker.sim import live_replicated, run_seed
 from txbroker.sim.live_replicated import Trio, run_replicated_live
 from txbroker.sim.world import World
 
-#: Seeds on which an operator who promotes whichever node accepts ``ha_promote`` loses
-#: answered sends (``--ha replicated`` without etcd: a node's ``promotable()`` is its
-#: own view, see docs/simulation.md, "Findings"). Not fixed: the operator of the
-#: scenario follows the documented procedure instead.
+#: Seeds on which an operator who promotes whichever node accepts ``ha_promote`` lost
+#: answered sends while a node's ``promotable()`` was its own view (a backup cut off
+#: from the primary, or restarted, still said ready). Since the ready set is recorded
+#: on a majority and ``ha promote`` asks a majority (``core/ha/promotion.py``), no
+#: operator can: the node refuses. Kept as regression seeds.
 BLIND_OPERATOR_SEEDS = [1, 10, 14]
 
 
@@ -48,22 +49,26 @@ def test_the_prefix_checker_fails_on_a_backup_entry_that_differs(
 
 
 @pytest.mark.parametrize("seed", BLIND_OPERATOR_SEEDS)
-@pytest.mark.xfail(strict=True, reason="a node's own promotable() may be stale")
-def test_a_blind_operator_loses_answered_sends(seed: int) -> None:
+def test_a_blind_operator_cannot_lose_answered_sends(seed: int) -> None:
     assert run_replicated_live(World(seed), frozenset(), blind=True) == []
 
 
-#: Seeds where even the scenario's careful operator loses answered sends (found by
+#: Seeds where even the scenario's careful operator lost answered sends (found by
 #: ``bench/sim.py --seeds 1000 --first-seed 30000 --scenarios replicated-live``, 5 of
-#: 1,000): a backup cut off from the primary leaves its ready set, the primary (and
-#: often the other backup) is killed, and the cut-off node — whose own status still
-#: says ready in that epoch — is the one left to promote. The same defect as the blind
-#: operator's: a node's own ``promotable()`` may be stale (a decision for the team:
-#: promotion that asks the peers, or etcd). Strict: a fix makes these pass.
+#: 1,000): a backup cut off from the primary left its ready set, the primary (and
+#: often the other backup) was killed, and the cut-off node — whose own status still
+#: said ready — was the one left to promote. Fixed as the blind operator's seeds.
 CAREFUL_OPERATOR_SEEDS = [30041, 30085, 30385, 30849, 30991]
 
 
 @pytest.mark.parametrize("seed", CAREFUL_OPERATOR_SEEDS)
-@pytest.mark.xfail(strict=True, reason="a node's own promotable() may be stale")
-def test_a_careful_operator_still_loses_sends_a_stale_ready_backup_missed(seed: int) -> None:
+def test_a_careful_operator_keeps_every_answered_send(seed: int) -> None:
     assert run_seed("replicated-live", seed).violations == []
+
+
+def test_a_cut_off_backup_is_refused_until_a_majority_answers() -> None:
+    """Seed 30041: the node left alone is refused (it cannot hear a majority) until a
+    peer is back, and the operator then promotes a node the newest record holds."""
+    trace = "\n".join(run_seed("replicated-live", 30041).trace)
+    assert "refused: IllegalState" in trace
+    assert "nodes answered (a majority" in trace or "does not hold it" in trace

@@ -40,7 +40,7 @@ ha_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
 
 def probe(host: HostPort, user: str | None, password: str | None,
           timeout: float = PROBE_TIMEOUT, tls: ssl.SSLContext | None = None,
-          op: str = "stats") -> dict[str, Any]:
+          op: str = "stats", args: dict[str, Any] | None = None) -> dict[str, Any]:
     """``stats()`` of one broker, active or standby (a standby answers its ``ha`` part
     only); ``tls``: over TLS (a ``txbs://`` URL). ``op``: another probe op
     (``ha_promote``)."""
@@ -68,7 +68,7 @@ def probe(host: HostPort, user: str | None, password: str | None,
         if password is not None:
             hello["password"] = password
         call(1, "hello", hello)
-        result = call(2, op, {})
+        result = call(2, op, args or {})
     return result if isinstance(result, dict) else {}
 
 
@@ -107,17 +107,27 @@ def status(
 def promote(
     url: UrlOption = DEFAULT_URL,
     tls_ca: TlsCaOption = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="promote even when the peers that answer do not allow it (a group "
+        "of three or more without etcd: fewer than a majority answered, or the newest "
+        "ready set they hold does not name this backup): it may lose acknowledged "
+        "entries")] = False,
 ) -> None:
     """Make the backup at --url (its first address) the primary of its replicated
-    group: what a cluster manager (Pacemaker) calls once the old primary is fenced."""
+    group: what a cluster manager (Pacemaker) calls once the old primary is fenced.
+    In a group of three or more without etcd the backup first asks its peers
+    (docs/replication.md, "Who may be promoted")."""
     parsed = parse_url(url)
     tls = tls_client_context(tls_ca) if parsed.tls else None
     host = parsed.hosts[0]
     try:
-        result = probe(host, parsed.user, parsed.password, tls=tls, op="ha_promote")
+        result = probe(host, parsed.user, parsed.password, tls=tls, op="ha_promote",
+                       args={"force": True} if force else None)
     except (OSError, TxBrokerError) as exc:
         raise fail(f"{host}: {describe(exc)}") from exc
-    print(f"{host}: promoting {result.get('node', host)} to primary")
+    term = f" (term {result['term']})" if "term" in result else ""
+    forced = " by force" if result.get("forced") else ""
+    print(f"{host}: promoting {result.get('node', host)} to primary{term}{forced}")
 
 
 def _line(address: str, ha: dict[str, Any]) -> str:

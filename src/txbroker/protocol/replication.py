@@ -38,6 +38,19 @@ Bytes on the wire (the native protocol's framing, ``protocol/native.py``)::
                                     here (after "dumped": 0 until then)
     "vote"       backup → primary   {"lsn": int, "ok": false, "reason": str}
                                     — the backup could not write entry lsn
+    "record"     primary → backup   {"record": {"term": int, "version": int,
+                                     "primary": str, "ready": [str…]}} — a version of the
+                                    ready set to hold (synced) before acknowledging it
+                                    (a group of three or more without etcd,
+                                    ``core/ha/promotion.py``); the first message after a
+                                    join, before the welcome, when records are kept
+    "recorded"   backup → primary   {"ok": true, "term": int, "version": int} — held;
+                                    {"ok": false, "term": int, "primary": str} — refused:
+                                    this backup holds a newer term (then it leaves)
+    "standing"   any → peer         {} — before a promotion: what are you? The peer
+                 peer → asker       {"node": str, "role": str, "following": str,
+                                     "record": {…} | null} — and closes (a "refuse" of a
+                                    join carries the same as ``standing``)
 
 A malformed frame raises :class:`~txbroker.errors.ProtocolError`; the peer
 closes the link (the backup then joins again, the primary drops the backup).
@@ -59,7 +72,8 @@ __all__ = ["MAX_FRAME", "MESSAGE_TYPES", "LinkMessage", "ReplicationCodec", "enc
 MAX_FRAME: Final = 64 * 1024 * 1024
 #: Every message type, and the one direction each may travel.
 MESSAGE_TYPES: Final = frozenset({"join", "welcome", "refuse", "entries", "dumped",
-                                  "heartbeat", "state", "ack", "vote"})
+                                  "heartbeat", "state", "ack", "vote", "record",
+                                  "recorded", "standing"})
 _LENGTH: Final = struct.Struct(">I")
 assert _LENGTH.size == 4
 

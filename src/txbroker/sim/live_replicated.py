@@ -106,8 +106,9 @@ class Trio:
 
     def prepare(self, node: ReplicatedNode) -> None:
         """Plant ``promote-outside-ready-set``: every copy says it is promotable."""
-        if "promote-outside-ready-set" in self.plants:
+        if "promote-outside-ready-set" in self.plants:  # and no peer is asked
             setattr(node, "promotable", lambda: None)  # noqa: B010 (the plant)
+            node.quorum = None
 
     def on_role(self, node: TrioNode, role: NodeRole, server: BrokerServer | None) -> None:
         """A node announced a role: check one primary at a time and one node per epoch."""
@@ -166,7 +167,8 @@ class Trio:
                 try:
                     await probe(node.host, "ha_promote")
                 except (TxBrokerError, OSError, TimeoutError) as exc:
-                    self.log(f"operator: node {node.index} refused: {type(exc).__name__}")
+                    why = f": {exc}" if isinstance(exc, TxBrokerError) else ""
+                    self.log(f"operator: node {node.index} refused: {type(exc).__name__}{why}")
                     continue
                 self.primary = node
                 self.need_primary.clear()

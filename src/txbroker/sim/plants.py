@@ -57,8 +57,9 @@ PLANTS: Final = {plant.name: plant for plant in (
           "the primary answers once an entry is on its own disk, without waiting for "
           "the ready backups' acknowledgements"),
     Plant("promote-outside-ready-set", "replicated-live",
-          "the operator promotes the first live node it reaches and every node says it "
-          "is promotable: a backup that is not ready (copying, catching up) is promoted"),
+          "the operator promotes the first live node it reaches, every node says it "
+          "is promotable and none asks its peers (no ready set recorded on a "
+          "majority): a backup that is not ready, or was dropped, is promoted"),
     Plant("standby-ignores-lock", "shared-store-live",
           "a shared-store standby that heard no heartbeat for the activation interval "
           "activates without the lock (taking it from its live holder)"),

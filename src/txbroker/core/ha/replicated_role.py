@@ -43,6 +43,7 @@ class RoleInput(Enum):
     SERVING = "hub started and listeners open"
     JOIN = "a backup's join on the HA port"
     LEASE_LOST = "the etcd primary key's lease is lost"
+    SUPERSEDED = "a backup holds a newer term: another primary was promoted"
     STOP = "stop requested (SIGTERM, SIGINT)"
     CLOSED = "everything closed"
 
@@ -79,6 +80,12 @@ ROLE_RULES: Final[dict[tuple[NodeRole, RoleInput], tuple[NodeRole, tuple[RoleAct
     (R.PROMOTING, E.LEASE_LOST): (R.PROMOTING, (A.FENCE,)),
     (R.PRIMARY, E.LEASE_LOST): (R.PRIMARY, (A.FENCE,)),
     (R.STOPPED, E.LEASE_LOST): (R.STOPPED, ()),
+    # Rule 4b: superseded (a backup refused our ready-set record: it holds a newer
+    # term, core/ha/promotion.py): only a primary hears it; the same fencing.
+    (R.PRIMARY, E.SUPERSEDED): (R.PRIMARY, (A.FENCE,)),
+    (R.PROMOTING, E.SUPERSEDED): (R.PROMOTING, (A.FENCE,)),
+    (R.BACKUP, E.SUPERSEDED): (R.BACKUP, ()),
+    (R.STOPPED, E.SUPERSEDED): (R.STOPPED, ()),
     # Rule 5: a stop request stops every role (the role changes once closed, rule 6).
     (R.BACKUP, E.STOP): (R.BACKUP, (A.STOP,)),
     (R.PROMOTING, E.STOP): (R.PROMOTING, (A.STOP,)),

@@ -389,3 +389,23 @@ class Candidate:
         """Stop the board's and the holder's background tasks (leases expire)."""
         await self.board.close(revoke=False)
         await self.holder.close()
+
+
+def _ready_key(cluster: str) -> str:
+    return f"/txbroker/{cluster}/ready"
+
+
+async def put_ready_set(etcd: EtcdClient, cluster: str, primary: str, names: list[str]) -> None:
+    """Record the primary's ready set in etcd (``/txbroker/<cluster>/ready``)."""
+    await etcd.put(_ready_key(cluster), json.dumps({"primary": primary, "ready": names}))
+
+
+async def get_ready_set(etcd: EtcdClient, cluster: str) -> list[str] | None:
+    """The ready set the last primary recorded in etcd (None: none, or unreadable)."""
+    kv = await etcd.get(_ready_key(cluster))
+    if kv is None:
+        return None
+    try:
+        return [str(name) for name in json.loads(kv.value)["ready"]]
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -43,6 +43,7 @@ from typing import Final
 
 from txbroker.core.effects import Release
 from txbroker.core.ha.follower import CopyAction, CopyInput, CopyState, copy_next
+from txbroker.core.ha.promotion import ReadyRecord, Standing
 from txbroker.core.records import StoredEntry
 from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
@@ -58,16 +59,18 @@ LOCK_LINE: Final = "replicated broker, HA {node}"
 log = logging.getLogger("txbroker.ha")
 
 __all__ = ["INCOMPLETE", "LOCK_LINE", "STATE_FILE", "Follower", "PrimaryRefused", "ServerFactory",
-           "forget_standing", "incomplete", "new_server", "read_standing", "wipe",
-           "write_standing"]
+           "forget_standing", "incomplete", "new_server", "read_record", "read_standing",
+           "wipe", "write_record", "write_standing"]
 
 #: The marker of a data directory whose copy of the primary is not whole.
 INCOMPLETE: Final = "REPLICA_INCOMPLETE"
 #: The primary's heartbeat period on every link (s; ``server/ha/replication.py``).
 HEARTBEAT_INTERVAL: Final = 0.25
-#: What the backup last knew of its standing: ``{"ready": bool, "primary": name}``,
-#: synced whenever it changes, so that a whole-group restart still knows whether this
-#: copy had every acknowledged entry (a primary's directory has none of it).
+#: What the backup last knew of its standing: ``{"ready": bool, "primary": name,
+#: "record": {...}}``, synced whenever it changes, so that a whole-group restart still
+#: knows whether this copy had every acknowledged entry; ``record`` is the newest
+#: ready-set record it holds (``core/ha/promotion.py``; a primary's directory holds
+#: only its own record).
 STATE_FILE: Final = "REPLICA_STATE"
 
 #: Makes the broker a node runs on its data directory, under the store's lock (held).
@@ -81,7 +84,12 @@ def new_server(config: ServerConfig, lock: StoreLock | None) -> BrokerServer:
 
 
 class PrimaryRefused(TxBrokerError):
-    """The peer is not a primary that takes this backup (it said why)."""
+    """The peer is not a primary that takes this backup (it said why; ``standing``:
+    what a peer that is a backup said of itself, ``core/ha/promotion.py``)."""
+
+    def __init__(self, message: str, standing: Standing | None = None) -> None:
+        super().__init__(message)
+        self.standing = standing
 
 
 def incomplete(data: Path) -> bool:
@@ -128,12 +136,36 @@ def read_standing(data: Path) -> bool | None:
     return bool(standing.get("ready")) if isinstance(standing, dict) else None
 
 
-def write_standing(data: Path, ready: bool, primary: str) -> None:
-    """Record (synced) whether the primary counts this copy as ready."""
+def read_record(data: Path) -> ReadyRecord | None:
+    """The newest ready-set record this directory holds (None: none)."""
+    try:
+        standing = json.loads((data / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return ReadyRecord.from_wire(standing.get("record")) if isinstance(standing, dict) \
+        else None
+
+
+def write_standing(data: Path, ready: bool, primary: str,
+                   record: ReadyRecord | None = None) -> None:
+    """Record (synced) whether the primary counts this copy as ready, and the newest
+    ready-set record this node holds."""
+    state: dict[str, object] = {"ready": ready, "primary": primary}
+    if record is not None:
+        state["record"] = record.to_wire()
+    _write_state(data, state)
+
+
+def write_record(data: Path, record: ReadyRecord) -> None:
+    """A primary's own directory: its newest ready-set record (synced), no standing."""
+    _write_state(data, {"record": record.to_wire()})
+
+
+def _write_state(data: Path, state: dict[str, object]) -> None:
     path = data / STATE_FILE
     temporary = path.with_suffix(".tmp")
     with open(temporary, "w") as handle:
-        json.dump({"ready": ready, "primary": primary}, handle)
+        json.dump(state, handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)
@@ -201,6 +233,8 @@ class Follower:
         self.received = 0
         #: the primary counts this backup as ready (it waits for its acks)
         self.ready = False
+        #: the newest ready-set record this node holds (``core/ha/promotion.py``)
+        self.record: ReadyRecord | None = read_record(config.data)
         self._faults = faults  #: the named fault points (``faults.py``)
         #: freeze after the first local commit (fault point ``freeze_after:local_commit``)
         self._freeze = faults.freeze_after_local_commit
@@ -272,7 +306,8 @@ class Follower:
     def _on_message(self, message: link.LinkMessage) -> None:
         body = message.body
         if message.type == "refuse":
-            raise PrimaryRefused(str(body.get("reason", "refused")))
+            raise PrimaryRefused(str(body.get("reason", "refused")),
+                                 Standing.from_wire(body.get("standing")))
         if message.type == "welcome":
             self.connected = True
             self.links += 1
@@ -292,10 +327,37 @@ class Follower:
         elif message.type == "state":
             ready = bool(body.get("ready"))
             if ready != self.ready:
-                write_standing(self.config.data, ready, self.primary)
+                write_standing(self.config.data, ready, self.primary, self.record)
             self.ready = ready
+        elif message.type == "record":
+            self._on_record(body)
         elif message.type != "heartbeat":
             raise ProtocolError(f"a primary may not send {message.type!r}")
+
+    def _on_record(self, body: object) -> None:
+        """The primary's ready set, recorded here (synced) before it is acknowledged. A
+        primary of an older term than one recorded here is refused (a newer primary
+        was promoted since), and so is a second primary of the same term (two
+        promotions at once: the first to reach this node keeps the term)."""
+        record = ReadyRecord.from_wire(body.get("record") if isinstance(body, dict) else None)
+        if record is None:
+            raise ProtocolError("a malformed ready-set record")
+        mine = self.record
+        writer = self._writer
+        if mine is not None and (record.term < mine.term or (
+                record.term == mine.term and record.primary != mine.primary)):
+            if writer is not None and not writer.is_closing():
+                writer.write(link.encode("recorded", {
+                    "ok": False, "term": mine.term, "primary": mine.primary}))
+            raise PrimaryRefused(f"its term {record.term} is not newer than term {mine.term} "
+                                 f"(primary {mine.primary}) recorded here")
+        if mine is None or record.key() > mine.key():
+            self.record = record
+            write_standing(self.config.data, self.ready, self.primary or record.primary,
+                           record)
+        if writer is not None and not writer.is_closing():
+            writer.write(link.encode("recorded", {"ok": True, "term": record.term,
+                                                  "version": record.version}))
 
     def _start(self, primary: str, at: int) -> None:
         """The primary welcomed us: replace our copy with its dump."""
@@ -314,7 +376,7 @@ class Follower:
         self.applied_lsn, self.joined_by = at, "dump"
         log.info("replication: following %s from its dump at LSN %d", primary, at)
         wipe(self.config.data, self.lock_path)
-        write_standing(self.config.data, False, primary)
+        write_standing(self.config.data, False, primary, self.record)
         server = self._make_server(self.config, self.lock)
         server.open_store()
         self.server = server
@@ -328,7 +390,7 @@ class Follower:
         self.primary, self.joined_by = primary, "suffix"
         self.resumes += 1
         if self.ready:  # the primary counts us as catching up until we are within the lag
-            write_standing(self.config.data, False, primary)
+            write_standing(self.config.data, False, primary, self.record)
             self.ready = False
         log.info("replication: resuming the copy of %s from LSN %d (incremental catch-up, no "
                  "dump)", primary, at)

@@ -10,14 +10,12 @@ it holds its own store's lock, listens on its HA port, answers clients with
 primary among its peers: the peer that welcomes its ``join``. It then follows the
 primary (``server/ha/replica.py``), joining again after any break.
 
-A backup becomes the **primary** only when told: ``txbroker ha promote --url`` (what
-a cluster manager such as Pacemaker — the seed's rgmanager — calls), or by taking
-the etcd key (``server/ha/etcd.py``). It is promotable when its copy is whole:
-following a primary with the dump complete, or not following anybody with no
-``REPLICA_INCOMPLETE`` marker in its data directory (a whole-cluster restart).
-Promotion finishes recovery from the state the backup replayed (or recovers its own
-store), opens the client listeners and starts the
-:class:`~txbroker.server.ha.replication.ReplicationHub`: the other brokers join it.
+A backup becomes the **primary** only when told: ``txbroker ha promote --url`` (a
+cluster manager such as Pacemaker — the seed's rgmanager), or by taking the etcd key
+(``etcd.py``). Its copy must be whole (no ``REPLICA_INCOMPLETE`` marker); a group of
+three or more without etcd also asks a majority (``quorum.py``, ``core/ha/promotion.py``).
+Promotion finishes recovery from the state the backup replayed (or its own store),
+opens the client listeners and starts the hub (``replication.py``): the others join.
 
 The role's changes are the rules of ``core/ha/replicated_role.py`` (backup, promoting,
 primary, stopped): :meth:`ReplicatedNode._step` feeds the table, announces changes.
@@ -33,11 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from txbroker.core.ha.follower import CopyState
@@ -49,8 +46,14 @@ from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.etcd import EtcdClient
-from txbroker.server.ha.etcd_lease import Candidate, campaign_pause
+from txbroker.server.ha.etcd_lease import (
+    Candidate,
+    campaign_pause,
+    get_ready_set,
+    put_ready_set,
+)
 from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
+from txbroker.server.ha.quorum import QuorumPromotion
 from txbroker.server.ha.replica import (
     LOCK_LINE,
     Follower,
@@ -60,7 +63,9 @@ from txbroker.server.ha.replica import (
     incomplete,
     new_server,
     read_standing,
+    write_record,
 )
+from txbroker.server.ha.replicated_status import node_status
 from txbroker.server.ha.replication import ReplicationHub
 from txbroker.server.ha.standby import BackupPorts
 from txbroker.server.stores import store_lock_path
@@ -124,35 +129,15 @@ class ReplicatedNode:
         #: monotonic time this backup last lost the primary it followed (etcd campaign)
         self._lost_primary_at: float | None = None
         self.fenced = ""
+        #: without etcd, three nodes or more: the ready set is recorded on a majority and
+        #: a promotion asks a majority (core/ha/promotion.py); a pair keeps its own view
+        self.quorum = QuorumPromotion(self) if not config.ha_etcd and len(self.peers) >= 2 \
+            else None
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
-        """What ``txbroker ha status`` prints for this broker."""
-        result: dict[str, Any] = {
-            "mode": "replicated", "role": self.role.value, "since": round(self.since, 3),
-            "node": self.node, "peers": self.config.ha_peers,
-            "promotable": self.promotable() is None,
-            "backup_timeout": self.config.backup_timeout,
-            "link": self.security.status()}
-        if self.hub is not None:
-            result["replication"] = self.hub.status()
-        if self.follower is not None:
-            result["following"] = self.follower.status()
-        elif self.role is Role.BACKUP:  # what this copy had when it last followed a primary
-            result["copy"] = {"lsn": self.copy_position, "ready": self.copy_ready}
-        if self.last_problem:
-            result["problem"] = self.last_problem
-        if self.config.ha_etcd:
-            holder = self.candidate.holder if self.candidate is not None else None
-            result["etcd"] = {
-                "endpoints": self.config.ha_etcd, "cluster": self.config.ha_cluster,
-                "primary_key_holder": self.etcd_primary, "ready_set": self.etcd_ready,
-                "lease_ttl": holder.granted_ttl if holder is not None and holder.held
-                else self.config.ha_lease_ttl,
-                "holding": bool(holder is not None and holder.held)}
-        if self.fenced:
-            result["fenced"] = self.fenced
-        return result
+        """What ``txbroker ha status`` prints for this broker (``replicated_status.py``)."""
+        return node_status(self)
 
     def _step(self, event: RoleInput) -> tuple[RoleAction, ...]:
         """Move the role by the table (``core/ha/replicated_role.py``); announce it."""
@@ -185,8 +170,11 @@ class ReplicatedNode:
                     "it may miss acknowledged entries; promote a ready backup")
         return None
 
-    def request_promotion(self, args: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``ha_promote``: become the primary (IllegalState when not promotable)."""
+    def request_promotion(self, args: dict[str, Any] | None = None
+                          ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """``ha_promote``: become the primary (IllegalState when not promotable). In a
+        group that records its ready set, the answer waits for the peers' standings
+        (``{"force": true}``: promote even when they do not allow it)."""
         why = self.promotable()
         if why is not None:
             raise IllegalState(f"{self.node} cannot be promoted: {why}")
@@ -201,6 +189,8 @@ class ReplicatedNode:
             self._manual = True
             self._nudge.set()  # take the key now, not at the campaign's next round
             return {"node": self.node, "promoting": True, "via": "etcd"}
+        if self.quorum is not None:  # the peers first (server/ha/quorum.py)
+            return self.quorum.check(bool((args or {}).get("force")), self._promote)
         self._promote.set()
         return {"node": self.node, "promoting": True}
 
@@ -319,6 +309,8 @@ class ReplicatedNode:
                 self.last_problem = f"lost the primary {follower.primary}"
         except PrimaryRefused as exc:
             self.last_problem = f"{host}:{port}: {exc}"
+            if exc.standing is not None and self.quorum is not None:
+                self.quorum.heard[exc.standing.node] = exc.standing
         except LinkAuthFailed as exc:  # TLS or the handshake: say it once per peer and cause
             problem = f"{host}:{port}: {exc}"
             if self._link_problems.get((host, port)) != problem:
@@ -347,9 +339,15 @@ class ReplicatedNode:
             await server.recover()
         self.follower = None
         self.last_problem = ""
-        forget_standing(self.config.data)
         hub = ReplicationHub(server, self.node, self.config.backup_timeout,
                              self.config.ha_catchup_bytes, clock_ns=self._clock_ns)
+        if self.quorum is not None:  # answers wait until the term's record is on a majority
+            data = self.config.data
+            hub.records.write_own = lambda record: write_record(data, record)
+            hub.records.on_superseded = self._superseded
+            hub.records.start_term(self.quorum.term, self.quorum.backups_needed())
+        else:
+            forget_standing(self.config.data)
         if self.etcd is not None:
             hub.on_ready_change = self._record_ready
             await self._record_ready([])  # until a backup is ready, none may succeed us
@@ -389,7 +387,7 @@ class ReplicatedNode:
                     # that has followed nobody since it started waits for `ha promote`)
                     position = self.copy_position
                     ready = self.copy_ready is True and self.promotable() is None
-                self.etcd_ready = await self._read_ready()
+                self.etcd_ready = await get_ready_set(candidate.client, self.config.ha_cluster)
                 if self.etcd_ready is not None and self.node not in self.etcd_ready:
                     ready = False  # the last primary stopped counting on this copy
                 if (position, ready) != published:  # its own task keeps the entry alive
@@ -415,39 +413,31 @@ class ReplicatedNode:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudge.wait(), pause)
 
-    def _ready_key(self) -> str:
-        return f"/txbroker/{self.config.ha_cluster}/ready"
-
     async def _record_ready(self, names: list[str]) -> None:
         """Record the ready set in etcd (before the primary stops waiting for a backup
         that left it): after a whole-group loss only these may be promoted."""
         assert self.etcd is not None
-        await self.etcd.put(self._ready_key(), json.dumps({"primary": self.node,
-                                                          "ready": names}))
+        await put_ready_set(self.etcd, self.config.ha_cluster, self.node, names)
         self.etcd_ready = names
 
-    async def _read_ready(self) -> list[str] | None:
-        assert self.etcd is not None
-        kv = await self.etcd.get(self._ready_key())
-        if kv is None:
-            return None
-        try:
-            return [str(name) for name in json.loads(kv.value)["ready"]]
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    def _fence(self, reason: str) -> None:
-        """The primary lost its etcd lease: stop serving NOW (before anyone can take the
-        key): every client connection is cut, then the broker stops."""
-        if RoleAction.FENCE not in self._step(RoleInput.LEASE_LOST):
+    def _fence(self, reason: str, event: RoleInput = RoleInput.LEASE_LOST) -> None:
+        """The primary lost its etcd lease, or a backup holds a newer term (another
+        primary was promoted): stop serving NOW (before anyone can take over): every
+        client connection is cut, then the broker stops."""
+        if RoleAction.FENCE not in self._step(event):
             return
-        log.critical("etcd: lost the primary key (%s): fencing — no more replies", reason)
+        what = "etcd: lost the primary key" if event is RoleInput.LEASE_LOST \
+            else "HA: superseded"
+        log.critical("%s (%s): fencing — no more replies", what, reason)
         self.fenced = reason
         server = self.server
         if server is not None:
             server.ops.abort_all()
             server.request_stop()
         self._stopping.set()
+
+    def _superseded(self, reason: str) -> None:
+        self._fence(reason, RoleInput.SUPERSEDED)
 
     async def _close(self) -> None:
         candidate = self.candidate
@@ -478,12 +468,17 @@ class ReplicatedNode:
                     return
                 messages = codec.receive_data(data)
             first = messages[0]
+            if first.type == "standing":  # a peer asks before a promotion
+                writer.write(link.encode("standing", self._standing()))
+                await writer.drain()
+                return
             if first.type != "join" or not isinstance(first.body, dict):
                 raise ProtocolError(f"expected join, got {first.type!r}")
             hub = self.hub
             if RoleAction.SERVE_BACKUP not in self._step(RoleInput.JOIN) or hub is None:
                 writer.write(link.encode("refuse", {
-                    "reason": f"{self.node} is a {self.role.value}, not the primary"}))
+                    "reason": f"{self.node} is a {self.role.value}, not the primary",
+                    "standing": self._standing()}))
                 await writer.drain()
                 return
             await hub.serve_backup(reader, writer, first.body, codec)
@@ -491,6 +486,10 @@ class ReplicatedNode:
             log.warning("HA link: %s", exc)
         finally:
             writer.close()
+
+    def _standing(self) -> dict[str, Any] | None:
+        """This node's standing on the link (None: the group keeps no records)."""
+        return None if self.quorum is None else self.quorum.standing().to_wire()
 
     def _refusal(self, op: str) -> str:
         follower = self.follower

@@ -75,6 +75,7 @@ from txbroker.protocol import replication as link
 from txbroker.server.config import DEFAULT_HA_CATCHUP_BYTES
 from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.joining import send_dump, send_suffix
+from txbroker.server.ha.ready_records import ReadyRecords
 from txbroker.server.ha.replica import HEARTBEAT_INTERVAL
 from txbroker.server.ha.replicating_store import ReplicatingStore
 from txbroker.storage.interface import BodyRef, DurableCallback, Store
@@ -181,6 +182,9 @@ class ReplicationHub:
         #: records a new ready set before the primary stops waiting for a backup that
         #: left it (etcd's ``/txbroker/<cluster>/ready``; None: nowhere to record)
         self.on_ready_change: Callable[[list[str]], Awaitable[None]] | None = None
+        #: the ready set recorded on a majority (no etcd, three nodes or more:
+        #: ``ready_records.py``); its ``held`` holds completions
+        self.records = ReadyRecords(self)
 
     # ------------------------------------------------------------------ the store side
     def begin(self, kind: int, meta: bytes, bodies: list[bytes],
@@ -322,7 +326,7 @@ class ReplicationHub:
                     await asyncio.sleep(0.5)
             self.feed(backup, LinkInput.READY_SET_RECORDED)
 
-        self._spawn(shrink())
+        self.spawn(shrink())
 
     def _grown(self) -> None:
         record = self.on_ready_change
@@ -335,14 +339,16 @@ class ReplicationHub:
             except Exception as exc:  # only a missed chance to promote this backup
                 log.warning("replication: cannot record the ready set: %s", exc)
 
-        self._spawn(grow())
+        self.spawn(grow())
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def _complete(self) -> None:
+        if self.records.held:  # the term's first record is not on a majority yet
+            return
         ready = self._ready()
         pending = self.pending
         while pending:
@@ -399,8 +405,12 @@ class ReplicationHub:
         catchup = {"buffer_bytes": self.catchup_bytes, "held_bytes": self.suffix_held,
                    "held_entries": len(suffix),
                    "oldest_lsn": suffix[0][0] if suffix else None, **self.shipped}
-        return {"lsn": self.lsn, "bytes": self.bytes, "in_flight": len(self.pending),
-                "epoch": self.epoch, "backups": backups, "catchup": catchup}
+        result = {"lsn": self.lsn, "bytes": self.bytes, "in_flight": len(self.pending),
+                  "epoch": self.epoch, "backups": backups, "catchup": catchup}
+        records = self.records.status()
+        if records is not None:
+            result["ready_record"] = records
+        return result
 
     async def serve_backup(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            hello: dict[str, Any], codec: link.ReplicationCodec) -> None:
@@ -415,6 +425,9 @@ class ReplicationHub:
         self.backups[node] = backup
         self._start_watch()
         try:
+            await self.records.exchange(backup, reader, codec)
+            if self.backups.get(node) is not backup:
+                return  # it refused the record (a newer term): dropped
             resume_at = self.can_resume(hello.get("resume"))
             if resume_at is not None:
                 await send_suffix(self, backup, resume_at)
@@ -444,6 +457,8 @@ class ReplicationHub:
                 if entry.lsn == lsn and entry.kind == Kind.XA_PREPARE:
                     entry.vote_failed = f"backup {backup.node} voted fail: {reason}"
             self.drop(backup, f"it voted fail on entry {lsn}: {reason}")
+        elif message.type == "recorded":
+            self.records.on_recorded(backup, message.body)
         else:
             raise ProtocolError(f"a backup may not send {message.type!r}")
 
@@ -489,3 +504,4 @@ class ReplicationHub:
             self._watch.cancel()
         for task in self._tasks:
             task.cancel()
+        self.records.close()

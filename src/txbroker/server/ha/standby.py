@@ -13,7 +13,8 @@ node's ``extra`` ops (``ha_promote`` on a replicated backup).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from txbroker.errors import AuthenticationFailed, BadRequest, BrokerError, ProtocolError, Standby
@@ -68,6 +69,7 @@ class StandbyConnection(asyncio.Protocol):
         self.codec = NativeConnection(Role.SERVER, max_frame_size=config.max_frame_size)
         self.transport: asyncio.Transport | None = None
         self.probe = False
+        self._later: set[asyncio.Future[None]] = set()  #: answers still to come
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """Keep the transport."""
@@ -93,12 +95,27 @@ class StandbyConnection(asyncio.Protocol):
             transport.write(encode_error(0, int(exc.code), str(exc)))
             transport.close()
 
+    async def _answer_later(self, rid: int, result: Awaitable[Any]) -> None:
+        """The reply to an op that answers later (``ha_promote`` asks the peers)."""
+        try:
+            out = self.codec.send(Ok(rid, await result))
+        except BrokerError as exc:
+            out = self.codec.send(Err(rid, exc.wire_code, exc.message))
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(out)
+
     def answer(self, request: Request) -> tuple[bytes, bool]:
         """The reply to ``request`` and whether to close afterwards."""
         try:
             result = self._result(request)
         except BrokerError as exc:
             return self.codec.send(Err(request.rid, exc.wire_code, exc.message)), True
+        if inspect.isawaitable(result):  # answered when it is done (ha_promote asks peers)
+            task = asyncio.ensure_future(self._answer_later(request.rid, result))
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
+            return b"", False
         return self.codec.send(Ok(request.rid, result)), False
 
     def _result(self, request: Request) -> Any:

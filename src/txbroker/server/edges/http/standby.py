@@ -22,6 +22,7 @@ uvicorn's ``H11Protocol`` is the protocol and Starlette the application.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,7 @@ class StandbyHttp:
     """
 
     def __init__(self, auth: Authenticator, *, status: Callable[[], dict[str, Any]],
-                 promote: Callable[[dict[str, Any]], dict[str, Any]],
+                 promote: Callable[[dict[str, Any]], Any],
                  refusal: Callable[[str], str]) -> None:
         self.auth = auth
         self.status = status
@@ -107,7 +108,10 @@ class StandbyHttp:
     async def _promote(self, request: Request) -> Response:
         try:
             self._authenticate(request)
-            return JSONResponse(self.promote({}))  # no arguments: a body is ignored
+            result = self.promote({})  # no arguments: a body is ignored
+            if inspect.isawaitable(result):  # a group that asks its peers first
+                result = await result
+            return JSONResponse(result)
         except BrokerError as exc:
             return _error(exc)
 

@@ -1,0 +1,68 @@
+"""Asking the peers of a replicated group for their standing before a promotion
+(``core/ha/promotion.py`` decides; ``server/ha/replicated.py`` asks).
+
+A ``standing`` request travels on the HA port, after the link's handshake
+(``server/ha/link.py``: the HA secret, TLS), and the peer answers with one
+``standing`` message and closes: its role, the primary it follows over a live link
+and the newest ready-set record it holds. A peer that does not answer within
+:data:`ASK_TIMEOUT` counts as not heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from txbroker.core.ha.promotion import Standing
+from txbroker.errors import ProtocolError
+from txbroker.protocol import replication as link
+from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
+
+log = logging.getLogger("txbroker.ha")
+
+__all__ = ["ASK_TIMEOUT", "ask_standing", "gather_standings"]
+
+#: How long one peer may take to connect and answer (s).
+ASK_TIMEOUT: Final = 1.0
+
+
+async def ask_standing(security: LinkSecurity, host: str, port: int,
+                       timeout: float = ASK_TIMEOUT) -> Standing | None:
+    """The standing of the peer at ``host:port`` (None: not heard)."""
+    try:
+        return await asyncio.wait_for(_ask(security, host, port, timeout), timeout)
+    except (OSError, TimeoutError, ProtocolError, LinkAuthFailed) as exc:
+        log.info("HA: no standing from %s:%d: %r", host, port, exc)
+        return None
+
+
+async def _ask(security: LinkSecurity, host: str, port: int, timeout: float) -> Standing | None:
+    reader, writer = await security.connect(host, port, timeout)
+    try:
+        writer.write(link.encode("standing", {}))
+        codec = link.ReplicationCodec()
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                return None
+            for message in codec.receive_data(data):
+                if message.type == "standing":
+                    return Standing.from_wire(message.body)
+                if message.type == "refuse" and isinstance(message.body, dict):
+                    return Standing.from_wire(message.body.get("standing"))
+                raise ProtocolError(f"expected a standing, got {message.type!r}")
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def gather_standings(security: LinkSecurity, peers: Sequence[tuple[str, int]],
+                           timeout: float = ASK_TIMEOUT) -> list[Standing]:
+    """The standings of every peer that answered, asked at once."""
+    answers = await asyncio.gather(*(ask_standing(security, host, port, timeout)
+                                     for host, port in peers))
+    return [answer for answer in answers if answer is not None]
