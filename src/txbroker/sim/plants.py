@@ -59,6 +59,9 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("promote-outside-ready-set", "replicated-live",
           "the operator promotes the first live node it reaches and every node says it "
           "is promotable: a backup that is not ready (copying, catching up) is promoted"),
+    Plant("primary-ignores-lost-lease", "replicated-etcd-live",
+          "a primary whose etcd lease renewal fails (or whose lease expired) does not "
+          "fence itself: it goes on answering clients"),
     Plant("standby-ignores-lock", "shared-store-live",
           "a shared-store standby that heard no heartbeat for the activation interval "
           "activates without the lock (taking it from its live holder)"),
