@@ -291,6 +291,9 @@ class SimNetwork:
         self._next_conn = 1
         #: (time, connection, direction, length or -1 for the end, -2 for a reset)
         self.trace: list[tuple[float, int, str, int]] = []
+        #: called with each write (its end and bytes; None: the end of the stream) as
+        #: it is sent: a scenario's observer (``live_etcd.py``: who answered clients when)
+        self.on_send: Callable[[MemoryTransport, bytes | None], None] | None = None
 
     def _delay(self) -> float:
         low, high = self.delay
@@ -362,6 +365,8 @@ class SimNetwork:
 
     def send(self, source: MemoryTransport, data: bytes | None) -> None:
         """``data`` (None: the end of the stream) from ``source`` to its peer."""
+        if self.on_send is not None:
+            self.on_send(source, data)
         self._carry(source, data, reset=False)
 
     def reset(self, source: MemoryTransport) -> None:

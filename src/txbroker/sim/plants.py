@@ -60,6 +60,9 @@ PLANTS: Final = {plant.name: plant for plant in (
           "the operator promotes the first live node it reaches, every node says it "
           "is promotable and none asks its peers (no ready set recorded on a "
           "majority): a backup that is not ready, or was dropped, is promoted"),
+    Plant("primary-ignores-lost-lease", "replicated-etcd-live",
+          "a primary whose etcd lease renewal fails (or whose lease expired) does not "
+          "fence itself: it goes on answering clients"),
     Plant("standby-ignores-lock", "shared-store-live",
           "a shared-store standby that heard no heartbeat for the activation interval "
           "activates without the lock (taking it from its live holder)"),

@@ -8,6 +8,7 @@ from typing import Final
 
 from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_bank_resets
 from txbroker.sim.live_bank import run_bank_live
+from txbroker.sim.live_etcd import run_replicated_etcd_live
 from txbroker.sim.live_queue import run_queue_live
 from txbroker.sim.live_replicated import run_replicated_live
 from txbroker.sim.live_shared_store import run_shared_store_live
@@ -27,6 +28,7 @@ SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "router-bank-live": run_bank_live,
     "xa-live": run_xa_live,
     "replicated-live": run_replicated_live,
+    "replicated-etcd-live": run_replicated_etcd_live,
     "shared-store-live": run_shared_store_live,
 }
 

@@ -30,7 +30,10 @@ import httpx
 
 from txbroker.errors import EtcdError, EtcdUnavailable
 
-__all__ = ["EtcdClient", "KeyValue", "prefix_end"]
+__all__ = ["EtcdClient", "EtcdTransport", "KeyValue", "prefix_end"]
+
+#: What :class:`EtcdClient` may send its requests through instead of httpx's sockets.
+EtcdTransport = httpx.AsyncBaseTransport
 
 #: etcd's gRPC code for "requested lease not found" (NOT_FOUND).
 _GRPC_NOT_FOUND = 5
@@ -89,15 +92,19 @@ class EtcdClient:
 
     ``timeout`` bounds each HTTP exchange with one endpoint (connect, send, each
     read); a call that tries *n* endpoints may take up to *n* times as long.
+    ``transport`` replaces httpx's own (sockets) with another ``httpx`` transport:
+    the simulator's (``sim/live_etcd_net.py``) hands each request to its etcd model;
+    None (production): httpx's default.
     """
 
-    def __init__(self, endpoints: list[str], *, timeout: float = 2.0) -> None:
+    def __init__(self, endpoints: list[str], *, timeout: float = 2.0,
+                 transport: EtcdTransport | None = None) -> None:
         if not endpoints:
             raise ValueError("EtcdClient needs at least one endpoint")
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout = timeout
         self._current = 0
-        self._http = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        self._http = httpx.AsyncClient(timeout=timeout, trust_env=False, transport=transport)
 
     async def close(self) -> None:
         """Close the HTTP connections."""

@@ -62,11 +62,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from txbroker.errors import EtcdError
+from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.etcd import EtcdClient
 
 __all__ = ["DEFAULT_TTL_S", "Candidate", "LeaseHolder", "Progress", "ProgressBoard",
@@ -121,14 +121,15 @@ class LeaseHolder:
 
     ``on_lost(reason)`` is called once, from the event loop, when the holder must
     consider the key lost; it must stop serving at once. ``clock`` is a monotonic
-    clock (``time.monotonic``). Attributes for observers and tests:
+    clock (default: the running loop's, ``server/ha/clock.py`` — ``time.monotonic``
+    in production, virtual time under the simulator). Attributes for observers and tests:
     ``last_renewal_sent``, ``deadline`` (when ``on_lost`` will fire without a
     renewal), ``granted_ttl``, ``lost_at`` and ``lost_reason``.
     """
 
     def __init__(self, client: EtcdClient, key: str, value: str, *, ttl: int,
                  on_lost: Callable[[str], None], margin: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = monotonic) -> None:
         self.client = client
         self.key = key
         self.value = value
@@ -348,7 +349,7 @@ class Candidate:
 
     def __init__(self, client: EtcdClient, prefix: str, node: str, *, ttl: int,
                  on_lost: Callable[[str], None], margin: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = monotonic) -> None:
         self.client = client
         self.prefix = prefix
         self.node = node

@@ -24,7 +24,7 @@ Nothing a client left open reaches a backup: only committed entries and prepared
 XA branches are replicated, so after a failover every open, unprepared transaction
 of the old primary is gone (rolled back) and every prepared branch is still
 prepared, for the transaction manager to complete (seed requirement 5). The simulator
-(``sim/live_replicated.py``) gives a node its ``make_server`` and ``clock_ns``.
+gives a node its ``make_server``, ``clock_ns`` and ``etcd`` (an httpx transport).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.clock import monotonic
-from txbroker.server.ha.etcd import EtcdClient
+from txbroker.server.ha.etcd import EtcdClient, EtcdTransport
 from txbroker.server.ha.etcd_lease import (
     Candidate,
     campaign_pause,
@@ -87,10 +87,10 @@ class ReplicatedNode:
 
     def __init__(self, config: ServerConfig,
                  on_role: Callable[[NodeRole, BrokerServer | None], None] | None = None,
-                 *, make_server: ServerFactory = new_server,
+                 *, make_server: ServerFactory = new_server, etcd: EtcdTransport | None = None,
                  clock_ns: Callable[[], int] = time.time_ns) -> None:
         config.validate()
-        self._make_server, self._clock_ns = make_server, clock_ns
+        self._make_server, self._clock_ns, self._etcd_via = make_server, clock_ns, etcd
         if config.ha != "replicated":
             raise ValueError('ReplicatedNode needs ha = "replicated"')
         self.config = config
@@ -224,7 +224,7 @@ class ReplicatedNode:
             config = self.config
             ttl = config.ha_lease_ttl
             self.etcd = EtcdClient([e.strip() for e in config.ha_etcd.split(",") if e.strip()],
-                                   timeout=max(0.5, ttl / 3))
+                                   timeout=max(0.5, ttl / 3), transport=self._etcd_via)
             self.candidate = Candidate(self.etcd, f"/txbroker/{config.ha_cluster}", self.node,
                                        ttl=ttl, on_lost=self._fence)
             etcd_task = asyncio.ensure_future(self._campaign())
