@@ -38,9 +38,10 @@ CASES: list[tuple[str, Standing, str | None, list[Standing], str | None]] = [
      "is the primary"),
     ("one is promoting", backup("b", T3_AB), None, [Standing("c", "promoting", T3_AB)],
      "is the promoting"),
-    # rule 2: a peer still follows a live primary over its link
-    ("a peer follows a live primary", backup("b", T3_AB), None,
-     [backup("c", T3_AB, following="a")], "follows the live primary a"),
+    # rule 2 asks for a primary that answers: a peer still following one we cannot
+    # reach (its link not yet known silent) does not stop the promotion
+    ("a peer follows an unreachable primary", backup("b", T3_AB), None,
+     [backup("c", T3_AB, following="a")], None),
     # rule 3: alone of three: a newer record may be out of sight
     ("alone of three", backup("c", T3_AB), None, [], "only 1 of the 3"),
     # rule 3: the same node answering twice counts once

@@ -191,48 +191,43 @@ def test_a_seed_fences_takes_over_and_settles() -> None:
     assert trace.count("is primary") >= 2
 
 
-#: Seeds where the SIGSTOP of a primary past its lease makes it answer clients after
+#: Seeds where the SIGSTOP of a primary past its lease made it answer clients after
 #: another node took the key (found by ``run --seeds 200``): on SIGCONT the loop runs
 #: the broker's ready I/O callbacks and timers (store completions, the flush timer)
-#: before the lease watchdog's timer, so replies go out before ``_fence``. The
-#: fencing argument assumes the loop is never stalled past the margin
-#: (``etcd_lease.py``); a stop breaks it. Not fixed: the fix is a check of the lease's
-#: deadline before every write to a client (in the operation layer), not in etcd*.py.
+#: before the lease watchdog's timer, so replies went out before the fence. Fixed: the
+#: broker checks the lease's deadline before it writes any reply
+#: (``BrokerServer.answer_guard``, ``server/ha/replicated_etcd.py``).
 SIGSTOP_SPLIT_BRAIN_SEEDS = [39, 50, 78, 94, 146, 150, 163, 179]
 
 
 @pytest.mark.parametrize("seed", SIGSTOP_SPLIT_BRAIN_SEEDS)
-@pytest.mark.xfail(strict=True, reason="a stopped primary answers before its watchdog fences")
-def test_a_primary_stopped_past_its_lease_answers_after_the_key_was_taken(seed: int) -> None:
+def test_a_primary_stopped_past_its_lease_fences_before_it_answers(seed: int) -> None:
     assert run_seed("replicated-etcd-live", seed).violations == []
 
 
-#: Seeds where the group gets stuck (no primary at the end): a primary stopped past its
-#: lease continues, drops a backup from its ready set and records the ready set in
-#: etcd (an unconditional put of ``/ready``) before its watchdog fences it — over the
-#: record of the primary that took the key meanwhile. The recorded set then names the
-#: stale primary and no ready backup; the stale primary refuses ``ha promote`` (it has
-#: a standing record). Not fixed: ``_record_ready`` (``server/ha/replicated.py``)
-#: should write in a transaction guarded by its own primary key (value and lease).
+#: Seeds where the group got stuck (no primary at the end): a primary stopped past its
+#: lease continued, dropped a backup from its ready set and recorded the ready set in
+#: etcd (an unconditional put of ``/ready``) before its watchdog fenced it — over the
+#: record of the primary that took the key meanwhile. Fixed: the record is written in
+#: a transaction that requires the primary key on the writer's lease
+#: (``EtcdClient.put_if_held``).
 STALE_READY_RECORD_SEEDS = [13]
 
 
 @pytest.mark.parametrize("seed", STALE_READY_RECORD_SEEDS)
-@pytest.mark.xfail(strict=True, reason="a fenced primary's late ready-set record")
-def test_a_stale_primary_overwrites_the_ready_set_record(seed: int) -> None:
+def test_a_stale_primary_cannot_overwrite_the_ready_set_record(seed: int) -> None:
     assert run_seed("replicated-etcd-live", seed).violations == []
 
 
-#: Seeds where an operator who runs ``ha promote`` on whichever node accepts loses
-#: answered sends: with etcd, ``request_promotion`` lets a node with no standing
+#: Seeds where an operator who runs ``ha promote`` on whichever node accepts lost
+#: answered sends: with etcd, ``request_promotion`` let a node with no standing
 #: record (``REPLICA_STATE``) through as "the old primary" even when the ready set
-#: recorded in etcd names another primary and no backup — seed 17: a node that never
-#: held a copy; seed 27: a primary of an earlier epoch. Its promotion wipes the newer
-#: copies. Not fixed (``server/ha/replicated.py``): admit only the recorded primary.
+#: recorded in etcd named another primary and no backup — seed 17: a node that never
+#: held a copy; seed 27: a primary of an earlier epoch. Fixed: only a node of the
+#: recorded set, or the primary that recorded it, is admitted.
 BLIND_OPERATOR_SEEDS = [17, 27]
 
 
 @pytest.mark.parametrize("seed", BLIND_OPERATOR_SEEDS)
-@pytest.mark.xfail(strict=True, reason="ha promote admits a node with no standing record")
-def test_a_blind_operator_promotes_a_node_that_never_had_a_copy(seed: int) -> None:
+def test_a_blind_operator_cannot_promote_a_node_the_record_leaves_out(seed: int) -> None:
     assert run_replicated_etcd_live(World(seed), frozenset(), blind=True) == []

@@ -128,7 +128,7 @@ class EtcdTrio:
             make_server=node.make_server, etcd=SimEtcdTransport(self.etcd, node.host),
             clock_ns=lambda: EPOCH_MS * 1_000_000 + int(loop.time() * 1e9))
         if "primary-ignores-lost-lease" in self.trio.plants:
-            setattr(replicated, "_fence", lambda reason: None)  # noqa: B010 (the plant)
+            setattr(replicated, "fence", lambda reason, event=None: None)  # noqa: B010 (the plant)
         node.node = replicated
         node.starts += 1
         process, task = loop.spawn(node.host, replicated.run())

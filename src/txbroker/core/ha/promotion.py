@@ -21,8 +21,9 @@ record under which anything was answered.
 to — the rules, in order:
 
 1. X itself must be promotable by its own copy (whole, not catching up).
-2. Nobody reached is a primary, or follows a primary it is still connected to: there
-   is a primary; promoting a second would split the group.
+2. Nobody reached is a primary (or on its way): promoting a second would split the
+   group. (One it cannot reach, still followed by a peer over a live link, cannot get
+   anything past the new primary: the peer holds the new term once it joins it.)
 3. X and the peers that answered are a majority of the group: fewer may have missed a
    newer record.
 4. Of the records they hold, the newest (term, then version) names X as its primary or
@@ -138,12 +139,13 @@ def promotion_refusal(own: Standing, own_refusal: str | None, group_size: int,
     # Rule 1: its own copy first (incomplete, catching up, not a backup).
     if own_refusal is not None:
         return own_refusal
-    # Rule 2: a live primary anywhere reached: promoting another splits the group.
+    # Rule 2: a live primary anywhere reached: promoting another splits the group. (A
+    # peer that says it follows a primary we cannot reach is not enough: over a link
+    # gone silent it says so until it notices; and promoted meanwhile, we answer
+    # nothing until a majority holds our first record — it joins us once it does.)
     for peer in peers:
         if peer.role in ("primary", "promoting"):
             return f"{peer.node} is the {peer.role}"
-        if peer.following:
-            return f"{peer.node} follows the live primary {peer.following}"
     if force:
         return None
     # Rule 3: a majority must answer, or a newer record may be out of sight.

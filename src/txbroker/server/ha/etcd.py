@@ -232,6 +232,18 @@ class EtcdClient:
         })
         return bool(reply.get("succeeded", False))
 
+    async def put_if_held(self, key: str | bytes, value: str | bytes, *,
+                          holder_key: str | bytes, lease: int) -> bool:
+        """Set ``key`` only while ``holder_key`` is attached to ``lease`` (one
+        transaction comparing its ``lease``): a holder whose key was taken over writes
+        nothing. Whether it wrote."""
+        reply = await self._call("/v3/kv/txn", {
+            "compare": [{"key": _b64(_key(holder_key)), "target": "LEASE", "result": "EQUAL",
+                         "lease": str(lease)}],
+            "success": [{"request_put": {"key": _b64(_key(key)), "value": _b64(_key(value))}}],
+        })
+        return bool(reply.get("succeeded", False))
+
     async def delete_if(self, key: str | bytes, value: str | bytes) -> bool:
         """Delete the key only if its value is ``value`` (one transaction): a holder
         stepping down removes its own key, never a successor's. Whether it deleted."""

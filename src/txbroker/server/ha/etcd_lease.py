@@ -396,17 +396,28 @@ def _ready_key(cluster: str) -> str:
     return f"/txbroker/{cluster}/ready"
 
 
-async def put_ready_set(etcd: EtcdClient, cluster: str, primary: str, names: list[str]) -> None:
-    """Record the primary's ready set in etcd (``/txbroker/<cluster>/ready``)."""
-    await etcd.put(_ready_key(cluster), json.dumps({"primary": primary, "ready": names}))
+async def put_ready_set(etcd: EtcdClient, cluster: str, primary: str, names: list[str],
+                        lease: int) -> None:
+    """Record the primary's ready set in etcd (``/txbroker/<cluster>/ready``) while it
+    holds the primary key under ``lease``: a primary that was stopped past its lease
+    and replaced must not overwrite its successor's record (EtcdError: not written)."""
+    written = await etcd.put_if_held(
+        _ready_key(cluster), json.dumps({"primary": primary, "ready": names}),
+        holder_key=primary_key(f"/txbroker/{cluster}"), lease=lease)
+    if not written:
+        raise EtcdError(f"{primary} no longer holds the primary key under lease {lease}: "
+                        "the ready set is not recorded")
 
 
-async def get_ready_set(etcd: EtcdClient, cluster: str) -> list[str] | None:
-    """The ready set the last primary recorded in etcd (None: none, or unreadable)."""
+async def get_ready_set(etcd: EtcdClient, cluster: str
+                        ) -> tuple[str | None, list[str] | None]:
+    """The primary that last recorded its ready set in etcd, and the set (None, None:
+    none recorded, or unreadable)."""
     kv = await etcd.get(_ready_key(cluster))
     if kv is None:
-        return None
+        return None, None
     try:
-        return [str(name) for name in json.loads(kv.value)["ready"]]
-    except (ValueError, KeyError, TypeError):
-        return None
+        record = json.loads(kv.value)
+        return str(record.get("primary")), [str(name) for name in record["ready"]]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, None

@@ -133,7 +133,9 @@ def read_standing(data: Path) -> bool | None:
         standing = json.loads((data / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return bool(standing.get("ready")) if isinstance(standing, dict) else None
+    if not isinstance(standing, dict) or "ready" not in standing:
+        return None  # none, or a primary's own record (write_record)
+    return bool(standing["ready"])
 
 
 def read_record(data: Path) -> ReadyRecord | None:

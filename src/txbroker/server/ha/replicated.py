@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -50,7 +51,6 @@ from txbroker.server.ha.etcd_lease import (
     Candidate,
     campaign_pause,
     get_ready_set,
-    put_ready_set,
 )
 from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
 from txbroker.server.ha.quorum import QuorumPromotion
@@ -65,6 +65,7 @@ from txbroker.server.ha.replica import (
     read_standing,
     write_record,
 )
+from txbroker.server.ha.replicated_etcd import lease_guard, record_ready
 from txbroker.server.ha.replicated_status import node_status
 from txbroker.server.ha.replication import ReplicationHub
 from txbroker.server.ha.standby import BackupPorts
@@ -124,6 +125,7 @@ class ReplicatedNode:
         self.etcd_primary: str | None = None
         #: the ready set the last primary recorded in etcd (None: none recorded)
         self.etcd_ready: list[str] | None = None
+        self.etcd_ready_primary: str | None = None  #: the primary that recorded it
         self._manual = False  #: an operator asked for promotion (etcd: take the key)
         self._nudge = asyncio.Event()  #: ends the campaign's pause (promote, loss, stop)
         #: monotonic time this backup last lost the primary it followed (etcd campaign)
@@ -183,7 +185,7 @@ class ReplicatedNode:
                 raise IllegalState(f"{self.node} cannot be promoted: the etcd key is held by "
                                    f"{self.etcd_primary}")
             if self.etcd_ready is not None and self.node not in self.etcd_ready and \
-                    self.copy_ready is not None:
+                    self.node != self.etcd_ready_primary:  # neither ready nor its primary
                 raise IllegalState(f"{self.node} cannot be promoted: the last primary's ready "
                                    f"set in etcd is {self.etcd_ready or 'empty'}")
             self._manual = True
@@ -226,7 +228,7 @@ class ReplicatedNode:
             self.etcd = EtcdClient([e.strip() for e in config.ha_etcd.split(",") if e.strip()],
                                    timeout=max(0.5, ttl / 3), transport=self._etcd_via)
             self.candidate = Candidate(self.etcd, f"/txbroker/{config.ha_cluster}", self.node,
-                                       ttl=ttl, on_lost=self._fence)
+                                       ttl=ttl, on_lost=self.fence)
             etcd_task = asyncio.ensure_future(self._campaign())
         try:
             promoted = await self._be_backup()
@@ -349,8 +351,9 @@ class ReplicatedNode:
         else:
             forget_standing(self.config.data)
         if self.etcd is not None:
-            hub.on_ready_change = self._record_ready
-            await self._record_ready([])  # until a backup is ready, none may succeed us
+            server.answer_guard = functools.partial(lease_guard, self)
+            hub.on_ready_change = functools.partial(record_ready, self)
+            await record_ready(self, [])  # until a backup is ready, none may succeed us
         server.wrap_store(hub.wrap)
         # seed 001, "TX Commit/Rollback: do prepare phase as for DTX": the backups vote
         server.broker.vote_local_commits(True)
@@ -387,7 +390,8 @@ class ReplicatedNode:
                     # that has followed nobody since it started waits for `ha promote`)
                     position = self.copy_position
                     ready = self.copy_ready is True and self.promotable() is None
-                self.etcd_ready = await get_ready_set(candidate.client, self.config.ha_cluster)
+                self.etcd_ready_primary, self.etcd_ready = await get_ready_set(
+                    candidate.client, self.config.ha_cluster)
                 if self.etcd_ready is not None and self.node not in self.etcd_ready:
                     ready = False  # the last primary stopped counting on this copy
                 if (position, ready) != published:  # its own task keeps the entry alive
@@ -413,17 +417,13 @@ class ReplicatedNode:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudge.wait(), pause)
 
-    async def _record_ready(self, names: list[str]) -> None:
-        """Record the ready set in etcd (before the primary stops waiting for a backup
-        that left it): after a whole-group loss only these may be promoted."""
-        assert self.etcd is not None
-        await put_ready_set(self.etcd, self.config.ha_cluster, self.node, names)
-        self.etcd_ready = names
-
-    def _fence(self, reason: str, event: RoleInput = RoleInput.LEASE_LOST) -> None:
+    def fence(self, reason: str, event: RoleInput = RoleInput.LEASE_LOST) -> None:
         """The primary lost its etcd lease, or a backup holds a newer term (another
         primary was promoted): stop serving NOW (before anyone can take over): every
         client connection is cut, then the broker stops."""
+        if self.fenced and self.server is not None:  # again: nothing more is written
+            self.server.ops.abort_all()
+            return
         if RoleAction.FENCE not in self._step(event):
             return
         what = "etcd: lost the primary key" if event is RoleInput.LEASE_LOST \
@@ -437,7 +437,7 @@ class ReplicatedNode:
         self._stopping.set()
 
     def _superseded(self, reason: str) -> None:
-        self._fence(reason, RoleInput.SUPERSEDED)
+        self.fence(reason, RoleInput.SUPERSEDED)
 
     async def _close(self) -> None:
         candidate = self.candidate
