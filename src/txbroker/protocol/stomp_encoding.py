@@ -44,13 +44,19 @@ class StompFrameTooLarge(StompProtocolError, FrameTooLarge):
     """A frame, a header line or the number of headers is above its limit."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # its own __init__: compiled (a generated one is not)
 class Frame:
     """One STOMP frame: a command, headers (first occurrence wins) and a body."""
 
     command: str
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+
+    def __init__(self, command: str, headers: dict[str, str] | None = None,
+                 body: bytes = b"") -> None:
+        self.command = command
+        self.headers = {} if headers is None else headers
+        self.body = body
 
 
 # ---------------------------------------------------------------- escaping
