@@ -17,8 +17,16 @@ from typing import Any
 import pytest
 
 from txbroker import _build
-from txbroker.core.effects import (Cancelled, Continue, Deliver, Fail, Notify, Persist, Release,
-                                   Reply)
+from txbroker.core.effects import (
+    Cancelled,
+    Continue,
+    Deliver,
+    Fail,
+    Notify,
+    Persist,
+    Release,
+    Reply,
+)
 from txbroker.core.outbox import RecordGroup
 from txbroker.protocol.stomp_encoding import Frame
 from txbroker.server.ops.values import Delivery
