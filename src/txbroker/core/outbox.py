@@ -37,13 +37,19 @@ from txbroker.errors import StorageFailed
 OnDurable = Callable[[BaseException | None], None]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # its own __init__: compiled (a generated one is not)
 class RecordGroup:
     """The open record group: plain sends and acks waiting to be written as one record."""
 
     adds: list[Message] = field(default_factory=list)
     acks: list[Message] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)  #: sent when the group is durable
+
+    def __init__(self, adds: list[Message] | None = None, acks: list[Message] | None = None,
+                 replies: list[Reply] | None = None) -> None:
+        self.adds = [] if adds is None else adds
+        self.acks = [] if acks is None else acks
+        self.replies = [] if replies is None else replies
 
     def __bool__(self) -> bool:
         return bool(self.adds or self.acks)

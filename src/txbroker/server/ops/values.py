@@ -26,7 +26,9 @@ def as_refusal(error: TxBrokerError) -> BrokerError:
     return error if isinstance(error, BrokerError) else BrokerError(str(error))
 
 
-@dataclass(slots=True)  # not frozen: a frozen init costs 4x as much, once per delivery
+#: not frozen (a frozen init costs 4x as much, once per delivery), and its own
+#: ``__init__``: a dataclass-generated one stays interpreted under mypyc
+@dataclass(slots=True, init=False)
 class Delivery:
     """A message handed to a connection: for subscription ``sub``, or the answer
     to ``receive`` request ``rid`` (``sub`` 0). ``tag`` is what acks name. Read-only
@@ -38,6 +40,15 @@ class Delivery:
     sub: int
     rid: int
     redelivered: bool
+
+    def __init__(self, message: Message, body: bytes, tag: int, sub: int, rid: int,
+                 redelivered: bool) -> None:
+        self.message = message
+        self.body = body
+        self.tag = tag
+        self.sub = sub
+        self.rid = rid
+        self.redelivered = redelivered
 
 
 @dataclass(frozen=True, slots=True)

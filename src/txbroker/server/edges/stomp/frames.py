@@ -52,7 +52,7 @@ from txbroker.protocol.stomp import (
     Frame,
     StompConnection,
     StompProtocolError,
-    encode_message,
+    encode_message_head,
     encode_receipt,
     message_head,
     negotiate_heartbeat,
@@ -412,9 +412,13 @@ class StompFrames:
             ack = f"{self._ack_prefix}{tag}"
         else:
             self._ack_ids[message_id] = (tag, sub.number)
-        self.out.append(encode_message(sub.head, message_id, delivery.body, version, ack=ack,
+        body = delivery.body
+        out = self.out  # three pieces: the connection's one join copies the body once
+        out.append(encode_message_head(sub.head, message_id, len(body), version, ack=ack,
                                        redelivered=delivery.redelivered,
                                        headers=message.headers))
+        out.append(body)
+        out.append(b"\x00")
 
     def answered(self, rid: int) -> None:
         """The core answered request ``rid``: its receipts (and a waiting DISCONNECT)."""
