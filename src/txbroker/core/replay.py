@@ -241,11 +241,13 @@ class Replay:
 
     def gone(self, ids: Iterable[int]) -> None:
         """The messages ``ids`` died (acked, dropped, consumed): their bodies released."""
-        pop = self._pop
-        for message_id in ids:
-            msg = pop(message_id)
+        raw, settled, emit = self.raw, self.settled.at, self.outbox.emit
+        for message_id in ids:  # (a restart's second hottest loop: inlined _pop)
+            msg = raw.pop(message_id, None)
+            if msg is None and settled and message_id in settled:
+                msg = self.settled.take(message_id)
             if msg is not None and msg[RAW_REF] is not None:
-                self.outbox.emit(Release(msg[RAW_REF]))
+                emit(Release(msg[RAW_REF]))
 
     def _move(self, move: records.Move) -> None:
         ids, target = move.ids, move.queue
