@@ -15,7 +15,7 @@ import pytest
 from tests.core.harness import Harness
 from txbroker.core.broker import Broker
 from txbroker.core.effects import Release
-from txbroker.core.messages import Chunk, Message
+from txbroker.core.messages import CHUNK_SIZE, Chunk, Message
 from txbroker.core.records import Kind, StoredEntry
 from txbroker.core.replay_settled import RUN_SIZE
 from txbroker.core.xa import TMNOFLAGS, TMSUCCESS
@@ -216,5 +216,15 @@ def test_runs_are_cut_at_run_size() -> None:
     assert broker.settle_replay() == 0
     runs = broker.replay_part.settled.levels[("q", 4)]
     assert [len(run.ids) for run in runs] == [RUN_SIZE, 10]
+    mark = len(h.log)
+    for number in range(5):  # taken out of the first run: the chunks are cut elsewhere
+        got = h.receive(s, 10 + number, "q")
+        h.call("ack", s, 20 + number, [got.tag], h.now)
+    for kind, meta, refs in h.log[mark:]:
+        broker.replay(StoredEntry(kind, meta, tuple(refs)))
     broker.finish_recovery(h.now)
-    assert broker.queues["q"].messages == RUN_SIZE + 10
+    cold, _ = _replay(h.log, h.bodies, h.now, None)
+    assert _state(broker) == _state(cold)
+    chunks = broker.queues["q"]._ready[4]
+    assert [len(chunk.ids) for chunk in chunks] == [CHUNK_SIZE, RUN_SIZE + 5 - CHUNK_SIZE]  # type: ignore[union-attr]
+    assert broker.queues["q"].messages == RUN_SIZE + 5

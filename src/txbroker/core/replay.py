@@ -372,7 +372,7 @@ class Replay:
         if self.settled.levels:
             if self.ordinal < ORDINAL_LIMIT and \
                     all(level[0] in queues for level in self.settled.levels):
-                batches = self.settled.fill(queues)
+                self.settled.fill(queues, home)
             else:  # (a queue finish creates: keep the order it creates them in)
                 self._unsettle_all()
         self._sort_raw()

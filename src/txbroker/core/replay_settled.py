@@ -10,9 +10,11 @@ that follows the journal for minutes can do most of that walk while it waits:
 keep as compact chunk slots whatever the takeover's clock and whatever later
 records say of their queue (no client id, no headers, no expiry, no delivery
 time, a body ref and size that fit a slot), and files them per *level* (queue,
-priority) as :class:`Run` columns, the very lists ``finish`` hands to
-``Queue.extend_compact``. ``finish`` then starts from those columns
-(:meth:`Settled.fill`) and walks only what is left in ``raw``.
+priority) as :class:`Run` columns: arrays of the typecodes of a
+``core/messages.py`` :class:`Chunk`. ``finish`` first copies them into their
+queues' chunks as they are (:meth:`Settled.fill`: a few memory copies per
+4,096 messages, no Python object per message) and then walks only what is left
+in ``raw``.
 
 What keeps the result equal to a cold recovery's:
 
@@ -38,11 +40,20 @@ by the warm standby between two slices of what it follows.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
-from txbroker.core.messages import COMPACT_REF_LIMIT, COMPACT_SIZE_LIMIT
+from txbroker.core.messages import (
+    CHUNK_SIZE,
+    COMPACT_REF_LIMIT,
+    COMPACT_SIZE_LIMIT,
+    Chunk,
+    Message,
+    MessageIndex,
+)
 from txbroker.core.queues import Queue
 
 #: Positions in a replayed ``msg`` list (``core/replay.py``): the queue's seq, the
@@ -53,26 +64,33 @@ RAW_SEQ, RAW_REF, RAW_ORD = 9, 10, 11
 RUN_SIZE: Final = 4096
 #: A level, ``(queue name, priority)``.
 Level = tuple[str, int]
+_LOW = (1 << 32) - 1
 
 
 class Run:
-    """Settled compact messages of one level, in log order with ascending ids: the
-    columns of ``Queue.extend_compact`` (ids, seqs, refs, sizes, timestamps,
+    """Settled compact messages of one level, in log order with ascending ids: a
+    chunk's columns (ids, seqs, the ref's high and low halves, sizes, timestamps,
     delivery counts, ordinals)."""
 
-    __slots__ = ("counts", "ids", "ords", "priority", "queue", "refs", "seqs", "sizes",
-                 "stamps")
+    __slots__ = ("counts", "ids", "ords", "priority", "queue", "ref_hi", "ref_lo", "seqs",
+                 "sizes", "stamps")
 
     def __init__(self, queue: str, priority: int) -> None:
         self.queue = queue
         self.priority = priority
-        self.ids: list[int] = []
-        self.seqs: list[int] = []
-        self.refs: list[int] = []
-        self.sizes: list[int] = []
-        self.stamps: list[int] = []
-        self.counts: list[int] = []
-        self.ords: list[int] = []
+        self.ids: array[int] = array("q")
+        self.seqs: array[int] = array("q")
+        self.ref_hi: array[int] = array("Q")
+        self.ref_lo: array[int] = array("L")
+        self.sizes: array[int] = array("L")
+        self.stamps: array[int] = array("q")
+        self.counts: array[int] = array("H")
+        self.ords: array[int] = array("I")
+
+    def columns(self) -> list[array[int]]:
+        """The columns, in ``Chunk.extend_arrays`` order."""
+        return [self.ids, self.seqs, self.ref_hi, self.ref_lo, self.sizes, self.stamps,
+                self.counts, self.ords]
 
     def slot(self, message_id: int) -> int:
         """The position of ``message_id`` (it is here: :attr:`Settled.at` says so)."""
@@ -126,7 +144,8 @@ class Settled:
                         runs.append(run)
                     run.ids.append(message_id)
                     run.seqs.append(msg[RAW_SEQ])
-                    run.refs.append(ref)
+                    run.ref_hi.append(ref >> 32)
+                    run.ref_lo.append(ref & _LOW)
                     run.sizes.append(size)
                     run.stamps.append(msg[5])
                     run.counts.append(msg[8])
@@ -143,9 +162,9 @@ class Settled:
         """Take a settled message out: its replayed ``msg`` list."""
         run = self.at.pop(message_id)
         slot = run.slot(message_id)
+        ref = run.ref_hi.pop(slot) << 32 | run.ref_lo.pop(slot)
         msg = [message_id, run.queue, None, None, run.priority, run.stamps.pop(slot), 0, 0,
-               run.counts.pop(slot), run.seqs.pop(slot), run.refs.pop(slot),
-               run.ords.pop(slot)]
+               run.counts.pop(slot), run.seqs.pop(slot), ref, run.ords.pop(slot)]
         del run.ids[slot]
         del run.sizes[slot]
         return msg
@@ -158,13 +177,15 @@ class Settled:
         if msg[1] != run.queue or msg[4] != run.priority or not settles(msg, size):
             return None
         slot = run.slot(message_id)
-        old = run.refs[slot]
-        run.refs[slot] = msg[RAW_REF]
+        old = run.ref_hi[slot] << 32 | run.ref_lo[slot]
+        ref = msg[RAW_REF]
+        run.ref_hi[slot] = ref >> 32
+        run.ref_lo[slot] = ref & _LOW
         run.sizes[slot] = size
         run.seqs[slot] = msg[RAW_SEQ]
         run.stamps[slot] = msg[5]
         run.counts[slot] = msg[8]
-        return int(old)
+        return old
 
     def set_count(self, message_id: int, count: int) -> bool:
         """A settled message's new delivery count, when a slot can keep it."""
@@ -197,37 +218,54 @@ class Settled:
             taken.extend(self.take_level(level))
         return taken
 
-    def fill(self, queues: dict[str, Queue]
-             ) -> dict[Level, tuple[Queue, list[list[int]]]]:
-        """Empty the settled levels into their queues' counters: the ``finish`` batches
-        they start (every level's queue exists: the caller checked)."""
-        batches: dict[Level, tuple[Queue, list[list[int]]]] = {}
-        for level, runs in self.levels.items():
-            columns: list[list[int]] = [[], [], [], [], [], [], []]
-            ids, seqs, refs, sizes, stamps, counts, ords = columns
+    def fill(self, queues: dict[str, Queue], home: MessageIndex) -> None:
+        """Put the settled levels into their queues (first: everything settled precedes
+        what is left in ``raw`` in its level), counted in, their ``next_seq`` and
+        delivery counts settled; every level's queue exists (the caller checked)."""
+        for (name, priority), runs in self.levels.items():
+            queue = queues[name]
+            level = queue.ready_level(priority)
             for run in runs:
-                ids.extend(run.ids)
-                seqs.extend(run.seqs)
-                refs.extend(run.refs)
-                sizes.extend(run.sizes)
-                stamps.extend(run.stamps)
-                counts.extend(run.counts)
-                ords.extend(run.ords)
-            if not ids:
-                continue
-            queue = queues[level[0]]
-            queue.messages += len(ids)
-            queue.bytes += sum(sizes)
-            top = max(seqs)
-            if top >= queue.next_seq:
-                queue.next_seq = top + 1
-            delivered = queue.delivered_seq
-            if min(seqs) <= delivered:  # may have been delivered before the crash
-                columns[5] = [1 if seq <= delivered and not count else count
-                              for seq, count in zip(seqs, counts, strict=True)]
-            batches[level] = (queue, columns)
+                if run.ids:
+                    _count_in(queue, run)
+                    _into_chunks(queue, home, level, run)
         self.levels, self.at, self.last_ord = {}, {}, {}
-        return batches
+
+
+def _count_in(queue: Queue, run: Run) -> None:
+    """Count a run's messages in their queue (``Replay.finish`` does it per message)."""
+    seqs = run.seqs
+    queue.messages += len(seqs)
+    queue.bytes += sum(run.sizes)
+    top = max(seqs)
+    if top >= queue.next_seq:
+        queue.next_seq = top + 1
+    delivered = queue.delivered_seq
+    if min(seqs) <= delivered:  # may have been delivered before the crash
+        run.counts = array("H", [1 if seq <= delivered and not count else count
+                                 for seq, count in zip(seqs, run.counts, strict=True)])
+
+
+def _into_chunks(queue: Queue, home: MessageIndex, level: deque[Message | Chunk],
+                 run: Run) -> None:
+    """Append a run to its level's chunks as ``Queue.put_compact`` would one message
+    at a time: a new chunk when the last is full or an id does not follow its last."""
+    columns = run.columns()
+    ids = run.ids
+    total = len(ids)
+    start = 0
+    while start < total:
+        last = level[-1] if level else None
+        if not isinstance(last, Chunk) or not last.takes(ids[start]):
+            last = Chunk(home, queue.name, priority=run.priority)
+            level.append(last)
+        stop = min(total, start + CHUNK_SIZE - len(last.ids))
+        if start == 0 and stop == total:
+            last.extend_arrays(*columns)
+        else:
+            last.extend_arrays(*[column[start:stop] for column in columns])
+        start = stop
+    queue.ready_count += total
 
 
 __all__ = ["RAW_ORD", "RAW_REF", "RAW_SEQ", "RUN_SIZE", "Level", "Run", "Settled", "settles"]
