@@ -58,10 +58,12 @@ log = logging.getLogger("txbroker.ha")
 #: suffix a takeover reads is at most what the active writes in this time, plus
 #: what it wrote since the last poll.
 FOLLOW_INTERVAL: Final = 0.05
-#: Replayed messages that may wait unsettled: a settle walks what waits (those that
-#: cannot settle again too), so it runs once this many more wait than after the last
-#: one, or when the follower is idle and at most this many wait. 4,096: about 4 ms of
-#: pure-Python CPU per settle, what one slice of ``FOLLOW_ENTRIES`` costs.
+#: Replayed messages that may wait unsettled. A settle walks everything that waits,
+#: the messages that cannot settle too, so it runs once the wait grew by this many
+#: plus as many as the last settle left (a geometric step: a journal of messages that
+#: never settle is walked about twice, not once per step), or when the follower is
+#: idle and at most this many wait. 4,096: a few ms of pure-Python CPU per settle,
+#: about what one slice of ``FOLLOW_ENTRIES`` entries costs to replay.
 SETTLE_ENTRIES: Final = 4096
 
 
@@ -151,7 +153,7 @@ class WarmStandby:
             else:
                 self._effects.append(effect)
         waiting = broker.replay_backlog()
-        if self.settle_always or waiting >= self._unsettled + SETTLE_ENTRIES or \
+        if self.settle_always or waiting >= 2 * self._unsettled + SETTLE_ENTRIES or \
                 (not entries and self._unsettled < waiting <= SETTLE_ENTRIES):
             self._unsettled = broker.settle_replay()
         return len(entries)
