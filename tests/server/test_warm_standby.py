@@ -189,3 +189,86 @@ def test_compaction_under_the_follower_relocates_and_deletes_and_the_states_agre
     assert oldest > 1  # segments were deleted under the follower
     assert warm_contents == cold_contents
     assert warm_contents["parked"][0] == 40 and warm_contents["ids"] and live == 40
+
+
+def _state(server: BrokerServer) -> dict[str, Any]:
+    """What a takeover built, in detail: every queue's counters, every message (in the
+    index's log order) and every XA branch."""
+    broker = server.broker
+    return {
+        "queues": {name: (q.messages, q.bytes, q.next_seq, q.delivered_seq, q.ready_count,
+                          q.pending, q.pending_bytes, q.expiring)
+                   for name, q in broker.queues.items()},
+        "messages": [(m.id, m.queue, m.state, m.seq, m.delivery_count, m.size, m.ref)
+                     for m in broker.messages.values()],
+        "branches": {str(xid): (b.state, sorted(m.id for m in b.work.sends), sorted(b.work.acks))
+                     for xid, b in broker.branches.items()}}
+
+
+def test_a_standby_that_settles_as_it_follows_takes_over_with_a_cold_recoverys_state(
+        tmp_path: Path) -> None:
+    """Plain messages (no client id: the ones a standby settles ahead of the takeover,
+    ``core/replay_settled.py``) parked, consumed and acked, delivered and not acked,
+    in a local transaction, consumed and sent by a prepared XA branch, relocated by
+    compaction while the standby follows: the warm takeover's state is the cold
+    recovery's, message by message."""
+    config = dataclasses.replace(_config(tmp_path / "data"), maintain_interval=0.02)
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], int, int]:
+        warm = WarmStandby(config)
+        warm.settle_always = True
+        active = BrokerServer(config)
+        await active.recover()
+        await active.open_listeners()
+        try:
+            async with aio.connect(f"txb://127.0.0.1:{config.port}") as conn:
+                for _ in range(6):
+                    await conn.send_batch("parked", [b"p" * 200] * 50)
+                    warm.step()
+                await conn.send_batch("work", [b"w" * 100] * 100)
+                for number in range(45):
+                    message = await conn.receive("work", timeout=1)
+                    assert message is not None
+                    if number < 40:  # 5 stay delivered, unacked
+                        await message.ack()
+                    if number % 10 == 0:
+                        warm.step()
+                tx = conn.transaction()
+                for _ in range(3):
+                    await tx.send("work", b"in tx")
+                for _ in range(2):
+                    consumed = await tx.receive("parked", timeout=1)
+                    assert consumed is not None
+                    await tx.ack(consumed)
+                await tx.commit()
+                warm.step()
+                await conn.tpc_begin(conn.xid(0, "warm", "1"))
+                for _ in range(2):
+                    consumed = await conn.receive("parked", timeout=1)
+                    assert consumed is not None
+                    await consumed.ack()
+                await conn.send("xa-out", b"prepared send")
+                await conn.tpc_prepare()
+                for _ in range(50):  # compaction runs every 20 ms meanwhile
+                    await asyncio.sleep(0.02)
+                    warm.step()
+                settled = len(warm.broker.replay_part.settled.at)
+                await conn.send_batch("parked", [b"late"] * 20)  # the suffix
+        finally:
+            await active.stop()
+        taken = await _recover(config, warm)
+        assert taken.broker is warm.broker
+        warm_state = _state(taken)
+        await taken.stop()
+        cold = await _recover(config, None)
+        cold_state = _state(cold)
+        await cold.stop()
+        return warm_state, cold_state, settled, len(cold_state["messages"])
+
+    warm_state, cold_state, settled, messages = asyncio.run(scenario())
+    assert warm_state == cold_state
+    assert warm_state["queues"]["parked"][0] == 300 - 2 + 20  # (2 held by the branch)
+    assert warm_state["queues"]["work"][0] == 100 - 40 + 3
+    assert len(warm_state["branches"]) == 1
+    assert settled >= 300 - 4  # what the takeover's finish did not walk
+    assert messages == 300 - 2 + 20 + 60 + 3

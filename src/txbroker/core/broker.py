@@ -454,6 +454,15 @@ class Broker:
         """Apply one stored entry (log order) to the recovering state."""
         self.replay_part.replay(entry)
 
+    def replay_backlog(self) -> int:
+        """Replayed messages :meth:`finish_recovery` would walk one by one."""
+        return len(self.replay_part.raw)
+
+    def settle_replay(self) -> int:
+        """Settle replayed messages ahead of :meth:`finish_recovery` (a warm standby
+        while it follows: ``core/replay_settled.py``); how many are left unsettled."""
+        return self.replay_part.settle()
+
     def finish_recovery(self, now: int) -> None:
         """Replay is over: every surviving message goes into its queue; voted local
         commits left without an outcome are committed (``core/local_tx.py``)."""

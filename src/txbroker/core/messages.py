@@ -215,6 +215,30 @@ class Chunk:
         self.live += len(ids)
         self.home.compact += len(ids)
 
+    def extend_arrays(self, ids: array[int], seqs: array[int], ref_hi: array[int],
+                      ref_lo: array[int], sizes: array[int], stamps: array[int],
+                      counts: array[int], ords: array[int]) -> None:
+        """:meth:`extend` from arrays of this chunk's own typecodes (copied as they
+        are: a warm standby's settled messages, ``core/replay_settled.py``)."""
+        mine = self.ids
+        blocks = self.home.blocks
+        first = ids[0] >> BLOCK_SHIFT
+        if mine and mine[-1] >> BLOCK_SHIFT == first:
+            first += 1  # (registered already)
+        for block in range(first, (ids[-1] >> BLOCK_SHIFT) + 1):
+            blocks.setdefault(block, []).append(self)
+        mine.extend(ids)
+        self.seqs.extend(seqs)
+        self.ref_hi.extend(ref_hi)
+        self.ref_lo.extend(ref_lo)
+        self.sizes.extend(sizes)
+        self.stamps.extend(stamps)
+        self.counts.extend(counts)
+        self.ords.extend(ords)
+        self.marks.extend(bytes([COMPACT]) * len(ids))
+        self.live += len(ids)
+        self.home.compact += len(ids)
+
     def find(self, message_id: int) -> int:
         """The slot of ``message_id`` (-1: not here)."""
         ids = self.ids

@@ -182,6 +182,10 @@ class Queue:
             start = stop
         self.ready_count += total
 
+    def ready_level(self, priority: int) -> deque[Message | Chunk]:
+        """The READY messages and chunks of one priority, in order (a restart fills it)."""
+        return self._ready[priority]
+
     def count_in(self, message: Message) -> None:
         """Account a message that now belongs to this queue."""
         self.messages += 1

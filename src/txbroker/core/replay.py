@@ -5,12 +5,16 @@ Theory of operation
 On start the edge feeds every stored entry, in log order, to
 :meth:`Replay.replay`, then calls :meth:`Replay.finish`. Replay keeps
 messages only as their decoded ``msg`` lists (``core/records/__init__.py``, with the
-seq and the body ref appended: :data:`RAW_SEQ`, :data:`RAW_REF`) in a dict by
-id, in log order — no object per message: acks, drops and moves of later
-records are cheap dict operations, and the bodies of everything that died are
-released as they die. ``finish`` then puts the survivors into their queues in
-log order (commit order): plain ones as compact chunk slots
-(``core/messages.py``), the others as :class:`Message` objects.
+seq, the body ref and the log-order ordinal appended: ``RAW_SEQ``, ``RAW_REF``,
+``RAW_ORD`` of ``core/replay_settled.py``) in a dict by id, in log order — no
+object per message: acks, drops and moves of later records are cheap dict
+operations, and the bodies of everything that died are released as they die.
+``finish`` then puts the survivors into their queues in log order (commit
+order): plain ones as compact chunk slots (``core/messages.py``), the others as
+:class:`Message` objects. A warm standby calls :meth:`Replay.settle` while it
+follows: the messages that will be compact slots whatever comes later leave the
+dict for ``core/replay_settled.py`` (that module says how the result stays a
+cold recovery's), and ``finish`` only walks what is left.
 
 :meth:`Replay.snapshot` is the metadata state (queues, topics, duplicate-id
 windows, the next message id, durable XA branches a body does not keep, the
@@ -37,29 +41,26 @@ from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import QueueIndex
 from txbroker.core.queue_settings import QueueSettings
 from txbroker.core.queues import Queue
-from txbroker.core.records import MSG_FIELDS, Kind, Snapshot, SnapshotBranch, StoredEntry
+from txbroker.core.records import MSG_FIELDS, Kind, Snapshot, StoredEntry
+from txbroker.core.replay_settled import RAW_ORD, RAW_REF, RAW_SEQ, Settled
+from txbroker.core.replay_xa import (
+    pack_ref,
+    replay_sink,
+    replay_xa,
+    unpack_ref,
+    xa_snapshot,
+    xa_snapshot_entries,
+)
 from txbroker.core.sessions import Topic
 from txbroker.core.sinks import Sinks
-from txbroker.core.xa import Branch, BranchState, Request
-from txbroker.core.xa_branches import XaBranches, parse_xid
+from txbroker.core.xa_branches import XaBranches
 from txbroker.errors import CorruptStore
 from txbroker.xid import Xid
 
-S = BranchState
 #: The store's ``body_size``: the edge sets it before replaying.
 BodySize = Callable[[int], int]
-#: A replayed message: its ``msg`` list, seq at RAW_SEQ, body ref at RAW_REF.
-RAW_SEQ, RAW_REF = 9, 10
-
-
-def pack_ref(ref: int | None) -> bytes | None:
-    """A body ref as msgpack can carry it: refs are opaque ints of up to 136 bits."""
-    return None if ref is None else ref.to_bytes((ref.bit_length() + 7) // 8 or 1, "big")
-
-
-def unpack_ref(value: Any) -> int | None:
-    """The inverse of :func:`pack_ref` (also takes a plain int)."""
-    return int.from_bytes(value, "big") if isinstance(value, bytes) else value
+#: Ordinals above this are renumbered (``MessageIndex`` keeps them as 32-bit ints).
+ORDINAL_LIMIT = 1 << 31
 
 
 class Replay:
@@ -73,9 +74,15 @@ class Replay:
         self.body_size_of: BodySize | None = None
         #: Xids completed by a record during replay: a later snapshot (taken while the
         #: completion was on its way to disk) must not bring such a branch back.
-        self._completed: set[Xid] = set()
+        self.completed: set[Xid] = set()
         #: replayed messages by id, in log order (see the module docstring)
         self.raw: dict[int, list[Any]] = {}
+        #: the ordinal of the last message that entered ``raw``
+        self.ordinal = 0
+        #: ``raw`` is not in ordinal order (a settled message came back)
+        self._unsorted = False
+        #: messages settled ahead of :meth:`finish` (``core/replay_settled.py``)
+        self.settled = Settled()
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> tuple[int, bytes]:
@@ -92,34 +99,9 @@ class Replay:
             if queue.dups:
                 dups[queue.name] = queue.durable_dups()
         snapshot = Snapshot(index.next_id, defs, dups,
-                            self._xa_snapshot() if self.xa.branches else None,
+                            xa_snapshot(self) if self.xa.branches else None,
                             dict(self.sinks.sinks) if self.sinks.sinks else None)
         return snapshot.kind, snapshot.encode()
-
-    def _xa_snapshot(self) -> dict[str, SnapshotBranch]:
-        """The ``"xa"`` part of the SNAPSHOT: the durable branches whose XA_PREPARE
-        entry no stored body keeps (consumes only), and heuristic ones."""
-        found: dict[str, SnapshotBranch] = {}
-        for branch in self.xa.branches.values():
-            if branch.state in (S.PREPARED, S.COMMITTING, S.ROLLING_BACK):
-                sends = [m for m in branch.work.sends if m.persistent]
-                if sends and None not in [m.ref for m in sends]:
-                    # Its XA_PREPARE entry holds these bodies, so the store keeps that
-                    # entry's segment while they live (they are never relocated): replay
-                    # finds the branch there. Copying it here would cost every segment
-                    # roll as much as all prepared sends (a Spark micro-batch prepares
-                    # millions), quadratic in the batch.
-                    continue
-                found[str(branch.xid)] = SnapshotBranch(
-                    S.PREPARED.value, [m.to_record() for m in sends],
-                    [pack_ref(m.ref) for m in sends],
-                    [[m.id, m.delivery_count] for m in branch.work.acks.values()]
-                    + branch.ref_ids,
-                    sorted(branch.discards), branch.created_ms)
-            elif branch.state in (S.HEURISTIC_COMMITTED, S.HEURISTIC_ROLLED_BACK):
-                found[str(branch.xid)] = SnapshotBranch(branch.state.value, [], [], [], [],
-                                                        branch.created_ms)
-        return found
 
     # ------------------------------------------------------------------ replay
     def replay(self, entry: StoredEntry) -> None:
@@ -137,21 +119,27 @@ class Replay:
             if len(tx.adds) != len(refs):
                 raise ValueError(f"{len(tx.adds)} messages but {len(refs)} bodies")
             self._add_many(tx.adds, refs)
-            self._gone(tx.acks)
+            self.gone(tx.acks)
         elif kind == Kind.ADD:
             self._add_many([records.Add.from_value(meta).msg], refs[:1] if refs else (None,))
         elif kind == Kind.RELOCATE:
             # the full, current message: the segment with its ADD may be gone
             self._add_many([records.Relocate.from_value(meta).msg], refs[:1] if refs else (None,))
         elif kind == Kind.ACK:
-            self._gone(records.Ack.from_value(meta).ids)
+            self.gone(records.Ack.from_value(meta).ids)
         elif kind == Kind.DROP:
-            self._gone(records.Drop.from_value(meta).ids)
+            self.gone(records.Drop.from_value(meta).ids)
         elif kind == Kind.MOVE:
             self._move(records.Move.from_value(meta))
         elif kind == Kind.UPDATE:
             update = records.Update.from_value(meta)
             msg = self.raw.get(update.id)
+            if msg is None and update.id in self.settled.at:
+                if not update.deliver_at_ms and \
+                        self.settled.set_count(update.id, update.delivery_count):
+                    return
+                msg = self.settled.take(update.id)
+                self._to_raw(msg)
             if msg is not None:
                 msg[records.MSG_DELIVERY_COUNT] = update.delivery_count
                 msg[records.MSG_DELIVER_AT] = update.deliver_at_ms
@@ -168,11 +156,11 @@ class Replay:
             snapshot = Snapshot.from_value(meta)
             self._snapshot(snapshot)
             if snapshot.xa is not None:
-                self._xa_snapshot_entries(snapshot.xa)
+                xa_snapshot_entries(self, snapshot.xa)
         elif Kind.XA_PREPARE <= kind <= Kind.XA_FORGET:
-            self._xa(kind, meta, refs)
+            replay_xa(self, kind, meta, refs)
         elif kind == Kind.SINK_COMMIT:
-            self._sink(records.SinkCommit.from_value(meta))
+            replay_sink(self, records.SinkCommit.from_value(meta))
         else:
             raise records.MalformedRecord(f"unknown record kind {kind}")
 
@@ -180,42 +168,105 @@ class Replay:
         """Index replayed messages, ``msg`` tuples with their body refs (the hottest loop
         of a restart: one pass per message, everything it touches in locals)."""
         index = self.index
-        raw, emit = self.raw, self.outbox.emit
-        next_id = index.next_id
+        raw, emit, settled = self.raw, self.outbox.emit, self.settled.at
+        next_id, ordinal = index.next_id, self.ordinal
         for msg, ref in zip(msgs, refs, strict=True):  # (9 or 10 fields: records.check_msg)
             if len(msg) == MSG_FIELDS:  # written before seqs
                 msg.append(0)
             msg.append(ref)
             message_id = msg[0]
             old = raw.get(message_id)
-            if old is not None and old[RAW_REF] is not None:  # a relocated copy replaces
-                emit(Release(old[RAW_REF]))  # it (and keeps the old one's place)
-            raw[message_id] = msg
+            if old is not None:  # a relocated copy replaces it (and keeps its place)
+                if old[RAW_REF] is not None:
+                    emit(Release(old[RAW_REF]))
+                msg.append(old[RAW_ORD])
+                raw[message_id] = msg
+            elif settled and message_id in settled:
+                self._relocate_settled(msg)
+            else:
+                ordinal += 1
+                msg.append(ordinal)
+                raw[message_id] = msg
             if message_id >= next_id:
                 next_id = message_id + 1
             if msg[2] is not None:
                 self._queue(msg[1]).remember(msg[2])
-        index.next_id = next_id
+        index.next_id, self.ordinal = next_id, ordinal
 
-    def _gone(self, ids: Iterable[int]) -> None:
+    def _relocate_settled(self, msg: list[Any]) -> None:
+        """A relocated copy of a settled message (``msg`` with its body ref)."""
+        settled = self.settled
+        ref = msg[RAW_REF]
+        size = self.body_size_of(ref) if ref is not None and self.body_size_of else 0
+        run = settled.at[msg[0]]
+        msg.append(run.ords[run.slot(msg[0])])
+        old_ref = settled.relocate(msg, size)
+        if old_ref is None:
+            old_ref = settled.take(msg[0])[RAW_REF]
+            self._to_raw(msg)
+        self.outbox.emit(Release(old_ref))
+
+    def _to_raw(self, msg: list[Any]) -> None:
+        """Put a message that was settled back into ``raw`` (sorted again at the next
+        settle or finish); its level comes back with it if settled ones follow it."""
+        level = (msg[records.MSG_QUEUE], msg[records.MSG_PRIORITY])
         raw = self.raw
-        for message_id in ids:
+        if self.settled.last_ord.get(level, 0) > msg[RAW_ORD]:
+            for back in self.settled.take_level(level):
+                raw[back[0]] = back
+        raw[msg[0]] = msg
+        self._unsorted = True
+
+    def put_raw(self, msg: list[Any]) -> None:
+        """A message (with its body ref) into ``raw``, as a new one or in its place."""
+        message_id = msg[0]
+        old = self.raw.get(message_id)
+        if old is not None:
+            msg.append(old[RAW_ORD])
+            self.raw[message_id] = msg
+        elif message_id in self.settled.at:
+            msg.append(self.settled.take(message_id)[RAW_ORD])
+            self._to_raw(msg)
+        else:
+            self.ordinal += 1
+            msg.append(self.ordinal)
+            self.raw[message_id] = msg
+
+    def _pop(self, message_id: int) -> list[Any] | None:
+        """Take a message out of ``raw`` or the settled ones (None: not there)."""
+        msg = self.raw.pop(message_id, None)
+        if msg is None and self.settled.at and message_id in self.settled.at:
+            return self.settled.take(message_id)
+        return msg
+
+    def gone(self, ids: Iterable[int]) -> None:
+        """The messages ``ids`` died (acked, dropped, consumed): their bodies released."""
+        raw, settled, emit = self.raw, self.settled.at, self.outbox.emit
+        for message_id in ids:  # (a restart's second hottest loop: inlined _pop)
             msg = raw.pop(message_id, None)
+            if msg is None and settled and message_id in settled:
+                msg = self.settled.take(message_id)
             if msg is not None and msg[RAW_REF] is not None:
-                self.outbox.emit(Release(msg[RAW_REF]))
+                emit(Release(msg[RAW_REF]))
 
     def _move(self, move: records.Move) -> None:
         ids, target = move.ids, move.queue
         seqs = move.seqs if move.seqs is not None else [0] * len(ids)
         self._queue(target)
         raw = self.raw
+        settled = self.settled.at
         for message_id, seq in zip(ids, seqs, strict=True):
             msg = raw.get(message_id)
+            back = msg is None and bool(settled) and message_id in settled
+            if back:
+                msg = self.settled.take(message_id)
             if msg is not None:
                 msg[records.MSG_QUEUE] = target
                 msg[records.MSG_EXPIRES] = 0
                 msg[records.MSG_DELIVER_AT] = 0
                 msg[RAW_SEQ] = seq
+                if back:
+                    self._to_raw(msg)
 
     def _queue(self, name: str) -> Queue:
         queues = self.index.queues
@@ -250,7 +301,9 @@ class Replay:
         if queue is not None and queue.topic and queue.topic in index.topics:
             index.topics[queue.topic].subscriptions.discard(name)
         # queues are created lazily during replay: drop its messages either way
-        self._gone([i for i, msg in self.raw.items() if msg[records.MSG_QUEUE] == name])
+        self.gone([i for i, msg in self.raw.items() if msg[records.MSG_QUEUE] == name])
+        for msg in self.settled.take_queue(name) if self.settled.levels else ():
+            self.outbox.emit(Release(msg[RAW_REF]))
 
     def _snapshot(self, snapshot: Snapshot) -> None:
         index = self.index
@@ -275,112 +328,36 @@ class Replay:
                 for message_id in ids:
                     queue.remember(message_id)
 
-    # ------------------------------------------------------------------ XA and sinks
-    def _xa(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
-        if kind == Kind.XA_PREPARE:
-            prepare = records.XaPrepare.from_value(meta)
-            xid = parse_xid(prepare.xid)
-            self._completed.discard(xid)
-            branch = self._branch(xid, prepare.sends, list(refs), prepare.consumed,
-                                  prepare.discards, prepare.created_ms)
-            branch.prepared_ms = prepare.prepared_or_created
-        elif kind == Kind.XA_COMMIT:
-            commit_ = records.XaCommit.from_value(meta)
-            self._commit(parse_xid(commit_.xid), commit_.discards, commit_.seqs or [])
-        elif kind == Kind.XA_ROLLBACK:
-            self._rollback(parse_xid(records.XaRollback.from_value(meta).xid))
-        elif kind == Kind.XA_HEURISTIC:
-            heuristic = records.XaHeuristic.from_value(meta)
-            known = self.xa.branches.get(parse_xid(heuristic.xid))
-            if known is not None and known.state is S.PREPARED:
-                commit = heuristic.commit
-                known.discards.update(heuristic.discards)
-                if commit and heuristic.seqs is not None:
-                    self._seqs(known, heuristic.seqs)
-                self._outcome(known, commit=commit)
-                known.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
-        else:  # XA_FORGET
-            xid = parse_xid(records.XaForget.from_value(meta).xid)
-            self.xa.branches.pop(xid, None)
-            self._completed.add(xid)
+    # ------------------------------------------------------------------ settle
+    def settle(self) -> int:
+        """Settle what will be compact slots ahead of :meth:`finish` (a warm standby,
+        while it follows: ``core/replay_settled.py``); how many messages stay in
+        ``raw``. Does nothing before the edge set :attr:`body_size_of`."""
+        if self.body_size_of is None:
+            return len(self.raw)
+        if self.ordinal >= ORDINAL_LIMIT:
+            self._unsettle_all()
+        self._sort_raw()
+        self.raw = self.settled.settle(self.raw, self.body_size_of)
+        return len(self.raw)
 
-    def _commit(self, xid: Xid, discards: list[int], seqs: list[Any]) -> None:
-        """Replay a branch's commit (XA_COMMIT, or one branch of a SINK_COMMIT)."""
-        branch = self.xa.branches.pop(xid, None)
-        self._completed.add(xid)
-        if branch is not None:
-            branch.discards.update(discards)
-            self._seqs(branch, seqs)
-            self._outcome(branch, commit=True)
+    def _sort_raw(self) -> None:
+        """``raw`` in log order again after settled messages came back (and ordinals
+        renumbered from 1 when they grew large)."""
+        if self._unsorted:
+            self.raw = dict(sorted(self.raw.items(), key=_ordinal_of))
+            self._unsorted = False
+        if self.ordinal >= ORDINAL_LIMIT and not self.settled.at:
+            for number, msg in enumerate(self.raw.values(), 1):
+                msg[RAW_ORD] = number
+            self.ordinal = len(self.raw)
 
-    def _rollback(self, xid: Xid) -> None:
-        branch = self.xa.branches.pop(xid, None)
-        self._completed.add(xid)
-        if branch is not None:
-            self._outcome(branch, commit=False)
-
-    @staticmethod
-    def _seqs(branch: Branch, pairs: list[list[int]]) -> None:
-        seqs = dict((int(pair[0]), int(pair[1])) for pair in pairs)
-        for message in branch.work.sends:
-            message.seq = seqs.get(message.id, 0)
-
-    def _xa_snapshot_entries(self, found: dict[str, SnapshotBranch]) -> None:
-        for xid_text, saved in found.items():
-            xid = parse_xid(xid_text)
-            if xid in self._completed:
-                continue
-            wanted = S(saved.state)
-            branch = self.xa.branches.get(xid)
-            if branch is None:
-                branch = self._branch(xid, saved.sends, list(saved.refs), saved.consumed,
-                                      saved.discards, saved.created_ms)
-                branch.prepared_ms = saved.created_ms  # (a snapshot does not keep it)
-            if wanted is not S.PREPARED and branch.state is S.PREPARED:
-                commit = wanted is S.HEURISTIC_COMMITTED
-                self._outcome(branch, commit=commit)
-                branch.fire(Request.HEURISTIC_COMMIT if commit else Request.HEURISTIC_ROLLBACK)
-
-    def _branch(self, xid: Xid, sends: list[Any], refs: list[Any], consumed: list[Any],
-                discards: list[int], created: int) -> Branch:
-        index = self.index
-        branch = Branch(xid, 0, created, 0)
-        branch.session = None
-        branch.work.session = 0
-        branch.fire(Request.RECOVER)
-        body_size_of = self.body_size_of
-        for msg, packed in zip(sends, refs, strict=True):
-            ref = unpack_ref(packed)
-            size = int(body_size_of(ref)) if body_size_of is not None and ref is not None else 0
-            message = Message.from_record(msg, size, ref)
-            branch.work.sends.append(message)
-            if message.id >= index.next_id:
-                index.next_id = message.id + 1
-        branch.ref_ids = [[int(pair[0]), int(pair[1])] for pair in consumed]  # [id, count]
-        branch.discards = set(discards)
-        self.xa.branches[xid] = branch
-        return branch
-
-    def _outcome(self, branch: Branch, *, commit: bool) -> None:
+    def _unsettle_all(self) -> None:
+        """Every settled message back into ``raw``."""
         raw = self.raw
-        for message in branch.work.sends:
-            if commit and message.id not in branch.discards:
-                raw[message.id] = [*message.to_record(), message.ref]
-            elif message.ref is not None:
-                self.outbox.emit(Release(message.ref))
-        if commit:
-            self._gone([message_id for message_id, _ in branch.ref_ids])
-        branch.work.sends = []
-        branch.ref_ids = []
-        branch.discards = set()
-
-    def _sink(self, record: records.SinkCommit) -> None:
-        sinks = self.sinks.sinks
-        sinks[record.sink] = max(sinks.get(record.sink, -1), record.last_batch)
-        for committed in record.commits:
-            self._commit(parse_xid(committed.xid), committed.discards or [], committed.seqs)
-        for xid_text in record.rollbacks:
-            self._rollback(parse_xid(xid_text))
+        for msg in self.settled.take_all():
+            raw[msg[0]] = msg
+        self._unsorted = True
 
     # ------------------------------------------------------------------ finish
     def finish(self, now: int) -> None:
@@ -389,24 +366,29 @@ class Replay:
         held = self._hold_consumed() if self.xa.branches else []
         index = self.index
         queues, home = index.queues, index.messages
+        #: compact survivors not yet in their level, by (queue, priority): the columns
+        #: of ``Queue.extend_compact`` (a level is flushed before an object joins it)
+        batches: dict[tuple[str, int], tuple[Queue, list[list[int]]]] = {}
+        if self.settled.levels:
+            if self.ordinal < ORDINAL_LIMIT and \
+                    all(level[0] in queues for level in self.settled.levels):
+                self.settled.fill(queues, home)
+            else:  # (a queue finish creates: keep the order it creates them in)
+                self._unsettle_all()
+        self._sort_raw()
         objects = home.objects
         body_size_of = self.body_size_of
         name, queue = "", None
         raw, self.raw = self.raw, {}
         restored = home.restored
-        #: compact survivors not yet in their level, by (queue, priority): the columns
-        #: of ``Queue.extend_compact`` (a level is flushed before an object joins it)
-        batches: dict[tuple[str, int], tuple[Queue, list[list[int]]]] = {}
         batch: list[list[int]] = []
-        ordinal = 0
         for msg in raw.values():  # (the hottest loop of a restart: all in locals)
             (message_id, qname, client_id, headers, priority, timestamp, expires,
-             deliver_at, count, seq, ref) = msg
+             deliver_at, count, seq, ref, ordinal) = msg
             if qname != name:
                 name = qname
                 queue = queues.get(name) or self._queue(name)
             assert queue is not None
-            ordinal += 1
             size = body_size_of(ref) if ref is not None and body_size_of is not None else 0
             queue.messages += 1  # count_in + put, inlined: this loop runs per message
             if seq >= queue.next_seq:
@@ -448,6 +430,7 @@ class Replay:
         for (_, priority), (owner, columns) in batches.items():
             owner.extend_compact(home, priority, columns)
         raw.clear()
+        self.ordinal = 0
         if self.xa.branches:
             self._finish_branches(held)
         self.outbox.set_now(now)
@@ -456,10 +439,10 @@ class Replay:
         """Before the survivors go into their queues: take out the messages consumed by
         prepared branches (they stay HELD). Returns them for :meth:`_finish_branches`."""
         held: list[Message] = []
-        raw, body_size_of = self.raw, self.body_size_of
+        pop, body_size_of = self._pop, self.body_size_of
         for branch in self.xa.branches.values():
             for message_id, delivery_count in branch.ref_ids:
-                msg = raw.pop(message_id, None)
+                msg = pop(message_id)
                 if msg is not None:
                     ref = msg[RAW_REF]
                     size = body_size_of(ref) if ref is not None and body_size_of else 0
@@ -489,6 +472,10 @@ class Replay:
                     queue.pending_bytes += message.size
                     if message.message_id is not None:
                         queue.remember(message.message_id, pending=True)
+
+
+def _ordinal_of(item: tuple[int, list[Any]]) -> int:
+    return int(item[1][RAW_ORD])
 
 
 __all__ = ["BodySize", "Replay", "pack_ref", "unpack_ref"]

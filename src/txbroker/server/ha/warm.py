@@ -11,7 +11,11 @@ thousand entries between two turns of the event loop, so the HA link and the
 lock poll keep running) and replays what it reads into a core of its own
 (``Broker.replay``, exactly what a recovery does). The bodies its core
 releases (messages that died) are noted per segment and forgotten with their
-segment when compaction deletes it.
+segment when compaction deletes it. Between two slices it *settles* what it
+replayed (``core/replay_settled.py``): the messages that will be compact chunk
+slots whatever the active writes later leave the replay's per-message dict as
+ready-made queue columns, so the takeover's finish does not walk every live
+message again.
 
 At the takeover, holding the lock, :func:`takeover_server` checks that what it
 read is intact (``JournalFollower.resume_point``) and builds the new active
@@ -44,6 +48,7 @@ from txbroker.server.config import ServerConfig
 from txbroker.server.stores import open_store
 from txbroker.storage.interface import SnapshotProvider, Store
 from txbroker.storage.journal import JOURNAL_SUBDIR, JournalStore
+from txbroker.storage.journal_bodies import REF_LENGTH_MASK
 from txbroker.storage.journal_follow import FOLLOW_ENTRIES, FollowerLost, JournalFollower, Resume
 from txbroker.storage.store_lock import StoreLock
 
@@ -53,6 +58,25 @@ log = logging.getLogger("txbroker.ha")
 #: suffix a takeover reads is at most what the active writes in this time, plus
 #: what it wrote since the last poll.
 FOLLOW_INTERVAL: Final = 0.05
+#: Replayed messages that may wait unsettled. A settle walks everything that waits,
+#: the messages that cannot settle too, so it runs once the wait grew by this many
+#: plus as many as the last settle left (a geometric step: a journal of messages that
+#: never settle is walked about twice, not once per step), or when the follower is
+#: idle and at most this many wait. 4,096: a few ms of pure-Python CPU per settle,
+#: about what one slice of ``FOLLOW_ENTRIES`` entries costs to replay.
+SETTLE_ENTRIES: Final = 4096
+
+
+def _journal_body_size(ref: int) -> int:
+    """A journal body ref's length (``JournalStore.body_size``: packed in the ref)."""
+    return int(ref & REF_LENGTH_MASK)
+
+
+def _core(config: ServerConfig) -> Broker:
+    """A standby's core: body sizes read from the refs, as its recovery would."""
+    broker = Broker(config.limits)
+    broker.body_size_of = _journal_body_size
+    return broker
 
 
 class WarmStandby:
@@ -61,13 +85,17 @@ class WarmStandby:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.journal_dir = config.data / JOURNAL_SUBDIR
-        self.broker = Broker(config.limits)
+        self.broker = _core(config)
         self.follower = JournalFollower(self.journal_dir)
         #: effects of the replay other than releases, kept for the takeover
         self._effects: list[Effect] = []
         #: why it stopped following for good (a takeover then recovers cold)
         self.broken: str | None = None
         self._task: asyncio.Task[None] | None = None
+        #: replayed messages left unsettled by the last settle
+        self._unsettled = 0
+        #: settle after each slice whatever waits (tests: every slice settles)
+        self.settle_always = False
 
     def status(self) -> dict[str, Any]:
         """What it followed (``ha status --json``: ``warm``)."""
@@ -94,9 +122,10 @@ class WarmStandby:
 
     def _restart(self, reason: str) -> None:
         log.info("warm standby: %s; following again from the oldest segment", reason)
-        self.broker = Broker(self.config.limits)
+        self.broker = _core(self.config)
         self.follower = JournalFollower(self.journal_dir)
         self._effects = []
+        self._unsettled = 0
 
     async def _run(self) -> None:
         while True:
@@ -123,6 +152,10 @@ class WarmStandby:
                 self.follower.release(effect.ref)
             else:
                 self._effects.append(effect)
+        waiting = broker.replay_backlog()
+        if self.settle_always or waiting >= 2 * self._unsettled + SETTLE_ENTRIES or \
+                (not entries and self._unsettled < waiting <= SETTLE_ENTRIES):
+            self._unsettled = broker.settle_replay()
         return len(entries)
 
     def take_over(self, config: ServerConfig) -> tuple[Broker, Resume] | None:
