@@ -109,7 +109,7 @@ EXPECTED_ROLE: Expected = {
     ("promoting", "SERVING"): ("primary", ("ANNOUNCE",)),
     ("primary", "JOIN"): ("primary", ("SERVE_BACKUP",)),
     ("backup", "JOIN"): ("backup", ("REFUSE_JOIN",)),
-    ("promoting", "JOIN"): ("promoting", ("REFUSE_JOIN",)),
+    ("promoting", "JOIN"): ("promoting", ("SERVE_BACKUP",)),  # its first record
     ("stopped", "JOIN"): ("stopped", ("REFUSE_JOIN",)),
     ("backup", "LEASE_LOST"): ("backup", ("FENCE",)),
     ("promoting", "LEASE_LOST"): ("promoting", ("FENCE",)),

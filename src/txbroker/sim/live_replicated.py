@@ -151,16 +151,19 @@ class Trio:
     async def operator(self) -> None:
         """Once the primary is dead, ``txbroker ha promote`` a node that the dead primary
         counted as ready (its ``ha status``), else the old primary itself once it is back
-        (its own disk has every entry it answered); the first time, any node. With
-        ``blind`` (the defect kept as ``BLIND_OPERATOR_SEEDS``): any node that accepts."""
+        (its own disk has every entry it answered), then any other live node (the nodes
+        refuse what they must: ``core/ha/promotion.py``); the first time, any node. With
+        ``blind`` (``BLIND_OPERATOR_SEEDS``): any node that accepts, in random order."""
         loop = self.loop
         while True:
             await self.need_primary.wait()
             await asyncio.sleep(loop.random.uniform(*OPERATOR_S))
             order = [node for node in self.nodes if node.alive]
             loop.random.shuffle(order)
-            if not self.blind and self.lost is not None:
-                order = await self._ready_for(self.lost, order)
+            if not self.blind and self.lost is not None:  # those first, then the rest:
+                # a refusal names whom to promote instead (a stale "ready" is refused)
+                first = await self._ready_for(self.lost, order)
+                order = first + [node for node in order if node not in first]
             for node in order:
                 if not self.need_primary.is_set():
                     break

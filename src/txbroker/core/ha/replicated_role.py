@@ -68,11 +68,13 @@ ROLE_RULES: Final[dict[tuple[NodeRole, RoleInput], tuple[NodeRole, tuple[RoleAct
     (R.BACKUP, E.PROMOTE): (R.PROMOTING, (A.ANNOUNCE, A.PROMOTE)),
     # Rule 2: listeners open and the hub running: the primary, announced.
     (R.PROMOTING, E.SERVING): (R.PRIMARY, (A.ANNOUNCE,)),
-    # Rule 3: only the primary takes joins; a backup or a node on its way up or down
-    # refuses them (the backup looks for the primary elsewhere).
+    # Rule 3: the primary takes joins, and so does a node being promoted (once its hub
+    # runs: a new primary's first ready-set record reaches a majority through its
+    # backups' joins before it opens its client ports, core/ha/promotion.py); a backup
+    # or a stopped node refuses them (the backup looks for the primary elsewhere).
     (R.PRIMARY, E.JOIN): (R.PRIMARY, (A.SERVE_BACKUP,)),
     (R.BACKUP, E.JOIN): (R.BACKUP, (A.REFUSE_JOIN,)),
-    (R.PROMOTING, E.JOIN): (R.PROMOTING, (A.REFUSE_JOIN,)),
+    (R.PROMOTING, E.JOIN): (R.PROMOTING, (A.SERVE_BACKUP,)),
     (R.STOPPED, E.JOIN): (R.STOPPED, (A.REFUSE_JOIN,)),
     # Rule 4: the lease is lost: no more replies to anybody, then stop (before another
     # broker can take the key). The role stays until the node is stopped.

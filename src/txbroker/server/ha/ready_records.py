@@ -8,7 +8,7 @@ answers nothing until ``quorum`` backups (a majority of the group, less itself) 
 each joining backup gets the newest record before its dump or suffix and says
 ``recorded`` once it synced it (``server/ha/replica.py``). Each later change of the
 ready set is a new version, written to every attached backup; a smaller set is acted
-on (entries stop waiting for the backup that left, ``replication.py``'s ``_shrink``)
+on (entries stop waiting for the backup that left, :func:`record_shrunk`)
 only once ``quorum`` backups hold it, and the primary's own data directory too. A
 backup that holds a newer term refuses the record: the primary was superseded, and
 stops (``on_superseded``).
@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from txbroker.core.ha.backup_link import LinkInput
 from txbroker.core.ha.promotion import ReadyRecord
 from txbroker.errors import ProtocolError
 from txbroker.protocol import replication as link
@@ -30,10 +31,49 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["ReadyRecords"]
+__all__ = ["ReadyRecords", "record_grown", "record_shrunk"]
 
 #: How long a joining backup may take to hold the record (s).
 RECORD_TIMEOUT = 5.0
+
+
+def record_shrunk(hub: ReplicationHub, backup: AttachedBackup) -> None:
+    """Record the ready set without ``backup`` (``hub.on_ready_change``: etcd, or a
+    majority of the group) before entries stop waiting for it: a copy that missed
+    acknowledged entries must not be promoted. Recorded (at once when nothing records),
+    the link's table moves it on (``READY_SET_RECORDED``)."""
+    record = hub.on_ready_change
+    if record is None:
+        hub.feed(backup, LinkInput.READY_SET_RECORDED)
+        return
+
+    async def shrink() -> None:
+        while True:
+            try:
+                await record(hub.ready_names())
+                break
+            except Exception as exc:  # etcd down: keep waiting for the backup
+                log.error("replication: cannot record the ready set without %s: %s",
+                          backup.node, exc)
+                await asyncio.sleep(0.5)
+        hub.feed(backup, LinkInput.READY_SET_RECORDED)
+
+    hub.spawn(shrink())
+
+
+def record_grown(hub: ReplicationHub) -> None:
+    """Record a larger ready set (not waited for: only a missed chance to promote)."""
+    record = hub.on_ready_change
+    if record is None:
+        return
+
+    async def grow() -> None:
+        try:
+            await record(hub.ready_names())
+        except Exception as exc:
+            log.warning("replication: cannot record the ready set: %s", exc)
+
+    hub.spawn(grow())
 
 
 class ReadyRecords:
@@ -47,6 +87,7 @@ class ReadyRecords:
         self._waiters: list[tuple[tuple[int, int], asyncio.Future[None]]] = []
         #: completions wait until the term's first record is on a majority
         self.held = False
+        self._first_done = asyncio.Event()
         #: writes a record to the primary's own data directory (synced)
         self.write_own: Callable[[ReadyRecord], None] | None = None
         #: a backup holds a newer term: this primary was superseded (it must stop)
@@ -74,9 +115,24 @@ class ReadyRecords:
                 self.write_own(first)
             log.info("replication: term %d recorded on a majority: answering", term)
             self.held = False
+            self._first_done.set()
             hub.port.complete(hub._complete)
 
         hub.spawn(confirm_first())
+
+    async def first_confirmed(self, stop: asyncio.Event) -> None:
+        """Until the term's first record is on a majority (or ``stop`` is set): a new
+        primary opens its client ports only then — nothing it answers, not even a
+        duplicate send it finds in the store it inherited, may precede it."""
+        if not self.held:
+            return
+        done = asyncio.ensure_future(self._first_done.wait())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({done, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+            stopping.cancel()
 
     async def record_ready_set(self, names: list[str]) -> None:
         """A new version of the ready set, held by ``quorum`` backups and this node's

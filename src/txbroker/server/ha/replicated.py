@@ -339,8 +339,7 @@ class ReplicatedNode:
                 self._drop_copy(follower)
             server = self._make_server(self.config, self.lock)
             await server.recover()
-        self.follower = None
-        self.last_problem = ""
+        self.follower, self.last_problem = None, ""
         hub = ReplicationHub(server, self.node, self.config.backup_timeout,
                              self.config.ha_catchup_bytes, clock_ns=self._clock_ns)
         if self.quorum is not None:  # answers wait until the term's record is on a majority
@@ -359,6 +358,8 @@ class ReplicatedNode:
         server.broker.vote_local_commits(True)
         self.hub, self.server = hub, server
         server.ha_status = self.status
+        if self.quorum is not None:  # backups join (promoting); clients still get Standby
+            await hub.records.first_confirmed(self._stopping)
         self._ports.close()
         await server.open_listeners()
         log.info("replication: %s is the primary (promoted in %.2f s)", self.node,

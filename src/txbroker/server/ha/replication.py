@@ -75,7 +75,7 @@ from txbroker.protocol import replication as link
 from txbroker.server.config import DEFAULT_HA_CATCHUP_BYTES
 from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.joining import send_dump, send_suffix
-from txbroker.server.ha.ready_records import ReadyRecords
+from txbroker.server.ha.ready_records import ReadyRecords, record_grown, record_shrunk
 from txbroker.server.ha.replica import HEARTBEAT_INTERVAL
 from txbroker.server.ha.replicating_store import ReplicatingStore
 from txbroker.storage.interface import BodyRef, DurableCallback, Store
@@ -137,10 +137,17 @@ class AttachedBackup:
     sent_bytes: int = 0
     reason: str = ""
     joined_by: str = ""  #: "dump", or "suffix" (it resumed from its own copy)
+    #: the newest LSN answered when entries began to wait for it: it is told it is ready
+    #: (and counted in the recorded ready set) only once it acknowledged that far
+    ready_mark: int = 0
+    told_ready: bool = False
 
     def info(self, newest: int) -> dict[str, Any]:
         """Its line of ``ha status``."""
-        return {"node": self.node, "address": self.address, "state": self.state.value,
+        state = self.state.value  # "ready" once told (it holds every answered entry)
+        if self.state is LinkState.READY and not self.told_ready:
+            state = LinkState.CATCHING_UP.value
+        return {"node": self.node, "address": self.address, "state": state,
                 "acked": self.acked, "lag_entries": max(0, newest - self.acked),
                 "queued_bytes": self.writer.transport.get_write_buffer_size()
                 if not self.writer.is_closing() else 0,
@@ -161,6 +168,7 @@ class ReplicationHub:
         #: this primary's epoch: its node and the wall clock (ns) when it became primary
         self.epoch = f"{node}-{clock_ns()}"
         self.lsn = 0
+        self.answered = 0  #: the newest LSN completed (answered)
         self.bytes = 0  #: bytes of every entry numbered so far (meta and bodies)
         #: (lsn, bytes up to and with it) of the latest entries: a backup's lag in bytes
         self.history: deque[tuple[int, int]] = deque(maxlen=HISTORY)
@@ -248,7 +256,8 @@ class ReplicationHub:
 
     def ready_names(self) -> list[str]:
         """The ready set as it stands (without the backups on their way out)."""
-        return sorted(b.node for b in self.backups.values() if b.state is LinkState.READY)
+        return sorted(b.node for b in self.backups.values()
+                      if b.state is LinkState.READY and b.told_ready)
 
     # ------------------------------------------------------------------ the link table
     def feed(self, backup: AttachedBackup, event: LinkInput, frame: bytes = b"",
@@ -289,60 +298,42 @@ class ReplicationHub:
             backup.acked = 0
             for queued in backlog:
                 self._write(backup, queued)
-        elif action is LinkAction.SEND_READY:
-            backup.reason = ""
-            self._write(backup, link.encode("state", {"ready": True}))
-            log.info("replication: backup %s is ready (acked %d of %d)", backup.node,
-                     backup.acked, self.lsn)
+        elif action is LinkAction.SEND_READY:  # entries wait for it from now on
+            backup.ready_mark = self.answered
+            self._tell_ready(backup)
         elif action is LinkAction.SEND_NOT_READY:
+            backup.told_ready = False
             self._write(backup, link.encode("state", {"ready": False}))
         elif action is LinkAction.RECORD_GROWN_SET:
-            self._grown()
+            pass  # once it is told it is ready (_tell_ready)
         elif action is LinkAction.RECORD_SHRUNK_SET:
-            self._shrink(backup)
+            record_shrunk(self, backup)
         elif action is LinkAction.CLOSE_LINK:
             log.warning("replication: backup %s dropped: %s", backup.node, backup.reason)
             backup.writer.close()
         elif action is LinkAction.FORGET and self.backups.get(backup.node) is backup:
             del self.backups[backup.node]
 
-    def _shrink(self, backup: AttachedBackup) -> None:
-        """Record the ready set without ``backup`` (etcd: a whole-group restart must not
-        promote a copy that missed acknowledged entries); entries wait for it until then.
-        Recorded (at once when nothing records), the table moves it on."""
-        record = self.on_ready_change
-        if record is None:
-            self.feed(backup, LinkInput.READY_SET_RECORDED)
+    def _tell_ready(self, backup: AttachedBackup) -> None:
+        """A backup entries wait for holds every entry answered once it acknowledged
+        the newest answered when they began to (within READY_LAG it may still miss a
+        few): only then is it told it is ready and counted in the recorded set."""
+        if backup.told_ready or backup.acked < backup.ready_mark:
             return
-
-        async def shrink() -> None:
-            while True:
-                try:
-                    await record(self.ready_names())
-                    break
-                except Exception as exc:  # etcd down: keep waiting for the backup
-                    log.error("replication: cannot record the ready set without %s: %s",
-                              backup.node, exc)
-                    await asyncio.sleep(0.5)
-            self.feed(backup, LinkInput.READY_SET_RECORDED)
-
-        self.spawn(shrink())
-
-    def _grown(self) -> None:
-        record = self.on_ready_change
-        if record is None:
-            return
-
-        async def grow() -> None:
-            try:
-                await record(self.ready_names())
-            except Exception as exc:  # only a missed chance to promote this backup
-                log.warning("replication: cannot record the ready set: %s", exc)
-
-        self.spawn(grow())
+        backup.told_ready, backup.reason = True, ""
+        self._write(backup, link.encode("state", {"ready": True}))
+        log.info("replication: backup %s is ready (acked %d of %d)", backup.node,
+                 backup.acked, self.lsn)
+        record_grown(self)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        """Run ``work`` on the loop (not when the loop is gone: the hub is torn down)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            work.close()
+            return
+        task = loop.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -356,6 +347,7 @@ class ReplicationHub:
             if not entry.local or any(b.acked < entry.lsn for b in ready):
                 break
             pending.popleft()
+            self.answered = entry.lsn
             error = entry.error
             if error is None and entry.vote_failed is not None:
                 error = ReplicaVoteFailed(entry.vote_failed)
@@ -451,6 +443,8 @@ class ReplicationHub:
                 backup.acked = lsn
                 backup.last_ack = monotonic()
             self.feed(backup, ack_input(self.lsn, backup.acked))
+            if backup.state is LinkState.READY and not backup.told_ready:
+                self._tell_ready(backup)
         elif message.type == "vote":
             lsn, reason = int(message.body["lsn"]), str(message.body.get("reason", ""))
             for entry in self.pending:
