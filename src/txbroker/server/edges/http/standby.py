@@ -7,8 +7,10 @@ reaches it. So while it is a backup the port answers three things:
 * ``POST /api/ha/promote`` — promote this backup, what ``txbroker ha promote``
   asks over the native port, with no CLI to start: 200 ``{"node": …,
   "promoting": true}`` once the promotion is under way (with etcd: ``"via":
-  "etcd"``, the key is taken first), 409 ``ILLEGAL_STATE`` with the reason when
-  it may not be promoted (docs/replication.md, "Promotion");
+  "etcd"``, the key is taken first; a group of three or more without etcd asks
+  its peers first and adds ``"term"`` and the peers ``"heard"``), 409
+  ``ILLEGAL_STATE`` with the reason when it may not be promoted
+  (docs/replication.md, "Who may be promoted");
 * ``GET /api/ha`` — its HA status (what ``txbroker ha status`` prints);
 * anything else — 503 ``STANDBY``, saying what this broker is.
 
