@@ -172,7 +172,9 @@ class Trio:
                 except (TxBrokerError, OSError, TimeoutError) as exc:
                     why = f": {exc}" if isinstance(exc, TxBrokerError) else ""
                     self.log(f"operator: node {node.index} refused: {type(exc).__name__}{why}")
-                    continue
+                    if "unknown op 'ha_promote'" not in why:
+                        continue
+                    # it serves clients: an earlier promotion whose answer came too late
                 self.primary = node
                 self.need_primary.clear()
                 self.log(f"operator: promoted node {node.index}")
