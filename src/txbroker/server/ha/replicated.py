@@ -18,7 +18,7 @@ Promotion finishes recovery from the state the backup replayed (or its own store
 opens the client listeners and starts the hub (``replication.py``): the others join.
 
 The role's changes are the rules of ``core/ha/replicated_role.py`` (backup, promoting,
-primary, stopped): :meth:`ReplicatedNode._step` feeds the table, announces changes.
+primary, stopped): :meth:`ReplicatedNode.step` feeds the table, announces changes.
 
 Nothing a client left open reaches a backup: only committed entries and prepared
 XA branches are replicated, so after a failover every open, unprepared transaction
@@ -42,7 +42,6 @@ from txbroker.core.ha.follower import CopyState
 from txbroker.core.ha.replicated_role import NodeRole, RoleAction, RoleInput, role_next
 from txbroker.core.ha.transition import IllegalTransition
 from txbroker.errors import EtcdError, IllegalState, ProtocolError
-from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig, peer_address
 from txbroker.server.ha.clock import monotonic
@@ -66,9 +65,11 @@ from txbroker.server.ha.replica import (
     write_record,
 )
 from txbroker.server.ha.replicated_etcd import lease_guard, record_ready
+from txbroker.server.ha.replicated_link import on_link
 from txbroker.server.ha.replicated_status import node_status
 from txbroker.server.ha.replication import ReplicationHub
 from txbroker.server.ha.standby import BackupPorts
+from txbroker.server.ha.standings import announce_promotion
 from txbroker.server.stores import store_lock_path
 from txbroker.storage.store_lock import StoreLock
 
@@ -128,6 +129,7 @@ class ReplicatedNode:
         self.etcd_ready_primary: str | None = None  #: the primary that recorded it
         self._manual = False  #: an operator asked for promotion (etcd: take the key)
         self._nudge = asyncio.Event()  #: ends the campaign's pause (promote, loss, stop)
+        self.search_now = asyncio.Event()  #: a peer is being promoted: search now
         #: monotonic time this backup last lost the primary it followed (etcd campaign)
         self._lost_primary_at: float | None = None
         self.fenced = ""
@@ -141,7 +143,7 @@ class ReplicatedNode:
         """What ``txbroker ha status`` prints for this broker (``replicated_status.py``)."""
         return node_status(self)
 
-    def _step(self, event: RoleInput) -> tuple[RoleAction, ...]:
+    def step(self, event: RoleInput) -> tuple[RoleAction, ...]:
         """Move the role by the table (``core/ha/replicated_role.py``); announce it."""
         role, actions = role_next(self.role, event)
         if role is not self.role:
@@ -198,7 +200,7 @@ class ReplicatedNode:
 
     def request_stop(self) -> None:
         """Stop in any role."""
-        if RoleAction.STOP in self._step(RoleInput.STOP):
+        if RoleAction.STOP in self.step(RoleInput.STOP):
             self._stopping.set()
             self._nudge.set()
             if self.server is not None:  # promoting: serve_forever returns at once
@@ -216,7 +218,7 @@ class ReplicatedNode:
             raise RuntimeError(f"the data directory {self.config.data} is in use by another "
                                "broker (its store lock is held)")
         self._link_server = await self.security.start_server(
-            self._on_link, self.config.host, self.config.ha_port)
+            functools.partial(on_link, self), self.config.host, self.config.ha_port)
         self.security.warn_if_open(self.node)
         await self._ports.open()
         if self._on_role is not None:
@@ -267,9 +269,19 @@ class ReplicatedNode:
                     return True  # promoted from its own store (recovered from disk)
                 if outcome == "stop":
                     return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._promote.wait(), SEARCH_PAUSE)
+            await self._search_pause()
         return False
+
+    async def _search_pause(self) -> None:
+        """SEARCH_PAUSE, or less: a promotion, or a peer saying it is being promoted."""
+        waits = {asyncio.ensure_future(self._promote.wait()),
+                 asyncio.ensure_future(self.search_now.wait())}
+        try:
+            await asyncio.wait(waits, timeout=SEARCH_PAUSE, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        self.search_now.clear()
 
     def _drop_copy(self, follower: Follower) -> None:
         """Close a copy's store (its data stays on disk) and take the lock again: the
@@ -327,7 +339,7 @@ class ReplicatedNode:
 
     async def _be_primary(self) -> None:
         """Finish recovery (from the replayed copy or our own store), then serve."""
-        self._step(RoleInput.PROMOTE)
+        self.step(RoleInput.PROMOTE)
         started = monotonic()
         follower = self.follower
         if follower is not None and follower.server is not None \
@@ -358,13 +370,14 @@ class ReplicatedNode:
         server.broker.vote_local_commits(True)
         self.hub, self.server = hub, server
         server.ha_status = self.status
-        if self.quorum is not None:  # backups join (promoting); clients still get Standby
+        hub.spawn(announce_promotion(self.security, self.peers))  # backups join (promoting)
+        if self.quorum is not None:  # until a majority holds our term; clients get Standby
             await hub.records.first_confirmed(self._stopping)
         self._ports.close()
         await server.open_listeners()
         log.info("replication: %s is the primary (promoted in %.2f s)", self.node,
                  monotonic() - started)
-        self._step(RoleInput.SERVING)
+        self.step(RoleInput.SERVING)
         if self._stopping.is_set():
             server.request_stop()
         await server.serve_forever()
@@ -425,7 +438,7 @@ class ReplicatedNode:
         if self.fenced and self.server is not None:  # again: nothing more is written
             self.server.ops.abort_all()
             return
-        if RoleAction.FENCE not in self._step(event):
+        if RoleAction.FENCE not in self.step(event):
             return
         what = "etcd: lost the primary key" if event is RoleInput.LEASE_LOST \
             else "HA: superseded"
@@ -456,42 +469,9 @@ class ReplicatedNode:
             self.follower.close_store()
         if self.lock is not None and self.lock.held:
             self.lock.release()
-        self._step(RoleInput.CLOSED)
+        self.step(RoleInput.CLOSED)
 
     # ------------------------------------------------------------------ the HA port
-    async def _on_link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        codec = link.ReplicationCodec()
-        try:
-            messages: list[link.LinkMessage] = []
-            while not messages:
-                data = await asyncio.wait_for(reader.read(65536), 5.0)
-                if not data:
-                    return
-                messages = codec.receive_data(data)
-            first = messages[0]
-            if first.type == "standing":  # a peer asks before a promotion
-                writer.write(link.encode("standing", self._standing()))
-                await writer.drain()
-                return
-            if first.type != "join" or not isinstance(first.body, dict):
-                raise ProtocolError(f"expected join, got {first.type!r}")
-            hub = self.hub
-            if RoleAction.SERVE_BACKUP not in self._step(RoleInput.JOIN) or hub is None:
-                writer.write(link.encode("refuse", {
-                    "reason": f"{self.node} is a {self.role.value}, not the primary",
-                    "standing": self._standing()}))
-                await writer.drain()
-                return
-            await hub.serve_backup(reader, writer, first.body, codec)
-        except (ProtocolError, TimeoutError, ConnectionError, OSError) as exc:
-            log.warning("HA link: %s", exc)
-        finally:
-            writer.close()
-
-    def _standing(self) -> dict[str, Any] | None:
-        """This node's standing on the link (None: the group keeps no records)."""
-        return None if self.quorum is None else self.quorum.standing().to_wire()
-
     def _refusal(self, op: str) -> str:
         follower = self.follower
         primary = follower.primary_address if follower is not None else ""

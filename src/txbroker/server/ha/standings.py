@@ -23,26 +23,30 @@ from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["ASK_TIMEOUT", "ask_standing", "gather_standings"]
+__all__ = ["ASK_TIMEOUT", "announce_promotion", "ask_standing", "gather_standings"]
 
 #: How long one peer may take to connect and answer (s).
 ASK_TIMEOUT: Final = 1.0
 
 
 async def ask_standing(security: LinkSecurity, host: str, port: int,
-                       timeout: float = ASK_TIMEOUT) -> Standing | None:
-    """The standing of the peer at ``host:port`` (None: not heard)."""
+                       timeout: float = ASK_TIMEOUT, *, promoting: bool = False
+                       ) -> Standing | None:
+    """The standing of the peer at ``host:port`` (None: not heard). ``promoting``: we
+    are being promoted — a backup looking for its primary looks again at once."""
     try:
-        return await asyncio.wait_for(_ask(security, host, port, timeout), timeout)
+        return await asyncio.wait_for(_ask(security, host, port, timeout, promoting),
+                                      timeout)
     except (OSError, TimeoutError, ProtocolError, LinkAuthFailed) as exc:
         log.info("HA: no standing from %s:%d: %r", host, port, exc)
         return None
 
 
-async def _ask(security: LinkSecurity, host: str, port: int, timeout: float) -> Standing | None:
+async def _ask(security: LinkSecurity, host: str, port: int, timeout: float,
+               promoting: bool) -> Standing | None:
     reader, writer = await security.connect(host, port, timeout)
     try:
-        writer.write(link.encode("standing", {}))
+        writer.write(link.encode("standing", {"promoting": True} if promoting else {}))
         codec = link.ReplicationCodec()
         while True:
             data = await reader.read(65536)
@@ -66,3 +70,11 @@ async def gather_standings(security: LinkSecurity, peers: Sequence[tuple[str, in
     answers = await asyncio.gather(*(ask_standing(security, host, port, timeout)
                                      for host, port in peers))
     return [answer for answer in answers if answer is not None]
+
+
+async def announce_promotion(security: LinkSecurity, peers: Sequence[tuple[str, int]]) -> None:
+    """Tell every peer we are being promoted (a ``standing`` request that says so): a
+    backup between two searches for its primary joins us now, not up to
+    ``SEARCH_PAUSE`` later — a new primary's first record waits for a join."""
+    await asyncio.gather(*(ask_standing(security, host, port, promoting=True)
+                           for host, port in peers))
