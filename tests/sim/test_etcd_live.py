@@ -196,7 +196,7 @@ def test_a_seed_fences_takes_over_and_settles() -> None:
 #: the broker's ready I/O callbacks and timers (store completions, the flush timer)
 #: before the lease watchdog's timer, so replies went out before the fence. Fixed: the
 #: broker checks the lease's deadline before it writes any reply
-#: (``BrokerServer.answer_guard``, ``server/ha/replicated_etcd.py``).
+#: (``Operations.answer_guard``, ``server/ha/replicated_etcd.py``).
 SIGSTOP_SPLIT_BRAIN_SEEDS = [39, 50, 78, 94, 146, 150, 163, 179]
 
 

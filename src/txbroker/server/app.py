@@ -138,9 +138,6 @@ class BrokerServer:
         self._store_opener = store_opener or functools.partial(open_store, config)
         #: the HA part's status (``stats()["ha"]``), when the broker is one of a pair
         self.ha_status: Callable[[], dict[str, Any]] | None = None
-        #: called before replies are written (an etcd primary: fence first if its lease
-        #: ran out while the process was stopped, before its watchdog could run)
-        self.answer_guard: Callable[[], None] | None = None
         #: the wall clock, in ms since the epoch; the simulator gives its virtual one
         #: (``txbroker/sim/loop.py``)
         self.clock: Callable[[], int] = wall_clock_ms
@@ -377,9 +374,6 @@ class BrokerServer:
                 break
             for effect in effects:
                 runners[type(effect)](effect)
-        guard = self.answer_guard
-        if guard is not None:
-            guard()
         self.ops.flush()
         self._arm_timer()
 

@@ -362,7 +362,7 @@ class ReplicatedNode:
         else:
             forget_standing(self.config.data)
         if self.etcd is not None:
-            server.answer_guard = functools.partial(lease_guard, self)
+            server.ops.answer_guard = functools.partial(lease_guard, self)
             hub.on_ready_change = functools.partial(record_ready, self)
             await record_ready(self, [])  # until a backup is ready, none may succeed us
         server.wrap_store(hub.wrap)

@@ -25,7 +25,7 @@ async def record_ready(node: ReplicatedNode, names: list[str]) -> None:
 
 
 def lease_guard(node: ReplicatedNode) -> None:
-    """Before replies are written (``BrokerServer.answer_guard``): a lease past its
+    """Before replies are written (``Operations.answer_guard``): a lease past its
     deadline fences now. A process stopped (SIGSTOP) past its lease runs the store's
     completions before the watchdog's timer when it continues: without this check
     they would answer after another broker may have taken the key."""

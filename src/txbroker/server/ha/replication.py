@@ -137,8 +137,7 @@ class AttachedBackup:
     sent_bytes: int = 0
     reason: str = ""
     joined_by: str = ""  #: "dump", or "suffix" (it resumed from its own copy)
-    #: the newest LSN answered when entries began to wait for it: it is told it is ready
-    #: (and counted in the recorded ready set) only once it acknowledged that far
+    #: the newest LSN answered when entries began to wait for it (_tell_ready)
     ready_mark: int = 0
     told_ready: bool = False
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 from txbroker.core import Broker
@@ -109,6 +110,8 @@ class Operations:
         #: a run only if the flushes come in the same order)
         self._touched: dict[Session, None] = {}
         self._next_session = 1
+        #: called before replies are written (``flush``; an etcd primary's lease check)
+        self.answer_guard: Callable[[], None] | None = None
         #: the ``[acl]`` rules (everything allowed without them) and the audit log
         self.acl = AccessControl(self.config.acl)
         self.audit = AuditLog(self.config.audit_log)
@@ -312,7 +315,11 @@ class Operations:
             self._touched[session] = None
 
     def flush(self) -> None:
-        """Write to every connection an effect touched."""
+        """Write to every connection an effect touched (``answer_guard`` first: an etcd
+        primary fences here if its lease ran out while the process was stopped)."""
+        guard = self.answer_guard
+        if guard is not None:
+            guard()
         for session in self._touched:
             session.sink.flush()
         self._touched.clear()

@@ -412,13 +412,9 @@ class StompFrames:
             ack = f"{self._ack_prefix}{tag}"
         else:
             self._ack_ids[message_id] = (tag, sub.number)
-        body = delivery.body
-        out = self.out  # three pieces: the connection's one join copies the body once
-        out.append(encode_message_head(sub.head, message_id, len(body), version, ack=ack,
-                                       redelivered=delivery.redelivered,
-                                       headers=message.headers))
-        out.append(body)
-        out.append(b"\x00")
+        self.out.extend((encode_message_head(  # head, body, NUL: one join copies the body once
+            sub.head, message_id, len(delivery.body), version, ack=ack, headers=message.headers,
+            redelivered=delivery.redelivered), delivery.body, b"\x00"))
 
     def answered(self, rid: int) -> None:
         """The core answered request ``rid``: its receipts (and a waiting DISCONNECT)."""
