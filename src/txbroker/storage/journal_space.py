@@ -37,7 +37,9 @@ idle broker packs the copies a busy one left mixed with dead data.
 If a prefix pays, the oldest segment is offered (its entries read back); once
 its copies are durable and it is deleted, the next call weighs the rest. The
 journal must have at least :attr:`CompactionSettings.min_segments` segments,
-consumers must not be eating the oldest already, and it must not have been
+consumers must not have eaten from the oldest since the call before (its live
+count is watched at every call, so a segment that consumers empty is never
+copied at the first call at which it pays), and it must not have been
 offered in the last :data:`RELOCATION_RETRY_CALLS` calls. Counting body bytes
 alone, a segment of small live messages always looked mostly dead and the
 same messages were copied forward again and again; counting what a prefix
@@ -217,15 +219,18 @@ class SegmentSpace:
         segment is offered again only after :data:`RELOCATION_RETRY_CALLS` calls.
         """
         oldest = self.oldest
-        if oldest >= head or oldest >= written:
+        info = self.segments.get(oldest)
+        live = info.live_bodies if info is not None else 0
+        # watched at every call, so that the first call at which a prefix pays already
+        # knows whether consumers ate from the oldest since the call before
+        watched, self._oldest_watch = self._oldest_watch, (oldest, live)
+        if info is None or oldest >= head or oldest >= written:
             return None  # only the head is left, or the oldest is not fully written yet
         if len(self.segments) < self.settings.min_segments:
             return None  # a few segments of waste are cheaper than copying
         if self.paying_prefix(head, written) == 0:
             return None  # copying would write as much as it frees (or more than it pays)
-        info = self.segments[oldest]
-        watched, self._oldest_watch = self._oldest_watch, (oldest, info.live_bodies)
-        if watched[0] == oldest and watched[1] > info.live_bodies:
+        if watched[0] == oldest and watched[1] > live:
             return None  # consumers are eating it: it will likely die on its own
         recently = self._maintain_calls - self._relocation_offered_at < RELOCATION_RETRY_CALLS
         if self._relocating == oldest and recently:
