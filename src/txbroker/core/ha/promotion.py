@@ -37,6 +37,22 @@ The new primary's term is one more than the highest term any of them holds
 has seen a newer primary): the old primary then cannot get a smaller ready set onto a
 majority, and so answers nothing a newer primary could miss.
 
+**Promises** (Raft's vote, without its log comparison: rule 4 is that). Checking the
+peers' standings and then acting on them is two steps, and between them another
+operator may promote another node, or the old primary, alive behind a partial
+partition, may record a newer version of its ready set on a peer. So the node being
+promoted, having passed rules 1-4 for term T, first promises T to itself, then asks
+every peer to **promise term T** to it (:func:`promise_refusal`: a peer refuses when
+it is a primary or being promoted, holds a record of term T or newer, or promised T
+or newer to another node), and is promoted only if rules 2-4 hold again over the
+peers that promised. A promise is synced before it is answered and kept across the
+copy's replacement; from then on the peer refuses any record older than T, or of T
+from another primary (:func:`record_refusal`), and leaves the primary it followed — so
+the old primary can neither record a smaller ready set nor have its entries
+acknowledged by a majority, and answers nothing the new primary could miss. Two
+operators promoting two nodes at once each promise the term to their own node first:
+at most one of them gets a majority.
+
 Pure: records and standings are plain values (``to_wire`` / ``from_wire`` for the link
 and the ``REPLICA_STATE`` file).
 """
@@ -47,7 +63,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ReadyRecord", "Standing", "majority", "newest", "next_term", "promotion_refusal"]
+__all__ = ["Promise", "ReadyRecord", "Standing", "majority", "newest", "next_term",
+           "promise_refusal", "promotion_refusal", "record_refusal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +104,30 @@ class ReadyRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Promise:
+    """A node's promise to take no record older than ``term``, nor one of ``term`` from
+    any primary but ``candidate`` (Raft's current term and vote)."""
+
+    term: int
+    candidate: str
+
+    def to_wire(self) -> dict[str, Any]:
+        """As the link and the ``HA_PROMISE`` file carry it."""
+        return {"term": self.term, "candidate": self.candidate}
+
+    @staticmethod
+    def from_wire(value: Any) -> Promise | None:
+        """A promise read from the link or a file (None when absent or malformed)."""
+        if not isinstance(value, dict):
+            return None
+        term, candidate = value.get("term"), value.get("candidate")
+        if not (isinstance(term, int) and not isinstance(term, bool) and term > 0
+                and isinstance(candidate, str) and candidate):
+            return None
+        return Promise(term, candidate)
+
+
+@dataclass(frozen=True, slots=True)
 class Standing:
     """What one node says when asked before a promotion."""
 
@@ -94,11 +135,14 @@ class Standing:
     role: str  #: "backup", "promoting", "primary", "stopped"
     record: ReadyRecord | None  #: the newest ready-set record it holds
     following: str = ""  #: the primary it follows over a live link ("" for none)
+    promised: int = 0  #: the newest term it promised (0: none)
+    granted: bool = False  #: it promised the term just asked for
 
     def to_wire(self) -> dict[str, Any]:
         """As the link carries it."""
         return {"node": self.node, "role": self.role, "following": self.following,
-                "record": None if self.record is None else self.record.to_wire()}
+                "record": None if self.record is None else self.record.to_wire(),
+                "promised": self.promised, "granted": self.granted}
 
     @staticmethod
     def from_wire(value: Any) -> Standing | None:
@@ -106,9 +150,11 @@ class Standing:
         if not isinstance(value, dict) or not isinstance(value.get("node"), str) \
                 or not isinstance(value.get("role"), str):
             return None
-        following = value.get("following")
+        following, promised = value.get("following"), value.get("promised")
         return Standing(value["node"], value["role"], ReadyRecord.from_wire(value.get("record")),
-                        following if isinstance(following, str) else "")
+                        following if isinstance(following, str) else "",
+                        promised if isinstance(promised, int) and promised > 0 else 0,
+                        value.get("granted") is True)
 
 
 def majority(group_size: int) -> int:
@@ -126,9 +172,48 @@ def newest(records: Sequence[ReadyRecord | None]) -> ReadyRecord | None:
 
 
 def next_term(standings: Sequence[Standing]) -> int:
-    """The term of a primary promoted after these standings were heard."""
+    """The term of a primary promoted after these standings were heard: newer than any
+    record they hold and any term they promised."""
     record = newest([s.record for s in standings])
-    return 1 if record is None else record.term + 1
+    highest = max([0 if record is None else record.term, *(s.promised for s in standings)])
+    return highest + 1
+
+
+def promise_refusal(own: Standing, promised: Promise | None, term: int,
+                    candidate: str) -> str | None:
+    """Why ``own.node`` may not promise ``term`` to ``candidate`` (None: it may; a
+    promise repeated to the same candidate is granted again)."""
+    # P1: a primary, or a node being promoted, promises nobody else a term.
+    if own.role in ("primary", "promoting") and candidate != own.node:
+        return f"{own.node} is the {own.role}"
+    # P2: it holds a record of this term or newer: that primary was promoted already.
+    if own.record is not None and own.record.term >= term and not (
+            own.record.term == term and own.record.primary == candidate):
+        return (f"{own.node} holds term {own.record.term} (primary {own.record.primary})")
+    # P3: it promised a newer term, or this term to another node.
+    if promised is not None and (promised.term > term or (
+            promised.term == term and promised.candidate != candidate)):
+        return f"{own.node} promised term {promised.term} to {promised.candidate}"
+    return None
+
+
+def record_refusal(mine: ReadyRecord | None, promised: Promise | None,
+                   record: ReadyRecord) -> str | None:
+    """Why a backup refuses a primary's ``record`` (None: it takes it), holding
+    ``mine`` and having promised ``promised``."""
+    # R1: an older term than one recorded here: a newer primary was promoted since.
+    # R2: a second primary of the same term (two promotions at once: the first to
+    # reach this node keeps the term).
+    if mine is not None and (record.term < mine.term or (
+            record.term == mine.term and record.primary != mine.primary)):
+        return (f"its term {record.term} is not newer than term {mine.term} "
+                f"(primary {mine.primary}) recorded here")
+    # R3: older than the term promised, or of that term from another node.
+    if promised is not None and (record.term < promised.term or (
+            record.term == promised.term and record.primary != promised.candidate)):
+        return (f"its term {record.term} is older than term {promised.term}, promised "
+                f"to {promised.candidate}")
+    return None
 
 
 def promotion_refusal(own: Standing, own_refusal: str | None, group_size: int,

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from txbroker.core.ha.promotion import (
+    Promise,
     ReadyRecord,
     Standing,
     majority,
     newest,
     next_term,
+    promise_refusal,
     promotion_refusal,
 )
 from txbroker.errors import IllegalState
+from txbroker.server.ha.promises import read_promise, write_promise
 from txbroker.server.ha.replica import read_record
-from txbroker.server.ha.standings import gather_standings
+from txbroker.server.ha.standings import gather_promises, gather_standings
 
 if TYPE_CHECKING:
     from txbroker.server.ha.replicated import ReplicatedNode
@@ -67,7 +71,31 @@ class QuorumPromotion:
         node = self.node
         follower = node.follower
         following = follower.primary if follower is not None and follower.connected else ""
-        return Standing(node.node, node.role.value, self.record(), following)
+        promise = read_promise(node.config.data)
+        return Standing(node.node, node.role.value, self.record(), following,
+                        0 if promise is None else promise.term)
+
+    def grant(self, promise: Promise) -> Standing:
+        """A peer being promoted asks this node to promise it a term: promise it (synced
+        first, ``promises.py``) unless :func:`promise_refusal` says no, and leave the
+        primary this node follows (its entries must not be acknowledged here any more:
+        ``core/ha/promotion.py``, "Promises"). The answer is the standing, ``granted``
+        saying which."""
+        node = self.node
+        own = self.standing()
+        why = promise_refusal(own, read_promise(node.config.data), promise.term,
+                              promise.candidate)
+        if why is not None:
+            log.info("HA: %s does not promise term %d to %s: %s", node.node, promise.term,
+                     promise.candidate, why)
+            return own
+        write_promise(node.config.data, promise)
+        log.warning("HA: %s promised term %d to %s", node.node, promise.term,
+                    promise.candidate)
+        follower = node.follower
+        if follower is not None and follower.connected and follower.primary != promise.candidate:
+            follower.leave()
+        return replace(own, following="", promised=promise.term, granted=True)
 
     def refusal_as_heard(self) -> str | None:
         """``promotable()``, and not excluded by a newer record a peer told us of: what
@@ -94,23 +122,51 @@ class QuorumPromotion:
         self._checking = True
         try:
             peers = await gather_standings(node.security, node.peers)
-            for peer in peers:
-                self.heard[peer.node] = peer
+            self._refuse_unless_allowed(force, peers)
+            # then the promises: the term to ourselves first (synced), then the peers'
+            # (``core/ha/promotion.py``, "Promises"), and the rules again over those
+            # that promised it: between the two asks the group may have moved on
             own = self.standing()
-            why = promotion_refusal(own, node.promotable(), self.group_size, peers,
-                                    force=force)
+            term = next_term([own, *peers])
+            promise = Promise(term, node.node)
+            why = promise_refusal(own, read_promise(node.config.data), term, node.node)
             if why is not None:
                 raise IllegalState(f"{node.node} cannot be promoted: {why}")
-            if force and promotion_refusal(own, None, self.group_size, peers) is not None:
-                log.warning("HA: %s promoted by force although %s", node.node,
-                            promotion_refusal(own, None, self.group_size, peers))
-            self.term = next_term([own, *peers])
+            write_promise(node.config.data, promise)
+            answers = await gather_promises(node.security, node.peers, promise)
+            granted = [a for a in answers if a.granted or a.role in ("primary", "promoting")]
+            refused = sorted(f"{a.node} (promised term {a.promised})" for a in answers
+                             if a not in granted)
+            try:
+                self._refuse_unless_allowed(force, granted)
+            except IllegalState as exc:
+                if refused:
+                    raise IllegalState(f"{exc}; not promised by {', '.join(refused)}") \
+                        from None
+                raise
+            self.term = term
             self.forced = force
             promote.set()
         finally:
             self._checking = False
         result: dict[str, Any] = {"node": node.node, "promoting": True, "term": self.term,
-                                  "heard": sorted(peer.node for peer in peers)}
+                                  "heard": sorted(peer.node for peer in peers),
+                                  "promised": sorted(a.node for a in answers if a.granted)}
         if force:
             result["forced"] = True
         return result
+
+    def _refuse_unless_allowed(self, force: bool, peers: list[Standing]) -> None:
+        """Raise IllegalState unless the rules let this node be promoted having heard
+        ``peers`` (remembered as heard)."""
+        node = self.node
+        for peer in peers:
+            self.heard[peer.node] = peer
+        own = self.standing()
+        why = promotion_refusal(own, node.promotable(), self.group_size, peers, force=force)
+        if why is not None:
+            raise IllegalState(f"{node.node} cannot be promoted: {why}")
+        if force:
+            unforced = promotion_refusal(own, None, self.group_size, peers)
+            if unforced is not None:
+                log.warning("HA: %s promoted by force although %s", node.node, unforced)

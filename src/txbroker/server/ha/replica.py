@@ -43,7 +43,7 @@ from typing import Final
 
 from txbroker.core.effects import Release
 from txbroker.core.ha.follower import CopyAction, CopyInput, CopyState, copy_next
-from txbroker.core.ha.promotion import ReadyRecord, Standing
+from txbroker.core.ha.promotion import ReadyRecord, Standing, record_refusal
 from txbroker.core.records import StoredEntry
 from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
@@ -51,6 +51,12 @@ from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.server.ha.faults import FAULTS, ReplicaFaults, is_local_commit
 from txbroker.server.ha.link import LinkSecurity
+from txbroker.server.ha.promises import (
+    PROMISE_FILE,
+    raise_promise,
+    read_promise,
+    write_json_synced,
+)
 from txbroker.storage.store_lock import StoreLock
 
 #: The line a backup writes in its store's lock file.
@@ -99,7 +105,7 @@ def incomplete(data: Path) -> bool:
 
 def wipe(data: Path, keep: Path) -> None:
     """Mark ``data`` incomplete (durably), then delete all of it but ``keep`` (the
-    store's lock, held) and the marker."""
+    store's lock, held), the marker and the node's promise (``promises.py``)."""
     data.mkdir(parents=True, exist_ok=True)
     marker = data / INCOMPLETE
     with open(marker, "wb") as handle:
@@ -114,7 +120,8 @@ def wipe(data: Path, keep: Path) -> None:
     keep = keep.resolve()
     for path in sorted(data.rglob("*"), key=lambda p: len(p.parts), reverse=True):
         resolved = path.resolve()
-        if resolved in (keep, marker.resolve()) or resolved in keep.parents:
+        if resolved in (keep, marker.resolve(), (data / PROMISE_FILE).resolve()) \
+                or resolved in keep.parents:
             continue
         if path.is_dir() and not path.is_symlink():
             if not any(path.iterdir()):
@@ -164,14 +171,7 @@ def write_record(data: Path, record: ReadyRecord) -> None:
 
 
 def _write_state(data: Path, state: dict[str, object]) -> None:
-    path = data / STATE_FILE
-    temporary = path.with_suffix(".tmp")
-    with open(temporary, "w") as handle:
-        json.dump(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    _sync_dir(data)
+    write_json_synced(data, STATE_FILE, state)
 
 
 def forget_standing(data: Path) -> None:
@@ -340,20 +340,24 @@ class Follower:
         """The primary's ready set, recorded here (synced) before it is acknowledged. A
         primary of an older term than one recorded here is refused (a newer primary
         was promoted since), and so is a second primary of the same term (two
-        promotions at once: the first to reach this node keeps the term)."""
+        promotions at once: the first to reach this node keeps the term), and any
+        record this node's promise rules out (``core/ha/promotion.py``)."""
         record = ReadyRecord.from_wire(body.get("record") if isinstance(body, dict) else None)
         if record is None:
             raise ProtocolError("a malformed ready-set record")
-        mine = self.record
+        mine, promised = self.record, read_promise(self.config.data)
         writer = self._writer
-        if mine is not None and (record.term < mine.term or (
-                record.term == mine.term and record.primary != mine.primary)):
+        why = record_refusal(mine, promised, record)
+        if why is not None:
+            term, primary = (mine.term, mine.primary) if mine is not None else (0, "")
+            if promised is not None and promised.term >= term:
+                term, primary = promised.term, promised.candidate
             if writer is not None and not writer.is_closing():
-                writer.write(link.encode("recorded", {
-                    "ok": False, "term": mine.term, "primary": mine.primary}))
-            raise PrimaryRefused(f"its term {record.term} is not newer than term {mine.term} "
-                                 f"(primary {mine.primary}) recorded here")
+                writer.write(link.encode("recorded", {"ok": False, "term": term,
+                                                      "primary": primary}))
+            raise PrimaryRefused(why)
         if mine is None or record.key() > mine.key():
+            raise_promise(self.config.data, record)
             self.record = record
             write_standing(self.config.data, self.ready, self.primary or record.primary,
                            record)
@@ -476,6 +480,14 @@ class Follower:
         writer = self._writer
         if writer is not None and not writer.is_closing():
             writer.write(link.encode("vote", {"lsn": lsn, "ok": False, "reason": reason}))
+
+    def leave(self) -> None:
+        """Stop following the primary now (this node promised a newer term to another):
+        the link closes, nothing more is acknowledged on it."""
+        if self._writer is not None and not self._writer.is_closing():
+            log.info("replication: leaving the primary %s (a newer term was promised)",
+                     self.primary)
+            self._writer.close()
 
     def close_store(self) -> None:
         """Give up the copy's store (before joining again)."""

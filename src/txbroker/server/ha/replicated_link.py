@@ -1,7 +1,8 @@
 """A replicated broker's HA port (``server/ha/replicated.py``): what a peer's first
 message asks for — a backup's ``join`` (served by the hub of a primary, or of a node
 being promoted; refused by anybody else, with its standing), or a ``standing``
-(before a promotion, or saying one is under way: a backup then searches at once)."""
+(before a promotion, asking for a promise of a term, or saying one is under way: a
+backup then searches at once)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from txbroker.core.ha.promotion import Promise
 from txbroker.core.ha.replicated_role import RoleAction, RoleInput
 from txbroker.errors import ProtocolError
 from txbroker.protocol import replication as link
@@ -39,9 +41,15 @@ async def on_link(node: ReplicatedNode, reader: asyncio.StreamReader,
             messages = codec.receive_data(data)
         first = messages[0]
         if first.type == "standing":  # a peer asks before (or says it is in) a promotion
-            if isinstance(first.body, dict) and first.body.get("promoting"):
+            body = first.body if isinstance(first.body, dict) else {}
+            if body.get("promoting"):
                 node.search_now.set()  # look for the primary again at once
-            writer.write(link.encode("standing", _standing(node)))
+            promise = Promise.from_wire(body.get("promise"))
+            if promise is not None and node.quorum is not None:  # asks us to promise it
+                answer: dict[str, Any] | None = node.quorum.grant(promise).to_wire()
+            else:
+                answer = _standing(node)
+            writer.write(link.encode("standing", answer))
             await writer.drain()
             return
         if first.type != "join" or not isinstance(first.body, dict):

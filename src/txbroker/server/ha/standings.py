@@ -4,7 +4,8 @@
 A ``standing`` request travels on the HA port, after the link's handshake
 (``server/ha/link.py``: the HA secret, TLS), and the peer answers with one
 ``standing`` message and closes: its role, the primary it follows over a live link
-and the newest ready-set record it holds. A peer that does not answer within
+and the newest ready-set record it holds — and, asked to, whether it promised the
+asker a term (``core/ha/promotion.py``, "Promises"). A peer that does not answer within
 :data:`ASK_TIMEOUT` counts as not heard.
 """
 
@@ -16,37 +17,44 @@ import logging
 from collections.abc import Sequence
 from typing import Final
 
-from txbroker.core.ha.promotion import Standing
+from txbroker.core.ha.promotion import Promise, Standing
 from txbroker.errors import ProtocolError
 from txbroker.protocol import replication as link
 from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["ASK_TIMEOUT", "announce_promotion", "ask_standing", "gather_standings"]
+__all__ = ["ASK_TIMEOUT", "announce_promotion", "ask_standing", "gather_promises",
+           "gather_standings"]
 
 #: How long one peer may take to connect and answer (s).
 ASK_TIMEOUT: Final = 1.0
 
 
 async def ask_standing(security: LinkSecurity, host: str, port: int,
-                       timeout: float = ASK_TIMEOUT, *, promoting: bool = False
-                       ) -> Standing | None:
+                       timeout: float = ASK_TIMEOUT, *, promoting: bool = False,
+                       promise: Promise | None = None) -> Standing | None:
     """The standing of the peer at ``host:port`` (None: not heard). ``promoting``: we
-    are being promoted — a backup looking for its primary looks again at once."""
+    are being promoted — a backup looking for its primary looks again at once;
+    ``promise``: asks the peer to promise that term to us (``granted`` says whether it
+    did)."""
+    body: dict[str, object] = {}
+    if promoting:
+        body["promoting"] = True
+    if promise is not None:
+        body["promise"] = promise.to_wire()
     try:
-        return await asyncio.wait_for(_ask(security, host, port, timeout, promoting),
-                                      timeout)
+        return await asyncio.wait_for(_ask(security, host, port, timeout, body), timeout)
     except (OSError, TimeoutError, ProtocolError, LinkAuthFailed) as exc:
         log.info("HA: no standing from %s:%d: %r", host, port, exc)
         return None
 
 
 async def _ask(security: LinkSecurity, host: str, port: int, timeout: float,
-               promoting: bool) -> Standing | None:
+               body: dict[str, object]) -> Standing | None:
     reader, writer = await security.connect(host, port, timeout)
     try:
-        writer.write(link.encode("standing", {"promoting": True} if promoting else {}))
+        writer.write(link.encode("standing", body))
         codec = link.ReplicationCodec()
         while True:
             data = await reader.read(65536)
@@ -69,6 +77,15 @@ async def gather_standings(security: LinkSecurity, peers: Sequence[tuple[str, in
     """The standings of every peer that answered, asked at once."""
     answers = await asyncio.gather(*(ask_standing(security, host, port, timeout)
                                      for host, port in peers))
+    return [answer for answer in answers if answer is not None]
+
+
+async def gather_promises(security: LinkSecurity, peers: Sequence[tuple[str, int]],
+                          promise: Promise, timeout: float = ASK_TIMEOUT) -> list[Standing]:
+    """Ask every peer at once to promise ``promise.term`` to ``promise.candidate``: the
+    standings of those that answered (``granted``: it promised)."""
+    answers = await asyncio.gather(*(ask_standing(security, host, port, timeout,
+                                                  promise=promise) for host, port in peers))
     return [answer for answer in answers if answer is not None]
 
 

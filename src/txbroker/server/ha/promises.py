@@ -1,0 +1,62 @@
+"""A replicated node's promise, kept in its data directory (``core/ha/promotion.py``,
+"Promises"; a group of three or more without etcd).
+
+The file :data:`PROMISE_FILE` holds the newest term this node promised and to whom
+(Raft's current term and vote). It is written and synced *before* the promise is
+answered, raised whenever the node takes a record of a newer term, and kept when a
+backup's copy is replaced (``replica.wipe``): a node that forgot its promise after a
+crash could take the old primary's records again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Final
+
+from txbroker.core.ha.promotion import Promise, ReadyRecord
+
+__all__ = ["PROMISE_FILE", "raise_promise", "read_promise", "write_json_synced",
+           "write_promise"]
+
+#: ``{"term": int, "candidate": name}``
+PROMISE_FILE: Final = "HA_PROMISE"
+
+
+def read_promise(data: Path) -> Promise | None:
+    """The newest promise this directory holds (None: none)."""
+    try:
+        return Promise.from_wire(json.loads((data / PROMISE_FILE).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def write_promise(data: Path, promise: Promise) -> None:
+    """Keep ``promise`` (synced, with the directory) before it is answered."""
+    write_json_synced(data, PROMISE_FILE, promise.to_wire())
+
+
+def raise_promise(data: Path, record: ReadyRecord) -> None:
+    """A record of a newer term than the promise was taken: its term becomes the floor
+    (kept across the copy's replacement, which the record itself is not)."""
+    promise = read_promise(data)
+    if promise is None or record.term > promise.term:
+        write_promise(data, Promise(record.term, record.primary))
+
+
+def write_json_synced(data: Path, name: str, value: object) -> None:
+    """Replace ``data / name`` with ``value`` as JSON: a temporary file synced, renamed,
+    and the directory synced."""
+    path = data / name
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w") as handle:
+        json.dump(value, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
