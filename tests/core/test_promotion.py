@@ -7,12 +7,15 @@ from __future__ import annotations
 import pytest
 
 from txbroker.core.ha.promotion import (
+    Promise,
     ReadyRecord,
     Standing,
     majority,
     newest,
     next_term,
+    promise_refusal,
     promotion_refusal,
+    record_refusal,
 )
 
 R = ReadyRecord
@@ -121,3 +124,106 @@ def test_force_waives_the_majority_and_the_record_never_a_live_primary() -> None
     assert promotion_refusal(alone, "incomplete", 3, [], force=True) == "incomplete"
     refusal = promotion_refusal(alone, None, 3, [Standing("a", "primary", T3_B)], force=True)
     assert refusal is not None and "is the primary" in refusal
+
+
+# -- promises (Raft's vote): who may promise a term to whom ------------------------
+P = Promise
+
+PROMISE_CASES: list[tuple[str, Standing, Promise | None, int, str, str | None]] = [
+    # a backup that promised nothing and holds term 3 promises term 4 to anybody
+    ("fresh promise", backup("b", T3_AB), None, 4, "c", None),
+    # the same promise asked again (a retry) is granted again
+    ("same promise again", backup("b", T3_AB), P(4, "c"), 4, "c", None),
+    # P1: a primary, or a node being promoted, promises nobody else a term
+    ("primary", Standing("a", "primary", T3_AB), None, 4, "c", "is the primary"),
+    ("promoting", Standing("b", "promoting", T3_AB), P(4, "b"), 4, "c", "is the promoting"),
+    # ... but a node being promoted has promised its term to itself
+    ("promoting, to itself", Standing("b", "promoting", T3_AB), P(4, "b"), 4, "b", None),
+    # P2: it holds a record of the term asked or newer: that primary exists already
+    ("holds that term", backup("b", T4_C), None, 4, "a", "holds term 4"),
+    ("holds a newer term", backup("b", T4_C), None, 3, "a", "holds term 4"),
+    ("holds that term of the asker", backup("b", T4_C), P(4, "c"), 4, "c", None),
+    # P3: it still hears its primary (alive): no promise to depose it ...
+    ("hears its primary", Standing("b", "backup", T3_AB, "a", hears="a"), None, 4, "c",
+     "hears its primary a"),
+    # ... but a follower whose primary fell silent (or whose link ended) promises
+    ("primary silent", Standing("b", "backup", T3_AB, "a"), None, 4, "c", None),
+    # P5: it promised a newer term, or this term to another node (P4: below)
+    ("promised newer", backup("b", T3_AB), P(6, "a"), 5, "c", "promised term 6 to a"),
+    ("promised to another", backup("b", T3_AB), P(4, "a"), 4, "c", "promised term 4 to a"),
+    # an older promise does not bind a newer term
+    ("older promise", backup("b", T3_AB), P(4, "a"), 5, "c", None),
+    # a stopped node (a fenced old primary) may promise
+    ("stopped", Standing("a", "stopped", T3_AB), None, 4, "c", None),
+]
+
+
+def test_a_promise_holds_other_candidates_off_for_a_while() -> None:
+    # P4: a peer that promised term 4 to c just now refuses term 5 to a (c's promotion
+    # is under way) but promises c again; once the hold passed, "recently" is "".
+    refusal = promise_refusal(backup("b", T3_AB), P(4, "c"), 5, "a", recently="c")
+    assert refusal is not None and "promised a term to c less than" in refusal
+    assert promise_refusal(backup("b", T3_AB), P(4, "c"), 4, "c", recently="c") is None
+    assert promise_refusal(backup("b", T3_AB), P(4, "c"), 5, "a", recently="") is None
+
+
+@pytest.mark.parametrize(("name", "own", "promised", "term", "candidate", "expected"),
+                         PROMISE_CASES, ids=[case[0] for case in PROMISE_CASES])
+def test_promise_rules(name: str, own: Standing, promised: Promise | None, term: int,
+                       candidate: str, expected: str | None) -> None:
+    refusal = promise_refusal(own, promised, term, candidate)
+    if expected is None:
+        assert refusal is None, refusal
+    else:
+        assert refusal is not None and expected in refusal, refusal
+
+
+RECORD_CASES: list[tuple[str, ReadyRecord | None, Promise | None, ReadyRecord,
+                         str | None]] = [
+    # nothing held, nothing promised: any record
+    ("first record", None, None, T3_AB, None),
+    # a newer version of the same term, a newer term
+    ("newer version", T3_AB, None, T3_B, None),
+    ("newer term", T3_B, None, T4_C, None),
+    # R1: an older term
+    ("older term", T4_C, None, T3_NONE, "not newer than term 4"),
+    # R2: a second primary of the same term
+    ("same term, other primary", T3_AB, None, R(3, 4, "b", ()), "not newer than term 3"),
+    # R3: older than the term promised (the old primary, alive behind a partition)
+    ("older than promised", T3_AB, P(4, "c"), T3_B, "older than term 4, promised to c"),
+    # the promised term from another primary: it won the term (each node promises a
+    # term once, so only one node gets a majority of promises): it is followed
+    ("promised term, other", T3_AB, P(4, "c"), R(4, 0, "b", ()), None),
+    # the candidate's own first record is taken, and a newer term's too
+    ("promised term, candidate", T3_AB, P(4, "c"), T4_C, None),
+    ("newer than promised", T3_AB, P(4, "c"), R(5, 0, "a", ()), None),
+]
+
+
+@pytest.mark.parametrize(("name", "mine", "promised", "record", "expected"), RECORD_CASES,
+                         ids=[case[0] for case in RECORD_CASES])
+def test_record_rules(name: str, mine: ReadyRecord | None, promised: Promise | None,
+                      record: ReadyRecord, expected: str | None) -> None:
+    refusal = record_refusal(mine, promised, record)
+    if expected is None:
+        assert refusal is None, refusal
+    else:
+        assert refusal is not None and expected in refusal, refusal
+
+
+def test_next_term_is_newer_than_every_promise() -> None:
+    assert next_term([backup("a", T3_AB), Standing("b", "backup", T3_B, promised=7)]) == 8
+    assert next_term([Standing("a", "backup", None, promised=2)]) == 3
+
+
+def test_promises_and_granted_standings_cross_the_wire_unchanged() -> None:
+    assert P.from_wire(P(4, "c").to_wire()) == P(4, "c")
+    granted = Standing("b", "backup", T3_AB, "", promised=4, granted=True, hears="a")
+    assert Standing.from_wire(granted.to_wire()) == granted
+
+
+@pytest.mark.parametrize("bad", [None, 3, {}, {"term": 0, "candidate": "a"},
+                                 {"term": 1, "candidate": ""}, {"term": "1", "candidate": "a"},
+                                 {"term": True, "candidate": "a"}, {"term": 1}])
+def test_a_malformed_promise_is_none(bad: object) -> None:
+    assert P.from_wire(bad) is None

@@ -67,9 +67,10 @@ def test_http_promotion_of_a_backup(trio: tuple[Group, dict[str, int]]) -> None:
 
         promoted = client.post(url(http, "a", "/api/ha/promote"), auth=auth)
         assert promoted.status_code == 200, promoted.text
-        # a group of three asks its peers first: both answered; the first term
+        # a group of three asks its peers first: both answered, and both promised the
+        # first term
         assert promoted.json() == {"node": "a", "promoting": True, "term": 1,
-                                   "heard": ["b", "c"]}
+                                   "heard": ["b", "c"], "promised": ["b", "c"]}
         group.a.wait_line(READY_PREFIX)
         wait_for(lambda: ready_backups(client, url(http, "a", "/api/overview")) == 2 or None,
                  60, "two ready backups")

@@ -127,7 +127,9 @@ def promote(
         raise fail(f"{host}: {describe(exc)}") from exc
     term = f" (term {result['term']})" if "term" in result else ""
     forced = " by force" if result.get("forced") else ""
-    print(f"{host}: promoting {result.get('node', host)} to primary{term}{forced}")
+    promised = f", promised by {', '.join(result['promised'])}" if result.get("promised") \
+        else ""
+    print(f"{host}: promoting {result.get('node', host)} to primary{term}{forced}{promised}")
 
 
 def _line(address: str, ha: dict[str, Any]) -> str:

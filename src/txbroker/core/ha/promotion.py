@@ -43,15 +43,16 @@ operator may promote another node, or the old primary, alive behind a partial
 partition, may record a newer version of its ready set on a peer. So the node being
 promoted, having passed rules 1-4 for term T, first promises T to itself, then asks
 every peer to **promise term T** to it (:func:`promise_refusal`: a peer refuses when
-it is a primary or being promoted, holds a record of term T or newer, or promised T
-or newer to another node), and is promoted only if rules 2-4 hold again over the
-peers that promised. A promise is synced before it is answered and kept across the
-copy's replacement; from then on the peer refuses any record older than T, or of T
-from another primary (:func:`record_refusal`), and leaves the primary it followed — so
-the old primary can neither record a smaller ready set nor have its entries
-acknowledged by a majority, and answers nothing the new primary could miss. Two
-operators promoting two nodes at once each promise the term to their own node first:
-at most one of them gets a majority.
+it is a primary or being promoted, holds a record of term T or newer, still hears its
+primary, promised a term to another node moments ago, or promised T or newer to
+another node), and is promoted only if rules 2-4
+hold again over the peers that promised (else it withdraws its own promise). A
+promise is synced before it is answered and kept across the copy's replacement; from
+then on the peer refuses any record older than T (:func:`record_refusal`) and leaves
+the primary it followed — so the old primary can neither record a smaller ready set
+nor have its entries acknowledged by a majority, and answers nothing the new primary
+could miss. Two operators promoting two nodes at once each promise the term to their
+own node first: at most one of them gets a majority.
 
 Pure: records and standings are plain values (``to_wire`` / ``from_wire`` for the link
 and the ``REPLICA_STATE`` file).
@@ -63,8 +64,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Promise", "ReadyRecord", "Standing", "majority", "newest", "next_term",
-           "promise_refusal", "promotion_refusal", "record_refusal"]
+__all__ = ["HEARS_WITHIN", "PROMISE_HOLD", "Promise", "ReadyRecord", "Standing", "majority",
+           "newest", "next_term", "promise_refusal", "promotion_refusal", "record_refusal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +138,13 @@ class Standing:
     following: str = ""  #: the primary it follows over a live link ("" for none)
     promised: int = 0  #: the newest term it promised (0: none)
     granted: bool = False  #: it promised the term just asked for
+    hears: str = ""  #: the primary it heard from just now (``HEARS_WITHIN``; "": none)
 
     def to_wire(self) -> dict[str, Any]:
         """As the link carries it."""
         return {"node": self.node, "role": self.role, "following": self.following,
                 "record": None if self.record is None else self.record.to_wire(),
-                "promised": self.promised, "granted": self.granted}
+                "promised": self.promised, "granted": self.granted, "hears": self.hears}
 
     @staticmethod
     def from_wire(value: Any) -> Standing | None:
@@ -151,10 +153,20 @@ class Standing:
                 or not isinstance(value.get("role"), str):
             return None
         following, promised = value.get("following"), value.get("promised")
+        hears = value.get("hears")
         return Standing(value["node"], value["role"], ReadyRecord.from_wire(value.get("record")),
                         following if isinstance(following, str) else "",
                         promised if isinstance(promised, int) and promised > 0 else 0,
-                        value.get("granted") is True)
+                        value.get("granted") is True, hears if isinstance(hears, str) else "")
+
+
+#: A backup that heard from its primary this recently (s) promises nobody else a term:
+#: two heartbeats (``server/ha/replica.py`` ``HEARTBEAT_INTERVAL``, 0.25 s).
+HEARS_WITHIN = 0.5
+#: After promising a term to a node, promise no other node any term for this long (s):
+#: time for the promised node to become the primary (its first record then stops
+#: older terms by itself).
+PROMISE_HOLD = 2.0
 
 
 def majority(group_size: int) -> int:
@@ -180,9 +192,10 @@ def next_term(standings: Sequence[Standing]) -> int:
 
 
 def promise_refusal(own: Standing, promised: Promise | None, term: int,
-                    candidate: str) -> str | None:
+                    candidate: str, *, recently: str = "") -> str | None:
     """Why ``own.node`` may not promise ``term`` to ``candidate`` (None: it may; a
-    promise repeated to the same candidate is granted again)."""
+    promise repeated to the same candidate is granted again). ``recently``: the node it
+    promised a term to less than :data:`PROMISE_HOLD` ago ("": none)."""
     # P1: a primary, or a node being promoted, promises nobody else a term.
     if own.role in ("primary", "promoting") and candidate != own.node:
         return f"{own.node} is the {own.role}"
@@ -190,7 +203,20 @@ def promise_refusal(own: Standing, promised: Promise | None, term: int,
     if own.record is not None and own.record.term >= term and not (
             own.record.term == term and own.record.primary == candidate):
         return (f"{own.node} holds term {own.record.term} (primary {own.record.primary})")
-    # P3: it promised a newer term, or this term to another node.
+    # P3: it hears its primary (a message within ``HEARS_WITHIN``): that primary is
+    # alive, and a promise would depose it (Raft's leader stickiness, as PreVote
+    # nodes refuse while they hear a leader). A dead primary's link ends, or falls
+    # silent, and the promise is granted.
+    if own.hears and own.hears != candidate:
+        return f"{own.node} hears its primary {own.hears}"
+    # P4: it promised a term to another node just now: that promotion is under way
+    # (Raft's election timeout: one vote per round). Without it, two operators'
+    # promotions a few ms apart each got a promise from the same peer, the newer
+    # term deposed the first primary at once and left it fenced (replicated-live
+    # seeds 30018, 30026).
+    if recently and recently != candidate:
+        return f"{own.node} promised a term to {recently} less than {PROMISE_HOLD} s ago"
+    # P5: it promised a newer term, or this term to another node.
     if promised is not None and (promised.term > term or (
             promised.term == term and promised.candidate != candidate)):
         return f"{own.node} promised term {promised.term} to {promised.candidate}"
@@ -208,9 +234,10 @@ def record_refusal(mine: ReadyRecord | None, promised: Promise | None,
             record.term == mine.term and record.primary != mine.primary)):
         return (f"its term {record.term} is not newer than term {mine.term} "
                 f"(primary {mine.primary}) recorded here")
-    # R3: older than the term promised, or of that term from another node.
-    if promised is not None and (record.term < promised.term or (
-            record.term == promised.term and record.primary != promised.candidate)):
+    # R3: older than the term promised. (Of that term from another node than the one
+    # promised: that node won the term — each node promises a term once, so only one
+    # gets a majority — and is followed, as Raft follows a leader whatever it voted.)
+    if promised is not None and record.term < promised.term:
         return (f"its term {record.term} is older than term {promised.term}, promised "
                 f"to {promised.candidate}")
     return None

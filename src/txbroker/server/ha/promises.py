@@ -17,8 +17,8 @@ from typing import Final
 
 from txbroker.core.ha.promotion import Promise, ReadyRecord
 
-__all__ = ["PROMISE_FILE", "raise_promise", "read_promise", "write_json_synced",
-           "write_promise"]
+__all__ = ["PROMISE_FILE", "raise_promise", "read_promise", "withdraw_promise",
+           "write_json_synced", "write_promise"]
 
 #: ``{"term": int, "candidate": name}``
 PROMISE_FILE: Final = "HA_PROMISE"
@@ -35,6 +35,22 @@ def read_promise(data: Path) -> Promise | None:
 def write_promise(data: Path, promise: Promise) -> None:
     """Keep ``promise`` (synced, with the directory) before it is answered."""
     write_json_synced(data, PROMISE_FILE, promise.to_wire())
+
+
+def withdraw_promise(data: Path, previous: Promise | None) -> None:
+    """A promotion that promised its term to itself was refused: put back the promise
+    held before (``previous``; None: none). Safe — the node never acts as the primary
+    of the term it withdraws — and needed: kept, it would make this node refuse the
+    live primary's records, and fence that primary, for a term nobody holds."""
+    if previous is None:
+        (data / PROMISE_FILE).unlink(missing_ok=True)
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    else:
+        write_promise(data, previous)
 
 
 def raise_promise(data: Path, record: ReadyRecord) -> None:

@@ -17,6 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from txbroker.core.ha.promotion import (
+    HEARS_WITHIN,
+    PROMISE_HOLD,
     Promise,
     ReadyRecord,
     Standing,
@@ -27,7 +29,8 @@ from txbroker.core.ha.promotion import (
     promotion_refusal,
 )
 from txbroker.errors import IllegalState
-from txbroker.server.ha.promises import read_promise, write_promise
+from txbroker.server.ha.clock import monotonic
+from txbroker.server.ha.promises import read_promise, withdraw_promise, write_promise
 from txbroker.server.ha.replica import read_record
 from txbroker.server.ha.standings import gather_promises, gather_standings
 
@@ -52,6 +55,8 @@ class QuorumPromotion:
         #: majority to hold them (the operator said the others are gone)
         self.forced = False
         self._checking = False
+        #: when this node last promised a term to a peer, and to whom
+        self._granted: tuple[float, str] = (float("-inf"), "")
 
     def backups_needed(self) -> int:
         """How many backups must hold each record of the term this node starts."""
@@ -72,8 +77,10 @@ class QuorumPromotion:
         follower = node.follower
         following = follower.primary if follower is not None and follower.connected else ""
         promise = read_promise(node.config.data)
+        hears = following if follower is not None and following and \
+            monotonic() - follower.heard_at < HEARS_WITHIN else ""
         return Standing(node.node, node.role.value, self.record(), following,
-                        0 if promise is None else promise.term)
+                        0 if promise is None else promise.term, hears=hears)
 
     def grant(self, promise: Promise) -> Standing:
         """A peer being promoted asks this node to promise it a term: promise it (synced
@@ -84,12 +91,13 @@ class QuorumPromotion:
         node = self.node
         own = self.standing()
         why = promise_refusal(own, read_promise(node.config.data), promise.term,
-                              promise.candidate)
+                              promise.candidate, recently=self._recently())
         if why is not None:
             log.info("HA: %s does not promise term %d to %s: %s", node.node, promise.term,
                      promise.candidate, why)
             return own
         write_promise(node.config.data, promise)
+        self._granted = (monotonic(), promise.candidate)
         log.warning("HA: %s promised term %d to %s", node.node, promise.term,
                     promise.candidate)
         follower = node.follower
@@ -122,27 +130,32 @@ class QuorumPromotion:
         self._checking = True
         try:
             peers = await gather_standings(node.security, node.peers)
-            self._refuse_unless_allowed(force, peers)
+            self._refuse_unless_allowed(force, peers, warn=False)
             # then the promises: the term to ourselves first (synced), then the peers'
             # (``core/ha/promotion.py``, "Promises"), and the rules again over those
             # that promised it: between the two asks the group may have moved on
             own = self.standing()
             term = next_term([own, *peers])
-            promise = Promise(term, node.node)
-            why = promise_refusal(own, read_promise(node.config.data), term, node.node)
+            promise, previous = Promise(term, node.node), read_promise(node.config.data)
+            why = promise_refusal(own, previous, term, node.node, recently=self._recently())
             if why is not None:
                 raise IllegalState(f"{node.node} cannot be promoted: {why}")
             write_promise(node.config.data, promise)
-            answers = await gather_promises(node.security, node.peers, promise)
-            granted = [a for a in answers if a.granted or a.role in ("primary", "promoting")]
-            refused = sorted(f"{a.node} (promised term {a.promised})" for a in answers
-                             if a not in granted)
             try:
-                self._refuse_unless_allowed(force, granted)
-            except IllegalState as exc:
-                if refused:
-                    raise IllegalState(f"{exc}; not promised by {', '.join(refused)}") \
-                        from None
+                answers = await gather_promises(node.security, node.peers, promise)
+                granted = [a for a in answers
+                           if a.granted or a.role in ("primary", "promoting")]
+                refused = sorted(f"{a.node} (promised term {a.promised})" for a in answers
+                                 if all(a is not g for g in granted))
+                try:
+                    self._refuse_unless_allowed(force, granted, warn=True)
+                except IllegalState as exc:
+                    if refused:
+                        raise IllegalState(f"{exc}; not promised by {', '.join(refused)}") \
+                            from None
+                    raise
+            except BaseException:
+                withdraw_promise(node.config.data, previous)
                 raise
             self.term = term
             self.forced = force
@@ -156,9 +169,15 @@ class QuorumPromotion:
             result["forced"] = True
         return result
 
-    def _refuse_unless_allowed(self, force: bool, peers: list[Standing]) -> None:
+    def _recently(self) -> str:
+        """The node this one promised a term to less than ``PROMISE_HOLD`` ago ("")."""
+        at, candidate = self._granted
+        return candidate if monotonic() - at < PROMISE_HOLD else ""
+
+    def _refuse_unless_allowed(self, force: bool, peers: list[Standing], *, warn: bool
+                               ) -> None:
         """Raise IllegalState unless the rules let this node be promoted having heard
-        ``peers`` (remembered as heard)."""
+        ``peers`` (remembered as heard); ``warn``: log what ``force`` waived."""
         node = self.node
         for peer in peers:
             self.heard[peer.node] = peer
@@ -166,7 +185,7 @@ class QuorumPromotion:
         why = promotion_refusal(own, node.promotable(), self.group_size, peers, force=force)
         if why is not None:
             raise IllegalState(f"{node.node} cannot be promoted: {why}")
-        if force:
+        if force and warn:
             unforced = promotion_refusal(own, None, self.group_size, peers)
             if unforced is not None:
                 log.warning("HA: %s promoted by force although %s", node.node, unforced)

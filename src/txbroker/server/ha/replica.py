@@ -49,6 +49,7 @@ from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
+from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.faults import FAULTS, ReplicaFaults, is_local_commit
 from txbroker.server.ha.link import LinkSecurity
 from txbroker.server.ha.promises import (
@@ -189,13 +190,8 @@ def _sync_dir(data: Path) -> None:
 
 
 def _unmark(data: Path) -> None:
-    marker = data / INCOMPLETE
-    marker.unlink(missing_ok=True)
-    fd = os.open(data, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    (data / INCOMPLETE).unlink(missing_ok=True)
+    _sync_dir(data)
 
 
 class Follower:
@@ -219,6 +215,7 @@ class Follower:
         self.epoch = ""  #: the primary's epoch (its LSNs count within it)
         self.applied_lsn = 0  #: the highest LSN appended and replayed here
         self.connected = False  #: a link to the primary is up (the copy may outlive it)
+        self.heard_at = float("-inf")  #: when the primary last sent anything (loop clock)
         #: links a primary welcomed (one more per join it took; replicated.py: when a
         #: follow() that raised it ends, the primary is lost)
         self.links = 0
@@ -291,6 +288,7 @@ class Follower:
                     return
                 if not data:
                     return
+                self.heard_at = monotonic()
                 try:
                     for message in codec.receive_data(data):
                         self._on_message(message)
