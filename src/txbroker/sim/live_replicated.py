@@ -167,6 +167,7 @@ class Trio:
             for node in order:
                 if not self.need_primary.is_set():
                     break
+                starts = node.starts
                 try:
                     await probe(node.host, "ha_promote")
                 except (TxBrokerError, OSError, TimeoutError) as exc:
@@ -175,6 +176,9 @@ class Trio:
                     if "unknown op 'ha_promote'" not in why:
                         continue
                     # it serves clients: an earlier promotion whose answer came too late
+                if node.starts != starts or not node.alive:  # killed while it answered
+                    self.log(f"operator: node {node.index} died while being promoted")
+                    continue
                 self.primary = node
                 self.need_primary.clear()
                 self.log(f"operator: promoted node {node.index}")

@@ -56,7 +56,7 @@ class QuorumPromotion:
         self.forced = False
         self._checking = False
         #: when this node last promised a term to a peer, and to whom
-        self._granted: tuple[float, str] = (float("-inf"), "")
+        self._granted: tuple[float, str, int] = (float("-inf"), "", 0)
 
     def backups_needed(self) -> int:
         """How many backups must hold each record of the term this node starts."""
@@ -97,7 +97,7 @@ class QuorumPromotion:
                      promise.candidate, why)
             return own
         write_promise(node.config.data, promise)
-        self._granted = (monotonic(), promise.candidate)
+        self._granted = (monotonic(), promise.candidate, promise.term)
         log.warning("HA: %s promised term %d to %s", node.node, promise.term,
                     promise.candidate)
         follower = node.follower
@@ -170,9 +170,14 @@ class QuorumPromotion:
         return result
 
     def _recently(self) -> str:
-        """The node this one promised a term to less than ``PROMISE_HOLD`` ago ("")."""
-        at, candidate = self._granted
-        return candidate if monotonic() - at < PROMISE_HOLD else ""
+        """The node this one promised a term to less than ``PROMISE_HOLD`` ago and has
+        not seen become the primary of it yet (""): once this node holds a record of
+        that term, the term's records protect it."""
+        at, candidate, term = self._granted
+        record = self.record()
+        if monotonic() - at >= PROMISE_HOLD or (record is not None and record.term >= term):
+            return ""
+        return candidate
 
     def _refuse_unless_allowed(self, force: bool, peers: list[Standing], *, warn: bool
                                ) -> None:
