@@ -145,8 +145,10 @@ class QuorumPromotion:
                 answers = await gather_promises(node.security, node.peers, promise)
                 granted = [a for a in answers
                            if a.granted or a.role in ("primary", "promoting")]
-                refused = sorted(f"{a.node} (promised term {a.promised})" for a in answers
-                                 if all(a is not g for g in granted))
+                refused = sorted(
+                    f"{a.node} (it hears its primary {a.hears})" if a.hears else
+                    f"{a.node} (promised term {a.promised})"
+                    for a in answers if all(a is not g for g in granted))
                 try:
                     self._refuse_unless_allowed(force, granted, warn=True)
                 except IllegalState as exc:
