@@ -77,3 +77,16 @@ def test_a_cut_off_backup_is_refused_until_a_majority_answers() -> None:
     left_out = run_seed("replicated-live", 30002)
     assert left_out.violations == []
     assert "cannot be promoted: the newest ready set (term" in "\n".join(left_out.trace)
+
+
+#: Seeds that failed while promises were being built (issue 27's careful operator
+#: overlaps two promotions when one's answer times out): 30018 and 30026 — a peer
+#: promised a newer term to a second candidate milliseconds after promising the first,
+#: which had just become primary and was fenced, leaving the trio stuck; 30117 — the
+#: operator took a node killed while its promotion was answered for the primary.
+PROMISE_SEEDS = [30018, 30026, 30117]
+
+
+@pytest.mark.parametrize("seed", PROMISE_SEEDS)
+def test_overlapping_promotions_settle(seed: int) -> None:
+    assert run_seed("replicated-live", seed).violations == []
