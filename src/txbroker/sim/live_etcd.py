@@ -417,6 +417,8 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         ended.append(len(world.trace))
 
     collecting = gc.isenabled()
+    gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
+    # theirs runs inside it); inside it, SimLoop collects every COLLECT_EVERY_STEPS
     gc.disable()  # as replicated-live: no collection at moments set by earlier seeds
     try:
         with captured_logs(world, loop):

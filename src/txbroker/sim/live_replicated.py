@@ -86,6 +86,9 @@ class Trio:
     lost_epoch: str = ""
     #: the operator promotes any node that accepts (``BLIND_OPERATOR_SEEDS``)
     blind: bool = False
+    #: False: the operator promotes nobody, and the run can never finish (no primary:
+    #: the clients retry for ever) — the test of the loop's stuck verdict
+    promotes: bool = True
     need_primary: asyncio.Event = field(default_factory=asyncio.Event)
     partitioned: bool = False
     #: epoch -> the node that was primary in it
@@ -157,6 +160,8 @@ class Trio:
         loop = self.loop
         while True:
             await self.need_primary.wait()
+            if not self.promotes:
+                await asyncio.Event().wait()  # for ever
             await asyncio.sleep(loop.random.uniform(*OPERATOR_S))
             order = [node for node in self.nodes if node.alive]
             loop.random.shuffle(order)
@@ -382,9 +387,11 @@ def _check_prefixes(trio: Trio) -> list[str]:
 
 
 def run_replicated_live(world: World, plants: frozenset[str], *,
-                        blind: bool = False) -> list[str]:
+                        blind: bool = False, promotes: bool = True) -> list[str]:
     """One seed of ``replicated-live``; returns the violations. ``blind``: the operator
-    promotes whichever live node accepts ``ha_promote`` (``BLIND_OPERATOR_SEEDS``)."""
+    promotes whichever live node accepts ``ha_promote`` (``BLIND_OPERATOR_SEEDS``);
+    ``promotes=False``: it promotes nobody, and the run ends only as stuck
+    (:class:`~txbroker.sim.loop.SimulationStuck`)."""
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
     shm = Path("/dev/shm")
@@ -393,7 +400,7 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
     first_line = len(world.trace)
     trio = Trio(loop, world, plants, [TrioNode(loop, n, HOSTS, root)
                                       for n in range(len(HOSTS))],
-                blind=blind or "promote-outside-ready-set" in plants)
+                blind=blind or "promote-outside-ready-set" in plants, promotes=promotes)
     left: list[int] = []
     unsettled: list[str] = []
     errors: list[str] = []
@@ -439,6 +446,8 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
     # by the process's earlier allocations (a StreamWriter collected unclosed closes
     # its transport: another network trace after other seeds ran in the process).
     collecting = gc.isenabled()
+    gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
+    # theirs runs inside it); inside it, SimLoop collects every COLLECT_EVERY_STEPS
     gc.disable()
     try:
         with captured_logs(world, loop):
