@@ -52,7 +52,7 @@ from txbroker.server.ha.standby import StandbyConnection
 from txbroker.sim.etcd_model import EtcdModel
 from txbroker.sim.live import EPOCH_MS, captured_logs, seed_client_jitter
 from txbroker.sim.live_etcd_net import SimEtcd, SimEtcdTransport
-from txbroker.sim.live_queue import _check as check_queue
+from txbroker.sim.live_clients import check_queue, consumer, left_in_queue, producer
 from txbroker.sim.live_replicated import (
     CONSUMERS,
     HOSTS,
@@ -60,11 +60,9 @@ from txbroker.sim.live_replicated import (
     PRODUCERS,
     RESTART_S,
     SETTLE_S,
+    URL,
     Trio,
     _check_prefixes,
-    _consumer,
-    _left_in_queue,
-    _producer,
     _settle,
 )
 from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
@@ -382,9 +380,11 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
         spawned = [loop.spawn(f"127.0.1.{n + 1}",
-                              _producer(trio, n, fault_end + SEND_INTO_HEAL_S))
+                              producer(loop, world, n, trio.record,
+                                       fault_end + SEND_INTO_HEAL_S, url=URL))
                    for n in range(PRODUCERS)]
-        spawned += [loop.spawn(f"127.0.2.{n + 1}", _consumer(trio, end))
+        spawned += [loop.spawn(f"127.0.2.{n + 1}",
+                               consumer(loop, world, trio.record, end, url=URL))
                     for n in range(CONSUMERS)]
         await run.faults(fault_end)
         run.heal_all()
@@ -396,7 +396,7 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
                                             "after the healed phase")
             elif not client.cancelled() and client.exception() is not None:
                 trio.record.failures.append(f"a client raised {client.exception()!r}")
-        counter, counting = loop.spawn("127.0.3.1", _left_in_queue(loop))
+        counter, counting = loop.spawn("127.0.3.1", left_in_queue(loop, url=URL))
         try:
             left.append(await asyncio.wait_for(counting, STUCK_S))
         except TimeoutError:

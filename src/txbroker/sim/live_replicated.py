@@ -36,22 +36,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from txbroker.client.aio import AsyncConnection
 from txbroker.core.ha.follower import CopyState
 from txbroker.core.ha.replicated_role import NodeRole
-from txbroker.errors import NotFound, TxBrokerError
+from txbroker.errors import TxBrokerError
 from txbroker.server.app import BrokerServer
 from txbroker.server.ha.replicated import ReplicatedNode
-from txbroker.sim.live import captured_logs, connect_retrying, seed_client_jitter
-from txbroker.sim.live_queue import Record
-from txbroker.sim.live_queue import _check as check_queue
+from txbroker.sim.live import captured_logs, seed_client_jitter
+from txbroker.sim.live_clients import Record, check_queue, consumer, left_in_queue, producer
 from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
 HOSTS: Final = ["127.0.0.11", "127.0.0.12", "127.0.0.13"]
 URL: Final = "txb://" + ",".join(f"{host}:{CLIENT_PORT}" for host in HOSTS)
-QUEUE: Final = "orders"
 #: Virtual lengths of the fault phase and of the healed phase (s).
 FAULT_S: Final = 3.0
 HEAL_S: Final = 5.0
@@ -65,8 +62,6 @@ OPERATOR_S: Final = (0.02, 0.2)
 SETTLE_S: Final = 5.0
 PRODUCERS: Final = 2
 CONSUMERS: Final = 2
-SEND_GAP_S: Final = (0.0, 0.01)
-FAILOVER_TIMEOUT_S: Final = 30.0
 
 
 @dataclass
@@ -253,81 +248,6 @@ class Trio:
             self.log("network healed")
 
 
-async def _connect(loop: SimLoop) -> AsyncConnection:
-    return await connect_retrying(loop, URL, failover_timeout=FAILOVER_TIMEOUT_S,
-                                  timeout=5.0)
-
-
-async def _producer(trio: Trio, number: int, until: float) -> None:
-    """Persistent sends with message ids, one in four a local transaction of two."""
-    loop, record = trio.loop, trio.record
-    conn = await _connect(loop)
-    count = 0
-    while loop.time() < until:
-        count += 1
-        if count % 4 == 0:
-            ids = [f"p{number}-{count}-a", f"p{number}-{count}-b"]
-            tx_number = number * 1_000_000 + count
-            for message_id in ids:
-                record.sent[message_id] = "unknown"
-            record.transactions[tx_number] = (ids, False)
-            try:
-                tx = conn.transaction()
-                for message_id in ids:
-                    await tx.send(QUEUE, message_id.encode(), message_id=message_id)
-                await tx.commit()
-            except (TxBrokerError, TimeoutError):  # the outcome is unknown
-                continue
-            record.transactions[tx_number] = (ids, True)
-            for message_id in ids:
-                record.sent[message_id] = "ok"
-            trio.log(f"commit {ids}")
-        else:
-            message_id = f"p{number}-{count}"
-            record.sent[message_id] = "unknown"
-            try:
-                await conn.send(QUEUE, message_id.encode(), message_id=message_id)
-            except (TxBrokerError, TimeoutError):  # the outcome is unknown
-                continue
-            record.sent[message_id] = "ok"
-            trio.log(f"sent {message_id}")
-        await asyncio.sleep(loop.random.uniform(*SEND_GAP_S))
-    await conn.close()
-
-
-async def _consumer(trio: Trio, until: float) -> None:
-    """Receive and acknowledge (waiting for the ack's answer)."""
-    loop, record = trio.loop, trio.record
-    conn = await _connect(loop)
-    while loop.time() < until:
-        try:
-            message = await conn.receive(QUEUE, timeout=0.1)
-        except (TxBrokerError, TimeoutError):
-            continue
-        if message is None:
-            continue
-        message_id = message.body.decode()
-        record.delivered.append((loop.time(), message_id, message.redelivered))
-        trio.log(f"delivered {message_id} {message.redelivered}")
-        try:
-            await message.ack(wait=True)
-        except (TxBrokerError, TimeoutError):
-            continue
-        record.acked[message_id] = loop.time()
-    await conn.close()
-
-
-async def _left_in_queue(loop: SimLoop) -> int:
-    conn = await _connect(loop)
-    try:
-        info = await conn.queue_info(QUEUE)
-    except NotFound:  # never made (nothing was sent): nothing left
-        return 0
-    finally:
-        await conn.close()
-    return int(info["messages"])
-
-
 def _caught_up(trio: Trio) -> str | None:
     """Why the trio is not settled yet: every node alive, one primary with nothing in
     flight, every other node following it, ready, with its newest entry durable."""
@@ -414,9 +334,11 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
         await asyncio.sleep(0.05)
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
-        clients = [loop.spawn(f"127.0.1.{n + 1}", _producer(trio, n, fault_end))[1]
+        clients = [loop.spawn(f"127.0.1.{n + 1}", producer(loop, world, n, trio.record,
+                                                             fault_end, url=URL))[1]
                    for n in range(PRODUCERS)]
-        clients += [loop.spawn(f"127.0.2.{n + 1}", _consumer(trio, end))[1]
+        clients += [loop.spawn(f"127.0.2.{n + 1}",
+                               consumer(loop, world, trio.record, end, url=URL))[1]
                     for n in range(CONSUMERS)]
         await trio.faults(fault_end)
         trio.heal()
@@ -427,7 +349,7 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
                 await client
             except Exception as exc:  # a client that died is a finding
                 trio.record.failures.append(f"a client raised {exc!r}")
-        _, counting = loop.spawn("127.0.3.1", _left_in_queue(loop))
+        _, counting = loop.spawn("127.0.3.1", left_in_queue(loop, url=URL))
         left.append(await counting)
         why = await _settle(trio)
         if why is not None:
