@@ -51,8 +51,8 @@ from txbroker.server.ha.replicated import ReplicatedNode
 from txbroker.server.ha.standby import StandbyConnection
 from txbroker.sim.etcd_model import EtcdModel
 from txbroker.sim.live import EPOCH_MS, captured_logs, seed_client_jitter
-from txbroker.sim.live_etcd_net import SimEtcd, SimEtcdTransport
 from txbroker.sim.live_clients import check_queue, consumer, left_in_queue, producer
+from txbroker.sim.live_etcd_net import SimEtcd, SimEtcdTransport
 from txbroker.sim.live_replicated import (
     CONSUMERS,
     HOSTS,
@@ -416,6 +416,11 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         errors.extend(loop.errors)
         ended.append(len(world.trace))
 
+    def stuck() -> None:  # the run ends where it stuck (SimulationStuck)
+        trio.over = True
+        ended.append(len(world.trace))
+
+    loop.on_stuck = stuck
     collecting = gc.isenabled()
     gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
     # theirs runs inside it); inside it, SimLoop collects every COLLECT_EVERY_STEPS
@@ -424,8 +429,8 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         with captured_logs(world, loop):
             loop.run(main())
         violations = list(trio.violations) + unsettled + run.crashed
-        del world.trace[ended[0] if ended else len(world.trace):]
     finally:
+        del world.trace[ended[0] if ended else len(world.trace):]
         if collecting:
             gc.enable()
         shutil.rmtree(root, ignore_errors=True)

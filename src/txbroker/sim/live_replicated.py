@@ -367,6 +367,11 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
     # No cyclic collection while the run lasts: what it frees would run at moments set
     # by the process's earlier allocations (a StreamWriter collected unclosed closes
     # its transport: another network trace after other seeds ran in the process).
+    def stuck() -> None:  # the run ends where it stuck (SimulationStuck)
+        trio.over = True
+        ended.append(len(world.trace))
+
+    loop.on_stuck = stuck
     collecting = gc.isenabled()
     gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
     # theirs runs inside it); inside it, SimLoop collects every COLLECT_EVERY_STEPS
@@ -375,10 +380,10 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
         with captured_logs(world, loop):
             loop.run(main())
         violations = list(trio.violations) + unsettled
+    finally:
         # what the loop's shutdown logs (its cancellations go in a set's order) is not
         # part of the run
         del world.trace[ended[0] if ended else len(world.trace):]
-    finally:
         if collecting:
             gc.enable()
         shutil.rmtree(root, ignore_errors=True)

@@ -27,7 +27,8 @@ runs unchanged, and deterministically:
   ends it as ``kill -9`` does, :meth:`SimLoop.pause` and :meth:`SimLoop.resume` stop
   and continue it as ``SIGSTOP`` and ``SIGCONT`` do (its callbacks are held meanwhile).
 - **Bounded runs.** The loop counts its steps (turns). A run past :data:`MAX_STEPS`
-  steps is stuck (an actor retrying for ever, virtual time going on): the loop raises :class:`SimulationStuck`, which the runner reports as the seed's
+  steps is stuck (an actor retrying for ever, virtual time going on): the loop
+  raises :class:`SimulationStuck`, which the runner reports as the seed's
   violation. While a run keeps the cyclic garbage collector off (the replicated
   scenarios), the loop collects every :data:`COLLECT_EVERY_STEPS` steps — at a step
   count, never at a moment of wall time, so a seed still replays exactly — and the
@@ -77,14 +78,17 @@ class SimulationStuck(SimulationError):
 
 
 #: Steps (turns) of the loop after which a run is stuck: an actor that retries for ever
-#: takes steps as its virtual time goes on, a run that only sleeps takes few. Far more
-#: than a normal seed of any scenario takes (docs/simulation.md, "Bounded runs").
-MAX_STEPS = 2_000_000
+#: takes steps as its virtual time goes on, a run that only sleeps takes few. A normal
+#: seed of the live scenarios takes 7,000-31,000 steps (seeds 0-4 of each, measured:
+#: ``bench/sim_traces.py``), so this is more than 15 times the longest seen.
+MAX_STEPS = 500_000
 #: Steps a stuck run's shutdown may take (the cancellation of what is left) before it
 #: is stuck too.
 CLEANUP_STEPS = 200_000
-#: Steps between two full collections of cyclic garbage while the collector is off.
-COLLECT_EVERY_STEPS = 500_000
+#: Steps between two full collections of cyclic garbage while the collector is off:
+#: three times the longest normal run measured, so a normal run is never collected
+#: inside (its trace stays what it was); a stuck one is, five times before its cap.
+COLLECT_EVERY_STEPS = 100_000
 
 #: Turns of the loop in a row at one instant of virtual time after which a run is
 #: stuck in a busy loop (real time would have moved; virtual time moves only when
@@ -126,6 +130,9 @@ class SimLoop(asyncio.BaseEventLoop):
         #: the steps past which the run is stuck (:class:`SimulationStuck`; ``None``:
         #: :data:`MAX_STEPS`, read when the loop is made)
         self.max_steps = MAX_STEPS if max_steps is None else max_steps
+        #: called once a run is found stuck, before the loop shuts down what is left
+        #: (a scenario notes where its trace ends: the shutdown is not part of the run)
+        self.on_stuck: Callable[[], object] | None = None
         self._selector = _Clock(self)
         #: the simulation's one random source
         self.random = random.Random(seed)
@@ -171,6 +178,8 @@ class SimLoop(asyncio.BaseEventLoop):
         if self.steps % COLLECT_EVERY_STEPS == 0 and not gc.isenabled():
             gc.collect()  # at a step count: the same step in every run of the seed
         if self.steps > self.max_steps:
+            if self.on_stuck is not None:
+                self.on_stuck()
             raise SimulationStuck(f"stuck: {self.steps} steps / {self._now:.3f} virtual "
                                   "seconds, and the run is not over")
         self._turns_at_now = self._turns_at_now + 1 if self._now == before else 0
