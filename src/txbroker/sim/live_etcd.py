@@ -56,7 +56,6 @@ from txbroker.sim.live_etcd_net import SimEtcd, SimEtcdTransport
 from txbroker.sim.live_replicated import (
     CONSUMERS,
     HOSTS,
-    PARTITION_S,
     PRODUCERS,
     RESTART_S,
     SETTLE_S,
@@ -273,16 +272,7 @@ class EtcdTrio:
                 trio.log(f"cut node {target.index} from etcd ({how})")
                 loop.call_later(rng.uniform(*ETCD_CUT_S), self.heal_etcd)
             elif backups and primary is not None and not trio.partitioned:
-                backup = rng.choice(backups)
-                one_way = rng.random() < 0.3
-                if one_way and rng.random() < 0.5:
-                    loop.network.partition(primary.host, backup.host, one_way=True)
-                else:
-                    loop.network.partition(backup.host, primary.host, one_way=one_way)
-                trio.partitioned = True
-                trio.log(f"cut node {backup.index} from node {primary.index} "
-                         f"({'one way' if one_way else 'both ways'})")
-                loop.call_later(rng.uniform(*PARTITION_S), trio.heal)
+                trio.cut(primary, backups)
 
     def heal_etcd(self) -> None:
         """Every node reaches etcd again."""

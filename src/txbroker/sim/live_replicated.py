@@ -229,16 +229,22 @@ class Trio:
             elif choice < 0.6 and backups:
                 self.kill(rng.choice(backups))
             elif backups and primary is not None and not self.partitioned:
-                backup = rng.choice(backups)
-                one_way = rng.random() < 0.3
-                if one_way and rng.random() < 0.5:
-                    loop.network.partition(primary.host, backup.host, one_way=True)
-                else:
-                    loop.network.partition(backup.host, primary.host, one_way=one_way)
-                self.partitioned = True
-                self.log(f"cut node {backup.index} from node {primary.index} "
-                         f"({'one way' if one_way else 'both ways'})")
-                loop.call_later(rng.uniform(*PARTITION_S), self.heal)
+                self.cut(primary, backups)
+
+    def cut(self, primary: TrioNode, backups: list[TrioNode]) -> None:
+        """Cut one of ``backups`` off from ``primary`` (both ways, or one way in either
+        direction) for :data:`PARTITION_S`."""
+        loop, rng = self.loop, self.loop.random
+        backup = rng.choice(backups)
+        one_way = rng.random() < 0.3
+        if one_way and rng.random() < 0.5:
+            loop.network.partition(primary.host, backup.host, one_way=True)
+        else:
+            loop.network.partition(backup.host, primary.host, one_way=one_way)
+        self.partitioned = True
+        self.log(f"cut node {backup.index} from node {primary.index} "
+                 f"({'one way' if one_way else 'both ways'})")
+        loop.call_later(rng.uniform(*PARTITION_S), self.heal)
 
     def heal(self) -> None:
         """Mend every cut."""
