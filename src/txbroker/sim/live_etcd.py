@@ -36,9 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import json
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +48,7 @@ from txbroker.server.app import BrokerServer
 from txbroker.server.ha.replicated import ReplicatedNode
 from txbroker.server.ha.standby import StandbyConnection
 from txbroker.sim.etcd_model import EtcdModel
-from txbroker.sim.live import EPOCH_MS, captured_logs, seed_client_jitter
+from txbroker.sim.live import EPOCH_MS, seed_client_jitter
 from txbroker.sim.live_clients import check_queue, consumer, left_in_queue, producer
 from txbroker.sim.live_etcd_net import SimEtcd, SimEtcdTransport
 from txbroker.sim.live_replicated import (
@@ -63,6 +61,7 @@ from txbroker.sim.live_replicated import (
     Trio,
     _check_prefixes,
     _settle,
+    run_trio,
 )
 from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
 from txbroker.sim.loop import SimLoop
@@ -406,26 +405,8 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         errors.extend(loop.errors)
         ended.append(len(world.trace))
 
-    def stuck() -> None:  # the run ends where it stuck (SimulationStuck)
-        trio.over = True
-        ended.append(len(world.trace))
-
-    loop.on_stuck = stuck
-    collecting = gc.isenabled()
-    gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
-    # theirs runs inside it); inside it, SimLoop collects every COLLECT_EVERY_STEPS
-    gc.disable()  # as replicated-live: no collection at moments set by earlier seeds
-    try:
-        with captured_logs(world, loop):
-            loop.run(main())
-        violations = list(trio.violations) + unsettled + run.crashed
-    finally:
-        del world.trace[ended[0] if ended else len(world.trace):]
-        if collecting:
-            gc.enable()
-        shutil.rmtree(root, ignore_errors=True)
-        world.trace[first_line:] = [line.replace(str(root), "<data>")
-                                    for line in world.trace[first_line:]]
+    run_trio(trio, main, root=root, first_line=first_line, ended=ended)
+    violations = list(trio.violations) + unsettled + run.crashed
     world.log(f"network {loop.network.trace_hash()} etcd requests {run.etcd.requests}")
     two_served, late = serving_violations(run.etcd.model, PRIMARY_KEY, run.writes)
     for line in late[:3]:

@@ -32,9 +32,10 @@ import contextlib
 import gc
 import shutil
 import tempfile
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from txbroker.core.ha.follower import CopyState
 from txbroker.core.ha.replicated_role import NodeRole
@@ -312,6 +313,40 @@ def _check_prefixes(trio: Trio) -> list[str]:
     return violations
 
 
+def run_trio(trio: Trio, main: Callable[[], Coroutine[Any, Any, None]], *, root: Path,
+             first_line: int, ended: list[int]) -> None:
+    """Run ``main()`` on the trio's loop as the replicated scenarios do: the ``txbroker``
+    logs in the trace, and no cyclic collection while the run lasts but the loop's own
+    (``SimLoop``: at fixed step counts) — what a collection frees would run at moments
+    set by the process's earlier allocations (a StreamWriter collected unclosed closes
+    its transport: another network trace after other seeds ran in the process). Then
+    the trace ends where the run did (``ended``: its length then, which ``main`` or a
+    stuck run notes; what the loop's shutdown logs — its cancellations go in a set's
+    order — is not part of the run), the data directory ``root`` goes, and the trace
+    names it ``<data>`` from line ``first_line`` on."""
+    world, loop = trio.world, trio.loop
+
+    def stuck() -> None:  # the run ends where it stuck (SimulationStuck)
+        trio.over = True
+        ended.append(len(world.trace))
+
+    loop.on_stuck = stuck
+    collecting = gc.isenabled()
+    gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
+    # theirs runs inside it)
+    gc.disable()
+    try:
+        with captured_logs(world, loop):
+            loop.run(main())
+    finally:
+        del world.trace[ended[0] if ended else len(world.trace):]
+        if collecting:
+            gc.enable()
+        shutil.rmtree(root, ignore_errors=True)
+        world.trace[first_line:] = [line.replace(str(root), "<data>")
+                                    for line in world.trace[first_line:]]
+
+
 def run_replicated_live(world: World, plants: frozenset[str], *,
                         blind: bool = False, promotes: bool = True) -> list[str]:
     """One seed of ``replicated-live``; returns the violations. ``blind``: the operator
@@ -370,31 +405,8 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
         errors.extend(loop.errors)  # (not what the shutdown's cancellations leave)
         ended.append(len(world.trace))
 
-    # No cyclic collection while the run lasts: what it frees would run at moments set
-    # by the process's earlier allocations (a StreamWriter collected unclosed closes
-    # its transport: another network trace after other seeds ran in the process).
-    def stuck() -> None:  # the run ends where it stuck (SimulationStuck)
-        trio.over = True
-        ended.append(len(world.trace))
-
-    loop.on_stuck = stuck
-    collecting = gc.isenabled()
-    gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
-    # theirs runs inside it); inside it, SimLoop collects every COLLECT_EVERY_STEPS
-    gc.disable()
-    try:
-        with captured_logs(world, loop):
-            loop.run(main())
-        violations = list(trio.violations) + unsettled
-    finally:
-        # what the loop's shutdown logs (its cancellations go in a set's order) is not
-        # part of the run
-        del world.trace[ended[0] if ended else len(world.trace):]
-        if collecting:
-            gc.enable()
-        shutil.rmtree(root, ignore_errors=True)
-        world.trace[first_line:] = [line.replace(str(root), "<data>")
-                                    for line in world.trace[first_line:]]
+    run_trio(trio, main, root=root, first_line=first_line, ended=ended)
+    violations = list(trio.violations) + unsettled
     world.log(f"network {loop.network.trace_hash()}")
     violations += [f"unhandled in the event loop: {error}" for error in errors]
     return violations + check_queue(trio.record, left[0] if left else -1)
