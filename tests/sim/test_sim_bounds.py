@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from txbroker.sim import loop as sim_loop
-from txbroker.sim import run_seed
+from txbroker.sim import SCENARIOS, World, run_seed
 from txbroker.sim.loop import SimLoop, SimulationStuck
 
 STUCK = r"^stuck: \d+ steps / \d+\.\d{3} virtual seconds, and the run is not over$"
@@ -119,3 +119,16 @@ def test_a_run_that_can_never_finish_ends_stuck_within_bounded_memory() -> None:
     assert outcome["verdict"] is not None and re.match(STUCK, outcome["verdict"])
     assert outcome["verdict"].startswith(f"stuck: {STUCK_STEPS + 1} steps / ")
     assert outcome["growth_mb"] < GROWTH_BOUND_MB
+
+
+def test_the_runner_reports_a_stalled_run_as_the_seeds_violation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def stalls(world: World, plants: frozenset[str]) -> list[str]:
+        loop = SimLoop(world.rng.getrandbits(63))
+        loop.run(loop.create_future())  # waits for nothing that will come
+        return []
+
+    monkeypatch.setitem(SCENARIOS, "queue", stalls)
+    result = run_seed("queue", 1)
+    assert len(result.violations) == 1
+    assert result.violations[0].startswith("at virtual time 0.000000 s nothing is ready")
