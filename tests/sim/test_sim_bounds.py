@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from txbroker.sim import loop as sim_loop
 from txbroker.sim import SCENARIOS, World, run_seed
+from txbroker.sim import loop as sim_loop
 from txbroker.sim.loop import SimLoop, SimulationStuck
 
 STUCK = r"^stuck: \d+ steps / \d+\.\d{3} virtual seconds, and the run is not over$"
