@@ -36,9 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import json
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,22 +48,20 @@ from txbroker.server.app import BrokerServer
 from txbroker.server.ha.replicated import ReplicatedNode
 from txbroker.server.ha.standby import StandbyConnection
 from txbroker.sim.etcd_model import EtcdModel
-from txbroker.sim.live import EPOCH_MS, captured_logs, seed_client_jitter
+from txbroker.sim.live import EPOCH_MS, seed_client_jitter
+from txbroker.sim.live_clients import check_queue, consumer, left_in_queue, producer
 from txbroker.sim.live_etcd_net import SimEtcd, SimEtcdTransport
-from txbroker.sim.live_queue import _check as check_queue
 from txbroker.sim.live_replicated import (
     CONSUMERS,
     HOSTS,
-    PARTITION_S,
     PRODUCERS,
     RESTART_S,
     SETTLE_S,
+    URL,
     Trio,
     _check_prefixes,
-    _consumer,
-    _left_in_queue,
-    _producer,
     _settle,
+    run_trio,
 )
 from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
 from txbroker.sim.loop import SimLoop
@@ -275,16 +271,7 @@ class EtcdTrio:
                 trio.log(f"cut node {target.index} from etcd ({how})")
                 loop.call_later(rng.uniform(*ETCD_CUT_S), self.heal_etcd)
             elif backups and primary is not None and not trio.partitioned:
-                backup = rng.choice(backups)
-                one_way = rng.random() < 0.3
-                if one_way and rng.random() < 0.5:
-                    loop.network.partition(primary.host, backup.host, one_way=True)
-                else:
-                    loop.network.partition(backup.host, primary.host, one_way=one_way)
-                trio.partitioned = True
-                trio.log(f"cut node {backup.index} from node {primary.index} "
-                         f"({'one way' if one_way else 'both ways'})")
-                loop.call_later(rng.uniform(*PARTITION_S), trio.heal)
+                trio.cut(primary, backups)
 
     def heal_etcd(self) -> None:
         """Every node reaches etcd again."""
@@ -382,9 +369,11 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
         spawned = [loop.spawn(f"127.0.1.{n + 1}",
-                              _producer(trio, n, fault_end + SEND_INTO_HEAL_S))
+                              producer(loop, world, n, trio.record,
+                                       fault_end + SEND_INTO_HEAL_S, url=URL))
                    for n in range(PRODUCERS)]
-        spawned += [loop.spawn(f"127.0.2.{n + 1}", _consumer(trio, end))
+        spawned += [loop.spawn(f"127.0.2.{n + 1}",
+                               consumer(loop, world, trio.record, end, url=URL))
                     for n in range(CONSUMERS)]
         await run.faults(fault_end)
         run.heal_all()
@@ -396,7 +385,7 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
                                             "after the healed phase")
             elif not client.cancelled() and client.exception() is not None:
                 trio.record.failures.append(f"a client raised {client.exception()!r}")
-        counter, counting = loop.spawn("127.0.3.1", _left_in_queue(loop))
+        counter, counting = loop.spawn("127.0.3.1", left_in_queue(loop, url=URL))
         try:
             left.append(await asyncio.wait_for(counting, STUCK_S))
         except TimeoutError:
@@ -416,19 +405,8 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         errors.extend(loop.errors)
         ended.append(len(world.trace))
 
-    collecting = gc.isenabled()
-    gc.disable()  # as replicated-live: no collection at moments set by earlier seeds
-    try:
-        with captured_logs(world, loop):
-            loop.run(main())
-        violations = list(trio.violations) + unsettled + run.crashed
-        del world.trace[ended[0] if ended else len(world.trace):]
-    finally:
-        if collecting:
-            gc.enable()
-        shutil.rmtree(root, ignore_errors=True)
-        world.trace[first_line:] = [line.replace(str(root), "<data>")
-                                    for line in world.trace[first_line:]]
+    run_trio(trio, main, root=root, first_line=first_line, ended=ended)
+    violations = list(trio.violations) + unsettled + run.crashed
     world.log(f"network {loop.network.trace_hash()} etcd requests {run.etcd.requests}")
     two_served, late = serving_violations(run.etcd.model, PRIMARY_KEY, run.writes)
     for line in late[:3]:

@@ -19,6 +19,9 @@ keeps the synced entries only (``storage/memory.py``).
 - **Consumers** receive and acknowledge (waiting for the ack's answer), through the
   fault phase and a healed phase in which the queue drains.
 
+(The clients and the checkers are ``sim/live_clients.py``'s, shared with
+``shared-store-live``, ``replicated-live`` and ``replicated-etcd-live``.)
+
 Checkers, at the end:
 
 - no acknowledged send lost: every send (and every send of a transaction whose
@@ -35,17 +38,9 @@ Checkers, at the end:
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
-from txbroker.client.aio import AsyncConnection
-from txbroker.errors import NotFound, TxBrokerError
-from txbroker.sim.live import (
-    SimDisk,
-    captured_logs,
-    connect_retrying,
-    run_broker,
-    seed_client_jitter,
-)
+from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
+from txbroker.sim.live_clients import Record, check_queue, consumer, left_in_queue, producer
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
@@ -53,7 +48,6 @@ BROKER = "127.0.0.10"
 PORT = 5445
 #: The broker's URL (other scenarios give their clients a failover list instead).
 URL = f"txb://{BROKER}:{PORT}"
-QUEUE = "orders"
 #: Virtual lengths of the fault phase and of the healed phase (s).
 FAULT_S = 2.0
 HEAL_S = 6.0
@@ -62,99 +56,6 @@ MEAN_KILL_GAP_S = 0.5
 RESTART_S = (0.001, 0.06)
 PRODUCERS = 2
 CONSUMERS = 2
-#: Pause between a producer's sends (s, uniform).
-SEND_GAP_S = (0.0, 0.01)
-#: How long a failing-over client keeps trying (s): longer than any outage here.
-FAILOVER_TIMEOUT_S = 30.0
-
-
-@dataclass
-class Record:
-    """What the clients were told, and what they saw."""
-
-    #: message id -> "ok" (the send or its commit was answered) or "unknown"
-    sent: dict[str, str] = field(default_factory=dict)
-    #: transaction number -> its two message ids, and whether its commit was answered
-    transactions: dict[int, tuple[list[str], bool]] = field(default_factory=dict)
-    #: deliveries: (virtual time, message id, redelivered)
-    delivered: list[tuple[float, str, bool]] = field(default_factory=list)
-    #: message id -> virtual time its ack was answered
-    acked: dict[str, float] = field(default_factory=dict)
-    #: what went wrong outside the checkers' view (a client that raised)
-    failures: list[str] = field(default_factory=list)
-
-
-async def _connect(loop: SimLoop, url: str) -> AsyncConnection:
-    return await connect_retrying(loop, url,
-                                  failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
-
-
-async def _producer(loop: SimLoop, world: World, number: int, record: Record,
-                    until: float, *, url: str = URL) -> None:
-    conn = await _connect(loop, url)
-    count = 0
-    while loop.time() < until:
-        count += 1
-        if count % 4 == 0:
-            tx_number = number * 1_000_000 + count
-            ids = [f"p{number}-{count}-a", f"p{number}-{count}-b"]
-            for message_id in ids:
-                record.sent[message_id] = "unknown"
-            record.transactions[tx_number] = (ids, False)
-            try:
-                tx = conn.transaction()
-                for message_id in ids:
-                    await tx.send(QUEUE, message_id.encode(), message_id=message_id)
-                await tx.commit()
-            except (TxBrokerError, TimeoutError):  # the outcome is unknown
-                continue
-            record.transactions[tx_number] = (ids, True)
-            for message_id in ids:
-                record.sent[message_id] = "ok"
-            world.log(f"{loop.time():.6f} commit {ids}")
-        else:
-            message_id = f"p{number}-{count}"
-            record.sent[message_id] = "unknown"
-            try:
-                await conn.send(QUEUE, message_id.encode(), message_id=message_id)
-            except (TxBrokerError, TimeoutError):  # the outcome is unknown
-                continue
-            record.sent[message_id] = "ok"
-            world.log(f"{loop.time():.6f} sent {message_id}")
-        await asyncio.sleep(loop.random.uniform(*SEND_GAP_S))
-    await conn.close()
-
-
-async def _consumer(loop: SimLoop, world: World, record: Record, until: float, *,
-                    url: str = URL) -> None:
-    conn = await _connect(loop, url)
-    while loop.time() < until:
-        try:
-            message = await conn.receive(QUEUE, timeout=0.1)
-        except (TxBrokerError, TimeoutError):
-            continue
-        if message is None:
-            continue
-        message_id = message.body.decode()
-        record.delivered.append((loop.time(), message_id, message.redelivered))
-        world.log(f"{loop.time():.6f} delivered {message_id} {message.redelivered}")
-        try:
-            await message.ack(wait=True)
-        except (TxBrokerError, TimeoutError):
-            continue
-        record.acked[message_id] = loop.time()
-    await conn.close()
-
-
-async def _left_in_queue(loop: SimLoop, *, url: str = URL) -> int:
-    conn = await _connect(loop, url)
-    try:
-        info = await conn.queue_info(QUEUE)
-    except NotFound:  # never made (nothing was sent): nothing left
-        return 0
-    finally:
-        await conn.close()
-    return int(info["messages"])
 
 
 def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
@@ -170,10 +71,11 @@ def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
         await asyncio.sleep(0.01)
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
-        clients = [loop.spawn(f"127.0.1.{n + 1}", _producer(loop, world, n, record,
-                                                              fault_end))[1]
+        clients = [loop.spawn(f"127.0.1.{n + 1}", producer(loop, world, n, record,
+                                                             fault_end, url=URL))[1]
                    for n in range(PRODUCERS)]
-        clients += [loop.spawn(f"127.0.2.{n + 1}", _consumer(loop, world, record, end))[1]
+        clients += [loop.spawn(f"127.0.2.{n + 1}",
+                               consumer(loop, world, record, end, url=URL))[1]
                     for n in range(CONSUMERS)]
         while True:
             await asyncio.sleep(loop.random.expovariate(1 / MEAN_KILL_GAP_S))
@@ -190,43 +92,12 @@ def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
                 await client
             except Exception as exc:  # a client that died is a finding
                 record.failures.append(f"a client raised {exc!r}")
-        _, counting = loop.spawn("127.0.3.1", _left_in_queue(loop))
+        _, counting = loop.spawn("127.0.3.1", left_in_queue(loop, url=URL))
         left.append(await counting)
 
     with captured_logs(world, loop):
         loop.run(main())
     world.log(f"network {loop.network.trace_hash()}")
     violations = [f"unhandled in the event loop: {error}" for error in loop.errors]
-    return violations + _check(record, left[0])
+    return violations + check_queue(record, left[0])
 
-
-def _check(record: Record, left: int) -> list[str]:
-    violations: list[str] = list(record.failures)
-    if not any(outcome == "ok" for outcome in record.sent.values()):
-        violations.append("no send was answered: the run tested nothing")
-    first: dict[str, float] = {}
-    for at, message_id, redelivered in record.delivered:
-        if message_id in first and not redelivered:
-            violations.append(f"{message_id} delivered again at {at:.6f} without the "
-                              "redelivered flag (a duplicate, or a lost delivery mark)")
-        first.setdefault(message_id, at)
-        acked_at = record.acked.get(message_id)
-        if acked_at is not None and at > acked_at:
-            violations.append(f"{message_id} delivered at {at:.6f} after its ack was "
-                              f"answered at {acked_at:.6f}")
-    for message_id, outcome in record.sent.items():
-        if outcome == "ok" and message_id not in first:
-            violations.append(f"{message_id}: its send was answered but it was never "
-                              "delivered (lost)")
-    violations.extend(f"{message_id} delivered but never sent"
-                      for message_id in first if message_id not in record.sent)
-    for number, (ids, committed) in record.transactions.items():
-        seen = [message_id in first for message_id in ids]
-        if any(seen) and not all(seen):
-            violations.append(f"transaction {number}: only part of it was delivered: "
-                              f"{dict(zip(ids, seen, strict=True))}")
-        if committed and not all(seen):
-            violations.append(f"transaction {number}: committed but not delivered")
-    if left:
-        violations.append(f"{left} messages left in the queue after the healed phase")
-    return violations

@@ -32,26 +32,24 @@ import contextlib
 import gc
 import shutil
 import tempfile
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from txbroker.client.aio import AsyncConnection
 from txbroker.core.ha.follower import CopyState
 from txbroker.core.ha.replicated_role import NodeRole
-from txbroker.errors import NotFound, TxBrokerError
+from txbroker.errors import TxBrokerError
 from txbroker.server.app import BrokerServer
 from txbroker.server.ha.replicated import ReplicatedNode
-from txbroker.sim.live import captured_logs, connect_retrying, seed_client_jitter
-from txbroker.sim.live_queue import Record
-from txbroker.sim.live_queue import _check as check_queue
+from txbroker.sim.live import captured_logs, seed_client_jitter
+from txbroker.sim.live_clients import Record, check_queue, consumer, left_in_queue, producer
 from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
 HOSTS: Final = ["127.0.0.11", "127.0.0.12", "127.0.0.13"]
 URL: Final = "txb://" + ",".join(f"{host}:{CLIENT_PORT}" for host in HOSTS)
-QUEUE: Final = "orders"
 #: Virtual lengths of the fault phase and of the healed phase (s).
 FAULT_S: Final = 3.0
 HEAL_S: Final = 5.0
@@ -65,8 +63,6 @@ OPERATOR_S: Final = (0.02, 0.2)
 SETTLE_S: Final = 5.0
 PRODUCERS: Final = 2
 CONSUMERS: Final = 2
-SEND_GAP_S: Final = (0.0, 0.01)
-FAILOVER_TIMEOUT_S: Final = 30.0
 
 
 @dataclass
@@ -86,6 +82,9 @@ class Trio:
     lost_epoch: str = ""
     #: the operator promotes any node that accepts (``BLIND_OPERATOR_SEEDS``)
     blind: bool = False
+    #: False: the operator promotes nobody, and the run can never finish (no primary:
+    #: the clients retry for ever) — the test of the loop's stuck verdict
+    promotes: bool = True
     need_primary: asyncio.Event = field(default_factory=asyncio.Event)
     partitioned: bool = False
     #: epoch -> the node that was primary in it
@@ -157,6 +156,8 @@ class Trio:
         loop = self.loop
         while True:
             await self.need_primary.wait()
+            if not self.promotes:
+                await asyncio.Event().wait()  # for ever
             await asyncio.sleep(loop.random.uniform(*OPERATOR_S))
             order = [node for node in self.nodes if node.alive]
             loop.random.shuffle(order)
@@ -233,16 +234,22 @@ class Trio:
             elif choice < 0.6 and backups:
                 self.kill(rng.choice(backups))
             elif backups and primary is not None and not self.partitioned:
-                backup = rng.choice(backups)
-                one_way = rng.random() < 0.3
-                if one_way and rng.random() < 0.5:
-                    loop.network.partition(primary.host, backup.host, one_way=True)
-                else:
-                    loop.network.partition(backup.host, primary.host, one_way=one_way)
-                self.partitioned = True
-                self.log(f"cut node {backup.index} from node {primary.index} "
-                         f"({'one way' if one_way else 'both ways'})")
-                loop.call_later(rng.uniform(*PARTITION_S), self.heal)
+                self.cut(primary, backups)
+
+    def cut(self, primary: TrioNode, backups: list[TrioNode]) -> None:
+        """Cut one of ``backups`` off from ``primary`` (both ways, or one way in either
+        direction) for :data:`PARTITION_S`."""
+        loop, rng = self.loop, self.loop.random
+        backup = rng.choice(backups)
+        one_way = rng.random() < 0.3
+        if one_way and rng.random() < 0.5:
+            loop.network.partition(primary.host, backup.host, one_way=True)
+        else:
+            loop.network.partition(backup.host, primary.host, one_way=one_way)
+        self.partitioned = True
+        self.log(f"cut node {backup.index} from node {primary.index} "
+                 f"({'one way' if one_way else 'both ways'})")
+        loop.call_later(rng.uniform(*PARTITION_S), self.heal)
 
     def heal(self) -> None:
         """Mend every cut."""
@@ -250,81 +257,6 @@ class Trio:
             self.loop.network.heal()
             self.partitioned = False
             self.log("network healed")
-
-
-async def _connect(loop: SimLoop) -> AsyncConnection:
-    return await connect_retrying(loop, URL, failover_timeout=FAILOVER_TIMEOUT_S,
-                                  timeout=5.0)
-
-
-async def _producer(trio: Trio, number: int, until: float) -> None:
-    """Persistent sends with message ids, one in four a local transaction of two."""
-    loop, record = trio.loop, trio.record
-    conn = await _connect(loop)
-    count = 0
-    while loop.time() < until:
-        count += 1
-        if count % 4 == 0:
-            ids = [f"p{number}-{count}-a", f"p{number}-{count}-b"]
-            tx_number = number * 1_000_000 + count
-            for message_id in ids:
-                record.sent[message_id] = "unknown"
-            record.transactions[tx_number] = (ids, False)
-            try:
-                tx = conn.transaction()
-                for message_id in ids:
-                    await tx.send(QUEUE, message_id.encode(), message_id=message_id)
-                await tx.commit()
-            except (TxBrokerError, TimeoutError):  # the outcome is unknown
-                continue
-            record.transactions[tx_number] = (ids, True)
-            for message_id in ids:
-                record.sent[message_id] = "ok"
-            trio.log(f"commit {ids}")
-        else:
-            message_id = f"p{number}-{count}"
-            record.sent[message_id] = "unknown"
-            try:
-                await conn.send(QUEUE, message_id.encode(), message_id=message_id)
-            except (TxBrokerError, TimeoutError):  # the outcome is unknown
-                continue
-            record.sent[message_id] = "ok"
-            trio.log(f"sent {message_id}")
-        await asyncio.sleep(loop.random.uniform(*SEND_GAP_S))
-    await conn.close()
-
-
-async def _consumer(trio: Trio, until: float) -> None:
-    """Receive and acknowledge (waiting for the ack's answer)."""
-    loop, record = trio.loop, trio.record
-    conn = await _connect(loop)
-    while loop.time() < until:
-        try:
-            message = await conn.receive(QUEUE, timeout=0.1)
-        except (TxBrokerError, TimeoutError):
-            continue
-        if message is None:
-            continue
-        message_id = message.body.decode()
-        record.delivered.append((loop.time(), message_id, message.redelivered))
-        trio.log(f"delivered {message_id} {message.redelivered}")
-        try:
-            await message.ack(wait=True)
-        except (TxBrokerError, TimeoutError):
-            continue
-        record.acked[message_id] = loop.time()
-    await conn.close()
-
-
-async def _left_in_queue(loop: SimLoop) -> int:
-    conn = await _connect(loop)
-    try:
-        info = await conn.queue_info(QUEUE)
-    except NotFound:  # never made (nothing was sent): nothing left
-        return 0
-    finally:
-        await conn.close()
-    return int(info["messages"])
 
 
 def _caught_up(trio: Trio) -> str | None:
@@ -385,10 +317,46 @@ def _check_prefixes(trio: Trio) -> list[str]:
     return violations
 
 
+def run_trio(trio: Trio, main: Callable[[], Coroutine[Any, Any, None]], *, root: Path,
+             first_line: int, ended: list[int]) -> None:
+    """Run ``main()`` on the trio's loop as the replicated scenarios do: the ``txbroker``
+    logs in the trace, and no cyclic collection while the run lasts but the loop's own
+    (``SimLoop``: at fixed step counts) — what a collection frees would run at moments
+    set by the process's earlier allocations (a StreamWriter collected unclosed closes
+    its transport: another network trace after other seeds ran in the process). Then
+    the trace ends where the run did (``ended``: its length then, which ``main`` or a
+    stuck run notes; what the loop's shutdown logs — its cancellations go in a set's
+    order — is not part of the run), the data directory ``root`` goes, and the trace
+    names it ``<data>`` from line ``first_line`` on."""
+    world, loop = trio.world, trio.loop
+
+    def stuck() -> None:  # the run ends where it stuck (SimulationStuck)
+        trio.over = True
+        ended.append(len(world.trace))
+
+    loop.on_stuck = stuck
+    collecting = gc.isenabled()
+    gc.collect()  # what earlier seeds left goes now, before the run (no finalizer of
+    # theirs runs inside it)
+    gc.disable()
+    try:
+        with captured_logs(world, loop):
+            loop.run(main())
+    finally:
+        del world.trace[ended[0] if ended else len(world.trace):]
+        if collecting:
+            gc.enable()
+        shutil.rmtree(root, ignore_errors=True)
+        world.trace[first_line:] = [line.replace(str(root), "<data>")
+                                    for line in world.trace[first_line:]]
+
+
 def run_replicated_live(world: World, plants: frozenset[str], *,
-                        blind: bool = False) -> list[str]:
+                        blind: bool = False, promotes: bool = True) -> list[str]:
     """One seed of ``replicated-live``; returns the violations. ``blind``: the operator
-    promotes whichever live node accepts ``ha_promote`` (``BLIND_OPERATOR_SEEDS``)."""
+    promotes whichever live node accepts ``ha_promote`` (``BLIND_OPERATOR_SEEDS``);
+    ``promotes=False``: it promotes nobody, and the run ends only as stuck
+    (:class:`~txbroker.sim.loop.SimulationStuck`)."""
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
     shm = Path("/dev/shm")
@@ -397,7 +365,7 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
     first_line = len(world.trace)
     trio = Trio(loop, world, plants, [TrioNode(loop, n, HOSTS, root)
                                       for n in range(len(HOSTS))],
-                blind=blind or "promote-outside-ready-set" in plants)
+                blind=blind or "promote-outside-ready-set" in plants, promotes=promotes)
     left: list[int] = []
     unsettled: list[str] = []
     errors: list[str] = []
@@ -411,9 +379,11 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
         await asyncio.sleep(0.05)
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
-        clients = [loop.spawn(f"127.0.1.{n + 1}", _producer(trio, n, fault_end))[1]
+        clients = [loop.spawn(f"127.0.1.{n + 1}", producer(loop, world, n, trio.record,
+                                                             fault_end, url=URL))[1]
                    for n in range(PRODUCERS)]
-        clients += [loop.spawn(f"127.0.2.{n + 1}", _consumer(trio, end))[1]
+        clients += [loop.spawn(f"127.0.2.{n + 1}",
+                               consumer(loop, world, trio.record, end, url=URL))[1]
                     for n in range(CONSUMERS)]
         await trio.faults(fault_end)
         trio.heal()
@@ -424,7 +394,7 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
                 await client
             except Exception as exc:  # a client that died is a finding
                 trio.record.failures.append(f"a client raised {exc!r}")
-        _, counting = loop.spawn("127.0.3.1", _left_in_queue(loop))
+        _, counting = loop.spawn("127.0.3.1", left_in_queue(loop, url=URL))
         left.append(await counting)
         why = await _settle(trio)
         if why is not None:
@@ -439,24 +409,8 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
         errors.extend(loop.errors)  # (not what the shutdown's cancellations leave)
         ended.append(len(world.trace))
 
-    # No cyclic collection while the run lasts: what it frees would run at moments set
-    # by the process's earlier allocations (a StreamWriter collected unclosed closes
-    # its transport: another network trace after other seeds ran in the process).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        with captured_logs(world, loop):
-            loop.run(main())
-        violations = list(trio.violations) + unsettled
-        # what the loop's shutdown logs (its cancellations go in a set's order) is not
-        # part of the run
-        del world.trace[ended[0] if ended else len(world.trace):]
-    finally:
-        if collecting:
-            gc.enable()
-        shutil.rmtree(root, ignore_errors=True)
-        world.trace[first_line:] = [line.replace(str(root), "<data>")
-                                    for line in world.trace[first_line:]]
+    run_trio(trio, main, root=root, first_line=first_line, ended=ended)
+    violations = list(trio.violations) + unsettled
     world.log(f"network {loop.network.trace_hash()}")
     violations += [f"unhandled in the event loop: {error}" for error in errors]
     return violations + check_queue(trio.record, left[0] if left else -1)

@@ -49,7 +49,7 @@ from txbroker.server.config import ServerConfig
 from txbroker.server.ha.shared_store import SharedStoreNode
 from txbroker.server.stores import store_lock_path
 from txbroker.sim.live import EPOCH_MS, SYNC_S, captured_logs, seed_client_jitter
-from txbroker.sim.live_queue import Record, _check, _consumer, _left_in_queue, _producer
+from txbroker.sim.live_clients import Record, check_queue, consumer, left_in_queue, producer
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.memnet import HOST, PROCESS
 from txbroker.sim.world import World
@@ -355,11 +355,11 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
         fault_end = loop.time() + FAULT_S
         sends_end = fault_end + HEAL_SEND_S
         end = fault_end + HEAL_S
-        clients = [loop.spawn(f"127.0.1.{n + 1}", _producer(loop, world, n, record,
-                                                              sends_end, url=URL))[1]
+        clients = [loop.spawn(f"127.0.1.{n + 1}", producer(loop, world, n, record,
+                                                             sends_end, url=URL))[1]
                    for n in range(PRODUCERS)]
         clients += [loop.spawn(f"127.0.2.{n + 1}",
-                               _consumer(loop, world, record, end, url=URL))[1]
+                               consumer(loop, world, record, end, url=URL))[1]
                     for n in range(CONSUMERS)]
         restarts: list[asyncio.Task[None]] = []
         while True:
@@ -381,7 +381,7 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
                 record.failures.append(f"a client raised {exc!r}")
         answered.append(answered_now())
         final_roles.extend(sorted(pair.role[host].value for host in NODES))
-        _, counting = loop.spawn("127.0.3.1", _left_in_queue(loop, url=URL))
+        _, counting = loop.spawn("127.0.3.1", left_in_queue(loop, url=URL))
         left.append(await counting)
 
     with captured_logs(world, loop):
@@ -394,4 +394,4 @@ def run_shared_store_live(world: World, plants: frozenset[str]) -> list[str]:
     if final_roles != ["active", "standby"]:
         violations.append(f"at the end of the healed phase the roles are {final_roles}, "
                           "not one active and one standby")
-    return violations + _check(record, left[0])
+    return violations + check_queue(record, left[0])

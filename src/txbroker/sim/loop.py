@@ -26,6 +26,13 @@ runs unchanged, and deterministically:
 - **Processes.** :meth:`SimLoop.spawn` starts a simulated process, :meth:`SimLoop.kill`
   ends it as ``kill -9`` does, :meth:`SimLoop.pause` and :meth:`SimLoop.resume` stop
   and continue it as ``SIGSTOP`` and ``SIGCONT`` do (its callbacks are held meanwhile).
+- **Bounded runs.** The loop counts its steps (turns). A run past :data:`MAX_STEPS`
+  steps is stuck (an actor retrying for ever, virtual time going on): the loop
+  raises :class:`SimulationStuck`, which the runner reports as the seed's
+  violation. While a run keeps the cyclic garbage collector off (the replicated
+  scenarios), the loop collects every :data:`COLLECT_EVERY_STEPS` steps — at a step
+  count, never at a moment of wall time, so a seed still replays exactly — and the
+  garbage of a long run stays bounded.
 
 Each callback runs in the order asyncio's own scheduler gives (FIFO for ready
 callbacks; by due time, then by scheduling order, for timers), so one seed and the
@@ -41,6 +48,7 @@ import collections
 import concurrent.futures
 import contextlib
 import contextvars
+import gc
 import heapq
 import random
 from collections.abc import Callable, Coroutine
@@ -48,7 +56,7 @@ from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from txbroker.sim.memnet import HOST, PROCESS, SimNetwork
 
-__all__ = ["SimLoop", "SimulationError", "SimulationStalled"]
+__all__ = ["SimLoop", "SimulationError", "SimulationStalled", "SimulationStuck"]
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -63,6 +71,24 @@ class SimulationStalled(SimulationError):
     """Nothing is ready and nothing is scheduled, yet the awaited work is not done:
     every task waits for something that will never happen."""
 
+
+class SimulationStuck(SimulationError):
+    """The run went past its cap of steps (:data:`MAX_STEPS`) and is not over: it would
+    go on for ever (its message says ``stuck: N steps / T virtual seconds``)."""
+
+
+#: Steps (turns) of the loop after which a run is stuck: an actor that retries for ever
+#: takes steps as its virtual time goes on, a run that only sleeps takes few. A normal
+#: seed of the live scenarios takes 7,000-31,000 steps (seeds 0-4 of each, measured:
+#: ``bench/sim_traces.py``), so this is more than 15 times the longest seen.
+MAX_STEPS = 500_000
+#: Steps a stuck run's shutdown may take (the cancellation of what is left) before it
+#: is stuck too.
+CLEANUP_STEPS = 200_000
+#: Steps between two full collections of cyclic garbage while the collector is off:
+#: three times the longest normal run measured, so a normal run is never collected
+#: inside (its trace stays what it was); a stuck one is, five times before its cap.
+COLLECT_EVERY_STEPS = 100_000
 
 #: Turns of the loop in a row at one instant of virtual time after which a run is
 #: stuck in a busy loop (real time would have moved; virtual time moves only when
@@ -95,9 +121,18 @@ class SimLoop(asyncio.BaseEventLoop):
     simulation (the network's delays come from it); ``start`` is the clock's first
     value, in seconds."""
 
-    def __init__(self, seed: int, *, start: float = 0.0) -> None:
+    def __init__(self, seed: int, *, start: float = 0.0,
+                 max_steps: int | None = None) -> None:
         super().__init__()
         self._now = float(start)
+        #: turns of the loop so far
+        self.steps = 0
+        #: the steps past which the run is stuck (:class:`SimulationStuck`; ``None``:
+        #: :data:`MAX_STEPS`, read when the loop is made)
+        self.max_steps = MAX_STEPS if max_steps is None else max_steps
+        #: called once a run is found stuck, before the loop shuts down what is left
+        #: (a scenario notes where its trace ends: the shutdown is not part of the run)
+        self.on_stuck: Callable[[], object] | None = None
         self._selector = _Clock(self)
         #: the simulation's one random source
         self.random = random.Random(seed)
@@ -135,9 +170,18 @@ class SimLoop(asyncio.BaseEventLoop):
 
     def _run_once(self) -> None:
         """One turn of the loop; a busy loop (the clock never moves) is stopped with
-        :class:`SimulationStalled` instead of running for ever."""
+        :class:`SimulationStalled`, a run past its caps with :class:`SimulationStuck`,
+        instead of running for ever."""
         before = self._now
         super()._run_once()  # type: ignore[misc]
+        self.steps += 1
+        if self.steps % COLLECT_EVERY_STEPS == 0 and not gc.isenabled():
+            gc.collect()  # at a step count: the same step in every run of the seed
+        if self.steps > self.max_steps:
+            if self.on_stuck is not None:
+                self.on_stuck()
+            raise SimulationStuck(f"stuck: {self.steps} steps / {self._now:.3f} virtual "
+                                  "seconds, and the run is not over")
         self._turns_at_now = self._turns_at_now + 1 if self._now == before else 0
         if self._turns_at_now > MAX_TURNS_AT_ONE_INSTANT:
             raise SimulationStalled(
@@ -347,6 +391,8 @@ class SimLoop(asyncio.BaseEventLoop):
         try:
             return self.run_until_complete(main)
         finally:
+            # the shutdown may take its steps (a stuck run's too), though not for ever
+            self.max_steps = self.steps + CLEANUP_STEPS
             for process in sorted(self.paused):  # continued, so that they can be cancelled
                 self.resume(process)
             try:

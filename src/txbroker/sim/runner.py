@@ -13,6 +13,7 @@ from txbroker.sim.live_queue import run_queue_live
 from txbroker.sim.live_replicated import run_replicated_live
 from txbroker.sim.live_shared_store import run_shared_store_live
 from txbroker.sim.live_xa import run_xa_live
+from txbroker.sim.loop import SimulationStalled, SimulationStuck
 from txbroker.sim.plants import PLANTS
 from txbroker.sim.queue_scenario import run_queue, run_queue_failing_fsync
 from txbroker.sim.world import World
@@ -59,7 +60,10 @@ def run_seed(scenario: str, seed: int, plant: str | None = None) -> SeedResult:
         plants = frozenset({plant})
     world = World(seed)
     world.log(f"scenario {scenario} seed {seed} plant {plant}")
-    violations = run(world, plants)
+    try:
+        violations = run(world, plants)
+    except (SimulationStalled, SimulationStuck) as exc:  # the run's verdict, not a crash
+        violations = [str(exc)]
     for violation in violations:
         world.log(f"VIOLATION {violation}")
     return SeedResult(scenario, seed, violations, world.trace, world.trace_hash)
