@@ -188,3 +188,29 @@ def test_a_partitions_first_shadow_is_answered_once_the_facility_record_is_durab
     primary = Register("BANK", server=True, partition="B", role=Role.PRIMARY)
     assert rig.router.execute(5, 9, primary, rig.h.now)["partition"] == "B"
     assert ("BANK", "B") not in rig.router.data.shadowed
+
+
+def test_a_site_presented_while_the_commit_is_written_is_told_it_is_decided(
+        rig: Rig) -> None:
+    """Found by the simulator (router-bank-sites-live seed 95): the shadow site alone
+    decided (the primary site was down); the primary site's standby registered while
+    the commit record was on its way to disk and got MSG1 *without* ``decided``; its
+    balance check refused, the vote was ignored (decided), and ACCEPTED followed with no
+    work to commit — applied at the secondary site only."""
+    from txbroker.core.router.states import TxState
+
+    client = rig.client(1)
+    shadow = rig.server(3, "A", role=Role.SHADOW)
+    rig.send(1, client, "t1", 5)
+    rig.accept(1, client, "t1")
+    assert rig.take(3) == [("MSG1", "t1")]
+    rig.h.auto_sync = False
+    rig.vote(3, shadow, "t1")  # no primary-site server: the shadow site decides alone
+    assert rig.router.data.transactions["t1"].state is TxState.COMMIT_DECIDING
+    rig.server(2, "A", role=Role.STANDBY)  # the primary site returns meanwhile
+    presented = [b for s, b in rig.h.pushes if s == 2 and b["type"] == "MSG1"]
+    assert [(b["tid"], b.get("decided")) for b in presented] == [("t1", True)]
+    assert rig.take(1) == []  # nobody is told before the decision is durable
+    rig.h.sync()
+    assert rig.take(2) == [("MSG1", "t1"), ("ACCEPTED", "t1")]
+    assert rig.take(1) == [("ACCEPTED", "t1")]
