@@ -89,6 +89,14 @@ GOLDEN: list[tuple[str, Any, str]] = [
      "84a172a8666163696c697479a46e616d65a56e616d6573a86b65795f74797065a3737472aa706172746974"
      "696f6e739185a46e616d65a2616da36c6f77a161a468696768a16dab72657472795f636f756e7403af766f"
      "74655f74696d656f75745f6d73cd01f4"),
+    # written since the partitions' shadow sites became durable (an optional key, last)
+    ("facility shadowed", FacilityRecord.of(parse_facility(
+        "bank", [{"name": "p1", "low": 0, "high": 9}, {"name": "p2", "low": 10, "high": 19}]),
+        ["p2"]),
+     "85a172a8666163696c697479a46e616d65a462616e6ba86b65795f74797065a3696e74aa70617274697469"
+     "6f6e739285a46e616d65a27031a36c6f7700a46869676809ab72657472795f636f756e7403af766f74655f"
+     "74696d656f75745f6d73cd753085a46e616d65a27032a36c6f770aa46869676813ab72657472795f636f75"
+     "6e7403af766f74655f74696d656f75745f6d73cd7530a8736861646f77656491a27032"),
     ("tomb accepted", Tombstone("t-9", "bank", "ACCEPTED", None, 99).to_record(),
      "86a172a4746f6d62a3746964a3742d39a8666163696c697479a462616e6ba57374617465a8414343455054"
      "4544a6726561736f6ec0a8756e74696c5f6d7363"),
@@ -124,6 +132,10 @@ def test_the_writers_build_these_fields() -> None:
     assert facility("bank", [{"name": "p2", "low": 10, "high": 19, "retry_count": 5},
                              {"name": "p1", "low": 0, "high": 9}]).facility.partitions == [
         Partition("p1", 0, 9), Partition("p2", 10, 19, retry_count=5)]
+    assert FacilityRecord.of(parse_facility("bank", [{"name": "p1", "low": 0, "high": 9}]),
+                             ["p1"]).shadowed == ["p1"]
+    assert FacilityRecord.of(parse_facility("bank", [{"name": "p1", "low": 0, "high": 9}])
+                             ).shadowed == []
     assert Tombstone("t-8", None, "UNKNOWN", "UNKNOWN", 98).to_record() == TombRecord(
         "t-8", None, "UNKNOWN", "UNKNOWN", 98)
     assert [len(keys) for keys in (FACILITY_KEYS, PARTITION_KEYS, TX_KEYS, TOMB_KEYS)] == [
@@ -168,7 +180,26 @@ MALFORMED: list[tuple[str, Any, str]] = [
         for n in ("a", "b")]}), "overlap"),
     ("facility key type", pack({**_golden_value("facility int"), "key_type": "str"}),
      "key_type 'str', but the keys are int"),
+    ("facility shadowed type", pack({**_golden_value("facility int"), "shadowed": "p1"}),
+     "shadowed is str, not a list"),
+    ("facility shadowed unknown", pack({**_golden_value("facility int"), "shadowed": ["p9"]}),
+     "is not a sorted list of its partitions"),
+    ("facility shadowed twice", pack({**_golden_value("facility int"),
+                                      "shadowed": ["p2", "p1"]}),
+     "is not a sorted list of its partitions"),
 ]
+
+
+def test_a_facility_record_from_before_the_shadowed_field_has_none() -> None:
+    """Old journals: a facility record without ``shadowed`` has no shadowed partition,
+    and writes back its own bytes (``shadowed`` is written only when not empty)."""
+    for name in ("facility int", "facility str"):
+        data = bytes.fromhex(next(g for n, _, g in GOLDEN if n == name))
+        decoded = decode(data)
+        assert isinstance(decoded, FacilityRecord) and decoded.shadowed == []
+        assert decoded.encode() == data
+    shadowed = decode(bytes.fromhex(next(g for n, _, g in GOLDEN if n == "facility shadowed")))
+    assert isinstance(shadowed, FacilityRecord) and shadowed.shadowed == ["p2"]
 
 
 @pytest.mark.parametrize(("name", "body", "error"), MALFORMED, ids=[m[0] for m in MALFORMED])
@@ -211,7 +242,8 @@ def log_digest(harness: Harness) -> tuple[int, str]:
         digest.update(kind.to_bytes(2, "big") + len(meta).to_bytes(4, "big") + meta)
         for ref in refs:
             body = harness.bodies[ref]
-            router_bodies += body[:4] in (b"\x8c\xa1r\xa2", b"\x84\xa1r\xa8", b"\x86\xa1r\xa4")
+            router_bodies += body[:4] in (b"\x8c\xa1r\xa2", b"\x84\xa1r\xa8", b"\x85\xa1r\xa8",
+                                          b"\x86\xa1r\xa4")
             digest.update(len(body).to_bytes(4, "big") + body)
     return router_bodies, digest.hexdigest()
 

@@ -135,3 +135,82 @@ def test_a_server_registers_a_key_range_no_partition_has(rig: Rig) -> None:
         rig.h = rig.h.crash()
         assert [p.name for p in rig.router.data.facilities["BANK"].partitions] == [
             "A", "B", "2000-2999"]
+
+
+def test_a_partition_stays_shadowed_across_a_restart_while_its_shadows_are_down(
+        rig: Rig) -> None:
+    """Found by the simulator (router-bank-sites-live): a partition counted as shadowed
+    only from a shadow's registration in the broker's run, so a transaction committed
+    after a restart, before the shadow site registered again, was never kept for it —
+    the secondary site's ledger lost it. Now the facility record says so, durably."""
+    rig.server(2, "A")
+    rig.server(3, "A", role=Role.SHADOW)
+    rig.close(3)  # the secondary site goes down
+    rig.call("set_partition", 9, 1, "BANK", "A", 5, None, rig.h.now)  # rewrites the record
+    rig.h = rig.h.crash()  # ... and the broker restarts while it is down
+    assert ("BANK", "A") in rig.router.data.shadowed
+    assert ("BANK", "B") not in rig.router.data.shadowed
+    client = rig.client(1)
+    primary = rig.server(2, "A")
+    rig.send(1, client, "t1", 5)
+    rig.vote(2, primary, "t1")
+    rig.accept(1, client, "t1")
+    assert rig.take(1) == [("ACCEPTED", "t1")]  # the down site does not hold the decision
+    assert rig.take(2) == [("MSG1", "t1"), ("ACCEPTED", "t1")]
+    rig.done(2, primary, "t1")
+    rig.call("collected", 1, client, ["t1"], rig.h.now)
+    assert "t1" in rig.router.data.transactions  # kept for the secondary site
+    shadow = rig.server(4, "A", role=Role.SHADOW)
+    assert rig.take(4)[-2:] == [("MSG1", "t1"), ("ACCEPTED", "t1")]
+    rig.done(4, shadow, "t1")
+    assert "t1" not in rig.router.data.transactions
+
+
+def test_a_partitions_first_shadow_is_answered_once_the_facility_record_is_durable(
+        rig: Rig) -> None:
+    """Through the router's door (a request id): the first shadow registration of a
+    partition waits for its facility record, so that a restart never forgets a
+    shadow site that registered; a later one, and any other role, is answered at once."""
+    from txbroker.core import LATER
+    from txbroker.core.router.commands import Register
+
+    rig.h.auto_sync = False
+    for sid in (3, 4, 5):
+        rig.h.session(sid)
+    register = Register("BANK", server=True, partition="A", role=Role.SHADOW)
+    assert rig.router.execute(3, 7, register, rig.h.now) is LATER
+    rig.h.run()
+    assert (3, 7) not in rig.h.replies
+    rig.h.sync()
+    assert rig.h.replies[(3, 7)]["partition"] == "A"
+    second = rig.router.execute(4, 8, register, rig.h.now)
+    assert second["partition"] == "A" and ("BANK", "A") in rig.router.data.shadowed
+    primary = Register("BANK", server=True, partition="B", role=Role.PRIMARY)
+    assert rig.router.execute(5, 9, primary, rig.h.now)["partition"] == "B"
+    assert ("BANK", "B") not in rig.router.data.shadowed
+
+
+def test_a_site_presented_while_the_commit_is_written_is_told_it_is_decided(
+        rig: Rig) -> None:
+    """Found by the simulator (router-bank-sites-live seed 95): the shadow site alone
+    decided (the primary site was down); the primary site's standby registered while
+    the commit record was on its way to disk and got MSG1 *without* ``decided``; its
+    balance check refused, the vote was ignored (decided), and ACCEPTED followed with no
+    work to commit — applied at the secondary site only."""
+    from txbroker.core.router.states import TxState
+
+    client = rig.client(1)
+    shadow = rig.server(3, "A", role=Role.SHADOW)
+    rig.send(1, client, "t1", 5)
+    rig.accept(1, client, "t1")
+    assert rig.take(3) == [("MSG1", "t1")]
+    rig.h.auto_sync = False
+    rig.vote(3, shadow, "t1")  # no primary-site server: the shadow site decides alone
+    assert rig.router.data.transactions["t1"].state is TxState.COMMIT_DECIDING
+    rig.server(2, "A", role=Role.STANDBY)  # the primary site returns meanwhile
+    presented = [b for s, b in rig.h.pushes if s == 2 and b["type"] == "MSG1"]
+    assert [(b["tid"], b.get("decided")) for b in presented] == [("t1", True)]
+    assert rig.take(1) == []  # nobody is told before the decision is durable
+    rig.h.sync()
+    assert rig.take(2) == [("MSG1", "t1"), ("ACCEPTED", "t1")]
+    assert rig.take(1) == [("ACCEPTED", "t1")]

@@ -42,9 +42,13 @@ from dataclasses import dataclass, field
 from txbroker.client.aio import AsyncConnection
 from txbroker.errors import TxBrokerError
 from txbroker.router.aio import (
+    SERVER_DOWN,
+    SERVER_UP,
     AsyncServerTransactionController,
     AsyncTransactionController,
     MessageType,
+    Role,
+    RouterMessage,
 )
 from txbroker.sim.bank_scenario import (
     ACCOUNTS,
@@ -78,6 +82,8 @@ RESTART_S = (0.001, 0.06)
 #: How long a failing-over connection keeps trying (s): longer than any outage here.
 FAILOVER_TIMEOUT_S = 30.0
 INSUFFICIENT = "INSUFFICIENT"
+#: The roles of a partition's primary site that keep its standbys idle.
+ACTIVE_ROLES = frozenset({Role.PRIMARY.value, Role.CONCURRENT.value})
 
 
 @dataclass
@@ -117,37 +123,118 @@ async def _connect(loop: SimLoop) -> AsyncConnection:
     return await connect_retrying(loop, URL, failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
 
 
-async def _server(loop: SimLoop, world: World, bank: Bank, partition: str,
-                  plants: frozenset[str]) -> None:
+class ActiveServers:
+    """A standby's view of its partition's primary and concurrent servers, from the
+    router events ``SERVER_UP`` and ``SERVER_DOWN`` it subscribes to. They come on its
+    connection in order with the router's messages, so at each presentation (``MSG1``,
+    ``UNCERTAIN``) the view is what the router had registered when it presented —
+    except servers registered before the standby on this broker run, which it never
+    heard of: the view is a subset of the truth. One lag is legitimate: the last
+    active server's death replays its transaction to the standby *before* its
+    ``SERVER_DOWN`` goes out (one router command). So a presentation under a non-empty
+    view is a suspicion, cleared when ``SERVER_DOWN`` of every server it names comes
+    before the standby's next presentation, and a violation otherwise. The standby's
+    own ``SERVER_UP`` starts a new session's view (a broker restart forgets every
+    registration; events of the old session kept in the inbox come before it)."""
+
+    def __init__(self, partition: str) -> None:
+        self.partition = partition
+        self.ids: set[int] = set()
+        #: a presentation under a non-empty view: its tid, and the servers not yet down
+        self.suspect: tuple[str, set[int]] | None = None
+
+    def presented(self, tid: str) -> str | None:
+        """A presentation of ``tid``: the violation an unresolved earlier suspicion is
+        (None: none)."""
+        violation = None
+        if self.suspect is not None:
+            violation = (f"got {self.suspect[0]} while servers {sorted(self.suspect[1])} "
+                         "of its partition's primary site were registered")
+        self.suspect = (tid, set(self.ids)) if self.ids else None
+        return violation
+
+    def see(self, event: RouterMessage, own_id: int | None) -> None:
+        """Take a router event in (the facility's events: only its partition's count)."""
+        if event.partition != self.partition:
+            return
+        detail = event.detail if isinstance(event.detail, dict) else {}
+        server = detail.get("server")
+        if event.number == SERVER_UP:
+            if server == own_id:
+                self.ids.clear()
+                self.suspect = None
+            elif detail.get("role") in ACTIVE_ROLES and isinstance(server, int):
+                self.ids.add(server)
+        elif event.number == SERVER_DOWN and isinstance(server, int):
+            self.ids.discard(server)
+            if self.suspect is not None:
+                self.suspect[1].discard(server)
+                if not self.suspect[1]:
+                    self.suspect = None
+
+
+@dataclass
+class BankServer:
+    """A partition server program: the ledger it applies to and its name in the trace
+    (``router-bank-live``: one per partition, named by it)."""
+
+    partition: str
+    ledger: Database
+    name: str
+    role: Role = Role.PRIMARY
+    #: look an ``UNCERTAIN`` replay up in the TID table (off: a planted bug)
+    tid_check: bool = True
+    #: a standby's watch over its partition's active servers (None: not watched)
+    watch: ActiveServers | None = None
+    #: set once the server registered (its first registration: the run may begin)
+    registered: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def bank_server(loop: SimLoop, world: World, bank: Bank, spec: BankServer) -> None:
     """One partition server, until it is killed (or the run ends)."""
-    ledger = bank.ledgers[partition]
+    ledger, name = spec.ledger, spec.name
     while True:  # a server that cannot register exits and its supervisor starts it again
         conn = await _connect(loop)
         server = AsyncServerTransactionController(conn)
         try:
-            await server.register_partition(FACILITY, partition)
+            await server.register_partition(
+                FACILITY, spec.partition, spec.role,
+                events=[(SERVER_UP, SERVER_DOWN)]
+                if spec.watch is not None else ())
             break
         except (TxBrokerError, TimeoutError) as exc:
-            world.log(f"{loop.time():.6f} server {partition} register: {exc!r}")
+            world.log(f"{loop.time():.6f} server {name} register: {exc!r}")
             await conn.close()
             await asyncio.sleep(loop.random.uniform(0.01, 0.05))
+    spec.registered.set()
     pending: tuple[str, int, int] | None = None  # tid, account, amount (None: skip)
     while True:
         try:
             message = await server.receive(timeout=0.5)
         except (TxBrokerError, TimeoutError) as exc:
-            world.log(f"{loop.time():.6f} server {partition} receive: {exc!r}")
+            world.log(f"{loop.time():.6f} server {name} receive: {exc!r}")
             await asyncio.sleep(0.01)
             continue
-        if message is None or message.tid is None:
+        if message is None:
+            continue
+        if message.is_event:
+            if spec.watch is not None:
+                spec.watch.see(message, server.controller_id)
+            continue
+        if message.tid is None:
             continue
         tid = message.tid
+        if spec.watch is not None and message.type in (MessageType.MSG1,
+                                                         MessageType.UNCERTAIN):
+            violation = spec.watch.presented(tid)
+            if violation is not None:
+                bank.failures.append(f"standby {name} {violation}")
         try:
             if message.type in (MessageType.MSG1, MessageType.UNCERTAIN, MessageType.MSG):
                 if (message.type is MessageType.UNCERTAIN and tid in ledger.tids
-                        and "live-server-no-tid-check" not in plants):
+                        and spec.tid_check):
                     pending = None  # applied here before: only vote again
-                    world.log(f"{loop.time():.6f} server {partition} skip {tid}")
+                    world.log(f"{loop.time():.6f} server {name} skip {tid}")
                     await server.accept_transaction()
                     continue
                 account, amount = _unleg(message.body)
@@ -160,14 +247,14 @@ async def _server(loop: SimLoop, world: World, bank: Bank, partition: str,
                 await server.accept_transaction()
             elif message.type is MessageType.ACCEPTED:
                 if pending is not None and pending[0] == tid and (
-                        tid not in ledger.tids or "live-server-no-tid-check" in plants):
+                        tid not in ledger.tids or not spec.tid_check):
                     _, account, amount = pending
                     ledger.balances[account] += amount  # the commit: one step
                     ledger.tids.add(tid)
                     ledger.applied.append(tid)
-                    world.log(f"{loop.time():.6f} server {partition} commit {tid}")
+                    world.log(f"{loop.time():.6f} server {name} commit {tid}")
                 elif tid not in ledger.tids:
-                    bank.failures.append(f"server {partition}: ACCEPTED {tid} with no "
+                    bank.failures.append(f"server {name}: ACCEPTED {tid} with no "
                                          "pending leg and no record of it")
                 pending = None
                 await server.acknowledge_outcome()
@@ -175,11 +262,13 @@ async def _server(loop: SimLoop, world: World, bank: Bank, partition: str,
                 pending = None
                 await server.acknowledge_outcome()
         except (TxBrokerError, TimeoutError) as exc:
-            world.log(f"{loop.time():.6f} server {partition} {message.type} {tid}: {exc!r}")
+            world.log(f"{loop.time():.6f} server {name} {message.type} {tid}: {exc!r}")
 
 
-async def _client(loop: SimLoop, world: World, bank: Bank, number: int,
-                  until: float) -> None:
+async def bank_client(loop: SimLoop, world: World, bank: Bank, number: int,
+                      until: float) -> None:
+    """Client ``number``: one transfer after another until ``until``, each to its
+    outcome."""
     while True:
         conn = await _connect(loop)
         client = AsyncTransactionController(conn)
@@ -235,7 +324,9 @@ def run_bank_live(world: World, plants: frozenset[str]) -> list[str]:
     async def supervise_server(partition: str, fault_end: float) -> None:
         host = "127.0.1.1" if partition == "A" else "127.0.1.2"
         while True:
-            process, _ = loop.spawn(host, _server(loop, world, bank, partition, plants))
+            spec = BankServer(partition, bank.ledgers[partition], partition,
+                              tid_check="live-server-no-tid-check" not in plants)
+            process, _ = loop.spawn(host, bank_server(loop, world, bank, spec))
             await asyncio.sleep(loop.random.expovariate(1 / MEAN_SERVER_DEATH_GAP_S))
             if loop.time() >= fault_end:
                 return
@@ -250,8 +341,8 @@ def run_bank_live(world: World, plants: frozenset[str]) -> list[str]:
         end = fault_end + HEAL_S
         for partition in ("A", "B"):
             loop.create_task(supervise_server(partition, fault_end))
-        clients = [loop.spawn(f"127.0.2.{n + 1}", _client(loop, world, bank, n,
-                                                           fault_end))[1]
+        clients = [loop.spawn(f"127.0.2.{n + 1}", bank_client(loop, world, bank, n,
+                                                               fault_end))[1]
                    for n in range(CLIENTS)]
         while True:
             await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
@@ -274,10 +365,11 @@ def run_bank_live(world: World, plants: frozenset[str]) -> list[str]:
         loop.run(main())
     world.log(f"network {loop.network.trace_hash()}")
     violations = [f"unhandled in the event loop: {error}" for error in loop.errors]
-    return violations + _check(bank)
+    return violations + check_bank(bank)
 
 
-def _check(bank: Bank) -> list[str]:
+def check_bank(bank: Bank) -> list[str]:
+    """The checkers over ``bank``'s ledgers (one per partition) and transfers."""
     violations: list[str] = list(bank.failures)
     total = sum(sum(ledger.balances.values()) for ledger in bank.ledgers.values())
     opening = OPENING_BALANCE * sum(len(accounts) for accounts in ACCOUNTS.values())

@@ -66,6 +66,15 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("standby-ignores-lock", "shared-store-live",
           "a shared-store standby that heard no heartbeat for the activation interval "
           "activates without the lock (taking it from its live holder)"),
+    Plant("router-presents-to-both-sites", "router-bank-sites-live",
+          "the primary site's copy of a transaction also goes to the shadow site (each "
+          "shadow process also serves as a concurrent server into its site's ledger): "
+          "the secondary site applies it twice, the primary site misses it"),
+    Plant("shadow-no-tid-check", "router-bank-sites-live",
+          "a shadow server applies an UNCERTAIN replay without checking its TID table"),
+    Plant("standby-serves-beside-concurrents", "router-bank-sites-live",
+          "a standby server is given work while its partition's concurrent servers are "
+          "registered (it registers as one of them): the standby check must see it"),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

@@ -8,6 +8,7 @@ from typing import Final
 
 from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_bank_resets
 from txbroker.sim.live_bank import run_bank_live
+from txbroker.sim.live_bank_sites import run_bank_sites_live
 from txbroker.sim.live_etcd import run_replicated_etcd_live
 from txbroker.sim.live_queue import run_queue_live
 from txbroker.sim.live_replicated import run_replicated_live
@@ -27,6 +28,7 @@ SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "router-bank-failing-fsync": run_bank_failing_fsync,
     "router-bank-resets": run_bank_resets,
     "router-bank-live": run_bank_live,
+    "router-bank-sites-live": run_bank_sites_live,
     "xa-live": run_xa_live,
     "replicated-live": run_replicated_live,
     "replicated-etcd-live": run_replicated_etcd_live,

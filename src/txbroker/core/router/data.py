@@ -54,8 +54,9 @@ class RouterData:
         self.next_controller = 1
         self.round_robin = 0
         self.timers: list[tuple[int, str]] = []  #: (deadline, tid), lazily stale
-        #: (facility, partition) a shadow server ever registered for (this run): its
-        #: transactions get a secondary-site participant even while the shadows are down
+        #: (facility, partition) a shadow server ever registered for (durable in the
+        #: facility record): its transactions get a secondary-site participant even
+        #: while the shadows are down, and across restarts
         self.shadowed: set[tuple[str, str]] = set()
         self.counters = {"committed": 0, "rejected": 0, "replays": 0, "exceptions": 0,
                          "preempted": 0}

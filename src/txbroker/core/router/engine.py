@@ -106,7 +106,8 @@ class Router:
             return self.register(session_id, command.facility, server=command.server,
                                  partition=command.partition, role=command.role,
                                  explicit_prepare=command.explicit_prepare,
-                                 recipient=command.recipient, events=command.events, now=now)
+                                 recipient=command.recipient, events=command.events, now=now,
+                                 rid=rid)
         if isinstance(command, Unregister):
             return self.unregister(session_id, command.controller, now)
         if isinstance(command, UserEvent):
@@ -152,12 +153,15 @@ class Router:
     def register(self, session_id: int, facility_name: Any, *, server: bool,
                  partition: Any = None, role: Role = Role.PRIMARY,
                  explicit_prepare: bool = False, recipient: str | None = None,
-                 events: tuple[tuple[int, int], ...] = (), now: int = 0) -> dict[str, Any]:
-        """Register a client or server controller; replies its id and the partition map."""
+                 events: tuple[tuple[int, int], ...] = (), now: int = 0,
+                 rid: int | None = None) -> Any:
+        """Register a client or server controller; replies its id and the partition map
+        (LATER when the partition's first shadow registers: answered once that is
+        durable, ``failover.register``)."""
         return failover.register(self.data, session_id, facility_name, server=server,
                                  partition=partition, role=role,
                                  explicit_prepare=explicit_prepare, recipient=recipient,
-                                 events=events, now=now)
+                                 events=events, now=now, rid=rid)
 
     def unregister(self, session_id: int, controller_id: Any, now: int) -> dict[str, Any]:
         """End a registration (a server's transaction is replayed as if it died)."""

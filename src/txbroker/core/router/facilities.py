@@ -5,7 +5,9 @@ A facility is defined by an administrator (``rtr_define``), by the
 configuration file at start, or grows a partition when a server registers a key
 range no partition has (the seed's servers define partitions by their range).
 A facility with transactions in flight or registered controllers cannot be
-redefined.
+redefined. The record also lists the facility's partitions that have a shadow site
+(``RouterData.shadowed``, written when a partition's first shadow registers), so
+that a restart keeps their transactions for a secondary site that is down.
 """
 
 from __future__ import annotations
@@ -41,11 +43,14 @@ def define(router: RouterData, session_id: int, rid: int, name: Any, partitions:
 
 
 def store(router: RouterData, facility: Facility, now: int, on_durable: OnDurable) -> None:
-    """Keep ``facility`` and write its record (replacing the previous one)."""
+    """Keep ``facility`` and write its record, with its shadowed partitions (replacing
+    the previous one)."""
     router.facilities[facility.name] = facility
+    shadowed = [p.name for p in facility.partitions
+                if (facility.name, p.name) in router.shadowed]
     router.facility_records[facility.name] = router.log.write(
-        FacilityRecord.of(facility), router.facility_records.get(facility.name), now,
-        on_durable)
+        FacilityRecord.of(facility, shadowed), router.facility_records.get(facility.name),
+        now, on_durable)
 
 
 def define_from_config(router: RouterData, name: str, partitions: Any, now: int) -> None:

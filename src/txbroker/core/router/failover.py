@@ -15,7 +15,9 @@ commit never counts on work that died with a server. A participant lost before
 a vote more often than its partition's retry count strikes the transaction out
 (``SRVDIED``, an exception: ``states.py`` Rule 7). A client controller that
 leaves takes its unaccepted transactions with it; an accepted one goes on and
-its outcome is kept for the client to collect.
+its outcome is kept for the client to collect. A partition's first shadow
+registration is journaled (the facility record): from then on, across restarts,
+its transactions keep a participant for the secondary site.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from txbroker.core.queue_index import LATER
 from txbroker.core.router.data import RouterData
-from txbroker.core.router.facilities import add_key_range
+from txbroker.core.router.facilities import add_key_range, store
 from txbroker.core.router.model import (
     CLIENT,
     OUTCOME_RETENTION_MS,
@@ -54,8 +57,14 @@ from txbroker.errors import NotFound, StorageFailed
 def register(router: RouterData, session_id: int, facility_name: Any, *, server: bool,
              partition: Any = None, role: Role = Role.PRIMARY,
              explicit_prepare: bool = False, recipient: str | None = None,
-             events: tuple[tuple[int, int], ...] = (), now: int = 0) -> dict[str, Any]:
-    """Register a client or server controller; replies its id and the partition map."""
+             events: tuple[tuple[int, int], ...] = (), now: int = 0,
+             rid: int | None = None) -> Any:
+    """Register a client or server controller; replies its id and the partition map.
+
+    The first shadow server of a partition makes the partition shadowed for good: the
+    facility record says so (a restart keeps the partition's new transactions for a
+    secondary site that is down), and the reply to request ``rid`` waits until that
+    record is durable (LATER; without ``rid`` the reply is returned at once)."""
     facility = router.facility(facility_name)
     found: Partition | None = None
     if server:
@@ -66,6 +75,10 @@ def register(router: RouterData, session_id: int, facility_name: Any, *, server:
                 raise
             facility = add_key_range(router, facility, partition, now)
             found = facility.find(partition)
+    newly_shadowed = (found is not None and role is Role.SHADOW
+                      and (facility.name, found.name) not in router.shadowed)
+    if newly_shadowed:
+        router.outbox.check_writable()  # before anything changes
     controller = Controller(router.next_controller, session_id, facility.name, server,
                             found.name if found else None, role if server else None,
                             explicit_prepare, recipient, events)
@@ -77,17 +90,24 @@ def register(router: RouterData, session_id: int, facility_name: Any, *, server:
         "key_type": facility.key_type,
         "partitions": [{"name": p.name, "low": p.low, "high": p.high}
                        for p in facility.partitions]}
+    answer: Any = reply
     if found is not None:
         reply["partition"] = found.name
         router.partition_servers.setdefault((facility.name, found.name), []).append(controller)
+        if newly_shadowed:
+            router.shadowed.add((facility.name, found.name))
+            if rid is None:
+                store(router, facility, now, router.outbox.ignore_durable)
+            else:
+                store(router, facility, now,
+                      router.outbox.reply_when_durable(session_id, rid, reply))
+                answer = LATER
         _server_up(router, controller, found)
-    return reply
+    return answer
 
 
 def _server_up(router: RouterData, controller: Controller, partition: Partition) -> None:
     servers = router.servers_of(controller.facility, partition.name)
-    if controller.role is Role.SHADOW:
-        router.shadowed.add((controller.facility, partition.name))
     router.router_event(controller.facility, RouterEvent.SERVER_UP, partition.name,
                         {"server": controller.id, "role": controller.role.value
                          if controller.role else None})

@@ -7,7 +7,8 @@ or committed before the crash): presented again, it starts with ``UNCERTAIN``.
 A decided one is presented with its outcome; an aborted one has nothing left to
 tell its servers and only waits for its client (or the end of the outcome
 retention); an exception (an ``ABORTING`` record flagged ``exception``) stays an
-exception.
+exception. A facility record restores which partitions have a shadow site (their
+new transactions keep a participant for it even while every shadow is down).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def restore(router: RouterData, records: list[tuple[Message, bytes]], now: int) 
                 facility = record.facility
                 router.facilities[facility.name] = facility
                 router.facility_records[facility.name] = message
+                router.shadowed.update((facility.name, name) for name in record.shadowed)
             elif isinstance(record, TombRecord):
                 router.tombstones.restore(record, message)
             else:

@@ -23,7 +23,8 @@ Byte format (map keys in this order, the order they are written in)::
 
     {"r": "facility", "name": str, "key_type": "int"|"str",
      "partitions": [{"name": str, "low": key, "high": key, "retry_count": int,
-                     "vote_timeout_ms": int}…]}
+                     "vote_timeout_ms": int}…],
+     ["shadowed": [partition…]]}
     {"r": "tx", "tid": str, "facility": str, "state": "VREQ"|"COMMITTING"|"ABORTING",
      "reason": str|nil, "exception": bool, "strikes": {partition: int},
      "messages": [[partition, key, body: bin, headers: map|nil]…], "created_ms": int,
@@ -35,14 +36,19 @@ Byte format (map keys in this order, the order they are written in)::
 ``state`` is the seed's public name of the transaction's state
 (:data:`~txbroker.core.router.states.PUBLIC`): an exception is an ``ABORTING``
 record with ``"exception": true``; ``shadowed`` lists the partitions whose
-shadow site takes part. Versions: each kind has had this one shape since the
-router's first commit; a field added later is to be an optional key, decoded as
-None when absent (as ``core/records`` does), so that older records still decode.
+shadow site takes part. A ``facility`` record's ``shadowed`` (optional: written
+only when not empty) lists the partitions a shadow server ever registered for:
+their transactions keep a participant for the secondary site, across restarts.
+Versions: each kind has had this one shape since the router's first commit,
+except the facility record's ``shadowed``, added later as an optional key (absent:
+no partition shadowed), so that older records still decode; a field added later
+is to be an optional key too (as ``core/records`` does).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from txbroker.core.records.common import (
@@ -65,6 +71,8 @@ TOMB: Final = "tomb"
 
 #: The keys of each kind's map, in the order they are written.
 FACILITY_KEYS: Final = ("r", "name", "key_type", "partitions")
+#: The facility record's optional key (written last, only when its list is not empty).
+FACILITY_SHADOWED: Final = "shadowed"
 PARTITION_KEYS: Final = ("name", "low", "high", "retry_count", "vote_timeout_ms")
 TX_KEYS: Final = ("r", "tid", "facility", "state", "reason", "exception", "strikes",
                   "messages", "created_ms", "decided_ms", "flagged_ms", "shadowed")
@@ -94,9 +102,13 @@ def _check_optional_str(value: Any, name: str, field: str) -> str | None:
 
 @dataclass(slots=True)
 class FacilityRecord:
-    """A facility's definition (one live record per facility, replaced on change)."""
+    """A facility's definition, and its partitions that have a shadow site (one live
+    record per facility, replaced on change)."""
 
     facility: Facility
+    #: partitions a shadow server ever registered for, sorted (durable: a restart
+    #: keeps their transactions for the secondary site while it is down)
+    shadowed: list[str] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
@@ -104,24 +116,34 @@ class FacilityRecord:
         return FACILITY
 
     @classmethod
-    def of(cls, facility: Facility) -> FacilityRecord:
-        """The record of ``facility``."""
-        return cls(facility)
+    def of(cls, facility: Facility, shadowed: Iterable[str] = ()) -> FacilityRecord:
+        """The record of ``facility`` and its shadowed partitions."""
+        return cls(facility, sorted(shadowed))
 
     def encode(self) -> bytes:
-        """The body bytes."""
+        """The body bytes (without ``shadowed`` when no partition is: the bytes the
+        record had before the field existed)."""
         facility = self.facility
-        return pack({"r": FACILITY, "name": facility.name, "key_type": facility.key_type,
-                     "partitions": [{"name": p.name, "low": p.low, "high": p.high,
-                                     "retry_count": p.retry_count,
-                                     "vote_timeout_ms": p.vote_timeout_ms}
-                                    for p in facility.partitions]})
+        value: dict[str, Any] = {
+            "r": FACILITY, "name": facility.name, "key_type": facility.key_type,
+            "partitions": [{"name": p.name, "low": p.low, "high": p.high,
+                            "retry_count": p.retry_count,
+                            "vote_timeout_ms": p.vote_timeout_ms}
+                           for p in facility.partitions]}
+        if self.shadowed:
+            value[FACILITY_SHADOWED] = self.shadowed
+        return pack(value)
 
     @classmethod
     def from_value(cls, value: Any) -> FacilityRecord:
-        """Decode an unpacked body (its partitions checked by ``parse_facility``)."""
+        """Decode an unpacked body (its partitions checked by ``parse_facility``; an
+        older record without ``shadowed`` has no shadowed partition)."""
         name = "router facility"
         record = check_dict(value, name, "the record")
+        shadowed: list[str] = []
+        if FACILITY_SHADOWED in record:
+            shadowed = check_strs(record[FACILITY_SHADOWED], name, FACILITY_SHADOWED)
+            record = {key: item for key, item in record.items() if key != FACILITY_SHADOWED}
         _check_keys(record, name, FACILITY_KEYS)
         partitions = record["partitions"]
         if type(partitions) is not list:
@@ -135,7 +157,11 @@ class FacilityRecord:
         if record["key_type"] != facility.key_type:
             malformed(name, f"key_type {record['key_type']!r}, but the keys are "
                             f"{facility.key_type}")
-        return cls(facility)
+        names = {partition.name for partition in facility.partitions}
+        unknown = sorted(set(shadowed) - names)
+        if unknown or shadowed != sorted(set(shadowed)):
+            malformed(name, f"shadowed {shadowed!r} is not a sorted list of its partitions")
+        return cls(facility, shadowed)
 
 
 @dataclass(slots=True)
@@ -274,6 +300,6 @@ def decode(body: bytes) -> RouterRecord:
     return from_value(unpack_meta(body, "router record"))
 
 
-__all__ = ["FACILITY", "FACILITY_KEYS", "PARTITION_KEYS", "TOMB", "TOMB_KEYS", "TX",
-           "TX_KEYS", "TX_MESSAGE_FIELDS", "FacilityRecord", "RouterMessage", "RouterRecord",
-           "TombRecord", "TxRecord", "decode", "from_value"]
+__all__ = ["FACILITY", "FACILITY_KEYS", "FACILITY_SHADOWED", "PARTITION_KEYS", "TOMB",
+           "TOMB_KEYS", "TX", "TX_KEYS", "TX_MESSAGE_FIELDS", "FacilityRecord", "RouterMessage",
+           "RouterRecord", "TombRecord", "TxRecord", "decode", "from_value"]

@@ -1,0 +1,264 @@
+"""Scenario ``router-bank-sites-live``: ``router-bank-live``'s bank with the router's
+roles — concurrent, standby and shadow servers — and a ledger per site.
+
+The bank, its clients and its server program are ``live_bank.py``'s (the production
+router libraries on the deterministic event loop, against ``BrokerServer``). Each
+partition (A, B) has
+
+- a **primary site**: two ``CONCURRENT`` servers and a ``STANDBY`` server, applying to
+  the primary site's ledger of the partition (one database the three share);
+- a **secondary site**: one ``SHADOW`` server applying to the secondary site's ledger,
+  a separate copy that must end up equal.
+
+Faults, during the fault phase: each server dies now and then and is restarted after a
+pause; now and then a **whole site** (every server of the primary or the secondary
+site, both partitions) or the **concurrent servers of one partition** (its standby
+takes over) go down together for longer than a transfer takes; the broker is killed
+and restarted on its data, as in ``router-bank-live``. Then a healed phase in which
+every server is back.
+
+Checkers: ``router-bank-live``'s, for each site's ledgers (money conserved; every
+transfer on both legs or neither, never twice on one side; ACCEPTED applied,
+REJECTED not; every transfer has an outcome); each ledger holds exactly the ACCEPTED
+transfers (its TID table); the secondary site's ledger of a partition equals the
+primary site's (balances and TID table); a standby is presented a transaction only
+while no primary or concurrent server of its partition is registered — as far as the
+standby can tell from the router events it subscribes to (``live_bank.ActiveServers``:
+servers registered before it on a broker run are not seen, so that check only ever
+under-reports).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from txbroker.router.aio import Role
+from txbroker.sim.bank_scenario import (
+    ACCOUNTS,
+    FACILITY,
+    OPENING_BALANCE,
+    PARTITIONS,
+    Database,
+)
+from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
+from txbroker.sim.live_bank import (
+    BROKER,
+    CLIENTS,
+    MEAN_BROKER_KILL_GAP_S,
+    MEAN_SERVER_DEATH_GAP_S,
+    PORT,
+    RESTART_S,
+    ActiveServers,
+    Bank,
+    BankServer,
+    bank_client,
+    bank_server,
+    check_bank,
+)
+from txbroker.sim.loop import SimLoop
+from txbroker.sim.world import World
+
+PRIMARY_SITE = "primary"
+SECONDARY_SITE = "secondary"
+SITES = (PRIMARY_SITE, SECONDARY_SITE)
+#: Virtual lengths of the fault phase and of the healed phase (s): the healed phase
+#: gives a site that was down the time to catch up.
+FAULT_S = 2.0
+HEAL_S = 8.0
+#: Mean time between group outages (a whole site, or a partition's concurrent
+#: servers), and how long one lasts (s, uniform): a transfer takes some 10-50 ms.
+MEAN_OUTAGE_GAP_S = 0.5
+OUTAGE_S = (0.1, 0.6)
+#: How long the run waits for every server's first registration (s).
+SETUP_TIMEOUT_S = 30.0
+#: The planted bugs of this scenario (``plants.py``).
+PRESENTS_TO_BOTH_SITES = "router-presents-to-both-sites"
+SHADOW_NO_TID_CHECK = "shadow-no-tid-check"
+STANDBY_AS_CONCURRENT = "standby-serves-beside-concurrents"
+
+
+@dataclass
+class Slot:
+    """One server program's place: which site, partition and role, on which host; the
+    process running it now (None: down), and what kills it early."""
+
+    site: str
+    partition: str
+    role: Role
+    name: str
+    host: str
+    process: int | None = None
+    down_until: float = 0.0
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _slots() -> list[Slot]:
+    """Per partition: concurrent servers c1 and c2 and standby sb (the primary site),
+    shadow sh (the secondary site)."""
+    places = [(PRIMARY_SITE, Role.CONCURRENT, "c1"), (PRIMARY_SITE, Role.CONCURRENT, "c2"),
+              (PRIMARY_SITE, Role.STANDBY, "sb"), (SECONDARY_SITE, Role.SHADOW, "sh")]
+    return [Slot(site, partition, role, f"{partition}/{short}",
+                 f"127.0.1.{10 * number + index + 1}")
+            for number, partition in enumerate(ACCOUNTS)
+            for index, (site, role, short) in enumerate(places)]
+
+
+def ledger_name(site: str, partition: str) -> str:
+    """The key of a site's ledger of a partition in ``Bank.ledgers``."""
+    return f"{site}/{partition}"
+
+
+def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
+    """One seed of ``router-bank-sites-live``; returns the violations."""
+    loop = SimLoop(world.rng.getrandbits(63))
+    seed_client_jitter(loop)
+    disk = SimDisk(loop)
+    bank = Bank({ledger_name(site, name): Database({a: OPENING_BALANCE for a in accounts})
+                 for site in SITES for name, accounts in ACCOUNTS.items()})
+    facilities = {FACILITY: PARTITIONS}
+    slots = _slots()
+    specs: list[BankServer] = []
+
+    async def program(slot: Slot) -> None:
+        role = slot.role
+        if role is Role.STANDBY and STANDBY_AS_CONCURRENT in plants:
+            role = Role.CONCURRENT  # the plant: it serves beside the concurrent servers
+        spec = BankServer(
+            slot.partition, bank.ledgers[ledger_name(slot.site, slot.partition)],
+            slot.name, role,
+            tid_check=slot.role is not Role.SHADOW or SHADOW_NO_TID_CHECK not in plants,
+            watch=ActiveServers(slot.partition) if slot.role is Role.STANDBY else None)
+        specs.append(spec)
+        parts = [bank_server(loop, world, bank, spec)]
+        if slot.role is Role.SHADOW and PRESENTS_TO_BOTH_SITES in plants:
+            # the plant: the primary site's copy of a transaction goes to the shadow
+            # site too (its process takes primary-site work into its site's ledger)
+            parts.append(bank_server(loop, world, bank, BankServer(
+                slot.partition, spec.ledger, f"{slot.name}+", Role.CONCURRENT)))
+        await asyncio.gather(*parts)
+
+    def start(slot: Slot) -> None:
+        slot.killed.clear()
+        slot.process, _ = loop.spawn(slot.host, program(slot))
+        world.log(f"{loop.time():.6f} server {slot.name} started")
+
+    def kill(slot: Slot, why: str) -> None:
+        if slot.process is not None:
+            loop.kill(slot.process)
+            slot.process = None
+            slot.killed.set()
+            world.log(f"{loop.time():.6f} server {slot.name} killed ({why})")
+
+    async def supervise(slot: Slot, fault_end: float) -> None:
+        """Kill the server now and then during the fault phase; start it again after a
+        pause, or once its group's outage is over."""
+        while True:
+            if slot.process is None:
+                while loop.time() < slot.down_until:  # an outage may lengthen the pause
+                    await asyncio.sleep(slot.down_until - loop.time())
+                start(slot)
+            try:
+                await asyncio.wait_for(slot.killed.wait(), loop.random.expovariate(
+                    1 / MEAN_SERVER_DEATH_GAP_S))
+                continue  # an outage killed it: back once the outage is over
+            except TimeoutError:
+                pass
+            if loop.time() >= fault_end:
+                return
+            kill(slot, "alone")
+            slot.down_until = loop.time() + loop.random.uniform(*RESTART_S)
+
+    async def outages(fault_end: float) -> None:
+        while True:
+            await asyncio.sleep(loop.random.expovariate(1 / MEAN_OUTAGE_GAP_S))
+            if loop.time() >= fault_end:
+                return
+            if loop.random.random() < 0.5:
+                site = loop.random.choice(SITES)
+                group = [s for s in slots if s.site == site]
+                what = f"the {site} site"
+            else:
+                partition = loop.random.choice(list(ACCOUNTS))
+                group = [s for s in slots
+                         if s.partition == partition and s.role is Role.CONCURRENT]
+                what = f"the concurrent servers of {partition}"
+            until = loop.time() + loop.random.uniform(*OUTAGE_S)
+            world.log(f"{loop.time():.6f} outage of {what} until {until:.6f}")
+            for slot in group:
+                slot.down_until = max(slot.down_until, until)
+                kill(slot, "outage")
+
+    async def main() -> None:
+        broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
+        await asyncio.sleep(0.01)
+        for slot in slots:
+            start(slot)
+        while len(specs) < len(slots):
+            await asyncio.sleep(0.001)
+        # every site registered once (a shadow site is one from its first registration)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(spec.registered.wait()
+                                                    for spec in specs)), SETUP_TIMEOUT_S)
+            world.log(f"{loop.time():.6f} every server registered")
+        except TimeoutError:
+            bank.failures.append(f"a server did not register within {SETUP_TIMEOUT_S} s")
+        fault_end = loop.time() + FAULT_S
+        end = fault_end + HEAL_S
+        for slot in slots:
+            loop.create_task(supervise(slot, fault_end))
+        loop.create_task(outages(fault_end))
+        clients = [loop.spawn(f"127.0.2.{n + 1}", bank_client(loop, world, bank, n,
+                                                               fault_end))[1]
+                   for n in range(CLIENTS)]
+        while True:
+            await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
+            if loop.time() >= fault_end:
+                break
+            loop.kill(broker)
+            disk.crash()
+            world.log(f"{loop.time():.6f} broker killed")
+            await asyncio.sleep(loop.random.uniform(*RESTART_S))
+            broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
+            world.log(f"{loop.time():.6f} broker started")
+        for client in clients:
+            try:
+                await asyncio.wait_for(client, max(0.0, end - loop.time()))
+            except Exception as exc:  # a client that died or never finished is a finding
+                bank.failures.append(f"a client did not finish: {exc!r}")
+        await asyncio.sleep(max(0.0, end - loop.time()))  # every site catches up
+        down = [slot.name for slot in slots if slot.process is None]
+        if down:
+            bank.failures.append(f"servers still down after the healed phase: {down}")
+
+    with captured_logs(world, loop):
+        loop.run(main())
+    world.log(f"network {loop.network.trace_hash()}")
+    violations = [f"unhandled in the event loop: {error}" for error in loop.errors]
+    return violations + check_sites(bank)
+
+
+def check_sites(bank: Bank) -> list[str]:
+    """``check_bank`` for each site's ledgers, each ledger's TID table against the
+    ACCEPTED transfers, and each secondary ledger against its primary."""
+    violations: list[str] = list(bank.failures)
+    for site in SITES:
+        view = Bank({name: bank.ledgers[ledger_name(site, name)] for name in ACCOUNTS},
+                    bank.transfers)
+        violations += [f"{site} site: {v}" for v in check_bank(view)]
+    accepted = {tid for tid, t in bank.transfers.items() if t.told == "ACCEPTED"}
+    for key, ledger in sorted(bank.ledgers.items()):
+        missing, extra = sorted(accepted - ledger.tids), sorted(ledger.tids - accepted)
+        if missing or extra:
+            violations.append(f"ledger {key}: ACCEPTED but not applied {missing}, applied "
+                              f"but not ACCEPTED {extra}")
+    for name in ACCOUNTS:
+        primary = bank.ledgers[ledger_name(PRIMARY_SITE, name)]
+        secondary = bank.ledgers[ledger_name(SECONDARY_SITE, name)]
+        if primary.balances != secondary.balances or primary.tids != secondary.tids:
+            violations.append(
+                f"partition {name}: the secondary site's ledger differs from the primary "
+                f"site's: balances {secondary.balances} vs {primary.balances}, only on "
+                f"the primary {sorted(primary.tids - secondary.tids)}, only on the "
+                f"secondary {sorted(secondary.tids - primary.tids)}")
+    return violations
