@@ -167,9 +167,11 @@ class RouterMessage:
     facility: str | None = None
     detail: Any = None
     key_range: tuple[Key, Key] | None = None
-    #: (MSG1/UNCERTAIN/MSG) the transaction is already decided ACCEPTED — a replay to a
-    #: server that must apply it whatever its checks say now (its ACCEPTED follows; a
-    #: reject vote changes nothing). Business checks belong to the first presentation.
+    #: (MSG1/UNCERTAIN/MSG) the transaction is already decided ACCEPTED — a replay, or
+    #: the first presentation to a site that returned after the others decided: the
+    #: server votes accept and keeps its work whatever its checks say now (a reject
+    #: vote changes nothing); it applies the work on the ACCEPTED that follows once the
+    #: decision is durable, and rolls it back if a restart aborts a decision it lost.
     decided: bool = False
 
     @property
