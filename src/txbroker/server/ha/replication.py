@@ -11,10 +11,8 @@ batch, to every attached backup (``protocol/replication.py``). The entry's
 ``on_durable`` — what answers the client — runs only once the local store has it
 AND every *ready* backup acknowledged it; the wait for the backups overlaps the
 local fsync. Completions still run in append order (the store contract the core
-relies on). A transaction is one entry (``TX``, ``XA_PREPARE``, ``XA_COMMIT`` …),
-so it reaches a backup whole or not at all: a backup never holds a proper subset
-of a transaction (the seed's tx-queue and TxTracker come for free with
-whole-entry shipping).
+relies on). A transaction is one entry (``TX``, ``XA_PREPARE``, ``XA_COMMIT`` …):
+a backup never holds a proper subset of a transaction.
 
 **Joining.** A backup that connects gets a *dump* (``core/replica.py``) of the
 state at one LSN, then every entry after it — unless it can **resume**: a backup
@@ -22,26 +20,24 @@ that lost its link but kept its copy (same process) says in its ``join`` which
 primary epoch and LSN it holds; when that is this primary's epoch and the
 **catch-up buffer** still holds every entry after that LSN, the backup gets only
 those entries (an ``incremental`` welcome) and no dump. The buffer keeps the
-newest entries' frames up to ``ha_catchup_bytes`` (``ha status``: ``catchup``).
-The dump is taken when the state in memory is exactly the durable log: the hub
-stops reading clients until every entry in flight is complete (normally one
-group commit), describes the state (cheap: no body is read) and lets clients go
-on; bodies are then read from the store and streamed while new entries queue
-behind the dump (``joining.py``). While any dump streams, the store's space
-reclamation waits (releases are deferred, compaction pauses, ``replicating_store.py``)
-so that every body the dump names stays readable. The hub sees the server only as
-its :class:`HubPort`: the core, ``complete`` (the server's one completion path: an
-ack or a drop completes entries as a group commit does) and ``hold_input``.
+newest entries' frames up to ``ha_catchup_bytes`` (``ha status``: ``catchup``). The
+dump is taken when the state in memory is exactly the durable log: the hub stops
+reading clients until every entry in flight is complete (normally one group commit),
+describes the state (no body is read) and lets clients go on; bodies are then read
+and streamed while new entries queue behind the dump (``joining.py``). While any dump
+streams, the store's space reclamation waits (releases are deferred, compaction pauses,
+``replicating_store.py``) so that every body the dump names stays readable. The hub
+sees the server only as its :class:`HubPort`: the core, ``complete`` (an ack or a drop
+completes entries as a group commit does; nothing once the store closed), ``hold_input``.
 
 **Ready set.** A backup is *ready* once it has the dump and is within
 :data:`READY_LAG` entries of the newest: from then on entries wait for it. A
 ready backup that leaves an entry unacknowledged for ``backup_timeout`` seconds
 is dropped from the ready set (logged, and in ``ha status``) and catches up
 without being waited for; it is ready again once it is within the lag. Every
-change of a backup link's state is a rule of the table in
-``core/ha/backup_link.py``: the hub feeds it inputs and carries out the actions
-it names (writes, the ready set's recording, completions). A backup
-that cannot write an entry votes fail: it is dropped and its link closed; if
+change of a backup link's state is a rule of the table in ``core/ha/backup_link.py``:
+the hub feeds it inputs and carries out the actions it names. A backup that cannot
+write an entry votes fail: it is dropped and its link closed; if
 the entry was an ``XA_PREPARE`` the branch's prepare fails (XA_RBROLLBACK, the
 seed's "fail cancels"). A local transaction's commit is an ``XA_PREPARE`` too on a
 primary (``core/local_tx.py``, "Voted commit"), so it is voted the same way: a
@@ -180,9 +176,10 @@ class ReplicationHub:
         self.suffix: deque[tuple[int, bytes]] = deque()
         self.suffix_held = 0  #: bytes of the frames in the buffer
         #: what joins cost: dumps and suffixes sent, their entries and bytes
-        self.shipped = {"dumps": 0, "dump_entries": 0, "dump_bytes": 0,
-                        "suffixes": 0, "suffix_entries": 0, "suffix_bytes": 0}
+        self.shipped = dict.fromkeys(("dumps", "dump_entries", "dump_bytes", "suffixes",
+                                      "suffix_entries", "suffix_bytes"), 0)
         self.deferred: list[BodyRef] = []
+        self.closed = False  #: the store closed: acks read after that complete nothing
         self.waiting_quiet: list[asyncio.Future[None]] = []
         self._watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -429,6 +426,8 @@ class ReplicationHub:
                 if not data:
                     break
                 for message in codec.receive_data(data):
+                    if self.closed:  # read before close(): the broker's store is gone
+                        return
                     self._on_message(backup, message)
         except (ConnectionError, ProtocolError, TimeoutError, OSError) as exc:
             self.drop(backup, f"link lost: {exc}")
@@ -490,6 +489,7 @@ class ReplicationHub:
 
     def close(self) -> None:
         """Stop: every backup link closes."""
+        self.closed = True
         for backup in list(self.backups.values()):
             backup.writer.close()
         self.backups.clear()
