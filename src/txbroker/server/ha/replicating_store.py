@@ -15,6 +15,8 @@ in place (``ReplicationHub.wrap``).
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,10 @@ class ReplicatingStore:
     def __init__(self, store: Store, hub: ReplicationHub) -> None:
         self.store = store
         self.hub = hub
+        try:  #: the hub's loop: its links and tasks are closed there
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
 
     @property
     def repair_report(self) -> list[str]:
@@ -88,6 +94,30 @@ class ReplicatingStore:
         return self.store.stats()
 
     def close(self) -> None:
-        """Close the local store and the backups' links."""
-        self.hub.close()
+        """Close the backups' links, then the local store. ``BrokerServer.stop`` calls
+        this in an executor thread: the hub (transports, tasks) is closed on its loop,
+        waited for; acks read meanwhile complete nothing (``hub.closed``)."""
+        hub, loop = self.hub, self._loop
+        hub.closed = True
+        if loop is None or _on_loop(loop) or loop.is_closed():
+            hub.close()
+        else:
+            done = threading.Event()
+
+            def close_hub() -> None:
+                try:
+                    hub.close()
+                finally:
+                    done.set()
+
+            loop.call_soon_threadsafe(close_hub)
+            done.wait(5.0)
         self.store.close()
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Is this thread running ``loop``?"""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
