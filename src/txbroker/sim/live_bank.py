@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from txbroker.client.aio import AsyncConnection
 from txbroker.errors import TxBrokerError
@@ -312,6 +313,31 @@ async def bank_client(loop: SimLoop, world: World, bank: Bank, number: int,
     await conn.close()
 
 
+async def run_clients_killing_broker(loop: SimLoop, world: World, bank: Bank, disk: SimDisk,
+                                     broker: Any, facilities: Any, fault_end: float,
+                                     end: float) -> None:
+    """The bank scenarios' fault phase: the clients run while the broker is killed and
+    restarted on its disk until ``fault_end``; then each client must finish by ``end``."""
+    clients = [loop.spawn(f"127.0.2.{n + 1}", bank_client(loop, world, bank, n,
+                                                           fault_end))[1]
+               for n in range(CLIENTS)]
+    while True:
+        await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
+        if loop.time() >= fault_end:
+            break
+        loop.kill(broker)
+        disk.crash()
+        world.log(f"{loop.time():.6f} broker killed")
+        await asyncio.sleep(loop.random.uniform(*RESTART_S))
+        broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
+        world.log(f"{loop.time():.6f} broker started")
+    for client in clients:
+        try:
+            await asyncio.wait_for(client, max(0.0, end - loop.time()))
+        except Exception as exc:  # a client that died or never finished is a finding
+            bank.failures.append(f"a client did not finish: {exc!r}")
+
+
 def run_bank_live(world: World, plants: frozenset[str]) -> list[str]:
     """One seed of ``router-bank-live``; returns the violations."""
     loop = SimLoop(world.rng.getrandbits(63))
@@ -341,24 +367,8 @@ def run_bank_live(world: World, plants: frozenset[str]) -> list[str]:
         end = fault_end + HEAL_S
         for partition in ("A", "B"):
             loop.create_task(supervise_server(partition, fault_end))
-        clients = [loop.spawn(f"127.0.2.{n + 1}", bank_client(loop, world, bank, n,
-                                                               fault_end))[1]
-                   for n in range(CLIENTS)]
-        while True:
-            await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
-            if loop.time() >= fault_end:
-                break
-            loop.kill(broker)
-            disk.crash()
-            world.log(f"{loop.time():.6f} broker killed")
-            await asyncio.sleep(loop.random.uniform(*RESTART_S))
-            broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
-            world.log(f"{loop.time():.6f} broker started")
-        for client in clients:
-            try:
-                await asyncio.wait_for(client, max(0.0, end - loop.time()))
-            except Exception as exc:  # a client that died or never finished is a finding
-                bank.failures.append(f"a client did not finish: {exc!r}")
+        await run_clients_killing_broker(loop, world, bank, disk, broker, facilities,
+                                         fault_end, end)
         await asyncio.sleep(max(0.0, end - loop.time()))  # servers finish their outcomes
 
     with captured_logs(world, loop):

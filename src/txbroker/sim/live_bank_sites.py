@@ -44,17 +44,15 @@ from txbroker.sim.bank_scenario import (
 from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
 from txbroker.sim.live_bank import (
     BROKER,
-    CLIENTS,
-    MEAN_BROKER_KILL_GAP_S,
     MEAN_SERVER_DEATH_GAP_S,
     PORT,
     RESTART_S,
     ActiveServers,
     Bank,
     BankServer,
-    bank_client,
     bank_server,
     check_bank,
+    run_clients_killing_broker,
 )
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
@@ -208,24 +206,8 @@ def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
         for slot in slots:
             loop.create_task(supervise(slot, fault_end))
         loop.create_task(outages(fault_end))
-        clients = [loop.spawn(f"127.0.2.{n + 1}", bank_client(loop, world, bank, n,
-                                                               fault_end))[1]
-                   for n in range(CLIENTS)]
-        while True:
-            await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
-            if loop.time() >= fault_end:
-                break
-            loop.kill(broker)
-            disk.crash()
-            world.log(f"{loop.time():.6f} broker killed")
-            await asyncio.sleep(loop.random.uniform(*RESTART_S))
-            broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
-            world.log(f"{loop.time():.6f} broker started")
-        for client in clients:
-            try:
-                await asyncio.wait_for(client, max(0.0, end - loop.time()))
-            except Exception as exc:  # a client that died or never finished is a finding
-                bank.failures.append(f"a client did not finish: {exc!r}")
+        await run_clients_killing_broker(loop, world, bank, disk, broker, facilities,
+                                         fault_end, end)
         await asyncio.sleep(max(0.0, end - loop.time()))  # every site catches up
         down = [slot.name for slot in slots if slot.process is None]
         if down:
