@@ -101,6 +101,7 @@ EXPECTED_COPY: Expected = {
     ("following", "COPY_WHOLE"): ("following", ()),
     ("following", "ENTRY_DURABLE"): ("following", ("ACK",)),
     ("copying", "ENTRY_DURABLE"): ("copying", ()),  # an incomplete copy acks nothing
+    ("joining", "COPY_ON_DISK"): ("following", ()),  # a restart on a whole, positioned copy
 }
 
 #: A replicated broker's role: (role, input) -> (role after, actions).

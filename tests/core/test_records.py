@@ -28,6 +28,7 @@ from txbroker.core.records import (
     QueuePut,
     Relocate,
     RelocateMany,
+    ReplicaAt,
     SinkBranch,
     SinkCommit,
     Snapshot,
@@ -78,6 +79,7 @@ GOLDEN: list[tuple[Any, str]] = [
      "95a173039193a7313a61623a6364919207029091a7313a61623a6365cd01f4"),
     (RelocateMany([MSG, MSG9]),
      "929a07a171a36d2d3181a168a17604cd03e8000001039908a171c0c004cd03e8cd07d00000"),
+    (ReplicaAt("e1", 42), "92a265312a"),
 ]
 
 #: Shapes written before a field existed: (record, its old bytes).
@@ -94,6 +96,8 @@ HISTORICAL: list[tuple[Any, str]] = [
     (SinkCommit("s", 3, [SinkBranch(XID, [[7, 2]])], []),  # before discards and at_ms
      "94a173039192a7313a61623a63649192070290"),
     (Snapshot(1, {}, {}), "83a76e6578745f696401a671756575657380a46475707380"),  # no xa, sinks
+    (Snapshot(1, {}, {}, replica=ReplicaAt("e1", 42)),  # a backup's: where its copy stands
+     "84a76e6578745f696401a671756575657380a46475707380a77265706c69636192a265312a"),
 ]
 
 
@@ -175,6 +179,11 @@ MALFORMED: list[tuple[Kind, Any]] = [
     (Kind.SINK_COMMIT, ["s", "3", [], []]),
     (Kind.SINK_COMMIT, ["s", 3, [[XID]], []]),
     (Kind.SINK_COMMIT, ["s", 3, [], [5]]),
+    (Kind.REPLICA_AT, ["e1"]),
+    (Kind.REPLICA_AT, ["e1", -1]),  # an LSN is never negative
+    (Kind.REPLICA_AT, [1, 2]),
+    (Kind.REPLICA_AT, ["e1", 2, 3]),
+    (Kind.SNAPSHOT, {"next_id": 1, "queues": {}, "dups": {}, "replica": ["e1"]}),
 ]
 
 

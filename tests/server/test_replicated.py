@@ -359,9 +359,10 @@ def wait_acks(ledger: Ledger, more: int, g: Group, timeout: float = 30) -> None:
 
 @LINKS
 def test_backup_killed_and_restarted_under_load_catches_up(tmp_path: Path, link: str) -> None:
-    """kill -9 a backup under load and start it again: it copies the primary's state
-    (with 2000 stored messages), becomes ready, and is then a complete copy (promoted
-    alone, it holds every acknowledged send); the producers never wait for it."""
+    """kill -9 a backup under load and start it again: it resumes the copy on its disk
+    (2000 stored messages and what followed) with the entries it missed, becomes ready,
+    and is then a complete copy (promoted alone, it holds every acknowledged send); the
+    producers never wait for it."""
     timeout = 3.0
     ledger = Ledger()
     with group(tmp_path, 3, *link_args(tmp_path, link), backup_timeout=timeout) as g:
@@ -388,7 +389,9 @@ def test_backup_killed_and_restarted_under_load_catches_up(tmp_path: Path, link:
         assert report[c.address]["promotable"] is True
         following = c.status()["following"]
         assert following["state"] == "following" and following["ready"] is True
-        assert c.log_count("replication: copy of a is whole") == 2  # both starts
+        assert following["joined_by"] == "suffix"  # the second start: from its disk
+        assert c.log_count("replication: copy of a is whole") == 1  # the first start only
+        assert c.log_count("replication: kept the copy on disk") == 1
         worst = max(p0.max_latency(), p1.max_latency())
         assert worst < timeout, f"a producer waited {worst:.2f} s"
         # c alone must hold everything: lose a and b, promote c (alone of three it

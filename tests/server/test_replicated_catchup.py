@@ -129,15 +129,71 @@ def test_a_backup_that_missed_more_than_the_buffer_gets_a_dump(tmp_path: Path) -
         b_alone_holds_everything(g)
 
 
-def test_a_restarted_backup_process_gets_a_dump(tmp_path: Path) -> None:
-    """The copy is kept in the process only: a backup killed and started again copies
-    the state (not done yet: resuming from the copy on disk)."""
-    with pair_behind_a_proxy(tmp_path) as (g, _):
+def test_a_restarted_backup_process_resumes_from_its_disk(tmp_path: Path) -> None:
+    """The copy outlives the process: b, killed (-9) while a stores, and started again,
+    recovers its own store, whose log says which LSN it holds (``REPLICA_AT``), and gets
+    only the entries after it — those it held durable are not sent again, those a kill
+    may have left unsynced are."""
+    with pair_behind_a_proxy(tmp_path) as (g, proxy):
+        a, b = g.nodes
+        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
+            for k in range(STORED // 100):
+                with conn.transaction() as tx:
+                    for i in range(100):
+                        tx.send("bulk", BODY, message_id=f"bulk-{k}-{i}")
+        at_kill = replication(a)["lsn"]
+        wait_for(lambda: b.status()["following"]["durable_lsn"] == at_kill, 15,
+                 "b to hold every entry durable", g.describe)
+        proxy.blocked.set()  # b, restarted, cannot rejoin while a takes more sends
+        g.kill9(b)
+        proxy.sever()  # the proxy's side of b's link goes with b
+        wait_for(lambda: not replication(a)["backups"], 15, "a to drop b", g.describe)
+        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
+            for i in range(MISSED):
+                conn.send("missed", BODY, message_id=f"missed-{i}")
+        after = replication(a)["lsn"]
+        g.spawn(b)
+        proxy.blocked.clear()
+        g.wait_ready_backups(1, primary=a)
+        catchup = replication(a)["catchup"]
+        assert (catchup["dumps"], catchup["suffixes"]) == (1, 1)  # b's first join only
+        assert catchup["suffix_entries"] == after - at_kill  # exactly the entries missed
+        assert MISSED * len(BODY) <= catchup["suffix_bytes"] < 2 * MISSED * len(BODY)
+        following = b.status()["following"]
+        assert following["joined_by"] == "suffix" and following["applied_lsn"] == after
+        assert b.log_has(f"kept the copy on disk (epoch {following['epoch']}, LSN {at_kill})")
+        assert b.log_count("replication: following a from its dump") == 1  # the first join
+        b_alone_holds_everything(g)
+
+
+def test_a_restarted_backup_whose_primary_moved_on_gets_a_dump(tmp_path: Path) -> None:
+    """A buffer of 4 KiB cannot hold 20 sends of 1 KiB: b restarted on its copy asks to
+    resume, and the answer is a dump that replaces the copy on its disk."""
+    with pair_behind_a_proxy(tmp_path, "--ha-catchup-bytes", "4096") as (g, proxy):
         a, b = g.nodes
         with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
             conn.send("q", BODY)
+        at_kill = replication(a)["lsn"]
+        wait_for(lambda: b.status()["following"]["durable_lsn"] == at_kill, 15,
+                 "b to hold every entry durable", g.describe)
+        proxy.blocked.set()
         g.kill9(b)
-        g.restart(b)
+        proxy.sever()  # the proxy's side of b's link goes with b
+        wait_for(lambda: not replication(a)["backups"], 15, "a to drop b", g.describe)
+        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
+            for i in range(MISSED):
+                conn.send("missed", BODY, message_id=f"missed-{i}")
+        g.spawn(b)
+        proxy.blocked.clear()
         g.wait_ready_backups(1, primary=a)
         catchup = replication(a)["catchup"]
         assert (catchup["dumps"], catchup["suffixes"]) == (2, 0)
+        assert b.log_has("kept the copy on disk")
+        assert b.status()["following"]["joined_by"] == "dump"
+        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
+            conn.send("q", BODY)
+        g.kill9(a)
+        g.promote(b)
+        with txbroker.connect(b.url, timeout=15) as conn:
+            assert conn.queue_info("q")["depth"] == 2
+            assert conn.queue_info("missed")["depth"] == MISSED

@@ -69,12 +69,13 @@ def test_a_careful_operator_keeps_every_answered_send(seed: int) -> None:
 def test_a_cut_off_backup_is_refused_until_a_majority_answers() -> None:
     """A node left alone is refused (it cannot hear a majority: seed 30085, one of the
     seeds that lost answered sends before), a node the newest ready set leaves out is
-    refused (seed 30002), and both runs keep every answered send. (Seed 30041 showed
-    both until promises changed its timing.)"""
+    refused (seed 30009), and both runs keep every answered send. (Seeds 30041 and then
+    30002 showed it until promises, and then backups resuming from their disks, changed
+    their timing.)"""
     alone = run_seed("replicated-live", 30085)
     assert alone.violations == []
     assert "cannot be promoted: only 1 of the 3 nodes answered" in "\n".join(alone.trace)
-    left_out = run_seed("replicated-live", 30002)
+    left_out = run_seed("replicated-live", 30009)
     assert left_out.violations == []
     assert "cannot be promoted: the newest ready set (term" in "\n".join(left_out.trace)
 

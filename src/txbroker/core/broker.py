@@ -50,7 +50,7 @@ from txbroker.core.messages import Message, MessageIndex
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.queues import Queue
-from txbroker.core.records import StoredEntry
+from txbroker.core.records import ReplicaAt, StoredEntry
 from txbroker.core.replay import BodySize, Replay
 from txbroker.core.router.commands import RouterCommand
 from txbroker.core.router.engine import Router
@@ -453,6 +453,11 @@ class Broker:
     def replay(self, entry: StoredEntry) -> None:
         """Apply one stored entry (log order) to the recovering state."""
         self.replay_part.replay(entry)
+
+    @property
+    def replica_at(self) -> ReplicaAt | None:
+        """A replicated backup's log: where its copy stands (``REPLICA_AT``; None: unknown)."""
+        return self.replay_part.replica
 
     def replay_backlog(self) -> int:
         """Replayed messages :meth:`finish_recovery` would walk one by one."""

@@ -83,6 +83,9 @@ class Replay:
         self._unsorted = False
         #: messages settled ahead of :meth:`finish` (``core/replay_settled.py``)
         self.settled = Settled()
+        #: a replicated backup's log: the primary's epoch and LSN of the last entry
+        #: replayed (``REPLICA_AT``; every other entry but a snapshot counts one LSN)
+        self.replica: records.ReplicaAt | None = None
 
     # ------------------------------------------------------------------ snapshot
     def snapshot(self) -> tuple[int, bytes]:
@@ -100,7 +103,7 @@ class Replay:
                 dups[queue.name] = queue.durable_dups()
         snapshot = Snapshot(index.next_id, defs, dups,
                             xa_snapshot(self) if self.xa.branches else None,
-                            dict(self.sinks.sinks) if self.sinks.sinks else None)
+                            dict(self.sinks.sinks) if self.sinks.sinks else None, self.replica)
         return snapshot.kind, snapshot.encode()
 
     # ------------------------------------------------------------------ replay
@@ -111,6 +114,10 @@ class Replay:
         except (ValueError, TypeError, KeyError, IndexError) as exc:  # (MalformedRecord too)
             raise CorruptStore("<entry>", 0, f"undecodable record of kind {entry.kind}: {exc}") \
                 from exc
+        replica = self.replica
+        if replica is not None and entry.kind != Kind.SNAPSHOT \
+                and entry.kind != Kind.REPLICA_AT:  # the primary's next entry
+            self.replica = records.ReplicaAt(replica.epoch, replica.lsn + 1)
 
     def _replay(self, kind: int, meta: Any, refs: tuple[int, ...]) -> None:
         """Decode ``meta`` as its kind's record (``core/records``) and apply it."""
@@ -155,12 +162,16 @@ class Replay:
         elif kind == Kind.SNAPSHOT:
             snapshot = Snapshot.from_value(meta)
             self._snapshot(snapshot)
+            self.replica = snapshot.replica
             if snapshot.xa is not None:
                 xa_snapshot_entries(self, snapshot.xa)
         elif Kind.XA_PREPARE <= kind <= Kind.XA_FORGET:
             replay_xa(self, kind, meta, refs)
         elif kind == Kind.SINK_COMMIT:
             replay_sink(self, records.SinkCommit.from_value(meta))
+        elif kind == Kind.REPLICA_AT:
+            at = records.ReplicaAt.from_value(meta)
+            self.replica = at if at.epoch else None
         else:
             raise records.MalformedRecord(f"unknown record kind {kind}")
 

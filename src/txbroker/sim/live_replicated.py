@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from txbroker.core.ha.follower import CopyState
 from txbroker.core.ha.replicated_role import NodeRole
+from txbroker.core.records import Kind, ReplicaAt
 from txbroker.errors import TxBrokerError
 from txbroker.server.app import BrokerServer
 from txbroker.server.ha.replicated import ReplicatedNode
@@ -290,7 +291,9 @@ async def _settle(trio: Trio) -> str | None:
 
 
 def _check_prefixes(trio: Trio) -> list[str]:
-    """Every backup's streamed entries are the primary's entries of the same LSNs."""
+    """Every backup's streamed entries are the primary's entries of the same LSNs, and its
+    log counts them so (``REPLICA_AT``, ``server/ha/replica.py``): a restart resumes
+    from the LSN its disk holds."""
     primary = next(n for n in trio.nodes if n.node is not None
                    and n.node.role is NodeRole.PRIMARY)
     assert primary.node is not None and primary.node.hub is not None
@@ -302,18 +305,30 @@ def _check_prefixes(trio: Trio) -> list[str]:
         follower = node.node.follower if node.node is not None else None
         if node is primary or follower is None:
             continue
-        theirs = node.disk.state
-        for lsn in range(follower.at + 1, follower.durable_lsn + 1):
-            index = follower.dump_entries + lsn - follower.at - 1
-            if index >= len(theirs.entries) or base + lsn - 1 >= len(ours.entries):
-                violations.append(f"node {node.index}: LSN {lsn} is not on a disk")
+        theirs, at, problem = node.disk.state, None, None
+        for copy in theirs.entries:
+            if copy.kind == Kind.REPLICA_AT:
+                at = ReplicaAt.decode(copy.meta)
+                at = at if at.epoch else None
+                continue
+            if at is None or copy.kind == Kind.SNAPSHOT:
+                continue  # the dump's entries
+            lsn = at.lsn + 1
+            at = ReplicaAt(at.epoch, lsn)
+            if at.epoch != hub.epoch or base + lsn - 1 >= len(ours.entries):
+                problem = f"its log counts LSN {lsn} of epoch {at.epoch}, past the primary's"
                 break
-            mine, copy = ours.entries[base + lsn - 1], theirs.entries[index]
+            mine = ours.entries[base + lsn - 1]
             if (mine.kind, mine.meta, [ours.sizes[r] for r in mine.refs]) != \
                     (copy.kind, copy.meta, [theirs.sizes[r] for r in copy.refs]):
-                violations.append(f"node {node.index}: its entry of LSN {lsn} is not the "
-                                  f"primary's (kind {copy.kind} vs {mine.kind})")
+                problem = f"its entry of LSN {lsn} is not the primary's (kind {copy.kind} " \
+                          f"vs {mine.kind})"
                 break
+        if problem is None and (at is None or at.lsn < follower.durable_lsn):
+            problem = (f"its log counts to {at.lsn if at else None}, not to the LSN "
+                       f"{follower.durable_lsn} it holds durable")
+        if problem is not None:
+            violations.append(f"node {node.index}: {problem}")
     return violations
 
 

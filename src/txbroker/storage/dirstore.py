@@ -327,7 +327,7 @@ class DirStore:
         if cached is not None:
             self._cache_bytes -= len(cached)
 
-    def maintain(self) -> Relocation | None:
+    def maintain(self, relocate: bool = True) -> Relocation | None:
         """Save the duplicate-id windows if deletes changed them; never relocates.
 
         (Space needs no upkeep here: committing a delete removes the file.)

@@ -206,8 +206,10 @@ class Store(Protocol):
         """The body is dead: its space may be reclaimed."""
         ...
 
-    def maintain(self) -> Relocation | None:
-        """Delete fully dead oldest segments; maybe ask to relocate live bodies."""
+    def maintain(self, relocate: bool = True) -> Relocation | None:
+        """Delete fully dead oldest segments; maybe ask to relocate live bodies (never
+        when ``relocate`` is False: a replicated backup, whose copies the primary's
+        own relocations move)."""
         ...
 
     def stats(self) -> StoreStats:

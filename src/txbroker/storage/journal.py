@@ -132,6 +132,8 @@ class JournalStore:
     context manager.
     """
 
+    keeps_log = True  #: recovery yields every entry appended, in order (but dead segments')
+
     def __init__(
         self,
         directory: str | Path,
@@ -149,9 +151,8 @@ class JournalStore:
         if sync not in SyncMode.ALL:
             raise ValueError(f"unknown sync mode {sync!r}; expected one of {SyncMode.ALL}")
         if not MIN_SEGMENT_SIZE <= segment_size <= MAX_SEGMENT_SIZE:
-            raise ValueError(
-                f"segment_size {segment_size} outside {MIN_SEGMENT_SIZE}..{MAX_SEGMENT_SIZE}"
-            )
+            raise ValueError(f"segment_size {segment_size} outside {MIN_SEGMENT_SIZE}.."
+                             f"{MAX_SEGMENT_SIZE}")
         if body_cache_bytes < 0:
             raise ValueError("body_cache_bytes must be >= 0")
         self.directory = Path(directory)
@@ -162,11 +163,9 @@ class JournalStore:
         #: write a recovery index for each sealed segment and read it at recovery
         #: instead of the segment (journal_format.py): restarts skip the bodies
         self.recovery_index = recovery_index
-        #: What recovery dropped: torn tails it cut, and (with ``repair``) damaged
-        #: regions it skipped, one line each naming file, offsets and bytes.
+        #: what recovery dropped: torn tails cut, damaged regions skipped (``repair``)
         self.repair_report: list[str] = []
-        #: The writer thread (None until recovery is done). Fault injection:
-        #: ``store.writer.sync_file = failing_function``.
+        #: The writer thread (None until recovery); faults: ``writer.sync_file = failing``
         self.writer: GroupCommitWriter | None = None
         self._dispatch = dispatch
         self._snapshot_provider = snapshot_provider
@@ -425,7 +424,7 @@ class JournalStore:
         if self._space.release(ref):
             self._bodies.forget(ref)
 
-    def maintain(self) -> Relocation | None:
+    def maintain(self, relocate: bool = True) -> Relocation | None:
         """Delete dead segments from the oldest end; maybe offer the oldest for relocation."""
         if self._state is not _State.OPEN or self._queue.failure is not None:
             return None
@@ -434,7 +433,8 @@ class JournalStore:
         if self._snapshot_due:  # before an older segment, and the metadata in it, can go
             self._roll_now()
         self._space.delete_dead(self._head)
-        relocation = self._space.offer_relocation(self._head, self.writer.current_segment)
+        relocation = self._space.offer_relocation(self._head, self.writer.current_segment) \
+            if relocate else None
         if relocation is not None:
             self.crash_points.passed("relocation_offered")
         return relocation

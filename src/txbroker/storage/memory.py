@@ -69,8 +69,11 @@ class MemoryStore:
 
     ``MemoryStore()`` starts empty; ``MemoryStore(state)`` opens an existing
     :class:`MemoryState` (a restart). ``snapshot_provider`` and ``repair``
-    are accepted for signature compatibility and unused.
+    are accepted for signature compatibility and unused. Recovery yields every
+    entry appended, in order (``keeps_log``).
     """
+
+    keeps_log = True
 
     def __init__(
         self,
@@ -166,7 +169,7 @@ class MemoryStore:
         if self._live.pop(ref, None) is not None:
             self._dead.append(ref)
 
-    def maintain(self) -> Relocation | None:
+    def maintain(self, relocate: bool = True) -> Relocation | None:
         """Drop dead bodies. Memory never asks for relocation."""
         for ref in self._dead:
             self.state.bodies.pop(ref, None)

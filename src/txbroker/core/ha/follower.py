@@ -10,6 +10,8 @@ the copy is whole (the marker goes) and it is **following**: it acknowledges eve
 entry durable here. A kept whole copy that joins again may be resumed (an
 ``incremental`` welcome): it stays following and acknowledges at once. The link
 breaking ends the follower's run, not its state: a following copy is kept to resume.
+A node restarted on a whole copy whose log says where it stands (``REPLICA_AT``) is
+following too, from its own disk, and joins to resume it.
 
 :data:`COPY_RULES` is the whole machine, :func:`copy_next` looks a pair up and
 refuses a missing one (:class:`~txbroker.core.ha.IllegalTransition`).
@@ -40,6 +42,7 @@ class CopyInput(Enum):
     WELCOME_SUFFIX = "welcome resuming the kept copy (incremental)"
     COPY_WHOLE = "dumped, and every dump entry durable"
     ENTRY_DURABLE = "a streamed entry is durable here"
+    COPY_ON_DISK = "a whole copy recovered from this node's disk, its position known"
 
 
 class CopyAction(Enum):
@@ -72,6 +75,9 @@ COPY_RULES: Final[dict[tuple[CopyState, CopyInput], tuple[CopyState, tuple[CopyA
     # nothing (the primary must not count an incomplete copy).
     (S.FOLLOWING, E.ENTRY_DURABLE): (S.FOLLOWING, (A.ACK,)),
     (S.COPYING, E.ENTRY_DURABLE): (S.COPYING, ()),
+    # Rule 6: a restarted node keeps the whole copy on its disk when its log says which
+    # LSN it holds: following, to be resumed (nothing to acknowledge before a link).
+    (S.JOINING, E.COPY_ON_DISK): (S.FOLLOWING, ()),
 }
 
 

@@ -52,6 +52,10 @@ kind  name            meta                                                bodies
 17    RELOCATE_MANY   ``[msg…]`` — fresh copies of many live messages       n
                       written by compaction in one entry (bodies in
                       ``msg`` order); each replayed like RELOCATE
+18    REPLICA_AT      ``[epoch, lsn]`` — only in a replicated backup's     0
+                      own log: every later entry is the primary's entry
+                      of the next LSN (``epoch`` "": none from here); a
+                      backup's SNAPSHOT carries the same as ``"replica"``
 ====  ==============  ==================================================  ======
 
 Times and seqs (added with offset reading; replay accepts records without
@@ -95,7 +99,7 @@ contain the change a later record repeats).
 The vocabulary
 --------------
 One class per kind (:data:`RECORD_CLASSES`): ``metadata.py`` (SNAPSHOT,
-QUEUE_PUT, QUEUE_DELETE), ``message_records.py`` (ADD, TX, ACK, DROP, MOVE,
+QUEUE_PUT, QUEUE_DELETE, REPLICA_AT), ``message_records.py`` (ADD, TX, ACK, DROP, MOVE,
 UPDATE, RELOCATE, RELOCATE_MANY) and ``xa_records.py`` (XA_*, SINK_COMMIT).
 Every writer builds one and appends ``record.encode()`` under ``record.kind``
 (``Outbox.write`` takes the record; the router journal too); every reader decodes with
@@ -141,7 +145,13 @@ from txbroker.core.records.message_records import (
     Tx,
     Update,
 )
-from txbroker.core.records.metadata import QueueDelete, QueuePut, Snapshot, SnapshotBranch
+from txbroker.core.records.metadata import (
+    QueueDelete,
+    QueuePut,
+    ReplicaAt,
+    Snapshot,
+    SnapshotBranch,
+)
 from txbroker.core.records.xa_records import (
     SinkBranch,
     SinkCommit,
@@ -174,6 +184,7 @@ RECORD_CLASSES: Final[dict[int, Any]] = {
     int(Kind.XA_COMMIT): XaCommit, int(Kind.XA_ROLLBACK): XaRollback,
     int(Kind.XA_HEURISTIC): XaHeuristic, int(Kind.XA_FORGET): XaForget,
     int(Kind.SINK_COMMIT): SinkCommit, int(Kind.RELOCATE_MANY): RelocateMany,
+    int(Kind.REPLICA_AT): ReplicaAt,
 }
 
 
@@ -200,7 +211,7 @@ __all__ = ["MSG_DELIVERY_COUNT", "MSG_DELIVER_AT", "MSG_EXPIRES", "MSG_FIELDS",
            "MSG_FIELDS_MAX", "MSG_HEADERS", "MSG_ID", "MSG_MESSAGE_ID", "MSG_PRIORITY",
            "MSG_QUEUE", "MSG_SEQ", "MSG_TIMESTAMP", "RECORD_CLASSES", "Ack", "Add",
            "BodyRef", "Drop", "Kind", "MalformedRecord", "Move", "QueueDelete", "QueuePut",
-           "Record", "Relocate", "RelocateMany", "SinkBranch", "SinkCommit", "Snapshot",
-           "SnapshotBranch", "StoredEntry", "Tx", "Update", "XaCommit", "XaForget",
+           "Record", "Relocate", "RelocateMany", "ReplicaAt", "SinkBranch", "SinkCommit",
+           "Snapshot", "SnapshotBranch", "StoredEntry", "Tx", "Update", "XaCommit", "XaForget",
            "XaHeuristic", "XaPrepare", "XaRollback", "check_msg", "decode", "entry",
            "from_value", "pack", "unpack", "unpack_meta"]

@@ -50,6 +50,7 @@ class Kind(IntEnum):
     XA_FORGET = 15
     SINK_COMMIT = 16
     RELOCATE_MANY = 17
+    REPLICA_AT = 18
 
 
 #: Positions in the ``msg`` tuple.

@@ -1,4 +1,5 @@
-"""The metadata records: SNAPSHOT (1), QUEUE_PUT (2) and QUEUE_DELETE (3).
+"""The metadata records: SNAPSHOT (1), QUEUE_PUT (2), QUEUE_DELETE (3) and a backup's
+REPLICA_AT (18).
 
 Theory of operation
 -------------------
@@ -33,6 +34,7 @@ from txbroker.core.records.common import (
 _SNAPSHOT: Final = int(Kind.SNAPSHOT)
 _QUEUE_PUT: Final = int(Kind.QUEUE_PUT)
 _QUEUE_DELETE: Final = int(Kind.QUEUE_DELETE)
+_REPLICA_AT: Final = int(Kind.REPLICA_AT)
 
 #: Fields of one branch of a SNAPSHOT's ``"xa"`` map.
 SNAPSHOT_BRANCH_FIELDS = 6
@@ -86,6 +88,9 @@ class Snapshot:
     #: Durable XA branches no body keeps (None: the key is absent)
     xa: dict[str, SnapshotBranch] | None = None
     sinks: dict[str, int] | None = None  #: sink -> last batch id (None: absent)
+    #: A backup's log: the primary's epoch and the LSN of the last entry before this
+    #: snapshot (:class:`ReplicaAt`; None: the key is absent)
+    replica: ReplicaAt | None = None
 
     def to_value(self) -> dict[str, Any]:
         """The meta value (keys in the order they have always been written)."""
@@ -95,6 +100,8 @@ class Snapshot:
             meta["xa"] = {xid: branch.to_value() for xid, branch in self.xa.items()}
         if self.sinks is not None:
             meta["sinks"] = self.sinks
+        if self.replica is not None:
+            meta["replica"] = self.replica.to_value()
         return meta
 
     def encode(self) -> bytes:
@@ -124,10 +131,11 @@ class Snapshot:
             for sink, last in sinks.items():
                 check_str(sink, name, "a sink id")
                 check_int(last, name, "a sink's last batch")
-        unknown = set(meta) - {"next_id", "queues", "dups", "xa", "sinks"}
+        replica = ReplicaAt.from_value(meta["replica"]) if "replica" in meta else None
+        unknown = set(meta) - {"next_id", "queues", "dups", "xa", "sinks", "replica"}
         if unknown:
             malformed(name, f"unknown keys {sorted(map(str, unknown))}")
-        return cls(next_id, queues, dups, xa, sinks)
+        return cls(next_id, queues, dups, xa, sinks, replica)
 
     @classmethod
     def decode(cls, meta: bytes) -> Snapshot:
@@ -187,4 +195,43 @@ class QueueDelete:
         return cls.from_value(unpack_meta(meta, "QUEUE_DELETE"))
 
 
-__all__ = ["SNAPSHOT_BRANCH_FIELDS", "QueueDelete", "QueuePut", "Snapshot", "SnapshotBranch"]
+@dataclass(slots=True)
+class ReplicaAt:
+    """REPLICA_AT: in a backup's own log, where its copy of the primary stands — every
+    entry after this one is the primary's entry of the next LSN, in order
+    (``server/ha/replica.py``, "Resuming from the disk"). An empty ``epoch`` says that
+    no position holds from here (the node was promoted: its entries are its own)."""
+
+    @property
+    def kind(self) -> int:
+        """The record kind, ``Kind.REPLICA_AT``."""
+        return _REPLICA_AT
+
+    epoch: str  #: the primary's epoch ("" : none)
+    lsn: int  #: the LSN of the primary's entry just before the next one in this log
+
+    def to_value(self) -> list[Any]:
+        """``[epoch, lsn]``."""
+        return [self.epoch, self.lsn]
+
+    def encode(self) -> bytes:
+        """The meta bytes."""
+        return pack(self.to_value())
+
+    @classmethod
+    def from_value(cls, value: Any) -> ReplicaAt:
+        """Decode an unpacked meta value."""
+        epoch, lsn = check_fields(value, "REPLICA_AT", 2, 2)
+        lsn = check_int(lsn, "REPLICA_AT", "lsn")
+        if lsn < 0:
+            malformed("REPLICA_AT", "a negative LSN")
+        return cls(check_str(epoch, "REPLICA_AT", "epoch"), lsn)
+
+    @classmethod
+    def decode(cls, meta: bytes) -> ReplicaAt:
+        """Decode meta bytes."""
+        return cls.from_value(unpack_meta(meta, "REPLICA_AT"))
+
+
+__all__ = ["SNAPSHOT_BRANCH_FIELDS", "QueueDelete", "QueuePut", "ReplicaAt", "Snapshot",
+           "SnapshotBranch"]

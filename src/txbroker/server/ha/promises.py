@@ -4,7 +4,7 @@
 The file :data:`PROMISE_FILE` holds the newest term this node promised and to whom
 (Raft's current term and vote). It is written and synced *before* the promise is
 answered, raised whenever the node takes a record of a newer term, and kept when a
-backup's copy is replaced (``replica.wipe``): a node that forgot its promise after a
+backup's copy is replaced (``replica_files.wipe``): a node that forgot its promise after a
 crash could take the old primary's records again.
 """
 

@@ -31,7 +31,7 @@ from txbroker.core.ha.promotion import (
 from txbroker.errors import IllegalState
 from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.promises import read_promise, withdraw_promise, write_promise
-from txbroker.server.ha.replica import read_record
+from txbroker.server.ha.replica_files import read_record
 from txbroker.server.ha.standings import gather_promises, gather_standings
 
 if TYPE_CHECKING:

@@ -26,17 +26,26 @@ still holds every later entry sends just those (an ``incremental`` welcome, no
 wipe, no dump — issue 29's incremental catch-up); any other answer is a dump, and
 the kept copy is closed and replaced as above. Entries must arrive in LSN order
 without a gap: anything else is a protocol error (the link is dropped, the copy
-too). The copy's states (joining, copying, following) change only by the rules of
+too).
+
+**Resuming from the disk.** A node restarted on a whole copy (no marker, a backup's
+standing) replays its own store and, when the log says which LSN it holds, joins to
+resume it like a kept copy. The log says so by counting: a ``REPLICA_AT`` record (the
+epoch, an LSN) after the dump, or whenever the count would not reach the next entry;
+every later entry but a snapshot is the next LSN; a segment's snapshot carries the
+count (dead segments may go). Replay counts alike (``core/replay.py``): a kill's lost
+tail is just sent again. Only the journal keeps its log in order (not the dir store);
+a promoted node ends the count (``end_position``). A backup drops dead segments as a
+primary does; the primary's relocations reach it as entries.
+
+The copy's states (joining, copying, following) change only by the rules of
 ``core/ha/follower.py``; the named fault points tests arm are ``faults.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final
@@ -44,19 +53,22 @@ from typing import Final
 from txbroker.core.effects import Release
 from txbroker.core.ha.follower import CopyAction, CopyInput, CopyState, copy_next
 from txbroker.core.ha.promotion import ReadyRecord, Standing, record_refusal
-from txbroker.core.records import StoredEntry
-from txbroker.errors import ProtocolError, StorageFailed, TxBrokerError
+from txbroker.core.records import ReplicaAt, StoredEntry
+from txbroker.errors import CorruptStore, ProtocolError, StorageFailed, StoreError, TxBrokerError
 from txbroker.protocol import replication as link
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.faults import FAULTS, ReplicaFaults, is_local_commit
 from txbroker.server.ha.link import LinkSecurity
-from txbroker.server.ha.promises import (
-    PROMISE_FILE,
-    raise_promise,
-    read_promise,
-    write_json_synced,
+from txbroker.server.ha.promises import raise_promise, read_promise
+from txbroker.server.ha.replica_files import (
+    incomplete,
+    read_record,
+    read_standing,
+    unmark,
+    wipe,
+    write_standing,
 )
 from txbroker.storage.store_lock import StoreLock
 
@@ -65,21 +77,11 @@ LOCK_LINE: Final = "replicated broker, HA {node}"
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["INCOMPLETE", "LOCK_LINE", "STATE_FILE", "Follower", "PrimaryRefused", "ServerFactory",
-           "forget_standing", "incomplete", "new_server", "read_record", "read_standing",
-           "wipe", "write_record", "write_standing"]
+__all__ = ["LOCK_LINE", "Follower", "PrimaryRefused", "ServerFactory", "end_position",
+           "new_server"]
 
-#: The marker of a data directory whose copy of the primary is not whole.
-INCOMPLETE: Final = "REPLICA_INCOMPLETE"
 #: The primary's heartbeat period on every link (s; ``server/ha/replication.py``).
 HEARTBEAT_INTERVAL: Final = 0.25
-#: What the backup last knew of its standing: ``{"ready": bool, "primary": name,
-#: "record": {...}}``, synced whenever it changes, so that a whole-group restart still
-#: knows whether this copy had every acknowledged entry; ``record`` is the newest
-#: ready-set record it holds (``core/ha/promotion.py``; a primary's directory holds
-#: only its own record).
-STATE_FILE: Final = "REPLICA_STATE"
-
 #: Makes the broker a node runs on its data directory, under the store's lock (held).
 ServerFactory = Callable[[ServerConfig, StoreLock | None], BrokerServer]
 
@@ -97,101 +99,6 @@ class PrimaryRefused(TxBrokerError):
     def __init__(self, message: str, standing: Standing | None = None) -> None:
         super().__init__(message)
         self.standing = standing
-
-
-def incomplete(data: Path) -> bool:
-    """Does ``data`` hold a copy that was cut off before it was whole?"""
-    return (data / INCOMPLETE).exists()
-
-
-def wipe(data: Path, keep: Path) -> None:
-    """Mark ``data`` incomplete (durably), then delete all of it but ``keep`` (the
-    store's lock, held), the marker and the node's promise (``promises.py``)."""
-    data.mkdir(parents=True, exist_ok=True)
-    marker = data / INCOMPLETE
-    with open(marker, "wb") as handle:
-        handle.write(b"a backup's copy of its primary is being replaced\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    fd = os.open(data, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    keep = keep.resolve()
-    for path in sorted(data.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        resolved = path.resolve()
-        if resolved in (keep, marker.resolve(), (data / PROMISE_FILE).resolve()) \
-                or resolved in keep.parents:
-            continue
-        if path.is_dir() and not path.is_symlink():
-            if not any(path.iterdir()):
-                path.rmdir()
-        else:
-            path.unlink()
-    for child in data.iterdir():  # directories left with only the lock's ancestors
-        if child.is_dir() and child.resolve() not in keep.parents:
-            shutil.rmtree(child)
-
-
-def read_standing(data: Path) -> bool | None:
-    """Whether this directory's copy was ready when last written (None: no record, e.g.
-    a primary's directory or a fresh one)."""
-    try:
-        standing = json.loads((data / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(standing, dict) or "ready" not in standing:
-        return None  # none, or a primary's own record (write_record)
-    return bool(standing["ready"])
-
-
-def read_record(data: Path) -> ReadyRecord | None:
-    """The newest ready-set record this directory holds (None: none)."""
-    try:
-        standing = json.loads((data / STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return ReadyRecord.from_wire(standing.get("record")) if isinstance(standing, dict) \
-        else None
-
-
-def write_standing(data: Path, ready: bool, primary: str,
-                   record: ReadyRecord | None = None) -> None:
-    """Record (synced) whether the primary counts this copy as ready, and the newest
-    ready-set record this node holds."""
-    state: dict[str, object] = {"ready": ready, "primary": primary}
-    if record is not None:
-        state["record"] = record.to_wire()
-    _write_state(data, state)
-
-
-def write_record(data: Path, record: ReadyRecord) -> None:
-    """A primary's own directory: its newest ready-set record (synced), no standing."""
-    _write_state(data, {"record": record.to_wire()})
-
-
-def _write_state(data: Path, state: dict[str, object]) -> None:
-    write_json_synced(data, STATE_FILE, state)
-
-
-def forget_standing(data: Path) -> None:
-    """This directory is a primary's now: its copy is the authority."""
-    (data / STATE_FILE).unlink(missing_ok=True)
-    _sync_dir(data)
-
-
-def _sync_dir(data: Path) -> None:
-    fd = os.open(data, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unmark(data: Path) -> None:
-    (data / INCOMPLETE).unlink(missing_ok=True)
-    _sync_dir(data)
 
 
 class Follower:
@@ -243,6 +150,7 @@ class Follower:
         self._writer: asyncio.StreamWriter | None = None
         self._ack_scheduled = False
         self.failed: str | None = None
+        self._maintain_at = 0.0  #: when the store next drops dead segments (loop clock)
 
     def status(self) -> dict[str, object]:
         """The follower's part of ``ha status``."""
@@ -251,6 +159,37 @@ class Follower:
                 "durable_lsn": self.durable_lsn, "applied_lsn": self.applied_lsn,
                 "received": self.received, "connected": self.connected,
                 "joined_by": self.joined_by, "resumes": self.resumes, "epoch": self.epoch}
+
+    def resume_disk_copy(self) -> bool:
+        """At the node's start: keep the whole copy on this node's disk when its log says
+        which LSN it holds (module docstring, "Resuming from the disk"); False: there is
+        none to keep (the next welcome brings a dump)."""
+        data = self.config.data
+        if not self.config.ha_catchup_bytes or self.config.store == "dir" \
+                or incomplete(data) or read_standing(data) is None:
+            return False
+        server = self._make_server(self.config, self.lock)
+        try:
+            server.open_store()
+        except (CorruptStore, StoreError, OSError) as exc:  # the dump will replace it
+            log.warning("replication: the copy on disk cannot be kept: %s", exc)
+            if not self.lock.held:
+                self._take_lock()
+            return False
+        at = server.broker.replica_at
+        if at is None or not getattr(server.store, "keeps_log", False):
+            self.server = server
+            self.close_store()
+            self._take_lock()
+            return False
+        self._release(server)
+        self.server = server
+        self._step(CopyInput.COPY_ON_DISK)
+        self.epoch, self.at, self.applied_lsn, self.durable_lsn = at.epoch, at.lsn, at.lsn, at.lsn
+        self.joined_by, self.ready = "disk", read_standing(data) is True
+        log.info("replication: kept the copy on disk (epoch %s, LSN %d) to resume", at.epoch,
+                 at.lsn)
+        return True
 
     def resumable(self) -> bool:
         """A whole copy whose link ended: it may ask the next primary for the suffix."""
@@ -298,6 +237,7 @@ class Follower:
                 await writer.drain()
                 if self.failed is not None:
                     return
+                self._maintain()
         finally:
             writer.close()
             self._writer = None
@@ -323,6 +263,7 @@ class Follower:
                 self._apply(int(lsn), int(kind), bytes(meta), [bytes(b) for b in bodies])
         elif message.type == "dumped":
             self.dumped = True
+            self._position(self.applied_lsn)
             self._maybe_whole()
         elif message.type == "state":
             ready = bool(body.get("ready"))
@@ -368,11 +309,7 @@ class Follower:
         self._step(CopyInput.WELCOME_DUMP)  # REPLACE_COPY: below
         if self.server is not None:  # a kept copy this primary cannot resume
             self.close_store()
-            lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
-            if lock is None:
-                raise StorageFailed(f"the data directory {self.config.data} was taken by "
-                                    "another process while this backup changed copies")
-            self.lock = lock
+            self._take_lock()
             self._generation += 1
             self.dumped, self.dump_entries, self.dump_durable = False, 0, 0
             self.durable_lsn = 0
@@ -424,6 +361,8 @@ class Follower:
                 self._durable(lsn, error)
 
         try:
+            if lsn:
+                self._position(lsn - 1)
             refs = server.store.append(kind, meta, bodies, durable)
         except (StorageFailed, ValueError, OSError) as exc:
             self._vote_fail(lsn, str(exc))
@@ -431,9 +370,46 @@ class Follower:
         server.broker.replay(StoredEntry(kind, meta, tuple(refs)))
         if self._freeze and lsn and is_local_commit(kind, meta):
             self._freeze, self._frozen = False, True
+        self._release(server)
+
+    @staticmethod
+    def _release(server: BrokerServer) -> None:
+        """Free the space of what replay found gone."""
+        store = server.store
+        assert store is not None
         for effect in server.broker.take_effects():
             if isinstance(effect, Release):
-                server.store.release(effect.ref)
+                store.release(effect.ref)
+
+    def _position(self, lsn: int) -> None:
+        """Before the entry after ``lsn``: make the log say so, if replay would not count
+        it so already (``REPLICA_AT``; module docstring, "Resuming from the disk")."""
+        server = self.server
+        assert server is not None and server.store is not None
+        at = server.broker.replica_at
+        if (at is not None and at.lsn == lsn and at.epoch == self.epoch) \
+                or not getattr(server.store, "keeps_log", False):
+            return
+        record = ReplicaAt(self.epoch, lsn)
+        generation = self._generation
+
+        def durable(error: BaseException | None) -> None:
+            if error is not None and generation == self._generation:
+                self._vote_fail(lsn, str(error))
+
+        server.store.append(record.kind, record.encode(), (), durable)
+        server.broker.replay(StoredEntry(record.kind, record.encode(), ()))
+
+    def _maintain(self) -> None:
+        """Now and then, drop the store's dead segments (never relocate: the primary's
+        relocations arrive as entries)."""
+        now = monotonic()
+        server = self.server
+        if now < self._maintain_at or server is None or server.store is None \
+                or self.state is not CopyState.FOLLOWING:
+            return
+        self._maintain_at = now + self.config.maintain_interval
+        server.store.maintain(relocate=False)
 
     def _durable(self, lsn: int, error: BaseException | None) -> None:
         if error is not None:
@@ -452,7 +428,7 @@ class Follower:
             return
         actions = self._step(CopyInput.COPY_WHOLE)
         if CopyAction.MARK_WHOLE in actions:
-            _unmark(self.config.data)
+            unmark(self.config.data)
             self.durable_lsn = max(self.durable_lsn, self.at)
             log.info("replication: copy of %s is whole (LSN %d)", self.primary, self.at)
         if CopyAction.ACK in actions:
@@ -487,6 +463,14 @@ class Follower:
                      self.primary)
             self._writer.close()
 
+    def _take_lock(self) -> None:
+        """The store gave the directory's lock up when it closed: take it again."""
+        lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
+        if lock is None:
+            raise StorageFailed(f"the data directory {self.config.data} was taken by "
+                                "another process while this backup changed copies")
+        self.lock = lock
+
     def close_store(self) -> None:
         """Give up the copy's store (before joining again)."""
         server = self.server
@@ -494,3 +478,14 @@ class Follower:
         if server is not None and server.store is not None:
             server.store.close()
             server.store = None
+
+
+def end_position(server: BrokerServer) -> None:
+    """A node promoted: the entries of its log are its own from here, not a primary's
+    (``REPLICA_AT`` with no epoch, before the store is wrapped: never shipped)."""
+    store = server.store
+    if store is None or server.broker.replica_at is None:
+        return
+    record = ReplicaAt("", 0)
+    store.append(record.kind, record.encode(), (), lambda error: None)
+    server.broker.replay(StoredEntry(record.kind, record.encode(), ()))

@@ -58,9 +58,12 @@ from txbroker.server.ha.replica import (
     Follower,
     PrimaryRefused,
     ServerFactory,
+    end_position,
+    new_server,
+)
+from txbroker.server.ha.replica_files import (
     forget_standing,
     incomplete,
-    new_server,
     read_standing,
     write_record,
 )
@@ -217,6 +220,11 @@ class ReplicatedNode:
         if self.lock is None:
             raise RuntimeError(f"the data directory {self.config.data} is in use by another "
                                "broker (its store lock is held)")
+        follower = Follower(self.config, self.lock, self.lock_path, self.node, self.security,
+                            make_server=self._make_server)
+        if follower.resume_disk_copy():  # the copy on disk, to resume (replica.py)
+            self.follower = follower
+        self.lock = follower.lock
         self._link_server = await self.security.start_server(
             functools.partial(on_link, self), self.config.host, self.config.ha_port)
         self.security.warn_if_open(self.node)
@@ -351,6 +359,7 @@ class ReplicatedNode:
                 self._drop_copy(follower)
             server = self._make_server(self.config, self.lock)
             await server.recover()
+        end_position(server)  # its log's entries are its own from here
         self.follower, self.last_problem = None, ""
         hub = ReplicationHub(server, self.node, self.config.backup_timeout,
                              self.config.ha_catchup_bytes, clock_ns=self._clock_ns)

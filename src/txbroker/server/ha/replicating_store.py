@@ -85,9 +85,9 @@ class ReplicatingStore:
         else:
             self.store.release(ref)
 
-    def maintain(self) -> Relocation | None:
+    def maintain(self, relocate: bool = True) -> Relocation | None:
         """Compaction (paused while a dump streams)."""
-        return None if self.hub.dumps else self.store.maintain()
+        return None if self.hub.dumps else self.store.maintain(relocate)
 
     def stats(self) -> StoreStats:
         """The local store's counters."""
