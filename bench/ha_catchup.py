@@ -3,7 +3,7 @@
 load, rejoin → ready"), in one run.
 
 Usage: ``.venv/bin/python bench/ha_catchup.py [--stored 100000] [--away 10]
-[--body 1024]`` (``--help`` for every setting). Results go to
+[--body 1024] [--runs 5]`` (``--help`` for every setting). Results go to
 ``bench/results/ha_catchup-<timestamp>.json`` and a summary to stdout.
 
 Theory of operation
@@ -20,8 +20,14 @@ send at a time) then run throughout:
    ``b`` ready on ``a``'s status; the entries written while ``b`` was away (``a``'s
    LSN); what ``a`` shipped for the rejoin (``replication.catchup``: suffix entries
    and bytes — the entries missed until the rejoin itself —, or a dump).
-2. **Process restart** (the full copy, for comparison): ``b`` is killed and started
-   again on its data directory; the same figures (a dump: entries and bytes).
+2. **Process restart**: ``b`` is killed (-9), stays down ``--away`` seconds and is
+   started again on its data directory: it recovers its own store, whose log says
+   which LSN it holds, and asks for the suffix (``server/ha/replica.py``, "Resuming
+   from the disk"). Measured: from the start to ``b`` ready (its recovery included);
+   the same shipping figures (a suffix, or a dump when ``a`` no longer holds it).
+
+Each part runs ``--runs`` times (the first run of each is the warm-up, reported but
+left out of min/median/max).
 
 Every process is started in its own session and stopped by its pid on the way out.
 The producer's own rate is reported (it is the load, not a figure).
@@ -37,6 +43,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -221,12 +228,24 @@ def rejoin(a: Node, before: dict[str, int], started: float, lsn_away: int,
                           "suffix_bytes")}}
 
 
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every run, and min/median/max of the time to ready over the runs after the first."""
+    times = sorted(run["rejoin_to_ready_s"] for run in runs[1:]) or \
+        [runs[0]["rejoin_to_ready_s"]]
+    return {"runs": runs, "rejoin_to_ready_s": {"min": times[0],
+                                                 "median": statistics.median(times),
+                                                 "max": times[-1]}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stored", type=int, default=100_000, help="messages stored first")
     parser.add_argument("--body", type=int, default=1024, help="body bytes")
     parser.add_argument("--away", type=float, default=10.0, help="seconds b is cut off")
     parser.add_argument("--producers", type=int, default=4, help="producer connections")
+    parser.add_argument("--runs", type=int, default=6, help="runs of each part (the first: "
+                        "warm-up)")
+    parser.add_argument("--label", default="", help="a word for the result file's name")
     args = parser.parse_args()
     import txbroker
 
@@ -259,30 +278,38 @@ def main() -> None:
         producers = [Producer(f"txb://{HOST}:{a.port}", body) for _ in range(args.producers)]
         time.sleep(2.0)  # the load runs with b attached
 
-        # 1. the link is cut for --away seconds
-        before, lsn_cut = catchup(a), a.status()["replication"]["lsn"]
-        sent_before = sum(p.sent for p in producers)
-        proxy.cut()
-        time.sleep(args.away)
-        lsn_back = a.status()["replication"]["lsn"]
-        started = time.monotonic()
-        proxy.restore()
-        cut = rejoin(a, before, started, lsn_back - lsn_cut)
-        cut["load_msgs_per_s"] = round(
-            (sum(p.sent for p in producers) - sent_before)
-            / (time.monotonic() - started + args.away), 1)
-        result["link_cut"] = cut
-        say(f"link cut {args.away:g} s: {cut}")
+        cuts: list[dict[str, Any]] = []
+        restarts: list[dict[str, Any]] = []
+        for run in range(args.runs):
+            # 1. the link is cut for --away seconds
+            before, lsn_cut = catchup(a), a.status()["replication"]["lsn"]
+            sent_before = sum(p.sent for p in producers)
+            proxy.cut()
+            time.sleep(args.away)
+            lsn_back = a.status()["replication"]["lsn"]
+            started = time.monotonic()
+            proxy.restore()
+            cut = rejoin(a, before, started, lsn_back - lsn_cut)
+            cut["load_msgs_per_s"] = round(
+                (sum(p.sent for p in producers) - sent_before)
+                / (time.monotonic() - started + args.away), 1)
+            cuts.append(cut)
+            say(f"run {run}: link cut {args.away:g} s: {cut}")
 
-        # 2. the process is restarted: a full copy
-        before = catchup(a)
-        b.stop(signal.SIGKILL)
-        lsn_killed = a.status()["replication"]["lsn"]
-        started = time.monotonic()
-        b.start()
-        restart = rejoin(a, before, started, a.status()["replication"]["lsn"] - lsn_killed)
-        result["process_restart"] = restart
-        say(f"process restart: {restart}")
+            # 2. the process is killed, stays down --away seconds, and starts again
+            before = catchup(a)
+            b.stop(signal.SIGKILL)
+            lsn_killed = a.status()["replication"]["lsn"]
+            time.sleep(args.away)
+            started = time.monotonic()
+            b.start()
+            restart = rejoin(a, before, started,
+                             a.status()["replication"]["lsn"] - lsn_killed)
+            restarts.append(restart)
+            say(f"run {run}: process down {args.away:g} s and restarted: {restart}")
+        result["link_cut"] = summary(cuts)
+        result["process_restart"] = summary(restarts)
+        result["loadavg_at_end"] = os.getloadavg()
     finally:
         for producer in producers:
             producer.close()
@@ -290,7 +317,8 @@ def main() -> None:
         b.stop()
         a.stop()
         shutil.rmtree(work, ignore_errors=True)
-    out = ROOT / "bench" / "results" / f"ha_catchup-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    label = f"-{args.label}" if args.label else ""
+    out = ROOT / "bench" / "results" / f"ha_catchup-{time.strftime('%Y%m%d-%H%M%S')}{label}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     say(f"results: {out}")
 
