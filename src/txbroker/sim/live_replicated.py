@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import random
 import shutil
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -148,12 +149,14 @@ class Trio:
             self.start(node)
 
     # -- the operator ----------------------------------------------------------------
-    async def operator(self) -> None:
+    async def operator(self, name: str = "operator") -> None:
         """Once the primary is dead, ``txbroker ha promote`` a node that the dead primary
         counted as ready (its ``ha status``), else the old primary itself once it is back
         (its own disk has every entry it answered), then any other live node (the nodes
         refuse what they must: ``core/ha/promotion.py``); the first time, any node. With
-        ``blind`` (``BLIND_OPERATOR_SEEDS``): any node that accepts, in random order."""
+        ``blind`` (``BLIND_OPERATOR_SEEDS``): any node that accepts, in random order. Two
+        operators (``name``) act on their own, each on what it sees: their promotions
+        may overlap (the promises of ``core/ha/promotion.py`` must keep one primary)."""
         loop = self.loop
         while True:
             await self.need_primary.wait()
@@ -174,16 +177,16 @@ class Trio:
                     await probe(node.host, "ha_promote")
                 except (TxBrokerError, OSError, TimeoutError) as exc:
                     why = f": {exc}" if isinstance(exc, TxBrokerError) else ""
-                    self.log(f"operator: node {node.index} refused: {type(exc).__name__}{why}")
+                    self.log(f"{name}: node {node.index} refused: {type(exc).__name__}{why}")
                     if "unknown op 'ha_promote'" not in why:
                         continue
                     # it serves clients: an earlier promotion whose answer came too late
                 if node.starts != starts or not node.alive:  # killed while it answered
-                    self.log(f"operator: node {node.index} died while being promoted")
+                    self.log(f"{name}: node {node.index} died while being promoted")
                     continue
                 self.primary = node
                 self.need_primary.clear()
-                self.log(f"operator: promoted node {node.index}")
+                self.log(f"{name}: promoted node {node.index}")
                 await self._note_epoch(node)
                 break
             else:
@@ -366,6 +369,13 @@ def run_trio(trio: Trio, main: Callable[[], Coroutine[Any, Any, None]], *, root:
                                     for line in world.trace[first_line:]]
 
 
+def two_operators(seed: int) -> bool:
+    """Whether seed ``seed`` has a second, independent operator (three seeds in ten):
+    drawn apart from the run's one random source, so that the other seeds' runs stay
+    what they were."""
+    return random.Random(f"two operators {seed}").random() < 0.3
+
+
 def run_replicated_live(world: World, plants: frozenset[str], *,
                         blind: bool = False, promotes: bool = True) -> list[str]:
     """One seed of ``replicated-live``; returns the violations. ``blind``: the operator
@@ -390,7 +400,10 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
         for node in trio.nodes:
             trio.start(node)
         trio.need_primary.set()
-        operator = asyncio.ensure_future(trio.operator())
+        operators = [asyncio.ensure_future(trio.operator())]
+        if two_operators(world.seed):
+            trio.log("two operators")
+            operators.append(asyncio.ensure_future(trio.operator("operator 2")))
         await asyncio.sleep(0.05)
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
@@ -417,9 +430,10 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
                              f"settled: {why}")
         else:
             unsettled.extend(_check_prefixes(trio))
-        operator.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await operator
+        for operator in operators:
+            operator.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await operator
         trio.over = True
         errors.extend(loop.errors)  # (not what the shutdown's cancellations leave)
         ended.append(len(world.trace))
