@@ -150,6 +150,9 @@ def test_a_partition_stays_shadowed_across_a_restart_while_its_shadows_are_down(
     rig.h = rig.h.crash()  # ... and the broker restarts while it is down
     assert ("BANK", "A") in rig.router.data.shadowed
     assert ("BANK", "B") not in rig.router.data.shadowed
+    [bank] = rig.router.show("BANK")["facilities"]  # rtr_show says so
+    assert [(p["name"], p["shadowed"]) for p in bank["partitions"]] == [("A", True),
+                                                                       ("B", False)]
     client = rig.client(1)
     primary = rig.server(2, "A")
     rig.send(1, client, "t1", 5)

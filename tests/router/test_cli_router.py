@@ -19,7 +19,7 @@ SHOW = {"facilities": [{
          "servers": [{"controller": 4, "session": 9, "role": "primary", "site": "primary",
                       "busy_tid": "t1", "explicit_prepare": True},
                      {"controller": 5, "session": 10, "role": "standby", "site": "primary",
-                      "busy_tid": None, "explicit_prepare": False}]},
+                      "busy_tid": None, "explicit_prepare": False}], "shadowed": True},
         {"name": "B", "low": 100, "high": 199, "retry_count": 5, "vote_timeout_ms": 1000,
          "servers": []},
     ]}]}
@@ -115,9 +115,9 @@ def test_show_table_and_json(conn: Conn, capsys: pytest.CaptureFixture[str]) -> 
     assert lines[0] == ("facility BANK (int keys): 2 client(s), transactions: SENDING 1, "
                         "VREQ 0, COMMITTING 0, ABORTING 0, exceptions: 1")
     assert table_rows(out) == [
-        ["A", "0", "99", "3", "30000", "4", "primary", "primary", "t1", "explicit"],
-        ["", "", "", "", "", "5", "standby", "primary", "", "implicit"],
-        ["B", "100", "199", "5", "1000", "-", "", "", "", ""],
+        ["A", "0", "99", "3", "30000", "yes", "4", "primary", "primary", "t1", "explicit"],
+        ["", "", "", "", "", "", "5", "standby", "primary", "", "implicit"],
+        ["B", "100", "199", "5", "1000", "no", "-", "", "", "", ""],
     ]
     code, out, _ = txb(capsys, "router", "show", "--json")
     assert code == 0 and json.loads(out) == SHOW

@@ -117,7 +117,8 @@ def show(
     tls_ca: TlsCaOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Facilities: partitions, their servers and roles, transactions by state."""
+    """Facilities: partitions (shadowed: a secondary site registered), their servers and
+    roles, transactions by state."""
     result = _ask("rtr_show", facility, url, tls_ca)
     facilities: list[dict[str, Any]] = result.get("facilities", []) if isinstance(
         result, dict) else []
@@ -133,8 +134,8 @@ def show(
         console.print(f"facility {fac['name']} ({fac.get('key_type')} keys): "
                       f"{fac.get('clients', 0)} client(s), transactions: {states}, "
                       f"exceptions: {fac.get('exceptions', 0)}", markup=False, highlight=False)
-        table = Table("partition", "low", "high", "retry", "vote timeout (ms)", "server",
-                      "role", "site", "busy", "prepare")
+        table = Table("partition", "low", "high", "retry", "vote timeout (ms)", "shadowed",
+                      "server", "role", "site", "busy", "prepare")
         for p in fac.get("partitions", []):
             servers = p.get("servers") or [{}]
             for i, s in enumerate(servers):
@@ -144,6 +145,7 @@ def show(
                     Text(repr(p["high"])) if first else "",
                     str(p.get("retry_count", "")) if first else "",
                     str(p.get("vote_timeout_ms", "")) if first else "",
+                    ("yes" if p.get("shadowed") else "no") if first else "",
                     str(s.get("controller", "-")) if s else "-",
                     str(s.get("role", "")), str(s.get("site", "")),
                     Text(str(s.get("busy_tid") or "")) if s else "",

@@ -65,7 +65,8 @@ def user_event(router: RouterData, session_id: int, controller_id: Any, number: 
 
 
 def show(router: RouterData, facility_name: Any = None) -> dict[str, Any]:
-    """Facilities, partitions, servers and their roles, transactions by state."""
+    """Facilities, partitions (shadowed or not), servers and their roles, transactions
+    by state."""
     if facility_name is not None:
         names = [router.facility(facility_name).name]
     else:
@@ -90,7 +91,10 @@ def show(router: RouterData, facility_name: Any = None) -> dict[str, Any]:
             waiting_now = sum(1 for queue in waiting.values() for p in queue
                               if p.server is None and p.state is PartState.WAITING)
             partitions.append({**partition.to_dict(), "servers": servers,
-                               "waiting": waiting_now})
+                               "waiting": waiting_now,
+                               # a secondary site's shadows registered (durable; its
+                               # decided transactions are kept for them)
+                               "shadowed": (name, partition.name) in router.shadowed})
         states: Counter[str] = Counter()
         exceptions = 0
         for tx in router.transactions.values():
