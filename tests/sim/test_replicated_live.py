@@ -91,3 +91,33 @@ PROMISE_SEEDS = [30018, 30026, 30117]
 @pytest.mark.parametrize("seed", PROMISE_SEEDS)
 def test_overlapping_promotions_settle(seed: int) -> None:
     assert run_seed("replicated-live", seed).violations == []
+
+
+def test_the_checker_fails_on_a_promoted_log_that_still_counts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A promoted node ends its log's count of the old primary's LSNs (``end_position``):
+    else, restarted as a backup, it would ask to resume with its own entries counted as
+    the old primary's. Without it the checker says so."""
+    from txbroker.server.ha import replicated
+
+    monkeypatch.setattr(replicated, "end_position", lambda server: None)
+    violations = run_seed("replicated-live", 0).violations
+    assert violations == ["the primary's log still counts a primary's LSNs"]
+
+
+def test_restarted_backups_resume_from_their_disks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backups killed and started again keep the copy on their disk (``REPLICA_AT``) and
+    rejoin with the suffix or a dump: no answered send lost, the logs equal (seed 6: of
+    five restarts, three had a whole copy to keep)."""
+    from txbroker.server.ha import replica
+
+    kept: list[bool] = []
+    resume = replica.Follower.resume_disk_copy
+
+    def counted(self: replica.Follower) -> bool:
+        kept.append(resume(self))
+        return kept[-1]
+
+    monkeypatch.setattr(replica.Follower, "resume_disk_copy", counted)
+    assert run_seed("replicated-live", 6).violations == []
+    assert kept == [False, False, False, True, False, True, False, True]  # 3 fresh, 5 restarts

@@ -304,6 +304,8 @@ def _check_prefixes(trio: Trio) -> list[str]:
     ours = primary.disk.state
     base = len(ours.entries) - hub.lsn  # the entries before this epoch's LSN 1
     violations = []
+    if _position(ours.entries) is not None:  # end_position: a restart must not resume it
+        violations.append("the primary's log still counts a primary's LSNs")
     for node in trio.nodes:
         follower = node.node.follower if node.node is not None else None
         if node is primary or follower is None:
@@ -333,6 +335,18 @@ def _check_prefixes(trio: Trio) -> list[str]:
         if problem is not None:
             violations.append(f"node {node.index}: {problem}")
     return violations
+
+
+def _position(entries: list[Any]) -> ReplicaAt | None:
+    """Where a log says its copy stands, counted as replay counts (``core/replay.py``)."""
+    at: ReplicaAt | None = None
+    for stored in entries:
+        if stored.kind == Kind.REPLICA_AT:
+            at = ReplicaAt.decode(stored.meta)
+            at = at if at.epoch else None
+        elif at is not None and stored.kind != Kind.SNAPSHOT:
+            at = ReplicaAt(at.epoch, at.lsn + 1)
+    return at
 
 
 def run_trio(trio: Trio, main: Callable[[], Coroutine[Any, Any, None]], *, root: Path,

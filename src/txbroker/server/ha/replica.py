@@ -482,7 +482,8 @@ class Follower:
 
 def end_position(server: BrokerServer) -> None:
     """A node promoted: the entries of its log are its own from here, not a primary's
-    (``REPLICA_AT`` with no epoch, before the store is wrapped: never shipped)."""
+    (``REPLICA_AT`` with no epoch; before recovery finishes — it may write leftover
+    commits — and before the store is wrapped: never shipped)."""
     store = server.store
     if store is None or server.broker.replica_at is None:
         return

@@ -73,6 +73,7 @@ from txbroker.server.ha.replicated_status import node_status
 from txbroker.server.ha.replication import ReplicationHub
 from txbroker.server.ha.standby import BackupPorts
 from txbroker.server.ha.standings import announce_promotion
+from txbroker.server.process import gc_paused
 from txbroker.server.stores import store_lock_path
 from txbroker.storage.store_lock import StoreLock
 
@@ -353,13 +354,16 @@ class ReplicatedNode:
         if follower is not None and follower.server is not None \
                 and follower.state is CopyState.FOLLOWING:
             server = follower.server
+            end_position(server)  # before recovery's own entries (leftover commits)
             server.finish_recovery(started)
         else:
             if follower is not None:
                 self._drop_copy(follower)
             server = self._make_server(self.config, self.lock)
-            await server.recover()
-        end_position(server)  # its log's entries are its own from here
+            with gc_paused():  # BrokerServer.recover, with the count ended in between
+                server.open_store()
+                end_position(server)
+                server.finish_recovery(started)
         self.follower, self.last_problem = None, ""
         hub = ReplicationHub(server, self.node, self.config.backup_timeout,
                              self.config.ha_catchup_bytes, clock_ns=self._clock_ns)
