@@ -245,3 +245,11 @@ CLOSED_HUB_SEEDS = [45000, 45041]
 @pytest.mark.parametrize("seed", CLOSED_HUB_SEEDS)
 def test_a_closed_hub_completes_nothing(seed: int) -> None:
     assert run_seed("replicated-etcd-live", seed).violations == []
+
+
+def test_a_new_primary_waits_out_etcd_being_down() -> None:
+    """Seed 50355 (``bench/sim.py --seeds 400 --first-seed 50000``): etcd was down when a
+    node took the key, and the new primary's first ready-set write raised
+    EtcdUnavailable out of the process (a crash). Now it retries until written, or
+    until the key is lost."""
+    assert run_seed("replicated-etcd-live", 50355).violations == []

@@ -102,7 +102,7 @@ class Trio:
     # -- the nodes -----------------------------------------------------------------
     def start(self, node: TrioNode) -> None:
         """Start (or restart) a node's process."""
-        node.start(self.on_role, self.prepare)
+        node.start(self.on_role, self.prepare, self.exited)
         self.log(f"node {node.index} started")
 
     def prepare(self, node: ReplicatedNode) -> None:
@@ -137,6 +137,18 @@ class Trio:
         """kill -9 a node; it restarts after a pause (if still dead then)."""
         node.kill()
         self.log(f"node {node.index} killed")
+        if node is self.primary:
+            self.primary, self.lost, self.lost_epoch = None, node, self.epoch
+            self.epoch = ""
+            self.need_primary.set()
+        self.loop.call_later(self.loop.random.uniform(*RESTART_S), self.restart, node)
+
+    def exited(self, node: TrioNode) -> None:
+        """A node's process ended by itself (fenced: superseded by a newer term): its
+        supervisor starts it again after a pause, as after a kill."""
+        if self.over:
+            return
+        self.log(f"node {node.index} exited")
         if node is self.primary:
             self.primary, self.lost, self.lost_epoch = None, node, self.epoch
             self.epoch = ""

@@ -127,8 +127,11 @@ class TrioNode:
         return server
 
     def start(self, on_role: Callable[[TrioNode, NodeRole, BrokerServer | None], None],
-              prepare: Callable[[ReplicatedNode], None]) -> None:
-        """Start a process of this node (``txbroker serve --ha replicated``)."""
+              prepare: Callable[[ReplicatedNode], None],
+              on_exit: Callable[[TrioNode], None] | None = None) -> None:
+        """Start a process of this node (``txbroker serve --ha replicated``); ``on_exit``:
+        its process ended by itself (a fenced or stopped node exits, as ``txbroker
+        serve`` does)."""
         loop = self.loop
         node = ReplicatedNode(
             self.config, lambda role, server: on_role(self, role, server),
@@ -137,7 +140,16 @@ class TrioNode:
         prepare(node)
         self.node = node
         self.starts += 1
-        self.process, _ = loop.spawn(self.host, node.run())
+        self.process, task = loop.spawn(self.host, node.run())
+        process = self.process
+
+        def exited(_: object) -> None:
+            if self.process == process:  # (a killed process's task never ends)
+                self.process = None
+                if on_exit is not None:
+                    on_exit(self)
+
+        task.add_done_callback(exited)
 
     def kill(self) -> None:
         """``kill -9``: the process is gone, with what its disk had not synced; the

@@ -87,9 +87,14 @@ class QuorumPromotion:
         first, ``promises.py``) unless :func:`promise_refusal` says no, and leave the
         primary this node follows (its entries must not be acknowledged here any more:
         ``core/ha/promotion.py``, "Promises"). The answer is the standing, ``granted``
-        saying which."""
+        saying which. While this node's own promotion is being checked it is being
+        promoted (P1): it promises nobody else — a candidate that promised a newer term
+        went on to promote itself with the older one, and stayed promoting for ever
+        (``replicated-live`` seeds 50067, 50905)."""
         node = self.node
         own = self.standing()
+        if self._checking:  # its own promotion is being checked: it is being promoted (P1)
+            own = replace(own, role="promoting")
         why = promise_refusal(own, read_promise(node.config.data), promise.term,
                               promise.candidate, recently=self._recently())
         if why is not None:
@@ -156,6 +161,9 @@ class QuorumPromotion:
                         raise IllegalState(f"{exc}; not promised by {', '.join(refused)}") \
                             from None
                     raise
+                if read_promise(node.config.data) != promise:  # (P1 keeps it ours)
+                    raise IllegalState(f"{node.node} cannot be promoted: it promised a "
+                                       "newer term to another node meanwhile")
             except BaseException:
                 withdraw_promise(node.config.data, previous)
                 raise

@@ -67,7 +67,7 @@ from txbroker.server.ha.replica_files import (
     read_standing,
     write_record,
 )
-from txbroker.server.ha.replicated_etcd import lease_guard, record_ready
+from txbroker.server.ha.replicated_etcd import lease_guard, record_first_ready_set, record_ready
 from txbroker.server.ha.replicated_link import on_link
 from txbroker.server.ha.replicated_status import node_status
 from txbroker.server.ha.replication import ReplicationHub
@@ -141,6 +141,11 @@ class ReplicatedNode:
         #: a promotion asks a majority (core/ha/promotion.py); a pair keeps its own view
         self.quorum = QuorumPromotion(self) if not config.ha_etcd and len(self.peers) >= 2 \
             else None
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once the node stops, or is fenced."""
+        return self._stopping
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
@@ -377,7 +382,7 @@ class ReplicatedNode:
         if self.etcd is not None:
             server.ops.answer_guard = functools.partial(lease_guard, self)
             hub.on_ready_change = functools.partial(record_ready, self)
-            await record_ready(self, [])  # until a backup is ready, none may succeed us
+            await record_first_ready_set(self)  # until a backup is ready, none may succeed us
         server.wrap_store(hub.wrap)
         # seed 001, "TX Commit/Rollback: do prepare phase as for DTX": the backups vote
         server.broker.vote_local_commits(True)

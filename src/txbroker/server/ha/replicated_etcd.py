@@ -4,14 +4,23 @@ any reply when the lease ran out while the process was stopped."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Final
 
+from txbroker.errors import EtcdError, EtcdUnavailable
 from txbroker.server.ha.etcd_lease import put_ready_set
 
 if TYPE_CHECKING:
     from txbroker.server.ha.replicated import ReplicatedNode
 
-__all__ = ["lease_guard", "record_ready"]
+__all__ = ["lease_guard", "record_first_ready_set", "record_ready"]
+
+log = logging.getLogger("txbroker.ha")
+
+#: Pause between two tries of the first ready set while etcd does not answer (s).
+RETRY_PAUSE: Final = 0.3
 
 
 async def record_ready(node: ReplicatedNode, names: list[str]) -> None:
@@ -22,6 +31,26 @@ async def record_ready(node: ReplicatedNode, names: list[str]) -> None:
     await put_ready_set(node.etcd, node.config.ha_cluster, node.node, names,
                         node.candidate.holder.lease_id or 0)
     node.etcd_ready_primary, node.etcd_ready = node.node, names
+
+
+async def record_first_ready_set(node: ReplicatedNode) -> None:
+    """A new primary, before it serves: record an empty ready set (until a backup is
+    ready, none may succeed it), retried while etcd does not answer — until written,
+    or the key is lost (then fenced). (The process crashed on the first timeout:
+    ``replicated-etcd-live`` seed 50355.)"""
+    stopping = node.stopping
+    while not stopping.is_set():
+        try:
+            await record_ready(node, [])
+            return
+        except EtcdUnavailable as exc:
+            node.last_problem = f"etcd: {exc}"
+            log.warning("etcd: cannot record the ready set yet (%s): retrying", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), RETRY_PAUSE)
+        except EtcdError as exc:  # it no longer holds the key
+            node.fence(str(exc))
+            return
 
 
 def lease_guard(node: ReplicatedNode) -> None:
