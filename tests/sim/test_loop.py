@@ -119,6 +119,37 @@ def test_bytes_arrive_in_order_are_held_by_a_partition_and_reset_by_a_crash() ->
     assert got == [b"A", b"B", b"C", b"HELD"]
 
 
+def test_connections_closed_on_both_sides_are_let_go() -> None:
+    """A run that connects for ever (a stuck replicated run retries its links) keeps
+    only the ends still open, not every end it ever made (24 KB a step before)."""
+    loop = SimLoop(3)
+    kept: list[int] = []
+
+    async def main() -> None:
+        async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()
+            writer.close()
+
+        async def serve() -> int:
+            server = await asyncio.start_server(echo, BROKER, 0)
+            return int(server.sockets[0].getsockname()[1])
+
+        _, started = loop.spawn(BROKER, serve())
+        port = await started
+        HOST.set("127.0.0.20")
+        _, open_writer = await asyncio.open_connection(BROKER, port)  # stays open
+        for _ in range(500):
+            reader, writer = await asyncio.open_connection(BROKER, port)
+            writer.close()
+            await reader.read()
+            await asyncio.sleep(0.01)
+        kept.append(len(loop.network.ends))
+        assert not open_writer.is_closing()
+
+    loop.run(main())
+    assert 2 <= kept[0] <= 70  # the open pair, and at most a round's worth of closed ones
+
+
 def _memory_store(state: MemoryState) -> Callable[..., Any]:
     """A ``BrokerServer`` store opener: a MemoryStore over ``state``."""
     def opener(dispatch: Callable[[Callable[[], None]], None], snapshot: Any,

@@ -282,8 +282,10 @@ class SimNetwork:
         self.loop = loop
         self.delay = delay
         self.listeners: dict[tuple[str, int], SimListener] = {}
-        #: every connection end made (and not yet crashed)
+        #: every connection end made (and not yet crashed); ends closed on both sides
+        #: go when the list doubles (a stuck run made one every few steps, for ever)
         self.ends: list[MemoryTransport] = []
+        self._prune_at = 64
         #: (from host, to host) pairs cut, and what waits for them to heal
         self.cut: set[tuple[str, str]] = set()
         self._held: list[tuple[MemoryTransport, bytes | None, bool]] = []
@@ -337,8 +339,13 @@ class SimNetwork:
         server = MemoryTransport(self, conn_id, "s", (host, port), client_address,
                                  listener.context.copy())
         client.peer, server.peer = server, client
-        self.ends.append(client)
-        self.ends.append(server)
+        ends = self.ends
+        ends.append(client)
+        ends.append(server)
+        if len(ends) >= self._prune_at:  # (a dead end does nothing more: see crash)
+            self.ends = [end for end in ends
+                         if not (end._dead and (end.peer is None or end.peer._dead))]
+            self._prune_at = 2 * len(self.ends) + 64
         if listener.owner in self.loop.paused:  # a stopped process accepts once continued
             self.loop.call_soon(self._accept, listener, server, context=server.context)
         else:
