@@ -263,7 +263,11 @@ class Follower:
                 self._apply(int(lsn), int(kind), bytes(meta), [bytes(b) for b in bodies])
         elif message.type == "dumped":
             self.dumped = True
-            self._position(self.applied_lsn)
+            try:
+                self._position(self.applied_lsn)
+            except (StorageFailed, ValueError, OSError) as exc:
+                self._vote_fail(self.applied_lsn, str(exc))
+                return
             self._maybe_whole()
         elif message.type == "state":
             ready = bool(body.get("ready"))
@@ -488,5 +492,8 @@ def end_position(server: BrokerServer) -> None:
     if store is None or server.broker.replica_at is None:
         return
     record = ReplicaAt("", 0)
-    store.append(record.kind, record.encode(), (), lambda error: None)
+    try:
+        store.append(record.kind, record.encode(), (), lambda error: None)
+    except (StorageFailed, ValueError, OSError) as exc:  # failed: it writes nothing more
+        log.error("replication: cannot end the log's count of LSNs: %s", exc)
     server.broker.replay(StoredEntry(record.kind, record.encode(), ()))
