@@ -18,8 +18,10 @@ Faults in the fault phase (:data:`FAULT_S`): the trio's — kill -9 of the prima
 operator promotes a backup that was ready), kills of backups, a backup cut off from the
 primary (both ways or one way) — and the sites' — a server killed alone, a whole site
 down, a partition's concurrent servers down (its standby takes over). Then every cut
-heals, every dead node restarts, the clients finish their last transfers and every
-server is back (:data:`HEAL_S`); the trio must then settle: every node alive, one
+heals, every dead node restarts, the clients finish their last transfers, one more
+client makes transfers for :data:`HEALED_CLIENT_S` (the healed system must make
+progress: the faults can leave the trio without a primary for the whole fault phase)
+and every server is back (:data:`HEAL_S`); the trio must then settle: every node alive, one
 primary with nothing in flight, the other two following it, ready and caught up.
 
 Checkers: ``router-bank-sites-live``'s (money conserved; each ACCEPTED transfer
@@ -43,7 +45,7 @@ from typing import Final
 from txbroker.core.ha.replicated_role import NodeRole
 from txbroker.sim.bank_scenario import FACILITY, PARTITIONS
 from txbroker.sim.live import seed_client_jitter
-from txbroker.sim.live_bank import finish_clients, start_clients
+from txbroker.sim.live_bank import CLIENTS, bank_client, finish_clients, start_clients
 from txbroker.sim.live_bank_sites import Sites, check_sites
 from txbroker.sim.live_replicated import (
     HOSTS,
@@ -58,13 +60,18 @@ from txbroker.sim.live_trio import TrioNode
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
-__all__ = ["FAULT_S", "HEAL_S", "PROMOTE_OUTSIDE_READY_SET", "run_bank_replicated_live"]
+__all__ = ["FAULT_S", "HEALED_CLIENT_S", "HEAL_S", "PROMOTE_OUTSIDE_READY_SET",
+           "run_bank_replicated_live"]
 
 #: Virtual lengths of the fault phase and of the healed phase (s): the sites
 #: scenario's (a transfer takes 10-50 ms; the healed phase lets a site that was down,
 #: and the clients' last transfers, finish across the trio's last promotion).
 FAULT_S: Final = 2.0
 HEAL_S: Final = 8.0
+#: How long the healed phase's own client makes transfers (s): the faults can leave the
+#: trio without a primary for the whole fault phase (two nodes down, or one down and
+#: the two others cut apart), and the run must still show that it makes progress.
+HEALED_CLIENT_S: Final = 1.0
 #: How long the trio has to elect its first primary before the servers start (s).
 FIRST_PRIMARY_S: Final = 0.05
 #: The trio's plant that also makes the operator blind (``replicated-live`` does too).
@@ -115,6 +122,8 @@ def run_bank_replicated_live(world: World, plants: frozenset[str]) -> list[str]:
         trio.heal()
         for node in trio.nodes:
             trio.restart(node)
+        clients.append(loop.spawn(f"127.0.2.{CLIENTS + 1}", bank_client(
+            loop, world, bank, CLIENTS, loop.time() + HEALED_CLIENT_S, url=URL))[1])
         await finish_clients(loop, bank, clients, end)
         await asyncio.sleep(max(0.0, end - loop.time()))  # every site catches up
         sites.check_all_up()
