@@ -69,6 +69,19 @@ def test_a_seed_fails_over_every_client_and_server_and_settles() -> None:
     assert "trio settled: node" in trace
 
 
+def test_a_fault_phase_without_a_primary_still_ends_in_progress() -> None:
+    """A scenario defect, fixed (seed 3619): the primary died 0.1 s after its promotion,
+    two nodes were down or cut apart for most of the fault phase, and each client's
+    first transfer was told ``REJECTED UNKNOWN`` after the fault phase had ended: no
+    transfer was accepted ("the run tested nothing"). The healed phase's own client
+    (``HEALED_CLIENT_S``) shows that the healed system makes progress."""
+    result = run_seed(SCENARIO, 3619)
+    assert result.violations == []
+    trace = "\n".join(result.trace)
+    assert "client c0-1 told REJECTED UNKNOWN" in trace
+    assert "client c3-1 told ACCEPTED" in trace
+
+
 def test_one_seed_twice_gives_the_same_trace_hash() -> None:
     first, again = run_seed(SCENARIO, 3), run_seed(SCENARIO, 3)
     assert first.trace_hash == again.trace_hash and first.trace == again.trace
