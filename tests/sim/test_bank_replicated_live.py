@@ -14,9 +14,10 @@ SCENARIO = "router-bank-replicated-live"
 #: Seeds run here: some 0.25 s each, pure.
 SEEDS = 40
 #: The plants that apply, and the first seed that catches each (``plants.py``: ``also``).
-#: ``reply-before-backups`` is the slow one: a decision the promoted backup lacks is
-#: mostly decided again the same way (the servers' UNCERTAIN replays find the tid in
-#: their TID tables and vote again), so only a run that loses more shows it.
+#: ``reply-before-backups`` is the slow one (seeds 89 and 142 of 0-149): a decision the
+#: promoted backup lacks is mostly decided again the same way (the servers' UNCERTAIN
+#: replays find the tid in their TID tables and vote again), so only a run that loses
+#: more shows it.
 FIRST_CAUGHT = {
     "promote-outside-ready-set": 8,
     "reply-before-backups": 89,
