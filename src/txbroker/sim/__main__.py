@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(result.trace))
         print(f"trace_hash {result.trace_hash}")
         return 1 if result.violations else 0
-    if args.plant is not None and PLANTS[args.plant].scenario != args.scenario:
+    if args.plant is not None and not PLANTS[args.plant].applies_to(args.scenario):
         parser.error(f"plant {args.plant} applies to scenario {PLANTS[args.plant].scenario}")
     tty = sys.stderr.isatty()
 

@@ -120,8 +120,8 @@ def _unleg(body: bytes) -> tuple[int, int]:
     return int(account), int(amount)
 
 
-async def _connect(loop: SimLoop) -> AsyncConnection:
-    return await connect_retrying(loop, URL, failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
+async def _connect(loop: SimLoop, url: str) -> AsyncConnection:
+    return await connect_retrying(loop, url, failover_timeout=FAILOVER_TIMEOUT_S, timeout=5.0)
 
 
 class ActiveServers:
@@ -189,13 +189,15 @@ class BankServer:
     watch: ActiveServers | None = None
     #: set once the server registered (its first registration: the run may begin)
     registered: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the broker's address (a failover list: ``router-bank-replicated-live``'s trio)
+    url: str = URL
 
 
 async def bank_server(loop: SimLoop, world: World, bank: Bank, spec: BankServer) -> None:
     """One partition server, until it is killed (or the run ends)."""
     ledger, name = spec.ledger, spec.name
     while True:  # a server that cannot register exits and its supervisor starts it again
-        conn = await _connect(loop)
+        conn = await _connect(loop, spec.url)
         server = AsyncServerTransactionController(conn)
         try:
             await server.register_partition(
@@ -267,11 +269,11 @@ async def bank_server(loop: SimLoop, world: World, bank: Bank, spec: BankServer)
 
 
 async def bank_client(loop: SimLoop, world: World, bank: Bank, number: int,
-                      until: float) -> None:
+                      until: float, *, url: str = URL) -> None:
     """Client ``number``: one transfer after another until ``until``, each to its
-    outcome."""
+    outcome; the broker at ``url``."""
     while True:
-        conn = await _connect(loop)
+        conn = await _connect(loop, url)
         client = AsyncTransactionController(conn)
         try:
             await client.register_facility(FACILITY)
@@ -318,9 +320,7 @@ async def run_clients_killing_broker(loop: SimLoop, world: World, bank: Bank, di
                                      end: float) -> None:
     """The bank scenarios' fault phase: the clients run while the broker is killed and
     restarted on its disk until ``fault_end``; then each client must finish by ``end``."""
-    clients = [loop.spawn(f"127.0.2.{n + 1}", bank_client(loop, world, bank, n,
-                                                           fault_end))[1]
-               for n in range(CLIENTS)]
+    clients = start_clients(loop, world, bank, fault_end)
     while True:
         await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
         if loop.time() >= fault_end:
@@ -331,6 +331,22 @@ async def run_clients_killing_broker(loop: SimLoop, world: World, bank: Bank, di
         await asyncio.sleep(loop.random.uniform(*RESTART_S))
         broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
         world.log(f"{loop.time():.6f} broker started")
+    await finish_clients(loop, bank, clients, end)
+
+
+def start_clients(loop: SimLoop, world: World, bank: Bank, until: float, *,
+                  url: str = URL) -> list[asyncio.Task[None]]:
+    """Spawn the :data:`CLIENTS` bank clients (transfers until ``until``), the broker at
+    ``url``; their processes' futures."""
+    return [loop.spawn(f"127.0.2.{n + 1}", bank_client(loop, world, bank, n, until,
+                                                        url=url))[1]
+            for n in range(CLIENTS)]
+
+
+async def finish_clients(loop: SimLoop, bank: Bank, clients: list[asyncio.Task[None]],
+                         end: float) -> None:
+    """Wait for each client to finish by ``end``; one that died or did not is a
+    failure."""
     for client in clients:
         try:
             await asyncio.wait_for(client, max(0.0, end - loop.time()))

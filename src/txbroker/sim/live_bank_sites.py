@@ -47,6 +47,7 @@ from txbroker.sim.live_bank import (
     MEAN_SERVER_DEATH_GAP_S,
     PORT,
     RESTART_S,
+    URL,
     ActiveServers,
     Bank,
     BankServer,
@@ -107,18 +108,27 @@ def ledger_name(site: str, partition: str) -> str:
     return f"{site}/{partition}"
 
 
-def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
-    """One seed of ``router-bank-sites-live``; returns the violations."""
-    loop = SimLoop(world.rng.getrandbits(63))
-    seed_client_jitter(loop)
-    disk = SimDisk(loop)
-    bank = Bank({ledger_name(site, name): Database({a: OPENING_BALANCE for a in accounts})
-                 for site in SITES for name, accounts in ACCOUNTS.items()})
-    facilities = {FACILITY: PARTITIONS}
-    slots = _slots()
-    specs: list[BankServer] = []
+class Sites:
+    """The bank's servers at their sites, for one run: each slot's program, its
+    supervisor (kills now and then, restarts), the group outages, the setup's wait for
+    every first registration. The broker is the caller's: one (``router-bank-sites-live``)
+    or a replicated trio (``router-bank-replicated-live``), at ``url``."""
 
-    async def program(slot: Slot) -> None:
+    def __init__(self, loop: SimLoop, world: World, plants: frozenset[str], *,
+                 url: str = URL) -> None:
+        self.loop = loop
+        self.world = world
+        self.plants = plants
+        self.url = url
+        self.bank = Bank({ledger_name(site, name): Database({a: OPENING_BALANCE
+                                                            for a in accounts})
+                          for site in SITES for name, accounts in ACCOUNTS.items()})
+        self.slots = _slots()
+        self.specs: list[BankServer] = []
+
+    async def program(self, slot: Slot) -> None:
+        """The server program of ``slot`` (with this run's plants)."""
+        loop, world, bank, plants = self.loop, self.world, self.bank, self.plants
         role = slot.role
         if role is Role.STANDBY and STANDBY_AS_CONCURRENT in plants:
             role = Role.CONCURRENT  # the plant: it serves beside the concurrent servers
@@ -126,36 +136,41 @@ def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
             slot.partition, bank.ledgers[ledger_name(slot.site, slot.partition)],
             slot.name, role,
             tid_check=slot.role is not Role.SHADOW or SHADOW_NO_TID_CHECK not in plants,
-            watch=ActiveServers(slot.partition) if slot.role is Role.STANDBY else None)
-        specs.append(spec)
+            watch=ActiveServers(slot.partition) if slot.role is Role.STANDBY else None,
+            url=self.url)
+        self.specs.append(spec)
         parts = [bank_server(loop, world, bank, spec)]
         if slot.role is Role.SHADOW and PRESENTS_TO_BOTH_SITES in plants:
             # the plant: the primary site's copy of a transaction goes to the shadow
             # site too (its process takes primary-site work into its site's ledger)
             parts.append(bank_server(loop, world, bank, BankServer(
-                slot.partition, spec.ledger, f"{slot.name}+", Role.CONCURRENT)))
+                slot.partition, spec.ledger, f"{slot.name}+", Role.CONCURRENT,
+                url=self.url)))
         await asyncio.gather(*parts)
 
-    def start(slot: Slot) -> None:
+    def start(self, slot: Slot) -> None:
+        """Start the server program of ``slot``."""
         slot.killed.clear()
-        slot.process, _ = loop.spawn(slot.host, program(slot))
-        world.log(f"{loop.time():.6f} server {slot.name} started")
+        slot.process, _ = self.loop.spawn(slot.host, self.program(slot))
+        self.world.log(f"{self.loop.time():.6f} server {slot.name} started")
 
-    def kill(slot: Slot, why: str) -> None:
+    def kill(self, slot: Slot, why: str) -> None:
+        """Kill the server program of ``slot`` (if it runs)."""
         if slot.process is not None:
-            loop.kill(slot.process)
+            self.loop.kill(slot.process)
             slot.process = None
             slot.killed.set()
-            world.log(f"{loop.time():.6f} server {slot.name} killed ({why})")
+            self.world.log(f"{self.loop.time():.6f} server {slot.name} killed ({why})")
 
-    async def supervise(slot: Slot, fault_end: float) -> None:
+    async def supervise(self, slot: Slot, fault_end: float) -> None:
         """Kill the server now and then during the fault phase; start it again after a
         pause, or once its group's outage is over."""
+        loop = self.loop
         while True:
             if slot.process is None:
                 while loop.time() < slot.down_until:  # an outage may lengthen the pause
                     await asyncio.sleep(slot.down_until - loop.time())
-                start(slot)
+                self.start(slot)
             try:
                 await asyncio.wait_for(slot.killed.wait(), loop.random.expovariate(
                     1 / MEAN_SERVER_DEATH_GAP_S))
@@ -164,10 +179,13 @@ def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
                 pass
             if loop.time() >= fault_end:
                 return
-            kill(slot, "alone")
+            self.kill(slot, "alone")
             slot.down_until = loop.time() + loop.random.uniform(*RESTART_S)
 
-    async def outages(fault_end: float) -> None:
+    async def outages(self, fault_end: float) -> None:
+        """Now and then a whole site, or a partition's concurrent servers, go down
+        together, until ``fault_end``."""
+        loop, slots = self.loop, self.slots
         while True:
             await asyncio.sleep(loop.random.expovariate(1 / MEAN_OUTAGE_GAP_S))
             if loop.time() >= fault_end:
@@ -182,36 +200,62 @@ def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
                          if s.partition == partition and s.role is Role.CONCURRENT]
                 what = f"the concurrent servers of {partition}"
             until = loop.time() + loop.random.uniform(*OUTAGE_S)
-            world.log(f"{loop.time():.6f} outage of {what} until {until:.6f}")
+            self.world.log(f"{loop.time():.6f} outage of {what} until {until:.6f}")
             for slot in group:
                 slot.down_until = max(slot.down_until, until)
-                kill(slot, "outage")
+                self.kill(slot, "outage")
 
-    async def main() -> None:
-        broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
-        await asyncio.sleep(0.01)
-        for slot in slots:
-            start(slot)
-        while len(specs) < len(slots):
+    async def start_all(self) -> None:
+        """Start every server and wait for each one's first registration (a failure
+        after :data:`SETUP_TIMEOUT_S`)."""
+        loop = self.loop
+        for slot in self.slots:
+            self.start(slot)
+        while len(self.specs) < len(self.slots):
             await asyncio.sleep(0.001)
         # every site registered once (a shadow site is one from its first registration)
         try:
             await asyncio.wait_for(asyncio.gather(*(spec.registered.wait()
-                                                    for spec in specs)), SETUP_TIMEOUT_S)
-            world.log(f"{loop.time():.6f} every server registered")
+                                                    for spec in self.specs)),
+                                   SETUP_TIMEOUT_S)
+            self.world.log(f"{loop.time():.6f} every server registered")
         except TimeoutError:
-            bank.failures.append(f"a server did not register within {SETUP_TIMEOUT_S} s")
+            self.bank.failures.append(f"a server did not register within "
+                                      f"{SETUP_TIMEOUT_S} s")
+
+    def start_faults(self, fault_end: float) -> None:
+        """Each server's supervisor and the outages, until ``fault_end``."""
+        for slot in self.slots:
+            self.loop.create_task(self.supervise(slot, fault_end))
+        self.loop.create_task(self.outages(fault_end))
+
+    def check_all_up(self) -> None:
+        """After the healed phase every server runs (else a failure)."""
+        down = [slot.name for slot in self.slots if slot.process is None]
+        if down:
+            self.bank.failures.append(f"servers still down after the healed phase: {down}")
+
+
+def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
+    """One seed of ``router-bank-sites-live``; returns the violations."""
+    loop = SimLoop(world.rng.getrandbits(63))
+    seed_client_jitter(loop)
+    disk = SimDisk(loop)
+    sites = Sites(loop, world, plants)
+    bank = sites.bank
+    facilities = {FACILITY: PARTITIONS}
+
+    async def main() -> None:
+        broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
+        await asyncio.sleep(0.01)
+        await sites.start_all()
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
-        for slot in slots:
-            loop.create_task(supervise(slot, fault_end))
-        loop.create_task(outages(fault_end))
+        sites.start_faults(fault_end)
         await run_clients_killing_broker(loop, world, bank, disk, broker, facilities,
                                          fault_end, end)
         await asyncio.sleep(max(0.0, end - loop.time()))  # every site catches up
-        down = [slot.name for slot in slots if slot.process is None]
-        if down:
-            bank.failures.append(f"servers still down after the healed phase: {down}")
+        sites.check_all_up()
 
     with captured_logs(world, loop):
         loop.run(main())

@@ -10,14 +10,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+#: The scenario that runs ``router-bank-sites-live``'s bank over ``replicated-live``'s
+#: trio: the plants of both apply to it.
+BANK_REPLICATED: Final = ("router-bank-replicated-live",)
+
 
 @dataclass(frozen=True, slots=True)
 class Plant:
-    """One planted bug: its name, the scenario it applies to, what it does."""
+    """One planted bug: its name, the scenario it applies to, what it does, and the
+    other scenarios it applies to as well (which run the same parts)."""
 
     name: str
     scenario: str
     description: str
+    also: tuple[str, ...] = ()
+
+    def applies_to(self, scenario: str) -> bool:
+        """The plant applies to ``scenario``."""
+        return scenario == self.scenario or scenario in self.also
 
 
 PLANTS: Final = {plant.name: plant for plant in (
@@ -55,11 +65,13 @@ PLANTS: Final = {plant.name: plant for plant in (
           "yet decided"),
     Plant("reply-before-backups", "replicated-live",
           "the primary answers once an entry is on its own disk, without waiting for "
-          "the ready backups' acknowledgements"),
+          "the ready backups' acknowledgements",
+          also=BANK_REPLICATED),
     Plant("promote-outside-ready-set", "replicated-live",
           "the operator promotes the first live node it reaches, every node says it "
           "is promotable and none asks its peers (no ready set recorded on a "
-          "majority): a backup that is not ready, or was dropped, is promoted"),
+          "majority): a backup that is not ready, or was dropped, is promoted",
+          also=BANK_REPLICATED),
     Plant("primary-ignores-lost-lease", "replicated-etcd-live",
           "a primary whose etcd lease renewal fails (or whose lease expired) does not "
           "fence itself: it goes on answering clients"),
@@ -69,12 +81,15 @@ PLANTS: Final = {plant.name: plant for plant in (
     Plant("router-presents-to-both-sites", "router-bank-sites-live",
           "the primary site's copy of a transaction also goes to the shadow site (each "
           "shadow process also serves as a concurrent server into its site's ledger): "
-          "the secondary site applies it twice, the primary site misses it"),
+          "the secondary site applies it twice, the primary site misses it",
+          also=BANK_REPLICATED),
     Plant("shadow-no-tid-check", "router-bank-sites-live",
-          "a shadow server applies an UNCERTAIN replay without checking its TID table"),
+          "a shadow server applies an UNCERTAIN replay without checking its TID table",
+          also=BANK_REPLICATED),
     Plant("standby-serves-beside-concurrents", "router-bank-sites-live",
           "a standby server is given work while its partition's concurrent servers are "
-          "registered (it registers as one of them): the standby check must see it"),
+          "registered (it registers as one of them): the standby check must see it",
+          also=BANK_REPLICATED),
     Plant("fsync-lies", "router-bank",
           "the disk reports an fsync done that a crash then loses: a crash drops the "
           "last synced entry too"),

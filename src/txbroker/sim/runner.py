@@ -8,6 +8,7 @@ from typing import Final
 
 from txbroker.sim.bank_scenario import run_bank, run_bank_failing_fsync, run_bank_resets
 from txbroker.sim.live_bank import run_bank_live
+from txbroker.sim.live_bank_replicated import run_bank_replicated_live
 from txbroker.sim.live_bank_sites import run_bank_sites_live
 from txbroker.sim.live_etcd import run_replicated_etcd_live
 from txbroker.sim.live_queue import run_queue_live
@@ -29,6 +30,7 @@ SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "router-bank-resets": run_bank_resets,
     "router-bank-live": run_bank_live,
     "router-bank-sites-live": run_bank_sites_live,
+    "router-bank-replicated-live": run_bank_replicated_live,
     "xa-live": run_xa_live,
     "replicated-live": run_replicated_live,
     "replicated-etcd-live": run_replicated_etcd_live,
@@ -57,7 +59,7 @@ def run_seed(scenario: str, seed: int, plant: str | None = None) -> SeedResult:
         found = PLANTS.get(plant)
         if found is None:
             raise ValueError(f"unknown plant {plant!r}; try one of {sorted(PLANTS)}")
-        if found.scenario != scenario:
+        if not found.applies_to(scenario):
             raise ValueError(f"plant {plant!r} applies to scenario {found.scenario!r}")
         plants = frozenset({plant})
     world = World(seed)
