@@ -280,8 +280,10 @@ def test_a_backup_with_the_wrong_secret_never_joins(tmp_path: Path) -> None:
         with txbroker.connect(g.url, timeout=10) as conn:
             conn.send("q", b"x")
         assert g.backup_states(g.a) == {"b": "ready"}
-        status = g.c.status()
-        assert "HA secrets differ" in status["problem"]
+        # c's problem is its last attempt's (a or b, every 0.3 s): wait for one that
+        # reached a peer (a clean-clone CI run under load once read a refused connect)
+        wait_for(lambda: "HA secrets differ" in g.c.status()["problem"], 15,
+                 "c to report the secrets", g.describe)
     finally:
         g.stop()
 
