@@ -49,29 +49,57 @@ def replication(node: RNode) -> dict[str, Any]:
     return dict(node.status()["replication"])
 
 
-def store_then_cut_off_and_send(g: Group, proxy: LinkProxy) -> tuple[int, int]:
-    """Store STORED messages (b has them), cut b's link and keep it cut, send MISSED
-    more (acknowledged by a alone once it dropped b), let b rejoin; returns a's LSN
-    at the cut and after the sends."""
-    a, b = g.nodes
+def store_bulk(g: Group) -> int:
+    """Store STORED messages (transactions of 100) and wait until b holds them durably;
+    returns a's LSN then."""
+    a = g.nodes[0]
     with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
         for k in range(STORED // 100):
             with conn.transaction() as tx:
                 for i in range(100):
                     tx.send("bulk", BODY, message_id=f"bulk-{k}-{i}")
-    at_cut = replication(a)["lsn"]
-    wait_for(lambda: b.status()["following"]["applied_lsn"] == at_cut, 15,
-             "b to hold every entry", g.describe)
+    return wait_durable_on_b(g)
+
+
+def wait_durable_on_b(g: Group) -> int:
+    a, b = g.nodes
+    lsn = replication(a)["lsn"]
+    wait_for(lambda: b.status()["following"]["durable_lsn"] == lsn, 15,
+             "b to hold every entry durable", g.describe)
+    return int(lsn)
+
+
+def lose_b_and_send(g: Group, proxy: LinkProxy, *, kill: bool) -> int:
+    """Cut b off (``kill``: kill -9 it too) and keep it from rejoining, wait until a
+    dropped it, send MISSED more (acknowledged by a alone); returns a's LSN then."""
+    a, b = g.nodes
     proxy.blocked.set()  # b's attempts to rejoin are swallowed …
-    proxy.sever()  # … once its link is cut
+    if kill:
+        g.kill9(b)
+    proxy.sever()  # … once its link is cut (or the proxy's side of a dead b's link)
     wait_for(lambda: not replication(a)["backups"], 15, "a to drop b", g.describe)
     with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
         for i in range(MISSED):
             conn.send("missed", BODY, message_id=f"missed-{i}")
-    after = replication(a)["lsn"]
-    assert after >= at_cut + MISSED
+    return int(replication(a)["lsn"])
+
+
+def let_b_rejoin(g: Group, proxy: LinkProxy, *, start: bool) -> None:
+    a, b = g.nodes
+    if start:
+        g.spawn(b)
     proxy.blocked.clear()
     g.wait_ready_backups(1, primary=a)
+
+
+def store_then_cut_off_and_send(g: Group, proxy: LinkProxy) -> tuple[int, int]:
+    """Store STORED messages (b has them), cut b's link and keep it cut, send MISSED
+    more (acknowledged by a alone once it dropped b), let b rejoin; returns a's LSN
+    at the cut and after the sends."""
+    at_cut = store_bulk(g)
+    after = lose_b_and_send(g, proxy, kill=False)
+    assert after >= at_cut + MISSED
+    let_b_rejoin(g, proxy, start=False)
     return at_cut, after
 
 
@@ -136,25 +164,9 @@ def test_a_restarted_backup_process_resumes_from_its_disk(tmp_path: Path) -> Non
     may have left unsynced are."""
     with pair_behind_a_proxy(tmp_path) as (g, proxy):
         a, b = g.nodes
-        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
-            for k in range(STORED // 100):
-                with conn.transaction() as tx:
-                    for i in range(100):
-                        tx.send("bulk", BODY, message_id=f"bulk-{k}-{i}")
-        at_kill = replication(a)["lsn"]
-        wait_for(lambda: b.status()["following"]["durable_lsn"] == at_kill, 15,
-                 "b to hold every entry durable", g.describe)
-        proxy.blocked.set()  # b, restarted, cannot rejoin while a takes more sends
-        g.kill9(b)
-        proxy.sever()  # the proxy's side of b's link goes with b
-        wait_for(lambda: not replication(a)["backups"], 15, "a to drop b", g.describe)
-        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
-            for i in range(MISSED):
-                conn.send("missed", BODY, message_id=f"missed-{i}")
-        after = replication(a)["lsn"]
-        g.spawn(b)
-        proxy.blocked.clear()
-        g.wait_ready_backups(1, primary=a)
+        at_kill = store_bulk(g)
+        after = lose_b_and_send(g, proxy, kill=True)
+        let_b_rejoin(g, proxy, start=True)
         catchup = replication(a)["catchup"]
         assert (catchup["dumps"], catchup["suffixes"]) == (1, 1)  # b's first join only
         assert catchup["suffix_entries"] == after - at_kill  # exactly the entries missed
@@ -173,19 +185,9 @@ def test_a_restarted_backup_whose_primary_moved_on_gets_a_dump(tmp_path: Path) -
         a, b = g.nodes
         with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
             conn.send("q", BODY)
-        at_kill = replication(a)["lsn"]
-        wait_for(lambda: b.status()["following"]["durable_lsn"] == at_kill, 15,
-                 "b to hold every entry durable", g.describe)
-        proxy.blocked.set()
-        g.kill9(b)
-        proxy.sever()  # the proxy's side of b's link goes with b
-        wait_for(lambda: not replication(a)["backups"], 15, "a to drop b", g.describe)
-        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
-            for i in range(MISSED):
-                conn.send("missed", BODY, message_id=f"missed-{i}")
-        g.spawn(b)
-        proxy.blocked.clear()
-        g.wait_ready_backups(1, primary=a)
+        wait_durable_on_b(g)
+        lose_b_and_send(g, proxy, kill=True)
+        let_b_rejoin(g, proxy, start=True)
         catchup = replication(a)["catchup"]
         assert (catchup["dumps"], catchup["suffixes"]) == (2, 0)
         assert b.log_has("kept the copy on disk")

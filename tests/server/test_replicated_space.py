@@ -25,15 +25,20 @@ def segments(node: RNode) -> list[str]:
     return sorted(p.name for p in (node.data / "journal").glob("*.seg"))
 
 
+def churn(a: RNode) -> None:
+    """CHURN messages of 1 KiB sent to and consumed from ``a`` (``txbroker bench``)."""
+    bench = subprocess.run(
+        [sys.executable, "-m", "txbroker.cli", "bench", "--url", a.url, "--count",
+         str(CHURN), "--size", "1024", "--producers", "1", "--consumers", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bench.returncode == 0, bench.stderr
+
+
 def test_a_backup_drops_dead_segments(tmp_path: Path) -> None:
     with Group(tmp_path / "group", 2, "--segment-size", str(SEGMENT)) as g:
         a, b = g.nodes
         g.wait_ready_backups(1, primary=a)
-        bench = subprocess.run(
-            [sys.executable, "-m", "txbroker.cli", "bench", "--url", a.url, "--count",
-             str(CHURN), "--size", "1024", "--producers", "1", "--consumers", "1"],
-            capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert bench.returncode == 0, bench.stderr
+        churn(a)
         lsn = a.status()["replication"]["lsn"]
         wait_for(lambda: b.status()["following"]["durable_lsn"] == lsn, 30,
                  "b to hold every entry", g.describe)
@@ -59,11 +64,7 @@ def test_a_backup_that_dropped_segments_resumes_from_a_snapshot_after_a_restart(
     with Group(tmp_path / "group", 2, "--segment-size", str(SEGMENT)) as g:
         a, b = g.nodes
         g.wait_ready_backups(1, primary=a)
-        bench = subprocess.run(
-            [sys.executable, "-m", "txbroker.cli", "bench", "--url", a.url, "--count",
-             str(CHURN), "--size", "1024", "--producers", "1", "--consumers", "1"],
-            capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert bench.returncode == 0, bench.stderr
+        churn(a)
         with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
             for i in range(400):  # 400 KiB after the churn: seven segments that stay
                 conn.send("kept", b"k" * 1024, message_id=f"kept-{i}")

@@ -33,7 +33,7 @@ FIRST_CAUGHT = {
 #: node 0, which became primary; then node 1's promise of term 2 completed node 2's
 #: check, which set ``promote`` without looking whether its own promise still stood:
 #: node 2 stayed ``promoting`` for ever and the trio never settled. A node being checked
-#: now promises nobody else (rule P1), and the check re-reads its own promise.
+#: now promises nobody else (rule P1): its own promise stands when its check acts.
 PROMOTION_DEFECT_SEEDS = [562]
 
 

@@ -36,10 +36,7 @@ the loop. The plants of both scenarios apply (``plants.py``: ``also``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-import tempfile
-from pathlib import Path
 from typing import Final
 
 from txbroker.core.ha.replicated_role import NodeRole
@@ -49,14 +46,12 @@ from txbroker.sim.live_bank import CLIENTS, bank_client, finish_clients, start_c
 from txbroker.sim.live_bank_sites import Sites, check_sites
 from txbroker.sim.live_replicated import (
     HOSTS,
-    SETTLE_S,
     URL,
     Trio,
-    _check_prefixes,
-    _settle,
     run_trio,
+    settle_and_check,
 )
-from txbroker.sim.live_trio import TrioNode
+from txbroker.sim.live_trio import TrioNode, cancel_tasks, data_root
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
@@ -92,9 +87,7 @@ def run_bank_replicated_live(world: World, plants: frozenset[str]) -> list[str]:
     """One seed of ``router-bank-replicated-live``; returns the violations."""
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
-    shm = Path("/dev/shm")
-    root = Path(tempfile.mkdtemp(prefix="txbroker-sim-",
-                                 dir=shm if shm.is_dir() else None))
+    root = data_root()
     first_line = len(world.trace)
     nodes = [TrioNode(loop, n, HOSTS, root) for n in range(len(HOSTS))]
     for node in nodes:  # each node's configuration file has the bank's [router] section
@@ -127,16 +120,9 @@ def run_bank_replicated_live(world: World, plants: frozenset[str]) -> list[str]:
         await finish_clients(loop, bank, clients, end)
         await asyncio.sleep(max(0.0, end - loop.time()))  # every site catches up
         sites.check_all_up()
-        why = await _settle(trio)
-        if why is not None:
-            unsettled.append(f"{SETTLE_S:g} s after the healed phase the trio has not "
-                             f"settled: {why}")
-        else:
-            trio.log(f"trio settled: {_summary(trio)}")
-            unsettled.extend(_check_prefixes(trio))
-        operator.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await operator
+        unsettled.extend(await settle_and_check(
+            trio, lambda: trio.log(f"trio settled: {_summary(trio)}")))
+        await cancel_tasks([operator])
         trio.over = True
         errors.extend(loop.errors)  # (not what the shutdown's cancellations leave)
         ended.append(len(world.trace))

@@ -34,12 +34,9 @@ settled after the healed phase: one primary, every backup following it ready), a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final
 
 from txbroker.core.ha.replicated_role import NodeRole
@@ -56,14 +53,12 @@ from txbroker.sim.live_replicated import (
     HOSTS,
     PRODUCERS,
     RESTART_S,
-    SETTLE_S,
     URL,
     Trio,
-    _check_prefixes,
-    _settle,
     run_trio,
+    settle_and_check,
 )
-from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
+from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, cancel_tasks, data_root, probe
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.memnet import MemoryTransport
 from txbroker.sim.world import World
@@ -344,9 +339,7 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
     operator promotes whichever live node accepts ``ha_promote``."""
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
-    shm = Path("/dev/shm")
-    root = Path(tempfile.mkdtemp(prefix="txbroker-sim-",
-                                 dir=shm if shm.is_dir() else None))
+    root = data_root()
     first_line = len(world.trace)
     nodes = [TrioNode(loop, n, HOSTS, root) for n in range(len(HOSTS))]
     for node in nodes:
@@ -392,15 +385,8 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
             loop.kill(counter)
             unsettled.append("the queue could not be counted: no primary")
         else:
-            why = await _settle(trio)
-            if why is not None:
-                unsettled.append(f"{SETTLE_S:g} s after the healed phase the trio has not "
-                                 f"settled: {why}")
-            else:
-                unsettled.extend(_check_prefixes(trio))
-        operator.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await operator
+            unsettled.extend(await settle_and_check(trio))
+        await cancel_tasks([operator])
         trio.over = True
         errors.extend(loop.errors)
         ended.append(len(world.trace))

@@ -32,7 +32,6 @@ import contextlib
 import gc
 import random
 import shutil
-import tempfile
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ from txbroker.server.app import BrokerServer
 from txbroker.server.ha.replicated import ReplicatedNode
 from txbroker.sim.live import captured_logs, seed_client_jitter
 from txbroker.sim.live_clients import Record, check_queue, consumer, left_in_queue, producer
-from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, probe
+from txbroker.sim.live_trio import CLIENT_PORT, TrioNode, cancel_tasks, data_root, probe
 from txbroker.sim.loop import SimLoop
 from txbroker.sim.world import World
 
@@ -305,6 +304,18 @@ async def _settle(trio: Trio) -> str | None:
     return why
 
 
+async def settle_and_check(trio: Trio,
+                           on_settled: Callable[[], None] | None = None) -> list[str]:
+    """After the healed phase: the trio settles within :data:`SETTLE_S` (else that is
+    the violation), then every backup's log is checked against the primary's."""
+    why = await _settle(trio)
+    if why is not None:
+        return [f"{SETTLE_S:g} s after the healed phase the trio has not settled: {why}"]
+    if on_settled is not None:
+        on_settled()
+    return _check_prefixes(trio)
+
+
 def _check_prefixes(trio: Trio) -> list[str]:
     """Every backup's streamed entries are the primary's entries of the same LSNs, and its
     log counts them so (``REPLICA_AT``, ``server/ha/replica.py``): a restart resumes
@@ -410,9 +421,7 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
     (:class:`~txbroker.sim.loop.SimulationStuck`)."""
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
-    shm = Path("/dev/shm")
-    root = Path(tempfile.mkdtemp(prefix="txbroker-sim-",
-                                 dir=shm if shm.is_dir() else None))
+    root = data_root()
     first_line = len(world.trace)
     trio = Trio(loop, world, plants, [TrioNode(loop, n, HOSTS, root)
                                       for n in range(len(HOSTS))],
@@ -450,16 +459,8 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
                 trio.record.failures.append(f"a client raised {exc!r}")
         _, counting = loop.spawn("127.0.3.1", left_in_queue(loop, url=URL))
         left.append(await counting)
-        why = await _settle(trio)
-        if why is not None:
-            unsettled.append(f"{SETTLE_S:g} s after the healed phase the trio has not "
-                             f"settled: {why}")
-        else:
-            unsettled.extend(_check_prefixes(trio))
-        for operator in operators:
-            operator.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await operator
+        unsettled.extend(await settle_and_check(trio))
+        await cancel_tasks(operators)
         trio.over = True
         errors.extend(loop.errors)  # (not what the shutdown's cancellations leave)
         ended.append(len(world.trace))

@@ -24,7 +24,9 @@ What is real and what is a model:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Final
 
@@ -192,3 +194,18 @@ async def probe(host: str, op: str, timeout: float = 1.0) -> Any:
             return await call(2, op, {})
     finally:
         writer.close()
+
+
+def data_root() -> Path:
+    """A fresh directory for a run's nodes' small files (in ``/dev/shm`` when there is
+    one: they are fsynced at once)."""
+    shm = Path("/dev/shm")
+    return Path(tempfile.mkdtemp(prefix="txbroker-sim-", dir=shm if shm.is_dir() else None))
+
+
+async def cancel_tasks(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` (a scenario's operators) and wait for each to end."""
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

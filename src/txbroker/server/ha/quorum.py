@@ -161,9 +161,6 @@ class QuorumPromotion:
                         raise IllegalState(f"{exc}; not promised by {', '.join(refused)}") \
                             from None
                     raise
-                if read_promise(node.config.data) != promise:  # (P1 keeps it ours)
-                    raise IllegalState(f"{node.node} cannot be promoted: it promised a "
-                                       "newer term to another node meanwhile")
             except BaseException:
                 withdraw_promise(node.config.data, previous)
                 raise
