@@ -253,3 +253,18 @@ def test_a_new_primary_waits_out_etcd_being_down() -> None:
     EtcdUnavailable out of the process (a crash). Now it retries until written, or
     until the key is lost."""
     assert run_seed("replicated-etcd-live", 50355).violations == []
+
+
+def test_a_fenced_primary_renews_nothing_and_a_late_primary_still_gets_sends() -> None:
+    """Seed 60023 (``bench/sim.py --seeds 40 --first-seed 60000``): a primary stopped
+    past its lease renewed it once more at its SIGCONT before its watchdog fenced it, so
+    its key outlived it by a TTL (deleted at 7.32 s, now 6.32 s); and no primary served
+    while the producers sent, so the run tested nothing. Now the holder renews nothing
+    past its deadline (``LeaseHolder._renew``), and the producers go on until a send is
+    answered (``DRAIN_S`` before the healed phase ends)."""
+    result = run_seed("replicated-etcd-live", 60023)
+    assert result.violations == []
+    expired = [line for line in result.trace
+               if "/txbroker/sim/primary deleted (lease 694d0000fea9, lease expired)" in line]
+    assert [line.split()[1] for line in expired] == ["6.316884"]
+    assert sum(" sent " in line or " commit " in line for line in result.trace) == 2

@@ -57,6 +57,8 @@ class Record:
     acked: dict[str, float] = field(default_factory=dict)
     #: what went wrong outside the checkers' view (a client that raised)
     failures: list[str] = field(default_factory=list)
+    #: how many sends and commits were answered
+    answered: int = 0
 
 
 async def _connect(loop: SimLoop, url: str) -> AsyncConnection:
@@ -65,13 +67,16 @@ async def _connect(loop: SimLoop, url: str) -> AsyncConnection:
 
 
 async def producer(loop: SimLoop, world: World, number: int, record: Record,
-                   until: float, *, url: str) -> None:
+                   until: float, *, url: str, or_first_answer_by: float | None = None) -> None:
     """Producer ``number``: persistent sends with message ids until ``until`` (virtual
     time), every fourth a local transaction of two sends; what it was told goes to
-    ``record``."""
+    ``record``. With ``or_first_answer_by``: past ``until`` too, while no producer's
+    send has been answered, until that time (a schedule that left no primary for the
+    whole sending time still tests something)."""
     conn = await _connect(loop, url)
     count = 0
-    while loop.time() < until:
+    while loop.time() < until or (or_first_answer_by is not None and not record.answered
+                                  and loop.time() < or_first_answer_by):
         count += 1
         if count % 4 == 0:
             tx_number = number * 1_000_000 + count
@@ -87,6 +92,7 @@ async def producer(loop: SimLoop, world: World, number: int, record: Record,
             except (TxBrokerError, TimeoutError):  # the outcome is unknown
                 continue
             record.transactions[tx_number] = (ids, True)
+            record.answered += 1
             for message_id in ids:
                 record.sent[message_id] = "ok"
             world.log(f"{loop.time():.6f} commit {ids}")
@@ -98,6 +104,7 @@ async def producer(loop: SimLoop, world: World, number: int, record: Record,
             except (TxBrokerError, TimeoutError):  # the outcome is unknown
                 continue
             record.sent[message_id] = "ok"
+            record.answered += 1
             world.log(f"{loop.time():.6f} sent {message_id}")
         await asyncio.sleep(loop.random.uniform(*SEND_GAP_S))
     await conn.close()

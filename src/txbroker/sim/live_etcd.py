@@ -86,6 +86,10 @@ READY_KEY: Final = f"/txbroker/{CLUSTER}/ready".encode()
 #: Producers go on sending this long into the healed phase (s): a run whose faults
 #: left no primary for the whole fault phase still tests something.
 SEND_INTO_HEAL_S: Final = 5.0
+#: ... and, while no send has been answered yet, until this long before the healed
+#: phase ends (the consumers' time to drain): seed 60023 had no primary from 5.4 s
+#: (a zombie's renewal, then the operator's wait) to 11.4 s.
+DRAIN_S: Final = 2.0
 #: A client still blocked this long after the healed phase means the group is stuck (s).
 STUCK_S: Final = 10.0
 
@@ -363,7 +367,8 @@ def run_replicated_etcd_live(world: World, plants: frozenset[str], *,
         end = fault_end + HEAL_S
         spawned = [loop.spawn(f"127.0.1.{n + 1}",
                               producer(loop, world, n, trio.record,
-                                       fault_end + SEND_INTO_HEAL_S, url=URL))
+                                       fault_end + SEND_INTO_HEAL_S, url=URL,
+                                       or_first_answer_by=end - DRAIN_S))
                    for n in range(PRODUCERS)]
         spawned += [loop.spawn(f"127.0.2.{n + 1}",
                                consumer(loop, world, trio.record, end, url=URL))

@@ -200,6 +200,10 @@ class LeaseHolder:
         while self.held:
             await asyncio.sleep(max(0.0, next_at - self.clock()))
             sent = self.clock()
+            if sent >= self.deadline:  # resumed past it (a SIGSTOP): a renewal sent now
+                # would keep a fenced holder's key for one more TTL and delay the takeover
+                self._lose(self._silence())
+                return
             try:
                 remaining = await self.client.keepalive(self.lease_id)
             except EtcdError as exc:
@@ -218,11 +222,14 @@ class LeaseHolder:
         while self.held:
             delay = self.deadline - self.clock()
             if delay <= 0:
-                silent = self.clock() - self.last_renewal_sent
-                self._lose(f"no lease renewal granted for {silent:.2f} s "
-                           f"(TTL {self.granted_ttl} s, margin {self.margin:.2f} s)")
+                self._lose(self._silence())
                 return
             await asyncio.sleep(delay)
+
+    def _silence(self) -> str:
+        silent = self.clock() - self.last_renewal_sent
+        return (f"no lease renewal granted for {silent:.2f} s "
+                f"(TTL {self.granted_ttl} s, margin {self.margin:.2f} s)")
 
     def _lose(self, reason: str) -> None:
         if self.lost_at is not None:
