@@ -11,7 +11,7 @@ import pytest
 
 from tests.core.test_router import Rig
 from tests.core.test_router_tombstones import rig_on
-from txbroker.core.router.model import Role
+from txbroker.core.router.model import Role, Site
 
 
 @pytest.fixture(params=["memory", "journal"])
@@ -216,4 +216,86 @@ def test_a_site_presented_while_the_commit_is_written_is_told_it_is_decided(
     assert rig.take(1) == []  # nobody is told before the decision is durable
     rig.h.sync()
     assert rig.take(2) == [("MSG1", "t1"), ("ACCEPTED", "t1")]
+    assert rig.take(1) == [("ACCEPTED", "t1")]
+
+
+def test_retiring_a_secondary_site_releases_what_was_kept_for_it(rig: Rig) -> None:
+    """``rtr_retire_shadow``: before it, a partition once shadowed kept every decided
+    transaction for its secondary site for ever (no command retired the site). Now the
+    operator retires it: what only waited for the site goes, an undecided transaction
+    goes on with the primary site alone, and a restart does not bring either back."""
+    from txbroker.core import LATER
+    from txbroker.errors import BadRequest, IllegalState, NotFound
+
+    client = rig.client(1)
+    primary = rig.server(2, "A")
+    rig.server(3, "A", role=Role.SHADOW)
+    with pytest.raises(IllegalState, match="shadow servers registered"):
+        rig.call("retire_shadow", 9, 1, "BANK", "A", rig.h.now)
+    rig.close(3)  # the secondary site goes down, for good
+    rig.send(1, client, "t1", 5)
+    rig.vote(2, primary, "t1")
+    rig.accept(1, client, "t1")
+    assert rig.take(2) == [("MSG1", "t1"), ("ACCEPTED", "t1")]
+    rig.done(2, primary, "t1")
+    rig.call("collected", 1, client, ["t1"], rig.h.now)
+    assert "t1" in rig.router.data.transactions  # kept for the secondary site
+    rig.send(1, client, "t2", 6)
+    rig.accept(1, client, "t2")  # not voted yet: undecided
+    assert rig.take(2) == [("MSG1", "t2")]
+    kept = rig.journal()
+    rig.h.session(9)
+    assert rig.call("retire_shadow", 9, 11, "BANK", "A", rig.h.now) is LATER
+    assert rig.h.replies[(9, 11)] == {"facility": "BANK", "partition": "A", "released": 2}
+    assert "t1" not in rig.router.data.transactions  # it only waited for the site
+    assert sorted(rig.router.data.transactions["t2"].participants) == [("A", Site.PRIMARY)]
+    assert rig.journal() == kept - 1  # t1's record went; t2's and the facility's replaced
+    assert ("BANK", "A") not in rig.router.data.shadowed
+    [bank] = rig.router.show("BANK")["facilities"]
+    assert [(p["name"], p["shadowed"]) for p in bank["partitions"]] == [("A", False),
+                                                                       ("B", False)]
+    # again: nothing to do, answered at once; bad input changes nothing
+    assert rig.call("retire_shadow", 9, 12, "BANK", "A", rig.h.now) == {
+        "facility": "BANK", "partition": "A", "released": 0}
+    with pytest.raises(NotFound):
+        rig.call("retire_shadow", 9, 13, "BANK", "Z", rig.h.now)
+    with pytest.raises(NotFound):
+        rig.call("retire_shadow", 9, 14, "NOPE", "A", rig.h.now)
+    with pytest.raises(BadRequest):
+        rig.call("retire_shadow", 9, 15, "BANK", ["A"], rig.h.now)
+    if rig.h.durable_store is not None:  # the retirement survives a restart
+        rig.h = rig.h.crash()
+        assert ("BANK", "A") not in rig.router.data.shadowed
+        assert sorted(rig.router.data.transactions) == ["t2"]
+        assert sorted(rig.router.data.transactions["t2"].participants) == [
+            ("A", Site.PRIMARY)]
+        primary = rig.server(2, "A")
+        assert rig.take(2) == [("UNCERTAIN", "t2")]
+    rig.vote(2, primary, "t2")
+    assert rig.take(2) == [("ACCEPTED", "t2")]
+    rig.done(2, primary, "t2")
+    rig.server(5, "A", role=Role.SHADOW)  # a new secondary site: from now on
+    assert rig.take(5) == []  # nothing of before is replayed to it
+    assert ("BANK", "A") in rig.router.data.shadowed
+
+
+def test_a_secondary_site_is_not_retired_while_a_decision_is_written(rig: Rig) -> None:
+    """A transaction whose decision is on its way to disk keeps its record as it is:
+    the retirement is refused (try again) and changes nothing."""
+    from txbroker.errors import IllegalState
+
+    client = rig.client(1)
+    primary = rig.server(2, "A")
+    rig.server(3, "A", role=Role.SHADOW)
+    rig.close(3)
+    rig.send(1, client, "t1", 5)
+    rig.accept(1, client, "t1")
+    rig.take(2)
+    rig.h.auto_sync = False
+    rig.vote(2, primary, "t1")  # the commit record is being written
+    with pytest.raises(IllegalState, match="t1 is being written"):
+        rig.call("retire_shadow", 9, 1, "BANK", "A", rig.h.now)
+    assert ("BANK", "A") in rig.router.data.shadowed
+    assert len(rig.router.data.transactions["t1"].participants) == 2
+    rig.h.sync()
     assert rig.take(1) == [("ACCEPTED", "t1")]

@@ -136,6 +136,15 @@ def test_set_partition(conn: Conn, capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "give --retry-count and/or --vote-timeout" in err
 
 
+def test_retire_shadow(conn: Conn, capsys: pytest.CaptureFixture[str]) -> None:
+    conn.replies["rtr_retire_shadow"] = {"facility": "BANK", "partition": "A", "released": 3}
+    code, out, _ = txb(capsys, "router", "retire-shadow", "BANK", "A")
+    assert code == 0 and conn.requests == [("rtr_retire_shadow",
+                                            {"facility": "BANK", "partition": "A"})]
+    assert out == ("BANK/A: secondary site retired (3 transaction(s) no longer wait for "
+                   "it)\n")
+
+
 def test_exceptions_list_commit_discard(conn: Conn, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = txb(capsys, "router", "exceptions", "list", "BANK")
     assert code == 0

@@ -25,6 +25,7 @@ from txbroker.router import (
     SERVER_UP,
     ClientState,
     MessageType,
+    Role,
     RouterMessage,
     ServerMessageHandler,
     ServerTransactionController,
@@ -269,6 +270,46 @@ def test_cli_against_the_broker(broker: BrokerProcess) -> None:
     assert parts["NZ"]["vote_timeout_ms"] == 1500
     missing = txb(broker, "router", "exceptions", "commit", "f" * 32)
     assert missing.returncode == 1 and missing.stderr.startswith("error: ")
+
+
+def test_retire_shadow_through_the_cli_survives_a_restart(broker: BrokerProcess) -> None:
+    """A secondary site that is gone for good: until ``router retire-shadow``, what the
+    partition decided waits for it; after it, nothing does, across a restart."""
+    def partition_a() -> tuple[bool, dict[str, int]]:
+        shown = txb(broker, "router", "show", "BANK", "--json")
+        assert shown.returncode == 0, shown.stderr
+        facility = json.loads(shown.stdout)["facilities"][0]
+        [a] = [p for p in facility["partitions"] if p["name"] == "A"]
+        return a["shadowed"], facility["transactions"]
+
+    with TransactionController(broker.url) as client, \
+            ServerTransactionController(broker.url) as srv:
+        client.register_facility("BANK")
+        srv.register_partition("BANK", "A")
+        with ServerTransactionController(broker.url) as shadow:
+            shadow.register_partition("BANK", "A", Role.SHADOW)
+            refused = txb(broker, "router", "retire-shadow", "BANK", "A")
+            assert refused.returncode != 0 and "unregister the secondary site" in \
+                refused.stderr
+        client.start_transaction()
+        client.send(b"debit", key=5)
+        assert receive(srv).type is M.MSG1
+        srv.accept_transaction()
+        client.accept()
+        assert (receive(srv).type, receive(client).type) == (M.ACCEPTED, M.ACCEPTED)
+        srv.acknowledge_outcome()
+        assert partition_a() == (True, {"SENDING": 0, "VREQ": 0, "COMMITTING": 1,
+                                        "ABORTING": 0})  # kept for the secondary site
+        retired = txb(broker, "router", "retire-shadow", "BANK", "A")
+        assert (retired.returncode, retired.stderr) == (0, "")
+        assert retired.stdout == ("BANK/A: secondary site retired (1 transaction(s) no "
+                                  "longer wait for it)\n")
+        assert partition_a() == (False, {"SENDING": 0, "VREQ": 0, "COMMITTING": 0,
+                                         "ABORTING": 0})
+    broker.kill()
+    broker.start()
+    assert partition_a() == (False, {"SENDING": 0, "VREQ": 0, "COMMITTING": 0,
+                                     "ABORTING": 0})
 
 
 def test_router_events_for_subscribers(broker: BrokerProcess) -> None:

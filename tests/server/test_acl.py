@@ -603,6 +603,8 @@ NATIVE_OPS: dict[str, tuple[str | None, str, dict[str, Any]]] = {
         {"name": "p", "low": 0, "high": 9}]}),
     "rtr_set_partition": ("admin", "router_set_partition",
                           {"facility": "billing.x", "partition": "p", "retry_count": 1}),
+    "rtr_retire_shadow": ("admin", "router_retire_shadow",
+                          {"facility": "billing.x", "partition": "p"}),
     "rtr_unregister": (None, "", {"controller": 1}),
     "rtr_send": (None, "", {"controller": 1, "tid": "t", "key": 1, "body": b"x"}),
     "rtr_accept": (None, "", {"controller": 1, "tid": "t"}),

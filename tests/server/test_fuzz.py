@@ -58,7 +58,8 @@ ALL_OPS = [
     "queue_browse", "queue_move", "conn_list", "conn_close",
     "rtr_register", "rtr_unregister", "rtr_send", "rtr_accept", "rtr_reject", "rtr_ack",
     "rtr_outcome", "rtr_vote", "rtr_done", "rtr_event", "rtr_define", "rtr_show",
-    "rtr_set_partition", "rtr_exceptions", "rtr_exception_commit", "rtr_exception_discard",
+    "rtr_set_partition", "rtr_retire_shadow", "rtr_exceptions", "rtr_exception_commit",
+    "rtr_exception_discard",
 ]
 
 PRECIOUS = "precious"  #: stored before the fuzzing; no request may name it
@@ -337,6 +338,7 @@ REQUESTS: dict[str, tuple[dict[str, tuple[str, Any]], dict[str, tuple[str, Any]]
     "rtr_show": ({}, {"facility": ("str", "fz-fac")}),
     "rtr_set_partition": ({"facility": ("str", "fz-fac"), "partition": ("str", "p")},
                           {"retry_count": ("int", 3), "vote_timeout_ms": ("int", 100)}),
+    "rtr_retire_shadow": ({"facility": ("str", "fz-fac"), "partition": ("str", "p")}, {}),
     "rtr_exceptions": ({}, {"facility": ("str", "fz-fac")}),
     "rtr_exception_commit": ({"tid": ("str", "fz-t")}, {}),
     "rtr_exception_discard": ({"tid": ("str", "fz-t")}, {}),

@@ -1,12 +1,13 @@
-"""``txbroker router define|show|set-partition|exceptions``: the transaction router's
-facilities, partitions, servers and exception transactions (docs/router.md).
+"""``txbroker router define|show|set-partition|retire-shadow|exceptions``: the
+transaction router's facilities, partitions, servers, secondary sites and exception
+transactions (docs/router.md).
 
 Theory of operation
 -------------------
 Each command opens one client connection (:func:`txbroker.cli.common.connect`,
 so a test can replace it) and sends the router's admin request with
 ``Connection.request``: ``rtr_define``, ``rtr_show``, ``rtr_set_partition``,
-``rtr_exceptions``, ``rtr_exception_commit`` / ``rtr_exception_discard``. The
+``rtr_retire_shadow``, ``rtr_exceptions``, ``rtr_exception_commit`` / ``rtr_exception_discard``. The
 broker checks the admin right. ``--partition NAME:LOW-HIGH`` bounds are ints
 when both parse as ints, else strings (``NAME:LOW..HIGH`` splits strings that
 contain ``-``).
@@ -171,6 +172,26 @@ def set_partition(
                               {"facility": facility, "partition": partition, **settings})
     console.print(_partition_table([result if isinstance(result, dict) else
                                     {"name": partition, "low": None, "high": None, **settings}]))
+
+
+@router_app.command("retire-shadow")
+def retire_shadow(
+    facility: Annotated[str, typer.Argument(help="facility name")],
+    partition: Annotated[str, typer.Argument(help="partition name")],
+    url: UrlOption = DEFAULT_URL,
+    tls_ca: TlsCaOption = None,
+) -> None:
+    """Retire a partition's secondary site: its transactions stop waiting for it.
+
+    Unregister the site's shadow servers first (refused while one is registered). Its
+    decided transactions that only waited for it are forgotten; a shadow server that
+    registers later makes the partition shadowed again, from then on."""
+    with common.connect(url, tls_ca) as conn:
+        result = conn.request("rtr_retire_shadow", {"facility": facility,
+                                                    "partition": partition})
+    released = result.get("released", 0) if isinstance(result, dict) else 0
+    print(f"{facility}/{partition}: secondary site retired ({released} transaction(s) no "
+          "longer wait for it)")
 
 
 @exceptions_app.command("list")

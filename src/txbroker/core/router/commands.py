@@ -171,11 +171,21 @@ class DiscardException:
     tid: Any
 
 
+@dataclass(slots=True)
+class RetireShadow:
+    """``rtr_retire_shadow``: a partition's secondary site is retired (no longer
+    shadowed; what was kept for it goes)."""
+
+    facility: Any
+    partition: Any
+
+
 #: Every router command.
 RouterCommand: TypeAlias = (Define | SetPartition | Register | Unregister | Send | Accept | Reject
                  | Collected | Outcome | Vote | Done | UserEvent | Show | Exceptions
-                 | FacilityOf | CommitException | DiscardException)
+                 | FacilityOf | CommitException | DiscardException | RetireShadow)
 
 __all__ = ["Accept", "Collected", "CommitException", "Define", "DiscardException", "Done",
-           "Exceptions", "FacilityOf", "Outcome", "Register", "Reject", "RouterCommand",
+           "Exceptions", "FacilityOf", "Outcome", "Register", "Reject", "RetireShadow",
+           "RouterCommand",
            "Send", "SetPartition", "Show", "Unregister", "UserEvent", "Vote"]

@@ -58,6 +58,7 @@ from txbroker.core.router.commands import (
     Outcome,
     Register,
     Reject,
+    RetireShadow,
     RouterCommand,
     Send,
     SetPartition,
@@ -132,6 +133,9 @@ class Router:
             return self.commit_exception(session_id, rid, command.tid, now)
         if isinstance(command, DiscardException):
             return self.discard_exception(session_id, rid, command.tid, now)
+        if isinstance(command, RetireShadow):
+            return self.retire_shadow(session_id, rid, command.facility, command.partition,
+                                      now)
         raise BadRequest(f"not a router command: {type(command).__name__}")
 
     # ------------------------------------------------------------------ facilities
@@ -255,6 +259,11 @@ class Router:
     def discard_exception(self, session_id: int, rid: int, tid: Any, now: int) -> Any:
         """An operator discards an exception transaction: it is forgotten."""
         return admin.discard_exception(self.data, session_id, rid, tid, now)
+
+    def retire_shadow(self, session_id: int, rid: int, facility: Any, partition: Any,
+                      now: int) -> Any:
+        """Retire a partition's secondary site (``failover.retire_shadow``)."""
+        return failover.retire_shadow(self.data, session_id, rid, facility, partition, now)
 
     # ------------------------------------------------------------------ timers
     def tick(self, now: int) -> None:

@@ -17,7 +17,9 @@ a vote more often than its partition's retry count strikes the transaction out
 leaves takes its unaccepted transactions with it; an accepted one goes on and
 its outcome is kept for the client to collect. A partition's first shadow
 registration is journaled (the facility record): from then on, across restarts,
-its transactions keep a participant for the secondary site.
+its transactions keep a participant for the secondary site — until an operator
+retires the secondary site (``rtr_retire_shadow``, :func:`retire_shadow`): then the
+participants kept for it go, and so do the decided transactions that only waited for it.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from txbroker.core.router.states import (
     part_next,
 )
 from txbroker.core.router.voting import all_voted, decide, maybe_forget
-from txbroker.errors import NotFound, StorageFailed
+from txbroker.errors import BadRequest, IllegalState, NotFound, StorageFailed
 
 
 def register(router: RouterData, session_id: int, facility_name: Any, *, server: bool,
@@ -229,4 +231,47 @@ def _strike_out(router: RouterData, tx: Transaction, now: int) -> None:
         router.router_event(tx.facility, RouterEvent.EXCEPTION, name, {"tid": tx.tid})
 
 
-__all__ = ["drop", "lost", "register", "session_closed", "unregister"]
+
+def retire_shadow(router: RouterData, session_id: int, rid: int, facility_name: Any,
+                  partition: Any, now: int) -> Any:
+    """An operator retires a partition's secondary site: the partition is no longer
+    shadowed (its facility record says so, durably before the reply), and every
+    transaction drops the participant it kept for that site — a decided one that only
+    waited for it is forgotten. Refused while a shadow server of the partition is
+    registered (it would get nothing more) or while a transaction with such a
+    participant is being written (try again). Replies how many participants still
+    waited for the site (``released``); a partition that is not shadowed replies 0 at
+    once."""
+    facility = router.facility(facility_name)
+    if not isinstance(partition, str):
+        raise BadRequest("argument 'partition' must be a partition name")
+    key = (facility.name, facility.partition(partition).name)
+    result: dict[str, Any] = {"facility": key[0], "partition": key[1], "released": 0}
+    if key not in router.shadowed:
+        return result
+    shadows = [s.id for s in router.servers_of(*key) if s.role is Role.SHADOW]
+    if shadows:
+        raise IllegalState(f"partition {key[1]!r} of facility {key[0]!r} has shadow servers "
+                           f"registered ({', '.join(map(str, shadows))}): unregister the "
+                           "secondary site first")
+    kept = [tx for tx in router.transactions.values()
+            if tx.facility == key[0] and (key[1], Site.SECONDARY) in tx.participants]
+    busy = [tx.tid for tx in kept if tx.state in WRITING]
+    if busy:
+        raise IllegalState(f"transaction {busy[0]} is being written; try again")
+    router.outbox.check_writable()  # before anything changes
+    router.shadowed.discard(key)
+    router.waiting.get(key, {}).pop(Site.SECONDARY, None)
+    released = 0
+    for tx in kept:
+        released += tx.participants.pop((key[1], Site.SECONDARY)).state is not PartState.DONE
+        maybe_forget(router, tx, now)
+        if tx.tid in router.transactions and tx.record is not None:  # still kept: so is
+            # the retirement (a restart must not bring the participant back)
+            tx.record = router.log.write(TxRecord.of(tx), tx.record, now,
+                                         router.journaled(None))
+    result["released"] = released
+    store(router, facility, now, router.outbox.reply_when_durable(session_id, rid, result))
+    return LATER
+
+__all__ = ["drop", "lost", "register", "retire_shadow", "session_closed", "unregister"]

@@ -5,9 +5,9 @@ the router command (``core/router/commands.py``) and hands it to the core's fron
 (``Broker.rtr``), the router's only door.
 Permissions, decided once here for every op (``server/security/acl.py`` patterns): a
 client controller needs ``send`` on ``router.<facility>``, a server controller
-``consume`` on it; defining a facility, changing a partition and resolving an
-exception transaction need ``admin`` on it (audited). The rest acts on a
-controller the session registered, so it needs nothing more.
+``consume`` on it; defining a facility, changing a partition, retiring a partition's
+secondary site and resolving an exception transaction need ``admin`` on it (audited).
+The rest acts on a controller the session registered, so it needs nothing more.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from txbroker.core.router.commands import (
     Outcome,
     Register,
     Reject,
+    RetireShadow,
     Send,
     SetPartition,
     Show,
@@ -180,6 +181,14 @@ def rtr_set_partition(session: Session, rid: int, args: dict[str, Any], now: int
                                                           vote_timeout_ms), now)
 
 
+def rtr_retire_shadow(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
+    """Retire a partition's secondary site (admin): it is no longer shadowed, and what
+    the router kept for it goes."""
+    facility, partition = _facility_arg(args), arg(args, "partition", str)
+    session.ops.require_admin(session, "router_retire_shadow", ACL_PREFIX + facility)
+    return session.core.rtr(session.id, rid, RetireShadow(facility, partition), now)
+
+
 def rtr_exceptions(session: Session, rid: int, args: dict[str, Any], now: int) -> Any:
     """The exception transactions."""
     return session.core.rtr(session.id, rid, Exceptions(arg(args, "facility", str, None)),
@@ -223,6 +232,7 @@ ROUTER_HANDLERS: Final = {
     "rtr_define": rtr_define,
     "rtr_show": rtr_show,
     "rtr_set_partition": rtr_set_partition,
+    "rtr_retire_shadow": rtr_retire_shadow,
     "rtr_exceptions": rtr_exceptions,
     "rtr_exception_commit": rtr_exception_commit,
     "rtr_exception_discard": rtr_exception_discard,
