@@ -20,6 +20,15 @@ included). ``--procs 0`` runs every seed in this process, one after another, as 
 benchmark did before (no limit). A seed's trace does not depend on the process that
 runs it (``tests/sim/test_sim.py``), so a failing seed replays with ``python -m
 txbroker.sim replay --scenario NAME --seed S``.
+
+Each seed's outcome is also appended, as it arrives, to ``<out>.seeds.jsonl`` (one
+JSON object a line: scenario, seed, violations, first violation): a run stopped before
+its end (a session's end, a reboot) keeps every seed it finished, and
+
+    python bench/sim.py --summarize FILE.seeds.jsonl [--out FILE]
+
+writes the same summary from it, with the seeds that ran (``"interrupted": true`` when
+some of the asked seeds did not).
 """
 
 from __future__ import annotations
@@ -97,9 +106,26 @@ def _child_command(scenario: str, first: int, count: int, memory_mb: int) -> lis
             str(count), "--memory-mb", str(memory_mb)]
 
 
-def _run_chunk(scenario: str, first: int, count: int, memory_mb: int) -> list[SeedOutcome]:
+class Progress:
+    """Appends each seed's outcome to a JSON-lines file as it arrives (thread-safe)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def __call__(self, scenario: str, outcome: SeedOutcome) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"scenario": scenario, "seed": outcome.seed,
+                           "violations": outcome.violations, "first": outcome.first})
+        with self._lock, self.path.open("a") as file:
+            file.write(line + "\n")
+
+
+def _run_chunk(scenario: str, first: int, count: int, memory_mb: int,
+               progress: Progress) -> list[SeedOutcome]:
     """Run a chunk of seeds in child processes (a new one after a seed that broke the
-    last); every seed of the chunk gets an outcome."""
+    last); every seed of the chunk gets an outcome (each also to ``progress``)."""
     outcomes: list[SeedOutcome] = []
     end = first + count
     next_seed = first
@@ -111,12 +137,14 @@ def _run_chunk(scenario: str, first: int, count: int, memory_mb: int) -> list[Se
             reported = json.loads(line)
             outcomes.append(SeedOutcome(reported["seed"], reported["violations"],
                                         reported["first"]))
+            progress(scenario, outcomes[-1])
             next_seed = reported["seed"] + 1
         returncode = child.wait()
         if next_seed < end and returncode != 0:  # it died running next_seed
             outcomes.append(SeedOutcome(
                 next_seed, 1, f"the child process died running this seed ({_died(returncode)}; "
                 f"address-space limit {memory_mb} MB)"))
+            progress(scenario, outcomes[-1])
             next_seed += 1
     return outcomes
 
@@ -127,7 +155,8 @@ def _children_cpu() -> float:
 
 
 def run_scenario(name: str, seeds: int, first_seed: int, procs: int, chunk: int,
-                 memory_mb: int) -> tuple[list[SeedOutcome], float]:
+                 memory_mb: int, progress: Progress | None = None
+                 ) -> tuple[list[SeedOutcome], float]:
     """Run the seeds of one scenario; their outcomes (in seed order) and CPU seconds."""
     if procs == 0:
         cpu_started = time.process_time()
@@ -136,6 +165,8 @@ def run_scenario(name: str, seeds: int, first_seed: int, procs: int, chunk: int,
             result = run_seed(name, seed)
             outcomes.append(SeedOutcome(seed, len(result.violations),
                                         result.violations[0] if result.violations else None))
+            if progress is not None:
+                progress(name, outcomes[-1])
         return outcomes, time.process_time() - cpu_started
     chunks = [(start, min(chunk, first_seed + seeds - start))
               for start in range(first_seed, first_seed + seeds, chunk)]
@@ -144,13 +175,64 @@ def run_scenario(name: str, seeds: int, first_seed: int, procs: int, chunk: int,
     done: list[SeedOutcome] = []
 
     def one(piece: tuple[int, int]) -> None:
-        got = _run_chunk(name, piece[0], piece[1], memory_mb)
+        got = _run_chunk(name, piece[0], piece[1], memory_mb, progress or Progress(None))
         with lock:
             done.extend(got)
 
     with ThreadPoolExecutor(procs) as pool:
         list(pool.map(one, chunks))
     return sorted(done, key=lambda outcome: outcome.seed), _children_cpu() - cpu_started
+
+
+def summary(outcomes: list[SeedOutcome], asked: int, first_seed: int, seconds: float | None,
+            cpu: float | None, load_before: float | None) -> dict[str, Any]:
+    """One scenario's part of the result file, from its seeds' outcomes."""
+    failing = {o.seed: o.first for o in outcomes if o.violations}
+    ran = len(outcomes)
+    part: dict[str, Any] = {
+        "seeds": ran,
+        "seed_range": [first_seed, first_seed + asked - 1],
+        "seconds": round(seconds, 3) if seconds is not None else None,
+        "seeds_per_second": round(ran / seconds, 2) if seconds else None,
+        "cpu_seconds": round(cpu, 3) if cpu is not None else None,
+        "seeds_per_cpu_second": round(ran / cpu, 2) if cpu else None,
+        "load_average_1m_before": load_before,
+        "violations": sum(o.violations for o in outcomes),
+        "failing_seeds": sorted(failing),
+        "first_violation_of_failing_seeds":
+            {str(seed): why for seed, why in sorted(failing.items())[:20]}}
+    if ran < asked:
+        part["interrupted"] = True
+        seeds = sorted(o.seed for o in outcomes)
+        part["seeds_that_ran"] = _ranges(seeds)
+    return part
+
+
+def _ranges(seeds: list[int]) -> list[list[int]]:
+    """Sorted seeds as ``[first, last]`` runs of consecutive seeds."""
+    runs: list[list[int]] = []
+    for seed in seeds:
+        if runs and seed == runs[-1][1] + 1:
+            runs[-1][1] = seed
+        else:
+            runs.append([seed, seed])
+    return runs
+
+
+def summarize(path: Path) -> dict[str, Any]:
+    """The scenarios' summaries from a ``.seeds.jsonl`` progress file (a stopped run)."""
+    by_scenario: dict[str, list[SeedOutcome]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            by_scenario.setdefault(item["scenario"], []).append(
+                SeedOutcome(item["seed"], item["violations"], item["first"]))
+    scenarios = {}
+    for name, outcomes in sorted(by_scenario.items()):
+        outcomes.sort(key=lambda o: o.seed)
+        first, last = outcomes[0].seed, outcomes[-1].seed
+        scenarios[name] = summary(outcomes, last - first + 1, first, None, None, None)
+    return scenarios
 
 
 def main() -> None:
@@ -169,12 +251,24 @@ def main() -> None:
                         help="each child's address-space limit (MB)")
     parser.add_argument("--out", type=Path, default=None,
                         help="the result file (default: bench/results/sim-<time>.json)")
+    parser.add_argument("--summarize", type=Path, default=None, metavar="SEEDS_JSONL",
+                        help="write the summary of a stopped run from its progress file")
     parser.add_argument("--child", nargs=3, metavar=("SCENARIO", "FIRST", "COUNT"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         scenario, first, count = args.child
         sys.exit(_child(scenario, int(first), int(count), args.memory_mb))
+    RESULTS.mkdir(exist_ok=True)
+    out = args.out or RESULTS / f"sim-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
+    header = {"bench": "sim", "build": _build.MODE, "python": platform.python_version(),
+              "machine": platform.machine(), "cpus": os.cpu_count()}
+    if args.summarize is not None:
+        result = {**header, "summarized_from": args.summarize.name,
+                  "scenarios": summarize(args.summarize)}
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
     names = sorted(SCENARIOS) if args.scenarios is None else args.scenarios.split(",")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
@@ -183,36 +277,23 @@ def main() -> None:
         parser.error("--seeds must be at least 1 and --procs at least 0")
     chunk = args.chunk or max(1, -(-args.seeds // (max(args.procs, 1) * CHUNKS_PER_PROC)))
     load = round(os.getloadavg()[0], 2)  # the machine is shared: say how busy it was
+    progress = Progress(out.with_suffix(".seeds.jsonl"))
     scenarios: dict[str, Any] = {}
     for name in names:
         load_before = round(os.getloadavg()[0], 2)
         started = time.perf_counter()
         outcomes, cpu = run_scenario(name, args.seeds, args.first_seed, args.procs, chunk,
-                                     args.memory_mb)
+                                     args.memory_mb, progress)
         seconds = time.perf_counter() - started
-        failing = {o.seed: o.first for o in outcomes if o.violations}
-        scenarios[name] = {"seeds": args.seeds,
-                           "seed_range": [args.first_seed, args.first_seed + args.seeds - 1],
-                           "seconds": round(seconds, 3),
-                           "seeds_per_second": round(args.seeds / seconds, 2),
-                           "cpu_seconds": round(cpu, 3),
-                           "seeds_per_cpu_second": round(args.seeds / cpu, 2) if cpu else None,
-                           "load_average_1m_before": load_before,
-                           "violations": sum(o.violations for o in outcomes),
-                           "failing_seeds": sorted(failing),
-                           "first_violation_of_failing_seeds":
-                               {str(seed): why for seed, why in sorted(failing.items())[:20]}}
+        scenarios[name] = part = summary(outcomes, args.seeds, args.first_seed, seconds, cpu,
+                                         load_before)
         print(f"{name}: {args.seeds} seeds ({args.first_seed}-{args.first_seed + args.seeds - 1})"
               f" in {seconds:.1f} s ({args.seeds / seconds:.1f} seeds/s, "
-              f"{cpu:.1f} CPU s), failing {sorted(failing)}", flush=True)
-    result = {"bench": "sim", "first_seed": args.first_seed, "build": _build.MODE,
-              "python": platform.python_version(), "machine": platform.machine(),
-              "cpus": os.cpu_count(), "procs": args.procs,
+              f"{cpu:.1f} CPU s), failing {part['failing_seeds']}", flush=True)
+    result = {**header, "first_seed": args.first_seed, "procs": args.procs,
               "chunk": chunk if args.procs else None,
               "memory_limit_mb": args.memory_mb if args.procs else None,
               "load_average_1m_before": load, "scenarios": scenarios}
-    RESULTS.mkdir(exist_ok=True)
-    out = args.out or RESULTS / f"sim-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
