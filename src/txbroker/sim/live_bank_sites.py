@@ -11,11 +11,12 @@ partition (A, B) has
   a separate copy that must end up equal.
 
 Faults, during the fault phase: each server dies now and then and is restarted after a
-pause; now and then a **whole site** (every server of the primary or the secondary
-site, both partitions) or the **concurrent servers of one partition** (its standby
-takes over) go down together for longer than a transfer takes; the broker is killed
-and restarted on its data, as in ``router-bank-live``. Then a healed phase in which
-every server is back.
+pause, or is stopped (``SIGSTOP``) for up to 5.5 s — past its library's 5 s request
+timeout at times — and continued; now and then a **whole site** (every server of the
+primary or the secondary site, both partitions) or the **concurrent servers of one
+partition** (its standby takes over) go down together for longer than a transfer
+takes; the broker is killed and restarted on its data, as in ``router-bank-live``.
+Then a healed phase in which every server is back.
 
 Checkers: ``router-bank-live``'s, for each site's ledgers (money conserved; every
 transfer on both legs or neither, never twice on one side; ACCEPTED applied,
@@ -31,6 +32,7 @@ under-reports).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 from txbroker.router.aio import Role
@@ -69,6 +71,11 @@ HEAL_S = 8.0
 #: servers), and how long one lasts (s, uniform): a transfer takes some 10-50 ms.
 MEAN_OUTAGE_GAP_S = 0.5
 OUTAGE_S = (0.1, 0.6)
+#: Of a server's faults, the share that stops it (SIGSTOP) instead of killing it, and
+#: how long it stays stopped (s, uniform): the longest outlast its library's request
+#: timeout (5 s), so it fails over when it continues.
+PAUSE_SHARE = 0.3
+PAUSE_S = (0.05, 5.5)
 #: How long the run waits for every server's first registration (s).
 SETUP_TIMEOUT_S = 30.0
 #: The planted bugs of this scenario (``plants.py``).
@@ -179,8 +186,25 @@ class Sites:
                 pass
             if loop.time() >= fault_end:
                 return
+            if loop.random.random() < PAUSE_SHARE:
+                await self.stop(slot, loop.random.uniform(*PAUSE_S))
+                continue
             self.kill(slot, "alone")
             slot.down_until = loop.time() + loop.random.uniform(*RESTART_S)
+
+    async def stop(self, slot: Slot, seconds: float) -> None:
+        """Stop the server program of ``slot`` as SIGSTOP does for ``seconds``, then
+        continue it (unless an outage killed it meanwhile)."""
+        process, loop = slot.process, self.loop
+        if process is None:
+            return
+        loop.pause(process)
+        self.world.log(f"{loop.time():.6f} server {slot.name} stopped for {seconds:.3f} s")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(slot.killed.wait(), seconds)
+        if slot.process == process:
+            loop.resume(process)
+            self.world.log(f"{loop.time():.6f} server {slot.name} continued")
 
     async def outages(self, fault_end: float) -> None:
         """Now and then a whole site, or a partition's concurrent servers, go down
