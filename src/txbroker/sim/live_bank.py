@@ -80,6 +80,10 @@ HEAL_S = 8.0
 MEAN_BROKER_KILL_GAP_S = 0.6
 MEAN_SERVER_DEATH_GAP_S = 0.7
 RESTART_S = (0.001, 0.06)
+#: How long a stopped broker stays stopped (s, uniform; ``router-bank-sites-live``): the
+#: longest outlast the libraries' 5 s request timeout, so clients and servers fail over
+#: to the stopped broker's address and find it silent until it continues.
+BROKER_STOP_S = (0.05, 5.5)
 #: How long a failing-over connection keeps trying (s): longer than any outage here.
 FAILOVER_TIMEOUT_S = 30.0
 INSUFFICIENT = "INSUFFICIENT"
@@ -317,14 +321,25 @@ async def bank_client(loop: SimLoop, world: World, bank: Bank, number: int,
 
 async def run_clients_killing_broker(loop: SimLoop, world: World, bank: Bank, disk: SimDisk,
                                      broker: Any, facilities: Any, fault_end: float,
-                                     end: float) -> None:
+                                     end: float, *, stop_share: float = 0.0) -> None:
     """The bank scenarios' fault phase: the clients run while the broker is killed and
-    restarted on its disk until ``fault_end``; then each client must finish by ``end``."""
+    restarted on its disk until ``fault_end``; then each client must finish by ``end``.
+    ``stop_share``: the share of the broker's faults that stop it (SIGSTOP) for
+    :data:`BROKER_STOP_S` instead (0: none, and no random draw for it, so that a
+    scenario without stops replays as before)."""
     clients = start_clients(loop, world, bank, fault_end)
     while True:
         await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
         if loop.time() >= fault_end:
             break
+        if stop_share and loop.random.random() < stop_share:
+            seconds = loop.random.uniform(*BROKER_STOP_S)
+            loop.pause(broker)
+            world.log(f"{loop.time():.6f} broker stopped for {seconds:.3f} s")
+            await asyncio.sleep(seconds)
+            loop.resume(broker)
+            world.log(f"{loop.time():.6f} broker continued")
+            continue
         loop.kill(broker)
         disk.crash()
         world.log(f"{loop.time():.6f} broker killed")

@@ -15,8 +15,9 @@ pause, or is stopped (``SIGSTOP``) for up to 5.5 s — past its library's 5 s re
 timeout at times — and continued; now and then a **whole site** (every server of the
 primary or the secondary site, both partitions) or the **concurrent servers of one
 partition** (its standby takes over) go down together for longer than a transfer
-takes; the broker is killed and restarted on its data, as in ``router-bank-live``.
-Then a healed phase in which every server is back.
+takes; the broker is killed and restarted on its data, as in ``router-bank-live``, or
+(three faults in ten) stopped for up to 5.5 s and continued. Then a healed phase in
+which every server is back.
 
 Checkers: ``router-bank-live``'s, for each site's ledgers (money conserved; every
 transfer on both legs or neither, never twice on one side; ACCEPTED applied,
@@ -76,6 +77,9 @@ OUTAGE_S = (0.1, 0.6)
 #: timeout (5 s), so it fails over when it continues.
 PAUSE_SHARE = 0.3
 PAUSE_S = (0.05, 5.5)
+#: Of the broker's faults, the share that stops it (``live_bank.BROKER_STOP_S``)
+#: instead of killing it.
+BROKER_STOP_SHARE = 0.3
 #: How long the run waits for every server's first registration (s).
 SETUP_TIMEOUT_S = 30.0
 #: The planted bugs of this scenario (``plants.py``).
@@ -277,7 +281,7 @@ def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
         end = fault_end + HEAL_S
         sites.start_faults(fault_end)
         await run_clients_killing_broker(loop, world, bank, disk, broker, facilities,
-                                         fault_end, end)
+                                         fault_end, end, stop_share=BROKER_STOP_SHARE)
         await asyncio.sleep(max(0.0, end - loop.time()))  # every site catches up
         sites.check_all_up()
 
