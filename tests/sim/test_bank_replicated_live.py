@@ -6,6 +6,8 @@ process and without clocks.)"""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from txbroker.sim import PLANTS, SCENARIOS, run_seed, run_seeds
@@ -14,17 +16,16 @@ SCENARIO = "router-bank-replicated-live"
 #: Seeds run here: some 0.25 s each, pure.
 SEEDS = 40
 #: The plants that apply, and the first seed that catches each (``plants.py``: ``also``).
-#: ``reply-before-backups`` is the slow one (seed 59 since servers are also stopped; 98
-#: before): a decision the
-#: promoted backup lacks is mostly decided again the same way (the servers' UNCERTAIN
-#: replays find the tid in their TID tables and vote again), so only a run that loses
-#: more shows it.
+#: ``reply-before-backups`` is the slow one (seed 15 since trio nodes are stopped too;
+#: 59 with only servers stopped; 98 before): a decision the promoted backup lacks is
+#: mostly decided again the same way (the servers' UNCERTAIN replays find the tid in
+#: their TID tables and vote again), so only a run that loses more shows it.
 FIRST_CAUGHT = {
     "promote-outside-ready-set": 1,
-    "reply-before-backups": 59,
+    "reply-before-backups": 15,
     "router-presents-to-both-sites": 0,
-    "shadow-no-tid-check": 1,
-    "standby-serves-beside-concurrents": 0,
+    "shadow-no-tid-check": 0,
+    "standby-serves-beside-concurrents": 1,
 }
 
 
@@ -77,11 +78,12 @@ def test_a_fault_phase_without_a_primary_still_ends_in_progress() -> None:
     (``HEALED_CLIENT_S``) shows that the healed system makes progress. (Since backups
     resume from their disks and a checked candidate promises nobody else, seed 3619's
     trio has a primary earlier and c0-1's transfer is accepted; the healed client's
-    are, as they must be.)"""
+    are, as they must be; since the trio's nodes are stopped too its schedule differs
+    again: c3-1 is refused for its balance, c3-2 is accepted.)"""
     result = run_seed(SCENARIO, 3619)
     assert result.violations == []
     trace = "\n".join(result.trace)
-    assert "client c3-1 told ACCEPTED" in trace
+    assert re.search(r"client c3-\d+ told ACCEPTED", trace)
 
 
 def test_one_seed_twice_gives_the_same_trace_hash() -> None:

@@ -16,8 +16,10 @@ and restores its router session there (``router/_base.py``).
 
 Faults in the fault phase (:data:`FAULT_S`): the trio's — kill -9 of the primary (the
 operator promotes a backup that was ready), kills of backups, a backup cut off from the
-primary (both ways or one way) — and the sites' — a server killed alone, a whole site
-down, a partition's concurrent servers down (its standby takes over). Then every cut
+primary (both ways or one way), a node stopped (SIGSTOP) and continued, a primary
+stopped past :data:`GIVE_UP_S` given up for dead and replaced (:func:`stops`) — and the
+sites' — a server killed alone or stopped, a whole site down, a partition's
+concurrent servers down (its standby takes over). Then every cut
 heals, every dead node restarts, the clients finish their last transfers, one more
 client makes transfers for :data:`HEALED_CLIENT_S` (the healed system must make
 progress: the faults can leave the trio without a primary for the whole fault phase)
@@ -69,6 +71,13 @@ HEAL_S: Final = 8.0
 HEALED_CLIENT_S: Final = 1.0
 #: How long the trio has to elect its first primary before the servers start (s).
 FIRST_PRIMARY_S: Final = 0.05
+#: Mean time between two stops (SIGSTOP) of a trio node in the fault phase, how long a
+#: stop lasts (s, uniform), and how long a stopped primary goes unanswered before the
+#: operator gives it up for dead and promotes a backup (s): the old primary, continued,
+#: must find itself superseded and fence (its backups hold the newer term).
+MEAN_STOP_GAP_S: Final = 1.0
+STOP_S: Final = (0.1, 3.0)
+GIVE_UP_S: Final = 0.5
 #: The trio's plant that also makes the operator blind (``replicated-live`` does too).
 PROMOTE_OUTSIDE_READY_SET: Final = "promote-outside-ready-set"
 
@@ -81,6 +90,44 @@ def _summary(trio: Trio) -> str:
                 and node.node.role is NodeRole.PRIMARY:
             return f"node {node.index} primary in epoch {hub.epoch} at LSN {hub.lsn}"
     return "no primary"
+
+
+async def stops(trio: Trio, fault_end: float) -> None:
+    """Now and then, until ``fault_end``, stop a live node as SIGSTOP does and continue
+    it later; a primary stopped for :data:`GIVE_UP_S` is given up for dead (the
+    operator promotes a ready backup, as after a kill)."""
+    loop = trio.loop
+    while True:
+        await asyncio.sleep(loop.random.expovariate(1 / MEAN_STOP_GAP_S))
+        if loop.time() >= fault_end:
+            return
+        alive = [node for node in trio.nodes if node.alive and node.process not in loop.paused]
+        if not alive:
+            continue
+        node = loop.random.choice(alive)
+        process, seconds = node.process, loop.random.uniform(*STOP_S)
+        assert process is not None
+        loop.pause(process)
+        trio.log(f"node {node.index} stopped for {seconds:.3f} s")
+        loop.call_later(seconds, _continue, trio, node, process)
+        if node is trio.primary and seconds > GIVE_UP_S:
+            loop.call_later(GIVE_UP_S, _give_up, trio, node, process)
+
+
+def _continue(trio: Trio, node: TrioNode, process: int) -> None:
+    if node.process == process:  # (not killed meanwhile)
+        trio.loop.resume(process)
+        trio.log(f"node {node.index} continued")
+
+
+def _give_up(trio: Trio, node: TrioNode, process: int) -> None:
+    if node.process != process or node is not trio.primary:
+        return
+    trio.log(f"operator: node {node.index} does not answer: given up for dead")
+    trio.deposed.add(node.index)
+    trio.primary, trio.lost, trio.lost_epoch = None, node, trio.epoch
+    trio.epoch = ""
+    trio.need_primary.set()
 
 
 def run_bank_replicated_live(world: World, plants: frozenset[str]) -> list[str]:
@@ -111,7 +158,9 @@ def run_bank_replicated_live(world: World, plants: frozenset[str]) -> list[str]:
         end = fault_end + HEAL_S
         sites.start_faults(fault_end)
         clients = start_clients(loop, world, bank, fault_end, url=URL)
+        stopping = asyncio.ensure_future(stops(trio, fault_end))
         await trio.faults(fault_end)
+        await stopping
         trio.heal()
         for node in trio.nodes:
             trio.restart(node)

@@ -90,6 +90,9 @@ class Trio:
     partitioned: bool = False
     #: epoch -> the node that was primary in it
     epochs: dict[str, int] = field(default_factory=dict)
+    #: nodes the operator gave up for dead while they were stopped (SIGSTOP) as the
+    #: primary: still primaries in their own eyes until they fence or die
+    deposed: set[int] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
     #: the run is over: what the loop's shutdown does to the nodes is not news
     over: bool = False
@@ -101,6 +104,7 @@ class Trio:
     # -- the nodes -----------------------------------------------------------------
     def start(self, node: TrioNode) -> None:
         """Start (or restart) a node's process."""
+        self.deposed.discard(node.index)
         node.start(self.on_role, self.prepare, self.exited)
         self.log(f"node {node.index} started")
 
@@ -121,7 +125,7 @@ class Trio:
         hub = replicated.hub
         for other in self.nodes:
             if other is not node and other.alive and other.node is not None \
-                    and other.node.role is NodeRole.PRIMARY:
+                    and other.node.role is NodeRole.PRIMARY and other.index not in self.deposed:
                 self.violations.append(f"node {node.index} became primary at "
                                        f"{self.loop.time():.6f} while node {other.index} "
                                        "was the primary")
@@ -196,6 +200,7 @@ class Trio:
                     self.log(f"{name}: node {node.index} died while being promoted")
                     continue
                 self.primary = node
+                self.deposed.discard(node.index)  # (a stopped primary, back and serving)
                 self.need_primary.clear()
                 self.log(f"{name}: promoted node {node.index}")
                 await self._note_epoch(node)
