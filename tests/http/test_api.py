@@ -344,7 +344,7 @@ def test_a_page_of_queues(broker: HttpBroker) -> None:
 def test_router_show_and_exceptions(broker: HttpBroker) -> None:
     """Issue 28 §2: the router in the REST API — facilities, partitions and their
     servers, transactions by state, exception transactions with discard."""
-    from txbroker.router import ServerTransactionController, TransactionController
+    from txbroker.router import Role, ServerTransactionController, TransactionController
 
     http = broker.http
     with txbroker.connect(broker.url) as conn:
@@ -373,3 +373,24 @@ def test_router_show_and_exceptions(broker: HttpBroker) -> None:
     error(http.delete(f"/api/router/exceptions/{tid}"), 404, "NOT_FOUND")
     error(http.get("/api/router", params={"facility": "NOPE"}), 404, "NOT_FOUND")
     assert http.get("/api/router/exceptions").json() == []
+    # a secondary site retired (admin; answered once durable): not shadowed any more
+    retire = "/api/router/facilities/HTTPBANK/partitions/A/shadow"
+    with ServerTransactionController(broker.url) as shadow:
+        shadow.register_partition("HTTPBANK", "A", Role.SHADOW)
+        error(http.delete(retire), 409, "ILLEGAL_STATE")  # its shadow is registered
+
+    def servers() -> list[Any]:
+        [shown] = http.get("/api/router", params={"facility": "HTTPBANK"}).json()["facilities"]
+        return list(shown["partitions"][0]["servers"])
+
+    deadline = time.monotonic() + 10  # until the broker has seen the shadow leave
+    while servers():
+        assert time.monotonic() < deadline, "the shadow server is still registered"
+        time.sleep(0.01)
+    assert http.delete(retire).json() == {"facility": "HTTPBANK", "partition": "A",
+                                          "released": 0}
+    [facility] = http.get("/api/router", params={"facility": "HTTPBANK"}).json()["facilities"]
+    assert [p["shadowed"] for p in facility["partitions"]] == [False]
+    error(http.delete("/api/router/facilities/HTTPBANK/partitions/Z/shadow"), 404,
+          "NOT_FOUND")
+

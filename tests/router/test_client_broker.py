@@ -291,6 +291,14 @@ def test_retire_shadow_through_the_cli_survives_a_restart(broker: BrokerProcess)
             refused = txb(broker, "router", "retire-shadow", "BANK", "A")
             assert refused.returncode != 0 and "unregister the secondary site" in \
                 refused.stderr
+
+        def shadows() -> int:  # the shadow's end reaches the broker on its own connection
+            with txbroker.connect(broker.url) as conn:
+                [bank] = conn.request("rtr_show", {"facility": "BANK"})["facilities"]
+            [a] = [p for p in bank["partitions"] if p["name"] == "A"]
+            return sum(s["role"] == "shadow" for s in a["servers"])
+
+        until(lambda: shadows() == 0)
         client.start_transaction()
         client.send(b"debit", key=5)
         assert receive(srv).type is M.MSG1

@@ -337,6 +337,13 @@ class HttpApi:
         return JSONResponse(await self._run(
             request, lambda s, rid, now: router_handlers.rtr_exception_discard(s, rid, args, now)))
 
+    async def router_retire_shadow(self, request: Request) -> Response:
+        """Retire a partition's secondary site (admin): what was kept for it goes."""
+        args = {"facility": request.path_params["facility"],
+                "partition": request.path_params["partition"]}
+        return JSONResponse(await self._run(
+            request, lambda s, rid, now: router_handlers.rtr_retire_shadow(s, rid, args, now)))
+
     # ------------------------------------------------------------- documents
     async def ha_promote(self, request: Request) -> Response:
         """``POST /api/ha/promote`` on a broker that serves: refused (409), for only a
@@ -388,6 +395,8 @@ def routes(api: HttpApi) -> list[Route]:
               methods=["POST"]),
         Route("/api/router/exceptions/{tid}", api.router_exception_discard,
               methods=["DELETE"]),
+        Route("/api/router/facilities/{facility}/partitions/{partition}/shadow",
+              api.router_retire_shadow, methods=["DELETE"]),
         Route("/api/ha/promote", api.ha_promote, methods=["POST"]),
         Route("/api/openapi.json", api.openapi, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),

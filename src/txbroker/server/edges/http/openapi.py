@@ -183,6 +183,14 @@ OPENAPI: Final[dict[str, Any]] = {
             "delete": _op("Discard an exception transaction (admin)", _ok("{tid, state}"),
                           400, 403, 404, 409, params=[_path("tid", "transaction id", "string")]),
         },
+        "/api/router/facilities/{facility}/partitions/{partition}/shadow": {
+            "delete": _op("Retire the partition's secondary site (admin): it is no longer "
+                          "shadowed and the transactions kept for it go (409 while one of "
+                          "its shadow servers is registered)",
+                          _ok("{facility, partition, released}"), 400, 403, 404, 409,
+                          params=[_path("facility", "facility name", "string"),
+                                  _path("partition", "partition name", "string")]),
+        },
         "/api/openapi.json": {"get": {"summary": "This document", "security": [],
                                       "responses": {"200": _ok("OpenAPI 3")}}},
         "/metrics": {"get": {"summary": "Prometheus text exposition (docs/http.md)",
