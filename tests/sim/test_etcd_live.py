@@ -240,9 +240,14 @@ def test_a_blind_operator_cannot_promote_a_node_the_record_leaves_out(seed: int)
 #: memory store is not open"; in production an unhandled exception in
 #: client_connected_cb). Fixed: a closed hub completes nothing.
 CLOSED_HUB_SEEDS = [45000, 45041]
+#: The same after the fix, by another path (16 of ``bench/sim.py --seeds 10000
+#: --first-seed 50000``): the hub's link handler, returning because the hub closed,
+#: dropped its backup in its ``finally``, and the drop completed entries — a write on
+#: the closed store. Now no completion runs once the hub closed.
+CLOSED_HUB_DROP_SEEDS = [51843, 53405, 53997]
 
 
-@pytest.mark.parametrize("seed", CLOSED_HUB_SEEDS)
+@pytest.mark.parametrize("seed", CLOSED_HUB_SEEDS + CLOSED_HUB_DROP_SEEDS)
 def test_a_closed_hub_completes_nothing(seed: int) -> None:
     assert run_seed("replicated-etcd-live", seed).violations == []
 
@@ -268,3 +273,32 @@ def test_a_fenced_primary_renews_nothing_and_a_late_primary_still_gets_sends() -
                if "/txbroker/sim/primary deleted (lease 694d0000fea9, lease expired)" in line]
     assert [line.split()[1] for line in expired] == ["6.316884"]
     assert sum(" sent " in line or " commit " in line for line in result.trace) == 2
+
+
+def test_an_operators_stale_promotion_request_is_dropped() -> None:
+    """Seed 52677 (``bench/sim.py --seeds 10000 --first-seed 50000``): the operator's
+    ``ha promote`` of node 1 was admitted at 0.10 s (no ready set recorded yet), but node
+    1 was stopped before it took the key. Node 0 then served a whole term (4.13-5.61 s,
+    its ready set recorded), and at 6.97 s node 1 took the key on that old request with
+    a copy that had none of node 0's term: 31 answered sends and 6 committed
+    transactions lost. Now the request is checked again against what the campaign just
+    read before the key is taken, and dropped when the records moved on
+    (``replicated_etcd.manual_request_stands``)."""
+    result = run_seed("replicated-etcd-live", 52677)
+    assert result.violations == []
+    assert any("127.0.0.12 drops the operator's promotion request: the etcd key is held by "
+               "127.0.0.11" in line for line in result.trace)
+    assert not any("/txbroker/sim/primary = '127.0.0.12'" in line for line in result.trace)
+
+
+def test_a_backup_keeps_a_body_until_the_entry_that_killed_it_is_synced() -> None:
+    """Seed 57870 (same run), a defect of the simulator's disk: a restarted backup
+    resumed from its disk and was promoted; its state held a message whose body the
+    memory store had dropped — the backup had released it on applying the entry that
+    consumed it, and ``maintain`` dropped it before that entry was synced; the kill
+    then lost the entry but not the drop. Every join's dump failed ("body ref 52 does
+    not exist") and the trio never settled. The journal keeps that order (a dead
+    segment is deleted after the sync of what was queued before it); the memory store
+    now does too (``tests/storage/test_memory.py``)."""
+    assert run_seed("replicated-etcd-live", 57870).violations == []
+

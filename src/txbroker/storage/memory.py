@@ -96,6 +96,11 @@ class MemoryStore:
         self._failure: StorageFailed | None = None
         self._live: dict[BodyRef, int] = {}
         self._dead: list[BodyRef] = []
+        #: released while entries were queued unsynced (one of them may be what killed
+        #: the body): reclaimable only once they are synced, as the journal deletes a
+        #: dead segment only after syncing what was queued before (a crash before that
+        #: sync brings the body's message back, and its body must still be there)
+        self._dead_unsynced: list[BodyRef] = []
         self._recovered = False
         self._open = False
         self._closed = False
@@ -167,7 +172,7 @@ class MemoryStore:
     def release(self, ref: BodyRef) -> None:
         """Mark the body dead; ``maintain`` reclaims it."""
         if self._live.pop(ref, None) is not None:
-            self._dead.append(ref)
+            (self._dead_unsynced if self._pending else self._dead).append(ref)
 
     def maintain(self, relocate: bool = True) -> Relocation | None:
         """Drop dead bodies. Memory never asks for relocation."""
@@ -269,6 +274,8 @@ class MemoryStore:
                     self.state.sizes[ref] for ref in entry.refs
                 )
             self._syncs += 1
+            self._dead += self._dead_unsynced
+            self._dead_unsynced.clear()
 
         def complete() -> None:
             for callback in callbacks:

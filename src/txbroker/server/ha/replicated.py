@@ -44,6 +44,7 @@ from txbroker.core.ha.transition import IllegalTransition
 from txbroker.errors import EtcdError, IllegalState, ProtocolError
 from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig, peer_address
+from txbroker.server.ha import replicated_etcd as on_etcd
 from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.etcd import EtcdClient, EtcdTransport
 from txbroker.server.ha.etcd_lease import (
@@ -67,7 +68,6 @@ from txbroker.server.ha.replica_files import (
     read_standing,
     write_record,
 )
-from txbroker.server.ha.replicated_etcd import lease_guard, record_first_ready_set, record_ready
 from txbroker.server.ha.replicated_link import on_link
 from txbroker.server.ha.replicated_status import node_status
 from txbroker.server.ha.replication import ReplicationHub
@@ -192,13 +192,9 @@ class ReplicatedNode:
         if why is not None:
             raise IllegalState(f"{self.node} cannot be promoted: {why}")
         if self.candidate is not None:  # etcd decides: take the primary key first
-            if self.etcd_primary not in (None, self.node):
-                raise IllegalState(f"{self.node} cannot be promoted: the etcd key is held by "
-                                   f"{self.etcd_primary}")
-            if self.etcd_ready is not None and self.node not in self.etcd_ready and \
-                    self.node != self.etcd_ready_primary:  # neither ready nor its primary
-                raise IllegalState(f"{self.node} cannot be promoted: the last primary's ready "
-                                   f"set in etcd is {self.etcd_ready or 'empty'}")
+            why = on_etcd.etcd_refusal(self)
+            if why is not None:
+                raise IllegalState(f"{self.node} cannot be promoted: {why}")
             self._manual = True
             self._nudge.set()  # take the key now, not at the campaign's next round
             return {"node": self.node, "promoting": True, "via": "etcd"}
@@ -380,9 +376,9 @@ class ReplicatedNode:
         else:
             forget_standing(self.config.data)
         if self.etcd is not None:
-            server.ops.answer_guard = functools.partial(lease_guard, self)
-            hub.on_ready_change = functools.partial(record_ready, self)
-            await record_first_ready_set(self)  # until a backup is ready, none may succeed us
+            server.ops.answer_guard = functools.partial(on_etcd.lease_guard, self)
+            hub.on_ready_change = functools.partial(on_etcd.record_ready, self)
+            await on_etcd.record_first_ready_set(self)  # until a backup is ready, none may succeed
         server.wrap_store(hub.wrap)
         # seed 001, "TX Commit/Rollback: do prepare phase as for DTX": the backups vote
         server.broker.vote_local_commits(True)
@@ -431,6 +427,8 @@ class ReplicatedNode:
                     published = (position, ready)
                 self.etcd_primary = await candidate.primary()
                 taken = False
+                if self._manual:  # asked earlier: does it still stand? (else dropped)
+                    self._manual = on_etcd.manual_request_stands(self)
                 if self._manual and self.etcd_primary is None:
                     taken = await candidate.holder.acquire()
                 elif self.etcd_primary is None and not following:

@@ -1,6 +1,7 @@
-"""The etcd side of a replicated primary (``server/ha/replicated.py``, docs/etcd.md):
-the ready set recorded under the primary's lease, and the guard that fences before
-any reply when the lease ran out while the process was stopped."""
+"""The etcd side of a replicated node (``server/ha/replicated.py``, docs/etcd.md): the
+ready set recorded under the primary's lease, the guard that fences before any reply
+when the lease ran out while the process was stopped, and what admits an operator's
+``ha promote`` of a backup — when it is asked, and again when the key is taken."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from txbroker.server.ha.etcd_lease import put_ready_set
 if TYPE_CHECKING:
     from txbroker.server.ha.replicated import ReplicatedNode
 
-__all__ = ["lease_guard", "record_first_ready_set", "record_ready"]
+__all__ = ["etcd_refusal", "lease_guard", "manual_request_stands", "record_first_ready_set",
+           "record_ready"]
 
 log = logging.getLogger("txbroker.ha")
 
@@ -62,3 +64,29 @@ def lease_guard(node: ReplicatedNode) -> None:
     if node.fenced or (holder is not None and holder.held
                        and holder.clock() >= holder.deadline):
         node.fence("the lease's deadline passed while the process was not running")
+
+
+def etcd_refusal(node: ReplicatedNode) -> str | None:
+    """Why etcd's records, as the node last read them, refuse its promotion now (None:
+    they admit it): another node holds the key, or the last primary's recorded ready set
+    names neither this node nor this node as that primary."""
+    if node.etcd_primary not in (None, node.node):
+        return f"the etcd key is held by {node.etcd_primary}"
+    if node.etcd_ready is not None and node.node not in node.etcd_ready and \
+            node.node != node.etcd_ready_primary:
+        return f"the last primary's ready set in etcd is {node.etcd_ready or 'empty'}"
+    return None
+
+
+def manual_request_stands(node: ReplicatedNode) -> bool:
+    """Whether an operator's earlier ``ha promote`` (admitted when asked) still holds,
+    checked again against what the campaign just read before the key is taken: a
+    request that waited while the node was stopped, cut off from etcd, or while another
+    node served a whole term is void once the records moved on (replicated-etcd-live
+    seed 52677: a request of 0.1 s took the key at 6.97 s, after another node's term,
+    with a copy that had none of it — every send that term answered was lost)."""
+    why = node.promotable() or etcd_refusal(node)
+    if why is not None:
+        log.warning("etcd: %s drops the operator's promotion request: %s", node.node, why)
+    return why is None
+

@@ -37,11 +37,11 @@ is dropped from the ready set (logged, and in ``ha status``) and catches up
 without being waited for; it is ready again once it is within the lag. Every
 change of a backup link's state is a rule of the table in ``core/ha/backup_link.py``:
 the hub feeds it inputs and carries out the actions it names. A backup that cannot
-write an entry votes fail: it is dropped and its link closed; if
-the entry was an ``XA_PREPARE`` the branch's prepare fails (XA_RBROLLBACK, the
-seed's "fail cancels"). A local transaction's commit is an ``XA_PREPARE`` too on a
-primary (``core/local_tx.py``, "Voted commit"), so it is voted the same way: a
-failed vote rolls it back and its client gets TransactionRolledBack.
+write an entry votes fail: it is dropped and its link closed; if the entry was an
+``XA_PREPARE`` the branch's prepare fails (XA_RBROLLBACK, the seed's "fail cancels").
+A local transaction's commit is an ``XA_PREPARE`` too on a primary (``core/local_tx.py``,
+"Voted commit"), so it is voted the same way: a failed vote rolls it back and its
+client gets TransactionRolledBack.
 """
 
 from __future__ import annotations
@@ -170,8 +170,7 @@ class ReplicationHub:
         self.pending: deque[_Pending] = deque()
         self.backups: dict[str, AttachedBackup] = {}
         self.dumps = 0
-        #: the catch-up buffer: (lsn, its frame) of the newest entries, at most
-        #: ``catchup_bytes`` of frames (0: none kept, every join gets a dump)
+        #: the catch-up buffer: (lsn, frame) of the newest entries, ≤ ``catchup_bytes`` (0: none)
         self.catchup_bytes = catchup_bytes
         self.suffix: deque[tuple[int, bytes]] = deque()
         self.suffix_held = 0  #: bytes of the frames in the buffer
@@ -179,7 +178,7 @@ class ReplicationHub:
         self.shipped = dict.fromkeys(("dumps", "dump_entries", "dump_bytes", "suffixes",
                                       "suffix_entries", "suffix_bytes"), 0)
         self.deferred: list[BodyRef] = []
-        self.closed = False  #: the store closed: acks read after that complete nothing
+        self.closed = False  #: the store closed: acks and drops after that complete nothing
         self.waiting_quiet: list[asyncio.Future[None]] = []
         self._watch: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -271,7 +270,7 @@ class ReplicationHub:
         for action in actions:
             if action is LinkAction.SEND_ENTRY:  # every entry, every backup: no call
                 self._write(backup, frame)
-            elif action is LinkAction.COMPLETE:  # every acknowledgement
+            elif action is LinkAction.COMPLETE and not self.closed:  # every ack (closed: _act)
                 self.port.complete(self._complete)
             else:
                 self._act(backup, action, frame)
@@ -355,8 +354,9 @@ class ReplicationHub:
                     future.set_result(None)
 
     def _completed_by_network(self) -> None:
-        """Completions caused by a backup (an ack, a drop): run them as the store's are."""
-        self.port.complete(self._complete)
+        """Completions caused by a backup (an ack, a drop), as the store's; none once closed."""
+        if not self.closed:
+            self.port.complete(self._complete)
 
     # ------------------------------------------------------------------ backups
     def _write(self, backup: AttachedBackup, frame: bytes) -> None:
