@@ -116,6 +116,34 @@ def test_keys_prefix_put_delete_if(etcd: EtcdServer) -> None:
     run(main())
 
 
+def test_create_only_while_another_key_is_unchanged(etcd: EtcdServer) -> None:
+    """A promotion takes the primary key only while the ready-set record it decided on
+    is still the last one (``create(unchanged=…)``: a ``mod_revision`` compare; 0 for a
+    key that does not exist)."""
+    async def main() -> None:
+        base = prefix()
+        record, primary = base + "/ready", base + "/primary"
+        async with EtcdClient([etcd.url], timeout=2) as client:
+            assert await client.create(primary, "a", lease=0, unchanged=(record, 0))
+            assert await client.delete(primary)
+            await client.put(record, "first")
+            first = await client.get(record)
+            assert first is not None
+            assert not await client.create(primary, "b", lease=0, unchanged=(record, 0))
+            await client.put(record, "second")  # another primary's term recorded
+            assert not await client.create(primary, "b", lease=0,
+                                           unchanged=(record, first.mod_revision))
+            assert await client.get(primary) is None  # nothing was written
+            second = await client.get(record)
+            assert second is not None
+            assert await client.create(primary, "c", lease=0,
+                                       unchanged=(record, second.mod_revision))
+            taken = await client.get(primary)
+            assert taken is not None and taken.value == b"c"
+
+    run(main())
+
+
 def test_create_is_exclusive_under_a_race(etcd: EtcdServer) -> None:
     async def main() -> None:
         async with EtcdClient([etcd.url], timeout=2) as one, \

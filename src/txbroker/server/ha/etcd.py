@@ -218,18 +218,22 @@ class EtcdClient:
         reply = await self._call("/v3/kv/deleterange", {"key": _b64(_key(key))})
         return int(reply.get("deleted", 0)) > 0
 
-    async def create(self, key: str | bytes, value: str | bytes, *, lease: int) -> bool:
+    async def create(self, key: str | bytes, value: str | bytes, *, lease: int,
+                     unchanged: tuple[str | bytes, int] | None = None) -> bool:
         """Create the key attached to ``lease`` only if it does not exist (one
-        transaction comparing its ``create_revision`` with 0); whether it was created."""
+        transaction comparing its ``create_revision`` with 0) — and, with ``unchanged``
+        ``(other key, mod_revision)``, only if that key's last change is still the one
+        read (0: it still does not exist); whether it was created."""
         k = _b64(_key(key))
         put: dict[str, Any] = {"key": k, "value": _b64(_key(value))}
         if lease:
             put["lease"] = str(lease)
+        compare = [{"key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
+        if unchanged is not None:
+            compare.append({"key": _b64(_key(unchanged[0])), "target": "MOD",
+                            "result": "EQUAL", "mod_revision": str(unchanged[1])})
         reply = await self._call("/v3/kv/txn", {
-            "compare": [{"key": k, "target": "CREATE", "result": "EQUAL",
-                         "create_revision": "0"}],
-            "success": [{"request_put": put}],
-        })
+            "compare": compare, "success": [{"request_put": put}]})
         return bool(reply.get("succeeded", False))
 
     async def put_if_held(self, key: str | bytes, value: str | bytes, *,

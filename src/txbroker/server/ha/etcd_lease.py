@@ -151,8 +151,10 @@ class LeaseHolder:
         """Whether the key is held: acquired, neither lost nor released."""
         return self.lease_id is not None and self.lost_at is None
 
-    async def acquire(self) -> bool:
-        """Create the key with a fresh lease if nobody holds it; whether we hold it now.
+    async def acquire(self, unchanged: tuple[str, int] | None = None) -> bool:
+        """Create the key with a fresh lease if nobody holds it (and, with ``unchanged``
+        ``(key, mod_revision)``, if that key has not changed since it was read); whether
+        we hold it now.
 
         Raises :class:`~txbroker.errors.EtcdError` (``EtcdUnavailable``) when etcd
         does not answer; the fresh lease is then revoked if possible.
@@ -162,7 +164,8 @@ class LeaseHolder:
         sent = self.clock()
         lease, granted = await self.client.grant(self.ttl)
         try:
-            created = await self.client.create(self.key, self.value, lease=lease)
+            created = await self.client.create(self.key, self.value, lease=lease,
+                                               unchanged=unchanged)
         except BaseException:
             await self._revoke_quietly(lease)
             raise
@@ -372,10 +375,10 @@ class Candidate:
         kv = await self.client.get(primary_key(self.prefix))
         return kv.value.decode() if kv is not None else None
 
-    async def try_take(self) -> bool:
+    async def try_take(self, unchanged: tuple[str, int] | None = None) -> bool:
         """One step of the promotion rule (module docstring); call it periodically
         (e.g. every TTL/3) while this node is a backup. True once this node holds the
-        primary key — then promote."""
+        primary key — then promote. ``unchanged``: as :meth:`LeaseHolder.acquire`'s."""
         if self.holder.held:
             return True
         if await self.primary() is not None:
@@ -391,7 +394,7 @@ class Candidate:
         best = best_candidate(board.values())
         if best != self.node and now - self._free_since < self.ttl:
             return False
-        return await self.holder.acquire()
+        return await self.holder.acquire(unchanged)
 
     async def close(self) -> None:
         """Stop the board's and the holder's background tasks (leases expire)."""
@@ -399,7 +402,8 @@ class Candidate:
         await self.holder.close()
 
 
-def _ready_key(cluster: str) -> str:
+def ready_key(cluster: str) -> str:
+    """The key of the ready set the primary records in etcd."""
     return f"/txbroker/{cluster}/ready"
 
 
@@ -409,7 +413,7 @@ async def put_ready_set(etcd: EtcdClient, cluster: str, primary: str, names: lis
     holds the primary key under ``lease``: a primary that was stopped past its lease
     and replaced must not overwrite its successor's record (EtcdError: not written)."""
     written = await etcd.put_if_held(
-        _ready_key(cluster), json.dumps({"primary": primary, "ready": names}),
+        ready_key(cluster), json.dumps({"primary": primary, "ready": names}),
         holder_key=primary_key(f"/txbroker/{cluster}"), lease=lease)
     if not written:
         raise EtcdError(f"{primary} no longer holds the primary key under lease {lease}: "
@@ -417,14 +421,16 @@ async def put_ready_set(etcd: EtcdClient, cluster: str, primary: str, names: lis
 
 
 async def get_ready_set(etcd: EtcdClient, cluster: str
-                        ) -> tuple[str | None, list[str] | None]:
-    """The primary that last recorded its ready set in etcd, and the set (None, None:
-    none recorded, or unreadable)."""
-    kv = await etcd.get(_ready_key(cluster))
+                        ) -> tuple[str | None, list[str] | None, int]:
+    """The primary that last recorded its ready set in etcd, the set (None, None: none
+    recorded, or unreadable), and the record's ``mod_revision`` (0: none): a promotion
+    decided on it takes the key only while the record is still that one."""
+    kv = await etcd.get(ready_key(cluster))
     if kv is None:
-        return None, None
+        return None, None, 0
     try:
         record = json.loads(kv.value)
-        return str(record.get("primary")), [str(name) for name in record["ready"]]
+        return str(record.get("primary")), [str(name) for name in record["ready"]], \
+            kv.mod_revision
     except (ValueError, KeyError, TypeError, AttributeError):
-        return None, None
+        return None, None, kv.mod_revision

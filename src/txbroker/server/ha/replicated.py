@@ -51,6 +51,7 @@ from txbroker.server.ha.etcd_lease import (
     Candidate,
     campaign_pause,
     get_ready_set,
+    ready_key,
 )
 from txbroker.server.ha.link import LinkAuthFailed, LinkSecurity
 from txbroker.server.ha.quorum import QuorumPromotion
@@ -418,8 +419,11 @@ class ReplicatedNode:
                     # that has followed nobody since it started waits for `ha promote`)
                     position = self.copy_position
                     ready = self.copy_ready is True and self.promotable() is None
-                self.etcd_ready_primary, self.etcd_ready = await get_ready_set(
+                self.etcd_ready_primary, self.etcd_ready, revision = await get_ready_set(
                     candidate.client, self.config.ha_cluster)
+                # the key is taken only while the record read now is still the last one:
+                # a node stopped between this read and the take decides on nothing stale
+                unchanged = (ready_key(self.config.ha_cluster), revision)
                 if self.etcd_ready is not None and self.node not in self.etcd_ready:
                     ready = False  # the last primary stopped counting on this copy
                 if (position, ready) != published:  # its own task keeps the entry alive
@@ -430,9 +434,9 @@ class ReplicatedNode:
                 if self._manual:  # asked earlier: does it still stand? (else dropped)
                     self._manual = on_etcd.manual_request_stands(self)
                 if self._manual and self.etcd_primary is None:
-                    taken = await candidate.holder.acquire()
+                    taken = await candidate.holder.acquire(unchanged)
                 elif self.etcd_primary is None and not following:
-                    taken = await candidate.try_take()
+                    taken = await candidate.try_take(unchanged)
                 if taken:
                     self.etcd_primary = self.node
                     log.info("etcd: %s took the primary key", self.node)
