@@ -135,3 +135,16 @@ CHECKING_CANDIDATE_SEEDS = [50067, 50905]
 @pytest.mark.parametrize("seed", CHECKING_CANDIDATE_SEEDS)
 def test_a_candidate_promises_nobody_else(seed: int) -> None:
     assert run_seed("replicated-live", seed).violations == []
+
+
+def test_a_backup_acks_nothing_on_a_new_link_before_the_welcome() -> None:
+    """Seed 58779 (``bench/sim.py --seeds 7000 --first-seed 53000``), answered sends
+    lost: node 0, a backup of node 2's epoch durable up to LSN 171, joined node 1's new
+    term (LSN 0) and, before node 1's welcome (a dump), acknowledged LSN 171 on the new
+    link (a durable callback of its old copy scheduled the ack). Node 1 counted node 0
+    as holding entries 1-171 of its own term ("ready (acked 171 of 0)") and answered
+    sends on node 0's word; node 0 was killed with none of them, was promoted next, and
+    10 answered sends and transactions were gone. Now a backup acknowledges nothing on
+    a link before its welcome, and a primary drops a backup whose ack is past the
+    newest LSN it numbered (either alone fixes the seed)."""
+    assert run_seed("replicated-live", 58779).violations == []

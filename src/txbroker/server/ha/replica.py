@@ -446,8 +446,9 @@ class Follower:
 
     def _send_ack(self) -> None:
         self._ack_scheduled = False
-        writer = self._writer
-        if writer is None or writer.is_closing() or self.durable_lsn <= self.acked:
+        writer = self._writer  # none before the welcome: LSNs of another copy (seed 58779)
+        if writer is None or not self.connected or writer.is_closing() \
+                or self.durable_lsn <= self.acked:
             return
         self.acked = self.durable_lsn
         writer.write(link.encode("ack", {"lsn": self.acked}))

@@ -206,8 +206,7 @@ class ReplicationHub:
         return lsn
 
     def wrap(self, store: Store) -> Store:
-        """The primary's store: ``store`` with every append replicated through this hub
-        (``BrokerServer.wrap_store``)."""
+        """``store`` with every append replicated through this hub (``wrap_store``)."""
         self.local = store
         return ReplicatingStore(store, self)
 
@@ -436,7 +435,8 @@ class ReplicationHub:
 
     def _on_message(self, backup: AttachedBackup, message: link.LinkMessage) -> None:
         if message.type == "ack":
-            lsn = int(message.body["lsn"])
+            if (lsn := int(message.body["lsn"])) > self.lsn:  # never sent: not our copy's
+                raise ProtocolError(f"an ack of LSN {lsn}, past the newest ({self.lsn})")
             if lsn > backup.acked:
                 backup.acked = lsn
                 backup.last_ack = monotonic()
