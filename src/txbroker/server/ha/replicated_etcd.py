@@ -69,7 +69,7 @@ def lease_guard(node: ReplicatedNode) -> None:
 def etcd_refusal(node: ReplicatedNode) -> str | None:
     """Why etcd's records, as the node last read them, refuse its promotion now (None:
     they admit it): another node holds the key, or the last primary's recorded ready set
-    names neither this node nor this node as that primary."""
+    names this node neither among its ready backups nor as the primary that recorded it."""
     if node.etcd_primary not in (None, node.node):
         return f"the etcd key is held by {node.etcd_primary}"
     if node.etcd_ready is not None and node.node not in node.etcd_ready and \
@@ -89,4 +89,3 @@ def manual_request_stands(node: ReplicatedNode) -> bool:
     if why is not None:
         log.warning("etcd: %s drops the operator's promotion request: %s", node.node, why)
     return why is None
-
