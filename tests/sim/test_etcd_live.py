@@ -240,7 +240,7 @@ def test_a_blind_operator_cannot_promote_a_node_the_record_leaves_out(seed: int)
 #: memory store is not open"; in production an unhandled exception in
 #: client_connected_cb). Fixed: a closed hub completes nothing.
 CLOSED_HUB_SEEDS = [45000, 45041]
-#: The same after the fix, by another path (16 of ``bench/sim.py --seeds 10000
+#: The same after the fix, by another path (17 of ``bench/sim.py --seeds 10000
 #: --first-seed 50000``): the hub's link handler, returning because the hub closed,
 #: dropped its backup in its ``finally``, and the drop completed entries — a write on
 #: the closed store. Now no completion runs once the hub closed.
