@@ -119,13 +119,9 @@ def test_maintain_reclaims_released_bodies() -> None:
     store.close()
 
 
-def test_a_body_released_while_entries_are_unsynced_survives_their_crash() -> None:
-    """As the journal deletes a dead segment only after syncing what was queued before
-    it: a body released while entries wait for their sync (a backup releases the
-    bodies an applied entry killed before that entry is on its disk) is reclaimed only
-    once they are synced. Before, ``maintain`` dropped it at once; a crash then lost the
-    killing entry, replay brought the message back and its body was gone
-    (``replicated-etcd-live`` seed 57870: "body ref 52 does not exist")."""
+def _released_while_its_ack_is_unsynced() -> tuple[Loop, MemoryStore, Completions, int]:
+    """A store with a synced message whose body was released while the entry that
+    killed it (its ack) still waits for its sync."""
     loop = Loop()
     store = MemoryStore(dispatch=loop.dispatch)
     recover(store)
@@ -134,6 +130,17 @@ def test_a_body_released_while_entries_are_unsynced_survives_their_crash() -> No
     loop.run_until(lambda: len(done) == 1)
     store.append(5, b"its ack", [], done.callback(1))  # not synced yet
     store.release(body)  # what replaying the ack found dead
+    return loop, store, done, body
+
+
+def test_a_body_released_while_entries_are_unsynced_survives_their_crash() -> None:
+    """As the journal deletes a dead segment only after syncing what was queued before
+    it: a body released while entries wait for their sync (a backup releases the
+    bodies an applied entry killed before that entry is on its disk) is reclaimed only
+    once they are synced. Before, ``maintain`` dropped it at once; a crash then lost the
+    killing entry, replay brought the message back and its body was gone
+    (``replicated-etcd-live`` seed 57870: "body ref 52 does not exist")."""
+    _, store, _, body = _released_while_its_ack_is_unsynced()
     store.maintain()
     assert store.read_body(body) == b"payload"  # kept: the ack may never reach the disk
     store.crash()
@@ -148,14 +155,7 @@ def test_a_body_released_while_entries_are_unsynced_survives_their_crash() -> No
 
 
 def test_a_body_released_before_a_sync_is_reclaimed_after_it() -> None:
-    loop = Loop()
-    store = MemoryStore(dispatch=loop.dispatch)
-    recover(store)
-    done = Completions()
-    [body] = store.append(4, b"message", [b"payload"], done.callback(0))
-    loop.run_until(lambda: len(done) == 1)
-    store.append(5, b"its ack", [], done.callback(1))
-    store.release(body)
+    loop, store, done, body = _released_while_its_ack_is_unsynced()
     loop.run_until(lambda: len(done) == 2)  # the ack is synced
     store.maintain()
     with pytest.raises(KeyError):

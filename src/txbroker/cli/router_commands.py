@@ -154,10 +154,14 @@ def show(
         console.print(table)
 
 
+FacilityArgument = Annotated[str, typer.Argument(help="facility name")]
+PartitionArgument = Annotated[str, typer.Argument(help="partition name")]
+
+
 @router_app.command("set-partition")
 def set_partition(
-    facility: Annotated[str, typer.Argument(help="facility name")],
-    partition: Annotated[str, typer.Argument(help="partition name")],
+    facility: FacilityArgument,
+    partition: PartitionArgument,
     retry_count: RetryOption = None,
     vote_timeout: VoteTimeoutOption = None,
     url: UrlOption = DEFAULT_URL,
@@ -176,8 +180,8 @@ def set_partition(
 
 @router_app.command("retire-shadow")
 def retire_shadow(
-    facility: Annotated[str, typer.Argument(help="facility name")],
-    partition: Annotated[str, typer.Argument(help="partition name")],
+    facility: FacilityArgument,
+    partition: PartitionArgument,
     url: UrlOption = DEFAULT_URL,
     tls_ca: TlsCaOption = None,
 ) -> None:
