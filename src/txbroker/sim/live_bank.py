@@ -84,6 +84,10 @@ RESTART_S = (0.001, 0.06)
 #: longest outlast the libraries' 5 s request timeout, so clients and servers fail over
 #: to the stopped broker's address and find it silent until it continues.
 BROKER_STOP_S = (0.05, 5.5)
+#: How long a healed phase's own client makes transfers (s): the faults can leave the
+#: system unable to accept anything for the whole fault phase (a broker stopped
+#: throughout; a trio with no primary), and the run must still show progress.
+HEALED_CLIENT_S = 1.0
 #: How long a failing-over connection keeps trying (s): longer than any outage here.
 FAILOVER_TIMEOUT_S = 30.0
 INSUFFICIENT = "INSUFFICIENT"
@@ -346,6 +350,10 @@ async def run_clients_killing_broker(loop: SimLoop, world: World, bank: Bank, di
         await asyncio.sleep(loop.random.uniform(*RESTART_S))
         broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
         world.log(f"{loop.time():.6f} broker started")
+    if stop_share:  # a stop can outlast the whole fault phase: the healed broker must
+        # still make progress (13 of 10,000 seeds accepted nothing before this client)
+        clients.append(loop.spawn(f"127.0.2.{CLIENTS + 1}", bank_client(
+            loop, world, bank, CLIENTS, loop.time() + HEALED_CLIENT_S))[1])
     await finish_clients(loop, bank, clients, end)
 
 

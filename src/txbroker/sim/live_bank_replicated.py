@@ -44,7 +44,13 @@ from typing import Final
 from txbroker.core.ha.replicated_role import NodeRole
 from txbroker.sim.bank_scenario import FACILITY, PARTITIONS
 from txbroker.sim.live import seed_client_jitter
-from txbroker.sim.live_bank import CLIENTS, bank_client, finish_clients, start_clients
+from txbroker.sim.live_bank import (
+    CLIENTS,
+    HEALED_CLIENT_S,
+    bank_client,
+    finish_clients,
+    start_clients,
+)
 from txbroker.sim.live_bank_sites import Sites, check_sites
 from txbroker.sim.live_replicated import (
     HOSTS,
@@ -65,10 +71,6 @@ __all__ = ["FAULT_S", "HEALED_CLIENT_S", "HEAL_S", "PROMOTE_OUTSIDE_READY_SET",
 #: and the clients' last transfers, finish across the trio's last promotion).
 FAULT_S: Final = 2.0
 HEAL_S: Final = 8.0
-#: How long the healed phase's own client makes transfers (s): the faults can leave the
-#: trio without a primary for the whole fault phase (two nodes down, or one down and
-#: the two others cut apart), and the run must still show that it makes progress.
-HEALED_CLIENT_S: Final = 1.0
 #: How long the trio has to elect its first primary before the servers start (s).
 FIRST_PRIMARY_S: Final = 0.05
 #: Mean time between two stops (SIGSTOP) of a trio node in the fault phase, how long a
