@@ -14,7 +14,9 @@ queue is drained and counted exactly (every message once).
 
 ``--cold`` evicts the data directory's files from the page cache before each
 restart (``posix_fadvise`` DONTNEED); ``--recovery-index`` runs the broker with
-its recovery index (docs/storage.md; off by default).
+its recovery index, ``--recovery-checkpoint`` with its recovery checkpoint (a
+SIGTERM writes one, the next start reads it instead of the log; each run records
+``from_checkpoint``) — both docs/storage.md, off by default.
 
 Run under the bench lock: ``flock /tmp/txb-bench.lock .venv/bin/python
 bench/restart_bench.py [--stored 1000000]``. Results:
@@ -40,6 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support import BrokerProcess  # noqa: E402
+
+from txbroker import _build  # noqa: E402
 
 READY = re.compile(r"recovered (\d+) messages in ([0-9.]+) s")
 
@@ -95,7 +99,9 @@ def evict(directory: Path) -> int:
 
 
 def restart(proc: BrokerProcess, sig: int, cold: bool = False) -> dict[str, Any]:
+    stopping = time.monotonic()
     proc.kill(sig)
+    stop_seconds = time.monotonic() - stopping  # (a SIGTERM writes the checkpoint)
     if cold:
         evict(proc.data)
     started = time.monotonic()
@@ -103,7 +109,13 @@ def restart(proc: BrokerProcess, sig: int, cold: bool = False) -> dict[str, Any]
     ready = time.monotonic() - started
     assert proc.proc is not None
     found = READY.search(proc.ready_line)
+    from txbroker.client.sync import connect
+
+    with connect(proc.url) as conn:
+        entries = conn.stats()["store"]["recovered_entries"]
     return {"signal": signal.Signals(sig).name, "ready_seconds": round(ready, 3),
+            "stop_seconds": round(stop_seconds, 3),
+            "from_checkpoint": entries == 1, "recovered_entries": entries,
             "recovered": int(found.group(1)) if found else None,
             "recovery_seconds": float(found.group(2)) if found else None,
             "rss": rss_bytes(proc.proc.pid)}
@@ -112,7 +124,7 @@ def restart(proc: BrokerProcess, sig: int, cold: bool = False) -> dict[str, Any]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stored", type=int, default=1_000_000)
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--loaders", type=int, default=3)
     parser.add_argument("--producers", type=int, default=2, help="connections per loader")
     parser.add_argument("--sync", default="fdatasync")
@@ -123,13 +135,20 @@ def main() -> None:
     parser.add_argument("--recovery-index", action=argparse.BooleanOptionalAction,
                         default=False, help="run the broker with recovery_index = true "
                         "or false, the default (docs/storage.md)")
+    parser.add_argument("--recovery-checkpoint", action=argparse.BooleanOptionalAction,
+                        default=False, help="run the broker with recovery_checkpoint = true "
+                        "(a SIGTERM leaves a checkpoint the next start reads) or false, the "
+                        "default (docs/storage.md)")
     args = parser.parse_args()
     report: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(args),
+                              "build": _build.MODE,
                               "loadavg_start": os.getloadavg()}
     queue = "stored"
     with tempfile.TemporaryDirectory(prefix="txb-restart-") as tmp:
         config = Path(tmp) / "broker.toml"
-        config.write_text(f"[server]\nrecovery_index = {str(args.recovery_index).lower()}\n")
+        config.write_text(f"[server]\nrecovery_index = {str(args.recovery_index).lower()}\n"
+                          "recovery_checkpoint = "
+                          f"{str(args.recovery_checkpoint).lower()}\n")
         proc = BrokerProcess(Path(tmp) / "data", "--sync", args.sync,
                              "--config", str(config)).start()
         try:
@@ -161,7 +180,11 @@ def main() -> None:
                 mine = [r for r in runs if r["signal"] == name]
                 report[f"median_{name}"] = {
                     key: statistics.median(r[key] for r in mine)
-                    for key in ("ready_seconds", "recovery_seconds", "bytes_per_message")}
+                    for key in ("ready_seconds", "recovery_seconds", "bytes_per_message",
+                                "stop_seconds")}
+                report[f"min_max_{name}"] = {
+                    key: [min(r[key] for r in mine), max(r[key] for r in mine)]
+                    for key in ("ready_seconds", "recovery_seconds", "stop_seconds")}
             report["all_recovered"] = all(r["recovered"] == args.stored for r in runs)
             if not args.no_drain:
                 consumed = drain(proc.url, queue, args.stored)

@@ -8,6 +8,7 @@ log order (ordinals, by rank), the XA branches and every body released exactly o
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,18 +25,9 @@ from txbroker.xid import Xid
 Log = list[tuple[int, bytes, list[int]]]
 
 
-def _journal() -> tuple[Log, dict[int, bytes], int]:
-    """A log with every kind of record that touches a replayed message: parked
-    plain messages (relocated by compaction twice), consumed and acked ones, nacked
-    (an UPDATE of the delivery count), moved ones, ones with a client id, headers, a
-    priority, a TTL or a delay, a transaction (sends and acks), XA branches prepared
-    (consuming and sending) and committed, a deleted queue."""
-    h = Harness()
-    s = h.session()
-    rid = iter(range(1, 100_000))
-    h.call("queue_declare", s, next(rid), "moved", h.now)
-    for number in range(40):
-        h.send(s, next(rid), "parked", b"p%d" % number)
+def send_work(h: Harness, s: int, rid: Iterator[int]) -> None:
+    """30 messages to ``work``: some with a client id, headers, a priority, one with a
+    TTL, one with a delay, the rest plain."""
     for number in range(30):
         kw: dict[str, Any] = {}
         if number % 5 == 1:
@@ -49,6 +41,21 @@ def _journal() -> tuple[Log, dict[int, bytes], int]:
         if number == 11:
             kw["delay_ms"] = 5_000
         h.send(s, next(rid), "work", b"w%d" % number, **kw)
+
+
+def _journal() -> tuple[Log, dict[int, bytes], int]:
+    """A log with every kind of record that touches a replayed message: parked
+    plain messages (relocated by compaction twice), consumed and acked ones, nacked
+    (an UPDATE of the delivery count), moved ones, ones with a client id, headers, a
+    priority, a TTL or a delay, a transaction (sends and acks), XA branches prepared
+    (consuming and sending) and committed, a deleted queue."""
+    h = Harness()
+    s = h.session()
+    rid = iter(range(1, 100_000))
+    h.call("queue_declare", s, next(rid), "moved", h.now)
+    for number in range(40):
+        h.send(s, next(rid), "parked", b"p%d" % number)
+    send_work(h, s, rid)
     for _ in range(6):  # consumed and acked
         got = h.receive(s, next(rid), "work")
         h.call("ack", s, next(rid), [got.tag], h.now)

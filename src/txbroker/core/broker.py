@@ -41,6 +41,7 @@ from typing import Any
 
 from txbroker.core import overflow
 from txbroker.core.admin import Admin
+from txbroker.core.checkpoint import take_checkpoint
 from txbroker.core.compaction import Compaction
 from txbroker.core.delivery import Delivery
 from txbroker.core.effects import Effect
@@ -50,7 +51,7 @@ from txbroker.core.messages import Message, MessageIndex
 from txbroker.core.outbox import Outbox
 from txbroker.core.queue_index import LATER, QueueIndex
 from txbroker.core.queues import Queue
-from txbroker.core.records import ReplicaAt, StoredEntry
+from txbroker.core.records import CHECKPOINT_KIND, ReplicaAt, StoredEntry
 from txbroker.core.replay import BodySize, Replay
 from txbroker.core.router.commands import RouterCommand
 from txbroker.core.router.engine import Router
@@ -453,6 +454,14 @@ class Broker:
     def replay(self, entry: StoredEntry) -> None:
         """Apply one stored entry (log order) to the recovering state."""
         self.replay_part.replay(entry)
+
+    def checkpoint(self) -> tuple[int, bytes] | None:
+        """``(kind, meta)`` of the recovery checkpoint of a clean shutdown, or None when
+        one cannot be taken now (``core/checkpoint.py``)."""
+        replay = self.replay_part
+        meta = take_checkpoint(self.index, self.xa, replay.snapshot()[1], replaying=bool(
+            replay.raw or replay.settled.levels or replay.replica is not None))
+        return None if meta is None else (CHECKPOINT_KIND, meta)
 
     @property
     def replica_at(self) -> ReplicaAt | None:

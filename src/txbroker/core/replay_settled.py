@@ -116,10 +116,31 @@ class Settled:
     def __init__(self) -> None:
         #: runs by level, in log order
         self.levels: dict[Level, list[Run]] = {}
-        #: the run of every settled message, by id
-        self.at: dict[int, Run] = {}
+        #: the run of every settled message, by id (see :attr:`at`)
+        self._at: dict[int, Run] = {}
+        #: runs added whole (:meth:`add_run`) that :attr:`at` does not list yet
+        self._unlisted: list[Run] = []
         #: per level, the highest ordinal settled there (an upper bound after takes)
         self.last_ord: dict[Level, int] = {}
+
+    @property
+    def at(self) -> dict[int, Run]:
+        """The run of every settled message, by id (a checkpoint's runs are listed
+        only when a later record needs them: after a checkpoint, nothing does)."""
+        if self._unlisted:
+            at = self._at
+            for run in self._unlisted:
+                at.update(dict.fromkeys(run.ids, run))
+            self._unlisted = []
+        return self._at
+
+    def add_run(self, run: Run) -> None:
+        """Settle a whole run (a checkpoint's, ``core/checkpoint.py``): behind the
+        level's runs, with ordinals above every ordinal settled before."""
+        level = (run.queue, run.priority)
+        self.levels.setdefault(level, []).append(run)
+        self.last_ord[level] = run.ords[-1]
+        self._unlisted.append(run)
 
     def settle(self, raw: dict[int, list[Any]], body_size_of: Callable[[int], int]
                ) -> dict[int, list[Any]]:
@@ -229,7 +250,7 @@ class Settled:
                 if run.ids:
                     _count_in(queue, run)
                     _into_chunks(queue, home, level, run)
-        self.levels, self.at, self.last_ord = {}, {}, {}
+        self.levels, self._at, self._unlisted, self.last_ord = {}, {}, [], {}
 
 
 def _count_in(queue: Queue, run: Run) -> None:

@@ -36,7 +36,7 @@ import ssl
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import Any, cast
 
 from txbroker.core import Broker
 from txbroker.core.effects import (
@@ -68,6 +68,7 @@ from txbroker.server.security.tls import tls_factory
 from txbroker.server.space import maintain_loop
 from txbroker.server.stores import StoreOpener, open_store
 from txbroker.storage.interface import (
+    CheckpointStore,
     PackedBodies,
     Relocation,
     Store,
@@ -79,6 +80,9 @@ log = logging.getLogger("txbroker.server")
 
 #: Pending connections the kernel queues on each listener.
 LISTEN_BACKLOG = 1024
+#: Flushes a clean shutdown tries before giving up its checkpoint (each round's
+#: completions may write more: delivered marks, the next slice of a purge).
+CHECKPOINT_ROUNDS = 8
 
 __all__ = ["BrokerServer", "is_loopback", "run", "serve"]
 
@@ -185,6 +189,8 @@ class BrokerServer:
         self.broker.body_size_of = store.body_size
         for entry in store.recover():
             self.broker.replay(entry)
+        if getattr(store, "recovered_from_checkpoint", False):
+            log.info("recovery: read the checkpoint of the last clean shutdown, not the log")
         self.store = store
 
     def wrap_store(self, wrap: Callable[[Store], Store]) -> None:
@@ -343,12 +349,37 @@ class BrokerServer:
             self._timer.cancel()
         store = self.store
         if store is not None:
-            await asyncio.get_running_loop().run_in_executor(None, store.close)
+            checkpoint = await self._quiet_checkpoint(store)
+            close = functools.partial(cast(CheckpointStore, store).close, checkpoint) \
+                if checkpoint else store.close
+            await asyncio.get_running_loop().run_in_executor(None, close)
             await asyncio.sleep(0)  # let the last completions run
             self.run_effects()
         self.ops.close_all()
         self.store = None
         log.info("broker stopped")
+
+    async def _quiet_checkpoint(self, store: Store) -> tuple[int, bytes, int] | None:
+        """A store that keeps checkpoints (the journal without HA): hold every client's
+        input, write and complete everything, then the broker's state and the store's
+        append count (``core/checkpoint.py``); None if it cannot be taken."""
+        if not getattr(store, "checkpoints", False):
+            return None
+        journal = cast(CheckpointStore, store)
+        self.ops.hold_input(True)
+        loop = asyncio.get_running_loop()
+        for _ in range(CHECKPOINT_ROUNDS):
+            mark = journal.appends
+            try:
+                await loop.run_in_executor(None, journal.flush)
+            except (StorageFailed, TimeoutError, OSError):
+                return None
+            await asyncio.sleep(0)  # (the completions the flush dispatched run first)
+            self.run_effects()
+            if journal.appends == mark:
+                taken = self.broker.checkpoint()
+                return None if taken is None else (*taken, mark)
+        return None
 
     # ------------------------------------------------------------------ effects
     def complete(self, completions: Callable[[], None]) -> None:

@@ -18,6 +18,8 @@ Config file (all keys optional)::
     compact_min_segments = 4     # ... and the journal has at least this many segments
     compact_idle_live_fraction = 0.8  # the fraction while nothing else is written
     recovery_index = false       # restarts read an index per sealed segment, not bodies
+    recovery_checkpoint = false  # a clean shutdown writes its state; the next start
+                                 # reads it instead of the log (no HA; docs/storage.md)
     max_frame_size = 8388608
     max_connections = 1024
 
@@ -170,6 +172,10 @@ class ServerConfig:
     #: instead of the segment (its bodies' CRCs are then not checked at start, so
     #: corruption in a stored body no longer stops the start; docs/storage.md)
     recovery_index: bool = False
+    #: a clean shutdown of a broker without HA writes a checkpoint of its state and the
+    #: next start reads it instead of replaying the log (off by default, as the recovery
+    #: index: the log's CRCs are then not checked at start; docs/storage.md)
+    recovery_checkpoint: bool = False
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS

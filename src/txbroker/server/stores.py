@@ -41,6 +41,7 @@ def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], No
         repair=config.repair,
         compaction=config.compaction(),
         recovery_index=config.recovery_index,
+        checkpoints=config.recovery_checkpoint and not config.ha,
         lock=lock,
     )
 

@@ -219,3 +219,25 @@ class Store(Protocol):
     def close(self) -> None:
         """Flush what is queued, sync, stop the writer and close files."""
         ...
+
+
+class CheckpointStore(Protocol):
+    """A store that keeps a clean shutdown's recovery checkpoint next to its log (the
+    journal with ``checkpoints``: ``storage/journal_checkpoint.py``)."""
+
+    #: it accepts a checkpoint at :meth:`close` and hands one back at recovery
+    checkpoints: bool
+
+    @property
+    def appends(self) -> int:
+        """Entries appended since open: the mark of a checkpoint taken now."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything appended is written, synced and completed."""
+        ...
+
+    def close(self, checkpoint: tuple[int, bytes, int] | None = None) -> None:
+        """Close; with ``(kind, meta, appends)``, write that checkpoint if the store
+        still has exactly ``appends`` entries."""
+        ...

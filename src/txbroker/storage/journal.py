@@ -35,6 +35,12 @@ offer_relocation``; when is set by ``compaction``, a ``CompactionSettings``).
 warm standby's takeover resumes where it stopped, ``resume_from``), and the named
 crash points of ``journal_faults.py`` let process tests kill it mid-compaction.
 
+A clean shutdown may leave a *checkpoint* next to the log (``close(checkpoint=…)``):
+the broker's state at the log's end, which the next :meth:`recover` hands back as one
+entry instead of the log when the store is asked to (``checkpoints``) and the log is
+exactly as it was; the file is deleted as recovery starts, whatever it then reads
+(:mod:`~txbroker.storage.journal_checkpoint`).
+
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread
 writes, syncs or unlinks.
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 import os
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -64,6 +71,11 @@ from txbroker.storage.interface import (
     SyncMode,
 )
 from txbroker.storage.journal_bodies import REF_LENGTH_MASK, BodyReader
+from txbroker.storage.journal_checkpoint import (
+    FoundCheckpoint,
+    take_checkpoint_file,
+    write_checkpoint,
+)
 from txbroker.storage.journal_faults import CrashPoints
 from txbroker.storage.journal_format import (
     ENTRY_HEADER,
@@ -95,6 +107,7 @@ from txbroker.storage.store_lock import StoreLock
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size
+log = logging.getLogger("txbroker.journal")
 
 MiB = 1024 * 1024
 #: Default segment size. Artemis uses 10 MiB journal files, Kafka 1 GiB log
@@ -147,6 +160,7 @@ class JournalStore:
         lock: StoreLock | None = None,
         compaction: CompactionSettings | None = None,
         recovery_index: bool = False,
+        checkpoints: bool = False,
     ) -> None:
         if sync not in SyncMode.ALL:
             raise ValueError(f"unknown sync mode {sync!r}; expected one of {SyncMode.ALL}")
@@ -163,6 +177,11 @@ class JournalStore:
         #: write a recovery index for each sealed segment and read it at recovery
         #: instead of the segment (journal_format.py): restarts skip the bodies
         self.recovery_index = recovery_index
+        #: use the checkpoint a clean shutdown wrote (``journal_checkpoint.py``; a found
+        #: one is deleted either way) and accept one at :meth:`close`
+        self.checkpoints = checkpoints
+        #: the last recovery read a checkpoint instead of the log
+        self.recovered_from_checkpoint = False
         #: what recovery dropped: torn tails cut, damaged regions skipped (``repair``)
         self.repair_report: list[str] = []
         #: The writer thread (None until recovery); faults: ``writer.sync_file = failing``
@@ -223,6 +242,13 @@ class JournalStore:
         self._lock, self._created_dirs = lock_directory(self.directory, self.journal_dir,
                                                         self._lock)
         self._state = _State.RECOVERING
+        use = self.checkpoints and self._resume is None and not self.repair
+        found = take_checkpoint_file(self.journal_dir, list_segments(self.journal_dir), use=use,
+                                     why_not="not asked to" if not self.checkpoints else
+                                     "a warm standby resumes" if self._resume else "repair")
+        if found is not None:
+            self._replay_iterator = self._from_checkpoint(found)
+            return self._replay_iterator
         recovery = Recovery(self.journal_dir, repair=self.repair,
                             use_index=self.recovery_index, resume=self._resume)
         self.repair_report = recovery.report
@@ -244,6 +270,16 @@ class JournalStore:
         self._recovered_bytes = sum(segment.read_bytes for segment in recovered)
         self._recovered_segments = sum(1 for segment in recovered if segment.read_bytes)
         self._open_for_appends(recovered)
+
+    def _from_checkpoint(self, found: FoundCheckpoint) -> Generator[StoredEntry, None, None]:
+        """Recovery from a clean shutdown's checkpoint: its entry instead of the log."""
+        yield StoredEntry(found.kind, found.meta, ())
+        self._recovered_entries, self._recovered_bytes = 1, found.size
+        self.recovered_from_checkpoint = True
+        self._open_for_appends([RecoveredSegment(
+            segment_id, info.size, info.bodies, info.live_bytes, overhead=info.overhead,
+            lead=info.lead, resumed=info.size, dead=info.bodies - info.live_bodies)
+            for segment_id, info in found.segments.items()])
 
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
         for segment in recovered:
@@ -476,10 +512,21 @@ class JournalStore:
         if self._queue.failure is not None:
             raise StorageFailed(str(self._queue.failure))
 
-    def close(self) -> None:
-        """Write and sync what is queued, stop the writer, close files, unlock. Idempotent."""
+    @property
+    def appends(self) -> int:
+        """Entries appended since open (a checkpoint's mark: :meth:`close`)."""
+        return self._appends
+
+    def close(self, checkpoint: tuple[int, bytes, int] | None = None) -> None:
+        """Write and sync what is queued, stop the writer, close files, unlock. Idempotent.
+
+        ``checkpoint``: ``(kind, meta, appends)``, the broker's state when the store had
+        ``appends`` entries (``core/checkpoint.py``): written next to the log once it is
+        synced, if nothing was appended since and the store works
+        (``journal_checkpoint.py``)."""
         if self._state is _State.CLOSED:
             return
+        was_open = self._state is _State.OPEN
         if self.writer is not None:
             self.writer.check_not_writer_thread()
         self._state = _State.CLOSED
@@ -488,9 +535,24 @@ class JournalStore:
             replay.close()  # an abandoned recovery: close its files
         if self.writer is not None:
             self.writer.stop()
+        if checkpoint is not None and self.checkpoints and was_open:
+            self._write_checkpoint(*checkpoint)
         self._bodies.close()
         if self._lock is not None:
             self._lock.release()
+
+    def _write_checkpoint(self, kind: int, meta: bytes, appends: int) -> None:
+        if appends != self._appends or self._queue.failure is not None \
+                or list_segments(self.journal_dir) != sorted(self._segments):
+            log.warning("journal: no checkpoint written (the log moved on or failed)")
+            return
+        try:
+            size = write_checkpoint(self.journal_dir, self._head, self._offset, self._segments,
+                                    kind, meta)
+        except OSError as exc:
+            log.warning("journal: no checkpoint written: %s", exc)
+            return
+        log.info("journal: wrote the checkpoint of a clean shutdown (%d bytes)", size)
 
     def __enter__(self) -> JournalStore:
         return self

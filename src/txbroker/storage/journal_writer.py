@@ -65,6 +65,7 @@ from txbroker.storage.journal_format import (
     index_record,
     segment_name,
 )
+from txbroker.storage.synced_files import write_synced
 from txbroker.storage.writer_thread import (
     Barrier,
     PendingQueue,
@@ -274,15 +275,7 @@ class GroupCommitWriter(WriterThread):
         temporary = path.with_name(path.name + ".tmp")
         data = encode_index(segment_id, size, self._index_lead, records)
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                         SEGMENT_FILE_MODE)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                self.sync_file(fd)
-            finally:
-                os.close(fd)
+            write_synced(temporary, data, self.sync_file, SEGMENT_FILE_MODE)
             os.rename(temporary, path)
         except OSError as exc:
             log.warning("could not write the recovery index of segment %d: %s", segment_id, exc)

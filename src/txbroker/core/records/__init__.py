@@ -114,6 +114,7 @@ from __future__ import annotations
 from typing import Any, Final, Protocol
 
 from txbroker.core.records.common import (
+    CHECKPOINT_KIND,
     MSG_DELIVER_AT,
     MSG_DELIVERY_COUNT,
     MSG_EXPIRES,
@@ -207,7 +208,7 @@ def decode(kind: int, meta: bytes) -> Any:
     return from_value(kind, unpack_meta(meta, f"kind {kind}"))
 
 
-__all__ = ["MSG_DELIVERY_COUNT", "MSG_DELIVER_AT", "MSG_EXPIRES", "MSG_FIELDS",
+__all__ = ["CHECKPOINT_KIND", "MSG_DELIVERY_COUNT", "MSG_DELIVER_AT", "MSG_EXPIRES", "MSG_FIELDS",
            "MSG_FIELDS_MAX", "MSG_HEADERS", "MSG_ID", "MSG_MESSAGE_ID", "MSG_PRIORITY",
            "MSG_QUEUE", "MSG_SEQ", "MSG_TIMESTAMP", "RECORD_CLASSES", "Ack", "Add",
            "BodyRef", "Drop", "Kind", "MalformedRecord", "Move", "QueueDelete", "QueuePut",

@@ -53,6 +53,12 @@ class Kind(IntEnum):
     REPLICA_AT = 18
 
 
+#: The kind of the entry a journal hands back *instead of* the log it covers: the
+#: recovered state at the end of that log, written at a clean shutdown
+#: (``core/checkpoint.py``). Never a record of a log, so not a :class:`Kind`.
+CHECKPOINT_KIND: Final = 19
+
+
 #: Positions in the ``msg`` tuple.
 MSG_ID, MSG_QUEUE, MSG_MESSAGE_ID, MSG_HEADERS, MSG_PRIORITY = 0, 1, 2, 3, 4
 MSG_TIMESTAMP, MSG_EXPIRES, MSG_DELIVER_AT, MSG_DELIVERY_COUNT = 5, 6, 7, 8
@@ -215,7 +221,7 @@ def optional(value: list[Any], index: int) -> Any:
     return value[index] if len(value) > index else None
 
 
-__all__ = ["MSG_DELIVERY_COUNT", "MSG_DELIVER_AT", "MSG_EXPIRES", "MSG_FIELDS",
+__all__ = ["CHECKPOINT_KIND", "MSG_DELIVERY_COUNT", "MSG_DELIVER_AT", "MSG_EXPIRES", "MSG_FIELDS",
            "MSG_FIELDS_MAX", "MSG_HEADERS", "MSG_ID", "MSG_MESSAGE_ID", "MSG_PRIORITY",
            "MSG_QUEUE", "MSG_SEQ", "MSG_TIMESTAMP", "BodyRef", "Kind", "MalformedRecord",
            "StoredEntry", "check_definition", "check_dict", "check_fields", "check_int",

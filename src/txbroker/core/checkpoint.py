@@ -1,0 +1,257 @@
+"""The recovery checkpoint: what a replay of the whole log would hold, written at a
+clean shutdown (issue 29: a restart that follows the live data, not the history).
+
+Theory of operation
+-------------------
+A cold restart replays every entry of the log (``core/replay.py``) and then walks
+every surviving message into its queue: a few microseconds per message, 2–3 s for
+a million. When the broker stops cleanly, nothing more will be written after its
+last entry, so its live state at that moment *is* what that replay would build. At
+the shutdown (``server/app.py``: input held, the store flushed, every completion
+run) :func:`take_checkpoint` writes that state in the replay's own form, and the
+journal keeps it next to the log (``storage/journal.py``, which hands it back
+instead of the log it covers only while that log is exactly as it was; the file
+is deleted before anything is appended again). The next start replays that one
+entry (kind ``CHECKPOINT``, :func:`read_checkpoint`) and ``Replay.finish``
+does the rest as after any replay:
+
+* the metadata is the snapshot the store writes first in every segment
+  (:meth:`Replay.snapshot`): queues, topics, duplicate windows, the next id, sinks;
+* the plain messages at the head of every priority level are the settled
+  :class:`~txbroker.core.replay_settled.Run` columns a warm standby builds while it
+  follows (``core/replay_settled.py``), one run per chunk: loading them copies arrays,
+  no Python object per message;
+* every other message that a replay would find alive — ready ones with a client id,
+  headers, a TTL or a delay, and those out to consumers or held by an open
+  transaction (their acks are not in the log: a replay would bring them back) — is a
+  replayed ``msg`` list behind the runs of its level, in queue order.
+
+**Order in a level.** A level's messages are in seq order (the queue's commit order,
+the order a replay restores) with the scheduled ones last (the live queue appends
+them when they come due); the runs take the longest prefix that compact slots can
+hold, the lists the rest. **Delivery counts** are the live ones: a clean restart
+keeps them exactly, where a crash's replay counts a maybe-delivered message once.
+
+No checkpoint is taken (the next start replays the log, as after a crash) while
+something lives outside what a checkpoint holds: prepared XA branches, a queue
+deletion still dropping messages, a message not yet durable, a replicated backup's
+log position, or a replay not finished.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Iterable
+from typing import Any, Final, Literal
+
+from txbroker.core.messages import COMPACT, Chunk, Message, State
+from txbroker.core.queue_index import QueueIndex
+from txbroker.core.queues import PRIORITIES
+from txbroker.core.records.common import (
+    MSG_FIELDS_MAX,
+    check_dict,
+    check_msg,
+    malformed,
+    pack,
+    unpack,
+)
+from txbroker.core.records.metadata import Snapshot
+from txbroker.core.replay_settled import RUN_SIZE, Run, settles
+from txbroker.core.replay_xa import pack_ref, unpack_ref
+from txbroker.core.xa_branches import XaBranches
+
+#: The checkpoint's format version (a value a start does not know is refused).
+VERSION: Final = 1
+#: The array layout the columns were written in: byte order and item sizes of the
+#: :class:`Run` typecodes, in column order (a start elsewhere converts them).
+_TYPECODES: Final = ("q", "q", "Q", "L", "L", "q", "H")
+LAYOUT: Final = sys.byteorder[0] + "".join(str(array(code).itemsize) for code in _TYPECODES)
+_LOW = (1 << 32) - 1
+_NAME = "CHECKPOINT"
+
+
+def take_checkpoint(index: QueueIndex, xa: XaBranches, snapshot: bytes, *,
+                    replaying: bool) -> bytes | None:
+    """The checkpoint of the broker's state (the meta of a ``CHECKPOINT`` entry) given
+    its snapshot's meta, or None when one cannot be taken now (see the module
+    docstring; ``replaying``: a replay is not finished, or it counts a backup's log)."""
+    if replaying or xa.branches or index.deleting:
+        return None
+    home = index.messages
+    objects: dict[tuple[str, int], list[Message]] = {}
+    for message in home.objects.values():
+        if message.state is State.PENDING:
+            return None  # (not durable yet: the shutdown flushes first)
+        if message.state is State.GONE or message.ref is None or not message.persistent:
+            continue
+        objects.setdefault((message.queue, message.priority), []).append(message)
+    runs: list[list[Any]] = []
+    msgs: list[list[Any]] = []
+    compact = 0
+    for name, queue in index.queues.items():
+        for priority in range(PRIORITIES):
+            level = queue.ready_level(priority)
+            found = objects.pop((name, priority), None)
+            if found:
+                compact += _mixed_level(name, priority, level, found, runs, msgs)
+            else:  # (the common case: only compact slots, copied a chunk at a time)
+                for item in level:
+                    if isinstance(item, Chunk):
+                        compact += _chunk_run(item, runs)
+    if compact != home.compact:
+        return None  # (a compact slot outside every queue: never expected, never lost)
+    for (_, _), left in sorted(objects.items()):  # a queue the index does not list
+        msgs.extend(_msg(message) for message in sorted(left, key=_seq_of))
+    value = {"v": VERSION, "layout": LAYOUT, "snapshot": unpack(snapshot),
+             "runs": runs, "msgs": msgs}
+    return pack(value)
+
+
+def _chunk_run(chunk: Chunk, runs: list[list[Any]]) -> int:
+    """A chunk's compact slots as one run (ids ascend within a chunk); how many."""
+    head, marks = chunk.head, chunk.marks
+    total = len(chunk.ids)
+    if head >= total:
+        return 0
+    columns = (chunk.ids, chunk.seqs, chunk.ref_hi, chunk.ref_lo, chunk.sizes, chunk.stamps,
+               chunk.counts)
+    if marks.count(COMPACT, head) == total - head:
+        picked = [column[head:] for column in columns]
+    else:  # (some slots taken or promoted: their objects are elsewhere)
+        slots = [slot for slot in range(head, total) if marks[slot] == COMPACT]
+        if not slots:
+            return 0
+        picked = [array(column.typecode, [column[slot] for slot in slots])
+                  for column in columns]
+    runs.append([chunk.queue, chunk.priority, *(column.tobytes() for column in picked)])
+    return len(picked[0])
+
+
+def _mixed_level(name: str, priority: int, level: Iterable[Message | Chunk],
+                 found: list[Message], runs: list[list[Any]], msgs: list[list[Any]]) -> int:
+    """A level with objects: every message in seq order (the scheduled ones last), the
+    compact prefix as runs, the rest as ``msg`` lists; how many compact slots it had."""
+    rows: list[tuple[int, int, list[Any], int]] = []  # (seq, id, msg with ref, size)
+    compact = 0
+    for item in level:
+        if isinstance(item, Chunk):
+            for slot in range(item.head, len(item.ids)):
+                if item.marks[slot] == COMPACT:
+                    msg = item.record_at(slot)
+                    msg.append(pack_ref(item.ref_at(slot)))
+                    rows.append((msg[9], msg[0], msg, item.sizes[slot]))
+                    compact += 1
+    scheduled: list[Message] = []
+    for message in found:
+        if message.state is State.READY and message.deliver_at_ms:
+            scheduled.append(message)
+        else:
+            rows.append((message.seq, message.id, _msg(message), message.size))
+    rows.sort(key=_row_order)
+    run: Run | None = None
+    at = 0
+    for at, (_, message_id, msg, size) in enumerate(rows):  # noqa: B007 (at: after the loop)
+        if not settles([*msg[:10], unpack_ref(msg[10]), 0], size):
+            break
+        if run is None or len(run.ids) >= RUN_SIZE or run.ids[-1] >= message_id:
+            if run is not None:
+                runs.append(_run_value(run))
+            run = Run(name, priority)
+        ref = unpack_ref(msg[10])
+        assert ref is not None  # (settles: a compact slot has a body)
+        run.ids.append(message_id)
+        run.seqs.append(msg[9])
+        run.ref_hi.append(ref >> 32)
+        run.ref_lo.append(ref & _LOW)
+        run.sizes.append(size)
+        run.stamps.append(msg[5])
+        run.counts.append(msg[8])
+    else:
+        at = len(rows)
+    if run is not None:
+        runs.append(_run_value(run))
+    msgs.extend(row[2] for row in rows[at:])
+    msgs.extend(_msg(message) for message in sorted(scheduled, key=_seq_of))
+    return compact
+
+
+def _run_value(run: Run) -> list[Any]:
+    return [run.queue, run.priority, *(column.tobytes() for column in run.columns()[:7])]
+
+
+def _row_order(row: tuple[int, int, list[Any], int]) -> tuple[int, int]:
+    return row[0], row[1]
+
+
+def _seq_of(message: Message) -> tuple[int, int]:
+    return message.seq, message.id
+
+
+def _msg(message: Message) -> list[Any]:
+    """A message as a checkpoint keeps it: its record, then its body ref (as bytes: a
+    ref may be wider than msgpack's ints, ``core/replay_xa.py``)."""
+    msg = message.to_record()
+    msg.append(pack_ref(message.ref))
+    return msg
+
+
+def read_checkpoint(meta: Any) -> tuple[Snapshot, list[Run], list[list[Any]]]:
+    """Decode a ``CHECKPOINT`` entry's unpacked meta: its snapshot, its runs (without
+    ordinals: the replay numbers them) and its other messages (``msg`` lists with
+    their body refs, as ints, appended). Raises ``MalformedRecord`` on anything else."""
+    value = check_dict(meta, _NAME, "the checkpoint")
+    if value.get("v") != VERSION:
+        malformed(_NAME, f"version {value.get('v')!r}, expected {VERSION}")
+    snapshot = Snapshot.from_value(value.get("snapshot"))
+    layout = value.get("layout")
+    runs: list[Run] = []
+    items = value.get("runs")
+    if type(items) is not list:
+        malformed(_NAME, "the runs are not a list")
+    for item in items:
+        if type(item) is not list or len(item) != 2 + len(_TYPECODES) \
+                or type(item[0]) is not str or type(item[1]) is not int \
+                or not all(type(data) is bytes for data in item[2:]):
+            malformed(_NAME, "a run is [queue, priority, 7 columns]")
+        run = Run(item[0], item[1])
+        columns = run.columns()[:len(_TYPECODES)]
+        for column, data in zip(columns, item[2:], strict=True):
+            _fill(column, data, layout)
+        total = len(run.ids)
+        if not total or any(len(column) != total for column in columns):
+            malformed(_NAME, "a run's columns differ in length")
+        runs.append(run)
+    msgs = value.get("msgs")
+    if type(msgs) is not list:
+        malformed(_NAME, "the msgs are not a list")
+    for msg in msgs:
+        if type(msg) is not list or len(msg) != MSG_FIELDS_MAX + 1 \
+                or type(msg[-1]) is not bytes:
+            malformed(_NAME, "a msg is its record and its body ref")
+        check_msg(msg[:MSG_FIELDS_MAX], _NAME)
+        msg[-1] = unpack_ref(msg[-1])
+    return snapshot, runs, msgs
+
+
+def _fill(column: array[int], data: bytes, layout: Any) -> None:
+    """A column from the bytes a checkpoint holds (converted when it was written with
+    another layout: byte order, item sizes)."""
+    if layout == LAYOUT:
+        if len(data) % column.itemsize:
+            malformed(_NAME, "a column's bytes are not whole items")
+        column.frombytes(data)
+        return
+    if type(layout) is not str or len(layout) != 1 + len(_TYPECODES) \
+            or layout[0] not in "bl" or not layout[1:].isdigit():
+        malformed(_NAME, f"unknown array layout {layout!r}")
+    size = int(layout[1 + _TYPECODES.index(column.typecode)])
+    if size not in (1, 2, 4, 8) or len(data) % size:
+        malformed(_NAME, f"unknown array layout {layout!r}")
+    signed = column.typecode.islower()
+    order: Literal["big", "little"] = "big" if layout[0] == "b" else "little"
+    column.extend(int.from_bytes(data[at:at + size], order, signed=signed)
+                  for at in range(0, len(data), size))
+
+
+__all__ = ["LAYOUT", "VERSION", "read_checkpoint", "take_checkpoint"]

@@ -1,0 +1,272 @@
+"""The recovery checkpoint of a clean shutdown (``core/checkpoint.py``, issue 29): a
+restart that replays the checkpoint alone finishes in the state a replay of the whole
+log finishes in — every queue's counters, the order and contents of every priority
+level, the index's objects, the duplicate windows, the next id — and no checkpoint is
+taken while the state holds what one cannot."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.core.harness import Harness, StoreOpener
+from tests.core.test_replay_settled import _replay, _state, send_work
+from txbroker.core.broker import Broker
+from txbroker.core.checkpoint import LAYOUT, read_checkpoint
+from txbroker.core.records import CHECKPOINT_KIND, MalformedRecord, StoredEntry, pack, unpack
+from txbroker.core.replay_settled import RUN_SIZE
+from txbroker.core.xa import TMNOFLAGS, TMSUCCESS
+from txbroker.errors import CorruptStore
+from txbroker.storage.interface import Store
+from txbroker.storage.journal import JournalStore
+from txbroker.xid import Xid
+
+
+def _workload(store: StoreOpener | None = None) -> Harness:
+    """Every way a message can be alive at a shutdown: plain ones parked (relocated by
+    compaction), more than a run of them partly consumed, ones with a client id,
+    headers, a priority, a TTL or a delay; out to a consumer unacked, nacked (an
+    UPDATE), moved, acked inside a transaction still open, a committed transaction's,
+    a committed XA branch's; a purged queue and a deleted one."""
+    h = Harness(store=store)
+    s = h.session()
+    rid = iter(range(1, 1_000_000))
+    h.call("queue_declare", s, next(rid), "moved", h.now)
+    for number in range(40):
+        h.send(s, next(rid), "parked", b"p%d" % number)
+    h.call("send_batch", s, next(rid), "big", [b"b"] * (RUN_SIZE + 100), h.now)
+    for _ in range(30):  # the first chunk's head moves on
+        got = h.receive(s, next(rid), "big")
+        h.call("ack", s, next(rid), [got.tag], h.now)
+    send_work(h, s, rid)
+    for _ in range(4):
+        got = h.receive(s, next(rid), "work")
+        h.call("ack", s, next(rid), [got.tag], h.now)
+    nacked = h.receive(s, next(rid), "work")
+    h.call("nack", s, [nacked.tag], h.now)
+    h.receive(s, next(rid), "parked")  # out to a consumer, never acked
+    h.call("queue_move", s, next(rid), "parked", "moved", 3, h.now)
+    tx = h.call("tx_begin", s)["tx"]
+    h.send(s, next(rid), "work", b"in tx", tx=tx)
+    in_tx = h.receive(s, next(rid), "work")
+    h.call("ack", s, next(rid), [in_tx.tag], h.now, tx=tx)
+    h.call("tx_commit", s, next(rid), tx, h.now)
+    open_tx = h.call("tx_begin", s)["tx"]
+    held = h.receive(s, next(rid), "parked")
+    h.call("ack", s, next(rid), [held.tag], h.now, tx=open_tx)  # HELD: not in the log
+    xid = str(Xid(0, "committed", "b"))
+    h.call("xa_start", s, xid, TMNOFLAGS, h.now)
+    consumed = h.receive(s, next(rid), "parked")
+    h.call("ack", s, next(rid), [consumed.tag], h.now)
+    h.send(s, next(rid), "parked", b"xa")
+    h.call("xa_end", s, xid, TMSUCCESS, h.now)
+    h.call("xa_prepare", s, next(rid), xid, h.now)
+    h.call("xa_commit", s, next(rid), xid, False, h.now)
+    for number in range(5):
+        h.send(s, next(rid), "gone", b"g%d" % number)
+        h.send(s, next(rid), "purged", b"u%d" % number)
+    h.call("queue_delete", s, next(rid), "gone", h.now)
+    h.call("queue_purge", s, next(rid), "purged", h.now)
+    entries = [StoredEntry(k, m, tuple(r)) for k, m, r in h.log]
+    for message_id, ref in h.broker.live_refs(entries):
+        h.call("relocate", message_id, ref, h.read_body(ref))
+    for number in range(10):  # after the relocations
+        h.send(s, next(rid), "parked", b"late%d" % number)
+    h.sync()
+    return h
+
+
+def _from_checkpoint(h: Harness, meta: bytes) -> Broker:
+    broker = Broker()
+    broker.body_size_of = lambda ref: len(h.bodies[ref])
+    broker.replay(StoredEntry(CHECKPOINT_KIND, meta, ()))
+    broker.finish_recovery(h.now)
+    return broker
+
+
+def _dups(broker: Broker) -> dict[str, list[str]]:
+    return {name: sorted(queue.dups) for name, queue in broker.queues.items()}
+
+
+def _comparable(broker: Broker) -> dict[str, Any]:
+    """``_state`` but the log order across queues (ordinals: a checkpoint numbers its
+    messages level by level, a replay in log order; within a level both are the queue
+    order, which the levels' ids show) and ``next_seq`` (:func:`_next_seqs`)."""
+    state = _state(broker)
+    del state["restored"], state["object order"]
+    for name, (messages, size, _, *rest) in list(state["queues"].items()):
+        levels = [[item[:8] + item[9:] if item[0] == "chunk" else item for item in level]
+                  for level in rest[5]]
+        state["queues"][name] = (messages, size, *rest[:5], levels, *rest[6:])
+    return state
+
+
+def _next_seqs(broker: Broker) -> dict[str, int]:
+    return {name: queue.next_seq for name, queue in broker.queues.items()}
+
+
+def test_a_checkpoint_finishes_as_the_replay_of_its_log() -> None:
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None and taken[0] == CHECKPOINT_KIND
+    warm = _from_checkpoint(h, taken[1])
+    cold, _ = _replay(h.log, h.bodies, h.now, None)
+    assert _comparable(warm) == _comparable(cold)
+    assert _dups(warm) == _dups(cold)
+    # the live next seqs: a replay finds them in the snapshots of the journal's rolls
+    # (none in this log) or after the last message (the purged queue has none left)
+    assert _next_seqs(warm) == _next_seqs(h.broker)
+    assert _next_seqs(cold) == {**_next_seqs(h.broker), "purged": 1}
+    assert warm.take_effects() == []  # nothing released: the log's releases are done
+    # the scenario is what it says
+    state = _state(cold)
+    assert state["queues"]["big"][0] == RUN_SIZE + 100 - 30
+    assert "gone" not in state["queues"] and state["queues"]["purged"][0] == 0
+    assert state["queues"]["moved"][0] == 3
+    assert state["compact"] > RUN_SIZE
+
+
+class _Journal(StoreOpener):
+    """The journal, keeping checkpoints or not."""
+
+    def __init__(self, directory: Path, checkpoints: bool) -> None:
+        super().__init__("journal", directory)
+        self.checkpoints = checkpoints
+
+    def __call__(self) -> Store:
+        store = JournalStore(self.directory, checkpoints=self.checkpoints)
+        self.opened.append(store)
+        return store
+
+
+def test_a_journal_closed_with_its_checkpoint_restarts_as_its_replay(tmp_path: Path) -> None:
+    """Over a real journal (its refs are wider than 64 bits): close with the checkpoint,
+    restart from it; a copy without it replays the log — the same state."""
+    opener = _Journal(tmp_path / "data", checkpoints=True)
+    cold_opener = _Journal(tmp_path / "copy", checkpoints=True)
+    try:
+        h = _workload(opener)
+        taken = h.broker.checkpoint()
+        assert taken is not None and h.durable_store is not None
+        store = h.durable_store
+        assert isinstance(store, JournalStore)
+        store.close(checkpoint=(*taken, store.appends))
+        shutil.copytree(tmp_path / "data", tmp_path / "copy")
+        (tmp_path / "copy" / "journal" / "checkpoint").unlink()
+        warm = Harness(store=opener)
+        assert isinstance(warm.durable_store, JournalStore)
+        assert warm.durable_store.recovered_from_checkpoint
+        warm.broker.finish_recovery(h.now)
+        cold = Harness(store=cold_opener)
+        cold.broker.finish_recovery(h.now)
+        assert warm.broker.queues["big"].messages == RUN_SIZE + 100 - 30
+        assert _comparable(warm.broker) == _comparable(cold.broker)
+        assert _dups(warm.broker) == _dups(cold.broker)
+    finally:
+        opener.close()
+        cold_opener.close()
+
+
+def test_the_runs_hold_the_plain_messages_and_the_lists_the_rest() -> None:
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None
+    _, runs, msgs = read_checkpoint(unpack(taken[1]))
+    settled = sum(len(run.ids) for run in runs)
+    assert settled >= RUN_SIZE + 100 - 30 + 3
+    assert len(runs) >= 2  # big's messages span two chunks, one run each
+    # work's level 4 has objects (a client id first): its later plain ones are lists
+    assert {msg[1] for msg in msgs} >= {"work"}
+    assert settled + len(msgs) == len(_replay(h.log, h.bodies, h.now, None)[0].messages)
+
+
+def test_a_restart_from_a_checkpoint_goes_on_as_the_replayed_one() -> None:
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None
+    warm = _from_checkpoint(h, taken[1])
+    cold, _ = _replay(h.log, h.bodies, h.now, None)
+    for broker in (warm, cold):
+        broker.set_now(h.now + 10_000)  # the delay is over, the TTL not
+        broker.tick(h.now + 10_000)
+    assert _comparable(warm) == _comparable(cold)
+
+
+@pytest.mark.parametrize("case", ["prepared branch", "deleting", "not durable", "replaying"])
+def test_no_checkpoint_while_the_state_holds_what_one_cannot(case: str) -> None:
+    h = Harness(auto_sync=case != "not durable", auto_continue=case != "deleting")
+    s = h.session()
+    h.call("send_batch", s, 1, "q", [b"x"] * 20_000, h.now)
+    if case == "not durable":
+        h.auto_sync = False
+        h.send(s, 2, "q", b"pending")
+    elif case == "deleting":
+        h.sync()
+        h.call("queue_delete", s, 2, "q", h.now)  # dropped a slice per turn: not done
+    elif case == "prepared branch":
+        xid = str(Xid(0, "g", "b"))
+        h.call("xa_start", s, xid, TMNOFLAGS, h.now)
+        h.send(s, 2, "q", b"xa")
+        h.call("xa_end", s, xid, TMSUCCESS, h.now)
+        h.call("xa_prepare", s, 3, xid, h.now)
+    broker = h.broker
+    if case == "replaying":
+        broker = Broker()
+        broker.body_size_of = lambda ref: len(h.bodies[ref])
+        for kind, meta, refs in h.log:
+            broker.replay(StoredEntry(kind, meta, tuple(refs)))
+    assert broker.checkpoint() is None
+    if case == "replaying":
+        broker.finish_recovery(h.now)
+        assert broker.checkpoint() is not None  # finished: it can
+
+
+def test_a_checkpoint_after_other_entries_is_corrupt() -> None:
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None
+    broker = Broker()
+    broker.body_size_of = lambda ref: len(h.bodies[ref])
+    for kind, meta, refs in h.log[:5]:
+        broker.replay(StoredEntry(kind, meta, tuple(refs)))
+    with pytest.raises(CorruptStore, match="follows other entries"):
+        broker.replay(StoredEntry(CHECKPOINT_KIND, taken[1], ()))
+
+
+@pytest.mark.parametrize("edit", [
+    lambda v: v.update(v=2), lambda v: v.update(runs={}),
+    lambda v: v["runs"][0].pop(), lambda v: v["runs"][0].__setitem__(3, b"\x01"),
+    lambda v: v.update(layout="x8"), lambda v: v["msgs"].append([1, "q"]),
+    lambda v: v["msgs"].append([*v["msgs"][0][:10], "ref"]), lambda v: v.pop("snapshot"),
+])
+def test_a_malformed_checkpoint_is_refused(edit: Any) -> None:
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None
+    value = unpack(taken[1])
+    edit(value)
+    with pytest.raises(MalformedRecord):
+        read_checkpoint(value)
+
+
+def test_a_checkpoint_of_another_layout_is_converted() -> None:
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None
+    value = unpack(taken[1])
+    order = "big" if LAYOUT[0] == "l" else "little"
+    sizes = [int(size) for size in LAYOUT[1:]]
+    signed = [True, True, False, False, False, True, False]
+    for run in value["runs"]:
+        for at in range(7):
+            data, size = run[2 + at], sizes[at]
+            numbers = [int.from_bytes(data[i:i + size], "little" if order == "big" else "big",
+                                      signed=signed[at]) for i in range(0, len(data), size)]
+            run[2 + at] = b"".join(n.to_bytes(size, order, signed=signed[at]) for n in numbers)
+    value["layout"] = order[0] + LAYOUT[1:]
+    warm = _from_checkpoint(h, pack(value))
+    assert _state(warm) == _state(_from_checkpoint(h, taken[1]))
+    assert warm.queues["big"].messages == RUN_SIZE + 100 - 30
