@@ -41,7 +41,7 @@ from typing import Any
 
 from txbroker.core import overflow
 from txbroker.core.admin import Admin
-from txbroker.core.checkpoint import take_checkpoint
+from txbroker.core.checkpoint import load_checkpoint, take_checkpoint
 from txbroker.core.compaction import Compaction
 from txbroker.core.delivery import Delivery
 from txbroker.core.effects import Effect
@@ -452,15 +452,15 @@ class Broker:
         return self.replay_part.snapshot()
 
     def replay(self, entry: StoredEntry) -> None:
-        """Apply one stored entry (log order) to the recovering state."""
-        self.replay_part.replay(entry)
+        """Apply one stored entry (log order; a checkpoint first) to the recovering state."""
+        if entry.kind == CHECKPOINT_KIND:
+            load_checkpoint(self.replay_part, entry.meta)
+        else:
+            self.replay_part.replay(entry)
 
     def checkpoint(self) -> tuple[int, bytes] | None:
-        """``(kind, meta)`` of the recovery checkpoint of a clean shutdown, or None when
-        one cannot be taken now (``core/checkpoint.py``)."""
-        replay = self.replay_part
-        meta = take_checkpoint(self.index, self.xa, replay.snapshot()[1], replaying=bool(
-            replay.raw or replay.settled.levels or replay.replica is not None))
+        """``(kind, meta)`` of a clean shutdown's checkpoint (``core/checkpoint.py``)."""
+        meta = take_checkpoint(self.index, self.xa, self.replay_part)
         return None if meta is None else (CHECKPOINT_KIND, meta)
 
     @property

@@ -12,7 +12,7 @@ run) :func:`take_checkpoint` writes that state in the replay's own form, and the
 journal keeps it next to the log (``storage/journal.py``, which hands it back
 instead of the log it covers only while that log is exactly as it was; the file
 is deleted before anything is appended again). The next start replays that one
-entry (kind ``CHECKPOINT``, :func:`read_checkpoint`) and ``Replay.finish``
+entry (kind ``CHECKPOINT``, :func:`load_checkpoint`) and ``Replay.finish``
 does the rest as after any replay:
 
 * the metadata is the snapshot the store writes first in every segment
@@ -47,19 +47,23 @@ from typing import Any, Final, Literal
 
 from txbroker.core.messages import COMPACT, Chunk, Message, State
 from txbroker.core.queue_index import QueueIndex
-from txbroker.core.queues import PRIORITIES
+from txbroker.core.queues import PRIORITIES, Queue
 from txbroker.core.records.common import (
     MSG_FIELDS_MAX,
+    Kind,
+    MalformedRecord,
+    StoredEntry,
     check_dict,
     check_msg,
     malformed,
     pack,
     unpack,
 )
-from txbroker.core.records.metadata import Snapshot
+from txbroker.core.replay import Replay
 from txbroker.core.replay_settled import RUN_SIZE, Run, settles
 from txbroker.core.replay_xa import pack_ref, unpack_ref
 from txbroker.core.xa_branches import XaBranches
+from txbroker.errors import CorruptStore
 
 #: The checkpoint's format version (a value a start does not know is refused).
 VERSION: Final = 1
@@ -71,12 +75,11 @@ _LOW = (1 << 32) - 1
 _NAME = "CHECKPOINT"
 
 
-def take_checkpoint(index: QueueIndex, xa: XaBranches, snapshot: bytes, *,
-                    replaying: bool) -> bytes | None:
-    """The checkpoint of the broker's state (the meta of a ``CHECKPOINT`` entry) given
-    its snapshot's meta, or None when one cannot be taken now (see the module
-    docstring; ``replaying``: a replay is not finished, or it counts a backup's log)."""
-    if replaying or xa.branches or index.deleting:
+def take_checkpoint(index: QueueIndex, xa: XaBranches, replay: Replay) -> bytes | None:
+    """The checkpoint of the broker's state (the meta of a ``CHECKPOINT`` entry), or
+    None when one cannot be taken now (see the module docstring)."""
+    if replay.raw or replay.settled.levels or replay.replica is not None or xa.branches \
+            or index.deleting:
         return None
     home = index.messages
     objects: dict[tuple[str, int], list[Message]] = {}
@@ -103,7 +106,7 @@ def take_checkpoint(index: QueueIndex, xa: XaBranches, snapshot: bytes, *,
         return None  # (a compact slot outside every queue: never expected, never lost)
     for (_, _), left in sorted(objects.items()):  # a queue the index does not list
         msgs.extend(_msg(message) for message in sorted(left, key=_seq_of))
-    value = {"v": VERSION, "layout": LAYOUT, "snapshot": unpack(snapshot),
+    value = {"v": VERSION, "layout": LAYOUT, "snapshot": replay.snapshot()[1],
              "runs": runs, "msgs": msgs}
     return pack(value)
 
@@ -196,14 +199,45 @@ def _msg(message: Message) -> list[Any]:
     return msg
 
 
-def read_checkpoint(meta: Any) -> tuple[Snapshot, list[Run], list[list[Any]]]:
-    """Decode a ``CHECKPOINT`` entry's unpacked meta: its snapshot, its runs (without
-    ordinals: the replay numbers them) and its other messages (``msg`` lists with
-    their body refs, as ints, appended). Raises ``MalformedRecord`` on anything else."""
+def load_checkpoint(replay: Replay, meta: bytes) -> None:
+    """Replay a ``CHECKPOINT`` entry, the first of its log (``Broker.replay``): its
+    snapshot as a ``SNAPSHOT`` entry, its runs settled, its other messages in ``raw``
+    behind them, numbered in that order. Raises ``CorruptStore`` on a malformed one."""
+    try:
+        if replay.raw or replay.settled.levels:
+            malformed(_NAME, "it follows other entries")
+        snapshot, runs, msgs = read_checkpoint(unpack(meta))
+        replay.replay(StoredEntry(Kind.SNAPSHOT, snapshot, ()))
+    except (MalformedRecord, ValueError, TypeError) as exc:
+        raise CorruptStore("<checkpoint>", 0, f"undecodable checkpoint: {exc}") from exc
+    ordinal = replay.ordinal
+    for run in runs:
+        run.ords = array("I", range(ordinal + 1, ordinal + 1 + len(run.ids)))
+        ordinal += len(run.ids)
+        replay.settled.add_run(run)
+    raw, queues, next_id = replay.raw, replay.index.queues, replay.index.next_id
+    for msg in msgs:  # (its record and ref, distinct from the runs' messages)
+        ordinal += 1
+        msg.append(ordinal)
+        raw[msg[0]] = msg
+        next_id = max(next_id, msg[0] + 1)
+        if msg[2] is not None:
+            (queues.get(msg[1]) or queues.setdefault(msg[1], Queue(msg[1]))).remember(msg[2])
+    replay.ordinal = ordinal
+    replay.index.next_id = max([next_id, *(run.ids[-1] + 1 for run in runs)])
+
+
+def read_checkpoint(meta: Any) -> tuple[bytes, list[Run], list[list[Any]]]:
+    """Decode a ``CHECKPOINT`` entry's unpacked meta: its snapshot's meta, its runs
+    (without ordinals: the replay numbers them) and its other messages (``msg`` lists
+    with their body refs, as ints, appended). Raises ``MalformedRecord`` on anything
+    else (the snapshot's own checks come when it is replayed)."""
     value = check_dict(meta, _NAME, "the checkpoint")
     if value.get("v") != VERSION:
         malformed(_NAME, f"version {value.get('v')!r}, expected {VERSION}")
-    snapshot = Snapshot.from_value(value.get("snapshot"))
+    snapshot = value.get("snapshot")
+    if type(snapshot) is not bytes:
+        malformed(_NAME, "the snapshot is not a SNAPSHOT entry's meta")
     layout = value.get("layout")
     runs: list[Run] = []
     items = value.get("runs")
@@ -254,4 +288,4 @@ def _fill(column: array[int], data: bytes, layout: Any) -> None:
                   for at in range(0, len(data), size))
 
 
-__all__ = ["LAYOUT", "VERSION", "read_checkpoint", "take_checkpoint"]
+__all__ = ["LAYOUT", "VERSION", "load_checkpoint", "read_checkpoint", "take_checkpoint"]

@@ -31,12 +31,10 @@ pending: a rollback takes them out again).
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from txbroker.core import records
-from txbroker.core.checkpoint import read_checkpoint
 from txbroker.core.effects import Release
 from txbroker.core.messages import COMPACT_REF_LIMIT, COMPACT_SIZE_LIMIT, Message, State
 from txbroker.core.outbox import Outbox
@@ -174,33 +172,8 @@ class Replay:
         elif kind == Kind.REPLICA_AT:
             at = records.ReplicaAt.from_value(meta)
             self.replica = at if at.epoch else None
-        elif kind == records.CHECKPOINT_KIND:
-            self._load_checkpoint(meta)
         else:
             raise records.MalformedRecord(f"unknown record kind {kind}")
-
-    def _load_checkpoint(self, meta: Any) -> None:
-        """A clean shutdown's checkpoint (``core/checkpoint.py``): its snapshot, its runs
-        settled, its other messages in ``raw`` behind them, numbered in that order."""
-        if self.raw or self.settled.levels:
-            raise records.MalformedRecord("CHECKPOINT: it follows other entries")
-        snapshot, runs, msgs = read_checkpoint(meta)
-        self._snapshot(snapshot)
-        ordinal = self.ordinal
-        for run in runs:
-            run.ords = array("I", range(ordinal + 1, ordinal + 1 + len(run.ids)))
-            ordinal += len(run.ids)
-            self.settled.add_run(run)
-        raw, next_id = self.raw, self.index.next_id
-        for msg in msgs:  # (its record and ref, distinct from the runs' messages)
-            ordinal += 1
-            msg.append(ordinal)
-            raw[msg[0]] = msg
-            next_id = max(next_id, msg[0] + 1)
-            if msg[2] is not None:
-                self._queue(msg[1]).remember(msg[2])
-        self.ordinal = ordinal
-        self.index.next_id = max([next_id, *(run.ids[-1] + 1 for run in runs)])
 
     def _add_many(self, msgs: list[list[Any]], refs: Sequence[int | None]) -> None:
         """Index replayed messages, ``msg`` tuples with their body refs (the hottest loop

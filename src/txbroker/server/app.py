@@ -65,7 +65,7 @@ from txbroker.server.process import (
 )
 from txbroker.server.security.auth import Authenticator
 from txbroker.server.security.tls import tls_factory
-from txbroker.server.space import maintain_loop
+from txbroker.server.space import maintain_loop, quiet_checkpoint
 from txbroker.server.stores import StoreOpener, open_store
 from txbroker.storage.interface import (
     CheckpointStore,
@@ -80,9 +80,6 @@ log = logging.getLogger("txbroker.server")
 
 #: Pending connections the kernel queues on each listener.
 LISTEN_BACKLOG = 1024
-#: Flushes a clean shutdown tries before giving up its checkpoint (each round's
-#: completions may write more: delivered marks, the next slice of a purge).
-CHECKPOINT_ROUNDS = 8
 
 __all__ = ["BrokerServer", "is_loopback", "run", "serve"]
 
@@ -349,7 +346,7 @@ class BrokerServer:
             self._timer.cancel()
         store = self.store
         if store is not None:
-            checkpoint = await self._quiet_checkpoint(store)
+            checkpoint = await quiet_checkpoint(self, store)
             close = functools.partial(cast(CheckpointStore, store).close, checkpoint) \
                 if checkpoint else store.close
             await asyncio.get_running_loop().run_in_executor(None, close)
@@ -358,28 +355,6 @@ class BrokerServer:
         self.ops.close_all()
         self.store = None
         log.info("broker stopped")
-
-    async def _quiet_checkpoint(self, store: Store) -> tuple[int, bytes, int] | None:
-        """A store that keeps checkpoints (the journal without HA): hold every client's
-        input, write and complete everything, then the broker's state and the store's
-        append count (``core/checkpoint.py``); None if it cannot be taken."""
-        if not getattr(store, "checkpoints", False):
-            return None
-        journal = cast(CheckpointStore, store)
-        self.ops.hold_input(True)
-        loop = asyncio.get_running_loop()
-        for _ in range(CHECKPOINT_ROUNDS):
-            mark = journal.appends
-            try:
-                await loop.run_in_executor(None, journal.flush)
-            except (StorageFailed, TimeoutError, OSError):
-                return None
-            await asyncio.sleep(0)  # (the completions the flush dispatched run first)
-            self.run_effects()
-            if journal.appends == mark:
-                taken = self.broker.checkpoint()
-                return None if taken is None else (*taken, mark)
-        return None
 
     # ------------------------------------------------------------------ effects
     def complete(self, completions: Callable[[], None]) -> None:

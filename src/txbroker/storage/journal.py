@@ -35,11 +35,9 @@ offer_relocation``; when is set by ``compaction``, a ``CompactionSettings``).
 warm standby's takeover resumes where it stopped, ``resume_from``), and the named
 crash points of ``journal_faults.py`` let process tests kill it mid-compaction.
 
-A clean shutdown may leave a *checkpoint* next to the log (``close(checkpoint=…)``):
-the broker's state at the log's end, which the next :meth:`recover` hands back as one
-entry instead of the log when the store is asked to (``checkpoints``) and the log is
-exactly as it was; the file is deleted as recovery starts, whatever it then reads
-(:mod:`~txbroker.storage.journal_checkpoint`).
+A clean shutdown may leave a *checkpoint* (the broker's state) that the next
+:meth:`recover` hands back instead of the log (``checkpoints``;
+:mod:`~txbroker.storage.journal_checkpoint`).
 
 Threading: ``append``, ``read_body``, ``release``, ``maintain`` and ``stats``
 belong to one thread (the broker's event loop); only the writer thread
@@ -50,7 +48,6 @@ from __future__ import annotations
 
 import enum
 import inspect
-import logging
 import os
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -107,7 +104,6 @@ from txbroker.storage.store_lock import StoreLock
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size
-log = logging.getLogger("txbroker.journal")
 
 MiB = 1024 * 1024
 #: Default segment size. Artemis uses 10 MiB journal files, Kafka 1 GiB log
@@ -242,10 +238,10 @@ class JournalStore:
         self._lock, self._created_dirs = lock_directory(self.directory, self.journal_dir,
                                                         self._lock)
         self._state = _State.RECOVERING
-        use = self.checkpoints and self._resume is None and not self.repair
-        found = take_checkpoint_file(self.journal_dir, list_segments(self.journal_dir), use=use,
+        found = take_checkpoint_file(self.journal_dir, list_segments(self.journal_dir),
                                      why_not="not asked to" if not self.checkpoints else
-                                     "a warm standby resumes" if self._resume else "repair")
+                                     "a warm standby resumes" if self._resume else
+                                     "repair" if self.repair else "")
         if found is not None:
             self._replay_iterator = self._from_checkpoint(found)
             return self._replay_iterator
@@ -276,10 +272,7 @@ class JournalStore:
         yield StoredEntry(found.kind, found.meta, ())
         self._recovered_entries, self._recovered_bytes = 1, found.size
         self.recovered_from_checkpoint = True
-        self._open_for_appends([RecoveredSegment(
-            segment_id, info.size, info.bodies, info.live_bytes, overhead=info.overhead,
-            lead=info.lead, resumed=info.size, dead=info.bodies - info.live_bodies)
-            for segment_id, info in found.segments.items()])
+        self._open_for_appends(found.recovered())
 
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
         for segment in recovered:
@@ -519,11 +512,8 @@ class JournalStore:
 
     def close(self, checkpoint: tuple[int, bytes, int] | None = None) -> None:
         """Write and sync what is queued, stop the writer, close files, unlock. Idempotent.
-
-        ``checkpoint``: ``(kind, meta, appends)``, the broker's state when the store had
-        ``appends`` entries (``core/checkpoint.py``): written next to the log once it is
-        synced, if nothing was appended since and the store works
-        (``journal_checkpoint.py``)."""
+        ``checkpoint``: ``(kind, meta, appends)``, written once synced if the store still
+        has ``appends`` entries and works (``journal_checkpoint.py``)."""
         if self._state is _State.CLOSED:
             return
         was_open = self._state is _State.OPEN
@@ -536,23 +526,12 @@ class JournalStore:
         if self.writer is not None:
             self.writer.stop()
         if checkpoint is not None and self.checkpoints and was_open:
-            self._write_checkpoint(*checkpoint)
+            kind, meta, appends = checkpoint
+            write_checkpoint(self.journal_dir, self._head, self._offset, self._segments, kind,
+                             meta, current=appends == self._appends and not self._queue.failure)
         self._bodies.close()
         if self._lock is not None:
             self._lock.release()
-
-    def _write_checkpoint(self, kind: int, meta: bytes, appends: int) -> None:
-        if appends != self._appends or self._queue.failure is not None \
-                or list_segments(self.journal_dir) != sorted(self._segments):
-            log.warning("journal: no checkpoint written (the log moved on or failed)")
-            return
-        try:
-            size = write_checkpoint(self.journal_dir, self._head, self._offset, self._segments,
-                                    kind, meta)
-        except OSError as exc:
-            log.warning("journal: no checkpoint written: %s", exc)
-            return
-        log.info("journal: wrote the checkpoint of a clean shutdown (%d bytes)", size)
 
     def __enter__(self) -> JournalStore:
         return self

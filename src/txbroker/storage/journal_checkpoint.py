@@ -41,6 +41,7 @@ from txbroker.storage.journal_format import (
     check_segment_header,
     segment_name,
 )
+from txbroker.storage.journal_recovery import RecoveredSegment, list_segments
 from txbroker.storage.journal_space import SegmentInfo
 from txbroker.storage.synced_files import sync_directory, write_synced
 
@@ -63,11 +64,25 @@ class FoundCheckpoint:
     meta: bytes
     size: int  #: bytes of the file
 
+    def recovered(self) -> list[RecoveredSegment]:
+        """The segments as a recovery that read them would leave them (every one read
+        already: ``resumed``; the bodies the last run released: ``dead``)."""
+        return [RecoveredSegment(segment_id, info.size, info.bodies, info.live_bytes,
+                                 overhead=info.overhead, lead=info.lead, resumed=info.size,
+                                 dead=info.bodies - info.live_bodies)
+                for segment_id, info in self.segments.items()]
+
 
 def write_checkpoint(journal_dir: Path, head: int, offset: int,
-                     segments: dict[int, SegmentInfo], kind: int, meta: bytes) -> int:
-    """Write the checkpoint file (temporary name, sync, rename, directory sync); its
-    size. The caller made sure the writer has written and synced everything."""
+                     segments: dict[int, SegmentInfo], kind: int, meta: bytes, *,
+                     current: bool) -> None:
+    """Write the checkpoint file (temporary name, sync, rename, directory sync) when it is
+    ``current`` (nothing appended since it was taken, the store works) and the segment
+    files are exactly ``segments``; logged either way. The caller made sure the writer
+    has written and synced everything."""
+    if not current or list_segments(journal_dir) != sorted(segments):
+        log.warning("journal: no checkpoint written (the log moved on, or failed)")
+        return
     body = msgpack.packb({
         "head": head, "offset": offset, "kind": kind, "meta": meta,
         "segments": [[segment_id, info.size, info.live_bodies, info.live_bytes, info.bodies,
@@ -75,16 +90,21 @@ def write_checkpoint(journal_dir: Path, head: int, offset: int,
     }, use_bin_type=True)
     data = _MAGIC + zlib.crc32(body).to_bytes(4, "big") + body
     temporary = journal_dir / (CHECKPOINT_FILE + ".tmp")
-    write_synced(temporary, data)
-    os.replace(temporary, journal_dir / CHECKPOINT_FILE)
-    sync_directory(journal_dir)
-    return len(data)
+    try:
+        write_synced(temporary, data)
+        os.replace(temporary, journal_dir / CHECKPOINT_FILE)
+        sync_directory(journal_dir)
+    except OSError as exc:
+        log.warning("journal: no checkpoint written: %s", exc)
+        return
+    log.info("journal: wrote the checkpoint of a clean shutdown (%d bytes)", len(data))
 
 
-def take_checkpoint_file(journal_dir: Path, segment_ids: list[int], *, use: bool,
-                         why_not: str = "") -> FoundCheckpoint | None:
-    """Read and delete the checkpoint file, if there is one; it if ``use`` and every
-    check holds (see the module docstring), else None (and the reason logged)."""
+def take_checkpoint_file(journal_dir: Path, segment_ids: list[int], *, why_not: str = ""
+                         ) -> FoundCheckpoint | None:
+    """Read and delete the checkpoint file, if there is one; it if the store may use it
+    (``why_not`` empty) and every check holds (see the module docstring), else None
+    (and the reason logged)."""
     path = journal_dir / CHECKPOINT_FILE
     (journal_dir / (CHECKPOINT_FILE + ".tmp")).unlink(missing_ok=True)  # (a torn write)
     try:
@@ -93,7 +113,7 @@ def take_checkpoint_file(journal_dir: Path, segment_ids: list[int], *, use: bool
         return None
     path.unlink()
     sync_directory(journal_dir)
-    if not use:
+    if why_not:
         log.info("journal: the checkpoint of the last clean shutdown is not used (%s): "
                  "replaying the log", why_not)
         return None
