@@ -25,7 +25,7 @@ FIRST_CAUGHT = {
     "reply-before-backups": 15,
     "router-presents-to-both-sites": 0,
     "shadow-no-tid-check": 0,
-    "standby-serves-beside-concurrents": 1,
+    "standby-serves-beside-concurrents": 0,
 }
 
 
