@@ -88,6 +88,9 @@ BROKER_STOP_S = (0.05, 5.5)
 #: system unable to accept anything for the whole fault phase (a broker stopped
 #: throughout; a trio with no primary), and the run must still show progress.
 HEALED_CLIENT_S = 1.0
+#: ... and how long the run goes on after that client's window at least (s): its last
+#: transfer's outcome, every site catching up.
+HEALED_FINISH_S = 5.0
 #: How long a failing-over connection keeps trying (s): longer than any outage here.
 FAILOVER_TIMEOUT_S = 30.0
 INSUFFICIENT = "INSUFFICIENT"
@@ -325,15 +328,19 @@ async def bank_client(loop: SimLoop, world: World, bank: Bank, number: int,
 
 async def run_clients_killing_broker(loop: SimLoop, world: World, bank: Bank, disk: SimDisk,
                                      broker: Any, facilities: Any, fault_end: float,
-                                     end: float, *, stop_share: float = 0.0) -> None:
+                                     end: float, *, stop_share: float = 0.0) -> float:
     """The bank scenarios' fault phase: the clients run while the broker is killed and
     restarted on its disk until ``fault_end``; then each client must finish by ``end``.
     ``stop_share``: the share of the broker's faults that stop it (SIGSTOP) for
     :data:`BROKER_STOP_S` instead (0: none, and no random draw for it, so that a
-    scenario without stops replays as before)."""
+    scenario without stops replays as before). Returns when the run ends: ``end``, or
+    later when the healed phase's client started late (a stop outlasted the faults)."""
     clients = start_clients(loop, world, bank, fault_end)
     while True:
-        await asyncio.sleep(loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S))
+        gap = loop.random.expovariate(1 / MEAN_BROKER_KILL_GAP_S)
+        if stop_share:  # (the phase ends at fault_end, not at a gap past it)
+            gap = min(gap, max(0.0, fault_end - loop.time()))
+        await asyncio.sleep(gap)
         if loop.time() >= fault_end:
             break
         if stop_share and loop.random.random() < stop_share:
@@ -351,10 +358,14 @@ async def run_clients_killing_broker(loop: SimLoop, world: World, bank: Bank, di
         broker, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT, facilities))
         world.log(f"{loop.time():.6f} broker started")
     if stop_share:  # a stop can outlast the whole fault phase: the healed broker must
-        # still make progress (13 of 10,000 seeds accepted nothing before this client)
+        # still make progress (13 of 10,000 seeds accepted nothing before this client),
+        # and the client has its window and time to finish (a stop from 1.8 s to 7.1 s
+        # left it 0.9 s before the run's end once: seed 20690)
         clients.append(loop.spawn(f"127.0.2.{CLIENTS + 1}", bank_client(
             loop, world, bank, CLIENTS, loop.time() + HEALED_CLIENT_S))[1])
+        end = max(end, loop.time() + HEALED_CLIENT_S + HEALED_FINISH_S)
     await finish_clients(loop, bank, clients, end)
+    return end
 
 
 def start_clients(loop: SimLoop, world: World, bank: Bank, until: float, *,

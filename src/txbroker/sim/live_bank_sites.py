@@ -280,8 +280,8 @@ def run_bank_sites_live(world: World, plants: frozenset[str]) -> list[str]:
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
         sites.start_faults(fault_end)
-        await run_clients_killing_broker(loop, world, bank, disk, broker, facilities,
-                                         fault_end, end, stop_share=BROKER_STOP_SHARE)
+        end = await run_clients_killing_broker(loop, world, bank, disk, broker, facilities,
+                                               fault_end, end, stop_share=BROKER_STOP_SHARE)
         await asyncio.sleep(max(0.0, end - loop.time()))  # every site catches up
         sites.check_all_up()
 
