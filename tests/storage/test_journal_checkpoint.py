@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from txbroker.server.config import ServerConfig
+from txbroker.server.stores import open_store
 from txbroker.storage.journal import JournalStore
 from txbroker.storage.journal_checkpoint import CHECKPOINT_FILE
 
@@ -163,3 +165,16 @@ def test_a_torn_checkpoint_write_leaves_no_trace(tmp_path: Path) -> None:
     assert contents(store, recover(store)) == ENTRIES
     assert not torn.exists()
     store.close()
+
+
+@pytest.mark.parametrize(("ha", "asked", "keeps"), [("", True, True), ("", False, False),
+                                                    ("shared-store", True, False),
+                                                    ("replicated", True, False)])
+def test_a_server_keeps_checkpoints_only_without_ha(tmp_path: Path, ha: str, asked: bool,
+                                                    keeps: bool) -> None:
+    """``recovery_checkpoint`` reaches the journal of a broker without HA only: a
+    shared-store standby resumes what it followed, a replicated node's log counts its
+    primary's LSNs (both would be wrong to start from a checkpoint)."""
+    config = ServerConfig(data=tmp_path, recovery_checkpoint=asked, ha=ha)
+    store = open_store(config, lambda completions: None, lambda: (1, b""))
+    assert isinstance(store, JournalStore) and store.checkpoints is keeps
