@@ -252,17 +252,20 @@ def test_a_holder_resumed_past_its_deadline_renews_nothing(etcd: EtcdServer) -> 
             await until(_true(lambda: len(renewals) == 1), 5, "one renewal")
             await until(_true(lambda: holder.deadline - holder.clock() > TTL / 3), 5,
                         "the renewal granted")
-            jump[0] = holder.deadline - holder.clock() + 0.05  # "stopped" past it
+            # "stopped" past every deadline a renewal sent so far can grant, the one
+            # still on its way included (a loaded machine sends the next before this)
             stopped_at = time.monotonic()
-            await asyncio.wait_for(lost.event.wait(), TTL)
-            assert len(renewals) == 1 and not holder.held  # nothing sent after the stop
+            jump[0] = max(renewals) + TTL + 0.05 - stopped_at
+            await asyncio.wait_for(lost.event.wait(), TTL + 3)
+            assert not holder.held
+            assert [r for r in renewals if r >= stopped_at] == []  # nothing sent after it
             assert "no lease renewal granted" in lost.calls[0][1]
             other = LeaseHolder(b, key, "b", ttl=TTL, on_lost=Lost())
             taken_at = await until(other.acquire, TTL + 5, "the second holder takes the key",
                                    every=0.05)
-            # the key went when the lease granted before the stop ended (etcd revokes
-            # within its 0.5 s check), not a TTL after a renewal sent at the resume
-            assert taken_at < stopped_at + TTL + 0.6
+            # the key went with the last lease granted before the stop (etcd revokes
+            # within its 0.5 s check; 1 s more for a loaded machine)
+            assert taken_at < max(renewals) + TTL + 1.5
             await other.release()
 
     run(main())
