@@ -16,7 +16,11 @@ queue is drained and counted exactly (every message once).
 restart (``posix_fadvise`` DONTNEED); ``--recovery-index`` runs the broker with
 its recovery index, ``--recovery-checkpoint`` with its recovery checkpoint (a
 SIGTERM writes one, the next start reads it instead of the log; each run records
-``from_checkpoint``) — both docs/storage.md, off by default.
+``from_checkpoint``) — both docs/storage.md, off by default. With
+``--checkpoint-interval S`` the running broker writes one every S seconds too, and each
+kill -9 comes after it (and after ``--suffix N`` messages sent to and consumed from
+another queue past it: the log the start replays after the checkpoint). ``--warmup`` rounds
+(one by default) run first and are recorded apart, not counted in the medians.
 
 Run under the bench lock: ``flock /tmp/txb-bench.lock .venv/bin/python
 bench/restart_bench.py [--stored 1000000]``. Results:
@@ -112,10 +116,11 @@ def restart(proc: BrokerProcess, sig: int, cold: bool = False) -> dict[str, Any]
     from txbroker.client.sync import connect
 
     with connect(proc.url) as conn:
-        entries = conn.stats()["store"]["recovered_entries"]
+        store = conn.stats()["store"]
     return {"signal": signal.Signals(sig).name, "ready_seconds": round(ready, 3),
             "stop_seconds": round(stop_seconds, 3),
-            "from_checkpoint": entries == 1, "recovered_entries": entries,
+            "from_checkpoint": store["recovered_from_checkpoint"],
+            "recovered_entries": store["recovered_entries"],
             "recovered": int(found.group(1)) if found else None,
             "recovery_seconds": float(found.group(2)) if found else None,
             "rss": rss_bytes(proc.proc.pid)}
@@ -125,6 +130,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stored", type=int, default=1_000_000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="rounds (a SIGTERM and a kill -9 restart) run first and not counted")
     parser.add_argument("--loaders", type=int, default=3)
     parser.add_argument("--producers", type=int, default=2, help="connections per loader")
     parser.add_argument("--sync", default="fdatasync")
@@ -135,6 +142,14 @@ def main() -> None:
     parser.add_argument("--recovery-index", action=argparse.BooleanOptionalAction,
                         default=False, help="run the broker with recovery_index = true "
                         "or false, the default (docs/storage.md)")
+    parser.add_argument("--checkpoint-interval", type=float, default=0.0,
+                        help="with --recovery-checkpoint: the running broker writes one "
+                        "every so many seconds; each kill -9 then comes after one (and "
+                        "after --suffix messages sent and consumed past it)")
+    parser.add_argument("--suffix", type=int, default=0,
+                        help="messages sent to and consumed from another queue after the "
+                        "running checkpoint, before each kill -9 (the log a start replays "
+                        "after the checkpoint)")
     parser.add_argument("--recovery-checkpoint", action=argparse.BooleanOptionalAction,
                         default=False, help="run the broker with recovery_checkpoint = true "
                         "(a SIGTERM leaves a checkpoint the next start reads) or false, the "
@@ -148,7 +163,8 @@ def main() -> None:
         config = Path(tmp) / "broker.toml"
         config.write_text(f"[server]\nrecovery_index = {str(args.recovery_index).lower()}\n"
                           "recovery_checkpoint = "
-                          f"{str(args.recovery_checkpoint).lower()}\n")
+                          f"{str(args.recovery_checkpoint).lower()}\n"
+                          f"checkpoint_interval = {args.checkpoint_interval}\n")
         proc = BrokerProcess(Path(tmp) / "data", "--sync", args.sync,
                              "--config", str(config)).start()
         try:
@@ -168,13 +184,20 @@ def main() -> None:
                                   round((loaded - empty - cache) / args.stored, 1)}
             print(json.dumps(report["load"]), flush=True)
             runs = []
-            for rep in range(args.reps):
+            warmup = []
+            for rep in range(-args.warmup, args.reps):
                 for sig in (signal.SIGTERM, signal.SIGKILL):
+                    if sig == signal.SIGKILL and args.checkpoint_interval:
+                        wait_for_checkpoint(proc.data, args.checkpoint_interval)
+                        if args.suffix:
+                            load(proc.url, "suffix", args.suffix, 1, args.producers)
+                            drain(proc.url, "suffix", args.suffix)
                     run = restart(proc, sig, args.cold)
-                    run["rep"] = rep
+                    run["rep"] = rep  # (negative: a warm-up round)
                     run["bytes_per_message"] = round((run["rss"] - empty) / args.stored, 1)
                     print(json.dumps(run), flush=True)
-                    runs.append(run)
+                    (runs if rep >= 0 else warmup).append(run)
+            report["warmup_restarts"] = warmup
             report["restarts"] = runs
             for name in ("SIGTERM", "SIGKILL"):
                 mine = [r for r in runs if r["signal"] == name]
@@ -185,7 +208,8 @@ def main() -> None:
                 report[f"min_max_{name}"] = {
                     key: [min(r[key] for r in mine), max(r[key] for r in mine)]
                     for key in ("ready_seconds", "recovery_seconds", "stop_seconds")}
-            report["all_recovered"] = all(r["recovered"] == args.stored for r in runs)
+            report["all_recovered"] = all(r["recovered"] == args.stored
+                                          for r in runs + warmup)
             if not args.no_drain:
                 consumed = drain(proc.url, queue, args.stored)
                 report["drain"] = consumed
@@ -202,6 +226,16 @@ def main() -> None:
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k.startswith("median")}, indent=2))
     print(f"written to {path}")
+
+
+def wait_for_checkpoint(data: Path, interval: float) -> None:
+    """Until the running broker has written its checkpoint (its start deleted the one
+    it read)."""
+    deadline = time.monotonic() + 10 * interval + 120
+    while not (data / "journal" / "checkpoint").exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the running broker wrote no checkpoint")
+        time.sleep(0.05)
 
 
 def body_cache_bytes(url: str) -> int:

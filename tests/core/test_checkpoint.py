@@ -7,8 +7,9 @@ taken while the state holds what one cannot."""
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.core.harness import Harness, StoreOpener
 from tests.core.test_replay_settled import _replay, _state, send_work
 from txbroker.core.broker import Broker
 from txbroker.core.checkpoint import LAYOUT, read_checkpoint
+from txbroker.core.effects import Release
 from txbroker.core.records import CHECKPOINT_KIND, MalformedRecord, StoredEntry, pack, unpack
 from txbroker.core.replay_settled import RUN_SIZE
 from txbroker.core.xa import TMNOFLAGS, TMSUCCESS
@@ -72,7 +74,7 @@ def _workload(store: StoreOpener | None = None) -> Harness:
     h.call("queue_purge", s, next(rid), "purged", h.now)
     entries = [StoredEntry(k, m, tuple(r)) for k, m, r in h.log]
     for message_id, ref in h.broker.live_refs(entries):
-        h.call("relocate", message_id, ref, h.read_body(ref))
+        h.call("relocate_many", [(message_id, ref)], [h.read_body(ref)])
     for number in range(10):  # after the relocations
         h.send(s, next(rid), "parked", b"late%d" % number)
     h.sync()
@@ -270,3 +272,109 @@ def test_a_checkpoint_of_another_layout_is_converted() -> None:
     warm = _from_checkpoint(h, pack(value))
     assert _state(warm) == _state(_from_checkpoint(h, taken[1]))
     assert warm.queues["big"].messages == RUN_SIZE + 100 - 30
+
+
+def test_a_checkpoint_with_wider_columns_is_converted() -> None:
+    """A checkpoint written before the ``ref_lo`` and ``sizes`` columns were 4 bytes
+    (8-byte ``L`` columns on Linux) loads into the same state."""
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None
+    value = unpack(taken[1])
+    order: Literal["big", "little"] = "little" if LAYOUT[0] == "l" else "big"
+    sizes = [int(size) for size in LAYOUT[1:]]
+    assert sizes[3] == sizes[4] == 4
+    for run in value["runs"]:
+        for at in (3, 4):
+            data = run[2 + at]
+            numbers = [int.from_bytes(data[i:i + 4], order) for i in range(0, len(data), 4)]
+            run[2 + at] = b"".join(number.to_bytes(8, order) for number in numbers)
+    value["layout"] = LAYOUT[0] + "".join("8" if at in (3, 4) else str(size)
+                                          for at, size in enumerate(sizes))
+    warm = _from_checkpoint(h, pack(value))
+    assert _state(warm) == _state(_from_checkpoint(h, taken[1]))
+    assert warm.queues["big"].messages == RUN_SIZE + 100 - 30
+
+
+def _after_the_checkpoint(h: Harness) -> None:
+    """What a running broker does after a checkpoint: acks of messages it holds (in a
+    run, as objects, the one out to a consumer), a nack, the open transaction committed
+    (its HELD ack), new sends and a new queue, a move, a relocation of bodies it names,
+    a purge, a queue deleted, an XA branch left prepared."""
+    s = 2
+    h.session(s)
+    rid = iter(range(2_000_000, 3_000_000))
+    for _ in range(10):
+        got = h.receive(s, next(rid), "big")
+        h.call("ack", s, next(rid), [got.tag], h.now)
+    for _ in range(3):
+        got = h.receive(s, next(rid), "work")
+        h.call("ack", s, next(rid), [got.tag], h.now)
+    nacked = h.receive(s, next(rid), "work")
+    h.call("nack", s, [nacked.tag], h.now)
+    h.call("send_batch", s, next(rid), "big", [b"n"] * 50, h.now)
+    for number in range(5):
+        h.send(s, next(rid), "fresh", b"f%d" % number, message_id=f"f{number}")
+    h.call("queue_move", s, next(rid), "moved", "fresh", 1, h.now)
+    tx = h.call("tx_begin", s)["tx"]
+    in_tx = h.receive(s, next(rid), "big")
+    h.call("ack", s, next(rid), [in_tx.tag], h.now, tx=tx)
+    h.send(s, next(rid), "parked", b"tx after", tx=tx)
+    h.call("tx_commit", s, next(rid), tx, h.now)
+    xid = str(Xid(0, "after", "b"))
+    h.call("xa_start", s, xid, TMNOFLAGS, h.now)
+    consumed = h.receive(s, next(rid), "parked")
+    h.call("ack", s, next(rid), [consumed.tag], h.now)
+    h.send(s, next(rid), "fresh", b"xa after")
+    h.call("xa_end", s, xid, TMSUCCESS, h.now)
+    h.call("xa_prepare", s, next(rid), xid, h.now)
+    entries = [StoredEntry(k, m, tuple(r)) for k, m, r in h.log]
+    for message_id, ref in h.broker.live_refs(entries)[:40]:
+        h.call("relocate_many", [(message_id, ref)], [h.read_body(ref)])
+    for number in range(5):
+        h.send(s, next(rid), "doomed", b"d%d" % number)
+    h.call("queue_delete", s, next(rid), "doomed", h.now)
+    h.call("queue_purge", s, next(rid), "purged", h.now)
+    h.sync()
+
+
+def _released(log: list[Any], bodies: dict[int, bytes], now: int, checkpoint: bytes | None
+              ) -> tuple[Broker, Counter[int]]:
+    """A restart from ``checkpoint`` (then ``log``) or from ``log`` alone; the refs it
+    released."""
+    broker = Broker()
+    broker.body_size_of = lambda ref: len(bodies[ref])
+    if checkpoint is not None:
+        broker.replay(StoredEntry(CHECKPOINT_KIND, checkpoint, ()))
+    for kind, meta, refs in log:
+        broker.replay(StoredEntry(kind, meta, tuple(refs)))
+    broker.finish_recovery(now)
+    released = Counter(effect.ref for effect in broker.take_effects()
+                       if isinstance(effect, Release))
+    return broker, released
+
+
+def test_a_running_checkpoint_and_the_log_after_it_finish_as_the_whole_log() -> None:
+    """A checkpoint taken while the broker runs (everything synced and completed, as
+    ``server/recovery.py`` takes it), then more work: a restart from the checkpoint
+    and the log after it builds the state a replay of the whole log builds, and
+    releases exactly the bodies that died after the checkpoint (the journal's
+    accounting at the checkpoint holds the releases before it)."""
+    h = _workload()
+    taken = h.broker.checkpoint()
+    assert taken is not None
+    mark = len(h.log)
+    _after_the_checkpoint(h)
+    assert len(h.log) > mark + 20
+    warm, released_after = _released(h.log[mark:], h.bodies, h.now, taken[1])
+    cold, released_all = _released(h.log, h.bodies, h.now, None)
+    _, released_before = _released(h.log[:mark], h.bodies, h.now, None)
+    assert _comparable(warm) == _comparable(cold)
+    assert _dups(warm) == _dups(cold)
+    assert set(warm.branches) == set(cold.branches) != set()
+    assert released_after == released_all - released_before
+    assert released_after  # (bodies did die after it: the acks, the drops, the moves)
+    state = _state(cold)
+    assert state["queues"]["big"][0] == RUN_SIZE + 100 - 30 - 10 - 1 + 50
+    assert "doomed" not in state["queues"] and state["queues"]["purged"][0] == 0
+    assert state["queues"]["fresh"][0] == 6  # 5 sent and 1 moved (the branch's: held)

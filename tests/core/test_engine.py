@@ -438,7 +438,7 @@ def test_relocation_moves_live_bodies_and_releases_old_refs(h: Harness) -> None:
     live = h.broker.live_refs(entries)
     assert [mid for mid, _ in live] == [2, 3]
     for mid, ref in live:
-        h.call("relocate", mid, ref, h.bodies[ref])
+        h.call("relocate_many", [(mid, ref)], [h.bodies[ref]])
     assert all(ref in h.released for _, ref in live)
     h2 = h.crash()
     h2.session()
@@ -459,7 +459,7 @@ def test_relocated_message_survives_deletion_of_its_original_segment(h: Harness)
     assert [mid for mid, _ in live] == [1]
     kind, meta = h.broker.snapshot()
     for mid, ref in live:
-        h.call("relocate", mid, ref, h.bodies[ref])
+        h.call("relocate_many", [(mid, ref)], [h.bodies[ref]])
     # the store deletes the old segment: the log now starts with a snapshot
     tail = [entry for entry in h.log if entry[0] == Kind.RELOCATE_MANY]
     h.log = [(kind, meta, []), *tail]

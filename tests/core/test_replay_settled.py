@@ -85,7 +85,7 @@ def _journal() -> tuple[Log, dict[int, bytes], int]:
     for _ in range(2):  # compaction relocates what is live, twice
         entries = [StoredEntry(k, m, tuple(r)) for k, m, r in h.log]
         for message_id, ref in h.broker.live_refs(entries):
-            h.call("relocate", message_id, ref, h.bodies[ref])
+            h.call("relocate_many", [(message_id, ref)], [h.bodies[ref]])
     for _ in range(2):  # (of a message that settled, at times; after the relocations)
         nacked = h.receive(s, next(rid), "plain")
         h.call("nack", s, [nacked.tag], h.now)

@@ -784,7 +784,7 @@ def test_committed_xa_sends_can_be_relocated(h: Harness) -> None:
     live = h.broker.live_refs([StoredEntry(k, m, tuple(r)) for k, m, r in h.log])
     assert len(live) == 1
     mid, ref = live[0]
-    h.call("relocate", mid, ref, h.bodies[ref])
+    h.call("relocate_many", [(mid, ref)], [h.bodies[ref]])
     assert bodies(h.crash(), "out") == [b"sent"]
 
 

@@ -42,16 +42,22 @@ def _connect(url: str) -> Any:
 
 
 def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal",
-               *, clean_every: int = 0) -> dict[str, Any]:
+               *, clean_every: int = 0, checkpoint_interval: float = 0.0) -> dict[str, Any]:
     """``cycles`` of load then kill -9 (every ``clean_every``-th cycle a SIGTERM
-    instead: a clean shutdown under load, whose checkpoint the next start reads)."""
+    instead: a clean shutdown under load, whose checkpoint the next start reads; with
+    ``checkpoint_interval``, each kill comes after the running broker wrote one, and
+    the next start reads it and the log after it)."""
     rng = random.Random(seed)
     ledger = Ledger()
     # small segments and a fast maintenance tick: segments are deleted and live
     # messages relocated while the kills happen
     config = tmp_path / "broker.toml"
+    checkpoints = bool(clean_every or checkpoint_interval)
     config.write_text("[server]\nsegment_size = 131072\nmaintain_interval = 0.2\n"
-                      f"recovery_checkpoint = {'true' if clean_every else 'false'}\n")
+                      f"recovery_checkpoint = {'true' if checkpoints else 'false'}\n"
+                      f"checkpoint_interval = {checkpoint_interval}\n")
+    checkpoint = tmp_path / "data" / "journal" / "checkpoint"
+    suffixes: list[int] = []
     extra = ["--store", "dir", "--dir-flags", "FDATASYNC,DSYNC"] if store == "dir" else []
     proc = BrokerProcess(tmp_path / "data", "--config", str(config), *extra).start()
     try:
@@ -71,24 +77,34 @@ def run_cycles(tmp_path: Path, cycles: int, seed: int, store: str = "journal",
             for t in threads:
                 t.start()
             time.sleep(rng.uniform(0.3, 1.2))
+            if checkpoint_interval:  # (the start deleted the one it read)
+                _wait_for(checkpoint.exists, timeout=60)
+                time.sleep(rng.uniform(0.05, 0.5))  # the log goes on after it
             clean = bool(clean_every) and cycle % clean_every == clean_every - 1
             proc.kill(signal.SIGTERM if clean else signal.SIGKILL)
             if clean:  # exited by itself (0), leaving its checkpoint
                 assert proc.proc is not None and proc.proc.returncode == 0
-                assert (tmp_path / "data" / "journal" / "checkpoint").exists()
+                assert checkpoint.exists()
             stop.set()
             for t in threads:
                 join_or_explain(t, timeout=60)
             proc.start()
-            if clean:  # it read the checkpoint alone, not the log
+            if clean or checkpoint_interval:
                 with _connect(proc.url) as conn:
-                    assert conn.stats()["store"]["recovered_entries"] == 1
+                    stats = conn.stats()["store"]
+                assert stats["recovered_from_checkpoint"]
+                if clean:  # it read the checkpoint alone, not the log
+                    assert stats["recovered_entries"] == 1
+                else:  # the checkpoint, then the log after it
+                    suffixes.append(stats["recovered_entries"] - 1)
         plain, txin, txout = (load.drain(_connect, proc.url, q) for q in ("plain", "txin",
                                                                           "txout"))
     finally:
         proc.kill()
 
     report = verdict(ledger, plain, txin, txout, store=store, cycles=cycles)
+    if checkpoint_interval:
+        report["entries_after_checkpoints"] = suffixes
     print("kill -9 report:", report)
     return report
 
@@ -102,6 +118,23 @@ def test_kill9_and_clean_stops_under_load(tmp_path: Path) -> None:
     """Every other restart reads a checkpoint written while clients were busy
     (docs/storage.md, "Recovery checkpoint"): nothing lost, nothing twice."""
     check(run_cycles(tmp_path, cycles=10, seed=20261128, clean_every=2))
+
+
+def test_kill9_after_running_checkpoints(tmp_path: Path) -> None:
+    """Every kill -9 comes after the running broker wrote a checkpoint with clients
+    busy (docs/storage.md, "Running checkpoints"), and load went on after it: each
+    start reads the checkpoint and replays the log after it. Nothing lost, nothing
+    twice."""
+    report = run_cycles(tmp_path, cycles=8, seed=20261129, checkpoint_interval=0.1)
+    check(report)
+    assert sum(report["entries_after_checkpoints"]) > 0  # (logs did follow them)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 @pytest.mark.slow

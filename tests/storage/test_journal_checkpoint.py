@@ -1,6 +1,7 @@
 """The journal's checkpoint file (``storage/journal_checkpoint.py``, issue 29): a clean
-close writes it, the next recovery hands back its one entry instead of the log — only
-while the log is exactly as the checkpoint says — and deletes it whatever it reads."""
+close or a running broker writes it, the next recovery hands back its one entry instead
+of the log up to its mark, then the log after it — only while the segments it covers
+are as it says — and deletes it whatever it reads."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 from txbroker.server.config import ServerConfig
 from txbroker.server.stores import open_store
 from txbroker.storage.journal import JournalStore
-from txbroker.storage.journal_checkpoint import CHECKPOINT_FILE
+from txbroker.storage.journal_checkpoint import CHECKPOINT_FILE, take_checkpoint_file
+from txbroker.storage.journal_format import segment_name
+from txbroker.storage.journal_recovery import list_segments
 
 from .contract import append_all, contents, recover
 from .support import Loop
@@ -76,40 +79,99 @@ def test_a_store_not_asked_to_use_it_deletes_it_and_replays(tmp_path: Path,
     store.close()
 
 
-def test_a_checkpoint_whose_log_moved_on_is_not_used(tmp_path: Path,
-                                                     caplog: pytest.LogCaptureFixture) -> None:
-    """An older version that ignored the file appended to the log: the entry after the
-    end the checkpoint records shows it."""
-    loop, _ = _written(tmp_path)
-    kept = tmp_path / "kept"
-    shutil.copy(_checkpoint(tmp_path), kept)
-    older = _store(tmp_path, loop, checkpoints=False)
-    recover(older)
-    append_all(older, loop, [(4, b"after", [b"x"])])
-    older.close()
-    shutil.copy(kept, _checkpoint(tmp_path))
-    store = _store(tmp_path, loop)
-    with caplog.at_level(logging.WARNING, logger="txbroker.journal"):
-        assert [e.meta for e in recover(store)] == [m for _, m, _ in ENTRIES] + [b"after"]
-    assert "an entry follows the end it records" in caplog.text
-    store.close()
-
-
-def test_a_checkpoint_of_other_segments_is_not_used(tmp_path: Path,
-                                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_the_log_appended_after_a_checkpoint_follows_its_entry(tmp_path: Path) -> None:
+    """An older version that ignored the file appended to the log (into the head and
+    into new segments): the recovery hands back the checkpoint, then what follows it."""
     loop, _ = _written(tmp_path, segment_size=1024)  # many segments
     kept = tmp_path / "kept"
     shutil.copy(_checkpoint(tmp_path), kept)
     older = _store(tmp_path, loop, checkpoints=False, segment_size=1024)
     recover(older)
-    append_all(older, loop, [(4, b"m", [b"y" * 900]) for _ in range(3)])  # new segments
+    after = [(4, b"after%d" % number, [b"y" * 400]) for number in range(4)]
+    append_all(older, loop, after)
     older.close()
     shutil.copy(kept, _checkpoint(tmp_path))
     store = _store(tmp_path, loop, segment_size=1024)
-    with caplog.at_level(logging.WARNING, logger="txbroker.journal"):
-        assert len(recover(store)) == len(ENTRIES) + 3
-    assert "it lists segments" in caplog.text
+    entries = recover(store)
+    assert store.recovered_from_checkpoint
+    assert [(e.kind, e.meta) for e in entries[:1]] == [(KIND, b"the state")]
+    assert contents(store, entries[1:]) == after
+    stats = store.stats()
+    assert stats.recovered_entries == 1 + len(after)
+    assert stats.live_bodies == len(ENTRIES) - 2 + len(after)
     store.close()
+
+
+@pytest.mark.parametrize("change", ["sealed segment grew", "head shrank", "middle gone"])
+def test_a_checkpoint_of_other_segments_is_not_used(tmp_path: Path, change: str,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    _written(tmp_path, segment_size=1024)  # many segments
+    segments = sorted((tmp_path / "journal").glob("*.seg"))
+    assert len(segments) >= 4
+    if change == "sealed segment grew":
+        with segments[1].open("ab") as file:
+            file.write(b"\0" * 16)
+    elif change == "head shrank":
+        with segments[-1].open("r+b") as file:
+            file.truncate(segments[-1].stat().st_size - 1)
+    else:
+        segments[1].unlink()
+    journal = tmp_path / "journal"
+    with caplog.at_level(logging.WARNING, logger="txbroker.journal"):
+        assert take_checkpoint_file(journal, list_segments(journal)) is None
+    assert "is not used" in caplog.text
+    assert ("holds" if change != "middle gone" else "it lists segments") in caplog.text
+    assert not _checkpoint(tmp_path).exists()
+
+
+def test_a_checkpoint_whose_oldest_segments_were_deleted_is_used(tmp_path: Path) -> None:
+    _written(tmp_path, segment_size=1024)
+    journal = tmp_path / "journal"
+    segments = sorted(journal.glob("*.seg"))
+    segments[0].unlink()
+    segments[1].unlink()
+    found = take_checkpoint_file(journal, list_segments(journal))
+    assert found is not None and found.meta == b"the state"
+    assert sorted(found.mark.resumed()) == sorted(found.mark.segments)
+
+
+def test_a_checkpoint_taken_while_running_covers_the_log_up_to_its_mark(tmp_path: Path
+                                                                         ) -> None:
+    """A running broker's checkpoint (``checkpoint_mark`` and ``write_checkpoint``, the
+    log synced up to the mark): the store goes on — appends into new segments, releases,
+    the oldest segments deleted once dead — and is killed; the recovery hands back the
+    checkpoint and exactly the entries appended after the mark, and counts live what was
+    live at the mark (less the deleted segments) and everything appended after it."""
+    loop = Loop()
+    store = _store(tmp_path, loop, segment_size=1024)
+    recover(store)
+    before = [(4, b"before%d" % number, [b"b" * 300]) for number in range(12)]
+    refs = append_all(store, loop, before)
+    for ref in refs[:6]:  # the first segments die before the mark
+        store.release(ref[0])
+    mark = store.checkpoint_mark(store.appends)
+    assert mark is not None
+    assert store.checkpoint_mark(store.appends - 1) is None  # (a stale append count)
+    after = [(4, b"after%d" % number, [b"a" * 300]) for number in range(9)]
+    append_all(store, loop, after[:3])
+    assert store.write_checkpoint(mark, KIND, b"state at the mark")
+    append_all(store, loop, after[3:])
+    store.maintain(relocate=False)  # deletes the dead oldest segments
+    store.flush()
+    assert not (tmp_path / "journal" / segment_name(1)).exists()
+    for ref in refs[6:8]:  # released after the mark: the replay of "after" does it again
+        store.release(ref[0])
+    store.close()  # (no checkpoint given: the running one stays, as after a kill -9)
+    again = _store(tmp_path, loop, segment_size=1024)
+    entries = recover(again)
+    assert again.recovered_from_checkpoint
+    assert [e.meta for e in entries] == [b"state at the mark"] + [m for _, m, _ in after]
+    assert contents(again, entries[1:]) == after
+    assert again.read_body(refs[11][0]) == before[11][2][0]
+    # live at the mark: the last six (the two released after it are released again by
+    # the replay of what follows); then everything appended after it
+    assert again.stats().live_bodies == 6 + len(after)
+    again.close()
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage", "empty"])

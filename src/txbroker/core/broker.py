@@ -497,10 +497,6 @@ class Broker:
         """Those pairs whose message still has that body and may be copied."""
         return self.compaction.still_live(pairs)
 
-    def relocate(self, message_id: int, old_ref: int, body: bytes) -> None:
-        """Write a fresh copy of one live message's body (compaction)."""
-        self.compaction.relocate_many([(message_id, old_ref)], [body])
-
     def relocate_many(self, pairs: list[tuple[int, int]], bodies: list[bytes]) -> None:
         """Write fresh copies of live messages' bodies in one entry (compaction)."""
         self.compaction.relocate_many(pairs, bodies)

@@ -69,9 +69,8 @@ from txbroker.errors import CorruptStore
 VERSION: Final = 1
 #: The array layout the columns were written in: byte order and item sizes of the
 #: :class:`Run` typecodes, in column order (a start elsewhere converts them).
-_TYPECODES: Final = ("q", "q", "Q", "L", "L", "q", "H")
+_TYPECODES: Final = ("q", "q", "Q", "I", "I", "q", "H")
 LAYOUT: Final = sys.byteorder[0] + "".join(str(array(code).itemsize) for code in _TYPECODES)
-_LOW = (1 << 32) - 1
 _NAME = "CHECKPOINT"
 
 
@@ -163,13 +162,7 @@ def _mixed_level(name: str, priority: int, level: Iterable[Message | Chunk],
             run = Run(name, priority)
         ref = unpack_ref(msg[10])
         assert ref is not None  # (settles: a compact slot has a body)
-        run.ids.append(message_id)
-        run.seqs.append(msg[9])
-        run.ref_hi.append(ref >> 32)
-        run.ref_lo.append(ref & _LOW)
-        run.sizes.append(size)
-        run.stamps.append(msg[5])
-        run.counts.append(msg[8])
+        run.append(message_id, msg[9], ref, size, msg[5], msg[8], 0)  # (no ordinal kept)
     else:
         at = len(rows)
     if run is not None:

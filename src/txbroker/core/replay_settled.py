@@ -81,8 +81,8 @@ class Run:
         self.ids: array[int] = array("q")
         self.seqs: array[int] = array("q")
         self.ref_hi: array[int] = array("Q")
-        self.ref_lo: array[int] = array("L")
-        self.sizes: array[int] = array("L")
+        self.ref_lo: array[int] = array("I")
+        self.sizes: array[int] = array("I")
         self.stamps: array[int] = array("q")
         self.counts: array[int] = array("H")
         self.ords: array[int] = array("I")
@@ -91,6 +91,18 @@ class Run:
         """The columns, in ``Chunk.extend_arrays`` order."""
         return [self.ids, self.seqs, self.ref_hi, self.ref_lo, self.sizes, self.stamps,
                 self.counts, self.ords]
+
+    def append(self, message_id: int, seq: int, ref: int, size: int, stamp: int, count: int,
+               ordinal: int) -> None:
+        """Add a message behind the last (its id is higher)."""
+        self.ids.append(message_id)
+        self.seqs.append(seq)
+        self.ref_hi.append(ref >> 32)
+        self.ref_lo.append(ref & _LOW)
+        self.sizes.append(size)
+        self.stamps.append(stamp)
+        self.counts.append(count)
+        self.ords.append(ordinal)
 
     def slot(self, message_id: int) -> int:
         """The position of ``message_id`` (it is here: :attr:`Settled.at` says so)."""
@@ -163,14 +175,8 @@ class Settled:
                             or (run.ids and run.ids[-1] >= message_id):
                         run = Run(level[0], priority)
                         runs.append(run)
-                    run.ids.append(message_id)
-                    run.seqs.append(msg[RAW_SEQ])
-                    run.ref_hi.append(ref >> 32)
-                    run.ref_lo.append(ref & _LOW)
-                    run.sizes.append(size)
-                    run.stamps.append(msg[5])
-                    run.counts.append(msg[8])
-                    run.ords.append(msg[RAW_ORD])
+                    run.append(message_id, msg[RAW_SEQ], ref, size, msg[5], msg[8],
+                               msg[RAW_ORD])
                     last_ord[level] = msg[RAW_ORD]
                     at[message_id] = run
                     continue

@@ -63,9 +63,15 @@ from txbroker.server.process import (
     gc_paused,
     release_free_memory,
 )
+from txbroker.server.recovery import (
+    checkpoint_loop,
+    quiet_checkpoint,
+    replay_store,
+    restore_router,
+)
 from txbroker.server.security.auth import Authenticator
 from txbroker.server.security.tls import tls_factory
-from txbroker.server.space import maintain_loop, quiet_checkpoint
+from txbroker.server.space import maintain_loop
 from txbroker.server.stores import StoreOpener, open_store
 from txbroker.storage.interface import (
     CheckpointStore,
@@ -124,6 +130,10 @@ class BrokerServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self._maintainer: asyncio.Task[None] | None = None
+        #: the running broker's recovery checkpoints (``server/recovery.py``) and their
+        #: counts (``stats()["checkpoints"]``)
+        self._checkpointer: asyncio.Task[None] | None = None
+        self.checkpoints: dict[str, float] = {"written": 0, "skipped": 0, "failed": 0}
         self._stopping = asyncio.Event()
         self.recovery_seconds = 0.0
         ops = self.ops
@@ -183,11 +193,7 @@ class BrokerServer:
             loop.call_soon_threadsafe(self.complete, completions)
 
         store = self._store_opener(dispatch, self.broker.snapshot, self._lock)
-        self.broker.body_size_of = store.body_size
-        for entry in store.recover():
-            self.broker.replay(entry)
-        if getattr(store, "recovered_from_checkpoint", False):
-            log.info("recovery: read the checkpoint of the last clean shutdown, not the log")
+        replay_store(self, store)
         self.store = store
 
     def wrap_store(self, wrap: Callable[[Store], Store]) -> None:
@@ -204,24 +210,12 @@ class BrokerServer:
         if self.broker.xa.leftovers_committed:
             log.info("recovery: %d voted local commits had no outcome in the log: committed "
                      "(presumed commit, docs/replication.md)", self.broker.xa.leftovers_committed)
-        self._restore_router()
+        restore_router(self)
         self.run_effects()
         release_free_memory()  # the replay's garbage (issue 12: memory per message)
         self.recovery_seconds = asyncio.get_running_loop().time() - started
         log.info("recovered %d messages in %d queues in %.2f s", self.recovered_messages,
                  len(self.broker.queues), self.recovery_seconds)
-
-    def _restore_router(self) -> None:
-        """The transaction router's journal (``core/router/log.py``), then the
-        facilities of the configuration file."""
-        for problem in self.broker.restore_router(self.body, self.now()):
-            log.error("router journal: %s (left out)", problem)
-        restored = self.broker.router_stats()
-        if restored["facilities"] or any(restored["transactions"].values()):
-            log.info("router: restored %d facilities and %d transactions",
-                     restored["facilities"], sum(restored["transactions"].values()))
-        for name, partitions in self.config.router_facilities.items():
-            self.broker.define_facility(name, partitions, self.now())
 
     async def open_listeners(self) -> None:
         """Open the client listeners the config asks for (a port of 0 disables one:
@@ -240,6 +234,9 @@ class BrokerServer:
             if port:
                 await listen(config.host, port, tls=tls)
         self._maintainer = asyncio.create_task(maintain_loop(self))
+        if config.checkpoint_interval and getattr(self.store, "checkpoints", False):
+            self._checkpointer = asyncio.create_task(
+                checkpoint_loop(self, config.checkpoint_interval))
         self._arm_timer()
 
     async def serve_forever(self) -> None:
@@ -342,6 +339,9 @@ class BrokerServer:
             self._http.close()
         if self._maintainer is not None:
             self._maintainer.cancel()
+        if self._checkpointer is not None:  # (a write in flight finishes in its thread)
+            self._checkpointer.cancel()
+            await asyncio.gather(self._checkpointer, return_exceptions=True)
         if self._timer is not None:
             self._timer.cancel()
         store = self.store
@@ -461,6 +461,8 @@ class BrokerServer:
         result["recovery_seconds"] = round(self.recovery_seconds, 3)
         uptime = 0.0 if self.loop is None else self.loop.time() - self._started
         result["uptime_seconds"] = round(uptime, 3)
+        if self._checkpointer is not None:
+            result["checkpoints"] = dict(self.checkpoints)
         if self.ha_status is not None:
             result["ha"] = self.ha_status()
         if self.store is not None:
@@ -472,6 +474,7 @@ class BrokerServer:
                 "body_cache_bytes": s.body_cache_bytes, "recovered_bytes": s.recovered_bytes,
                 "recovered_segments": s.recovered_segments,
                 "recovered_entries": s.recovered_entries,
+                "recovered_from_checkpoint": s.recovered_from_checkpoint,
             }
         return result
 

@@ -20,6 +20,7 @@ Config file (all keys optional)::
     recovery_index = false       # restarts read an index per sealed segment, not bodies
     recovery_checkpoint = false  # a clean shutdown writes its state; the next start
                                  # reads it instead of the log (no HA; docs/storage.md)
+    checkpoint_interval = 60.0   # ... and while running, every so many seconds (0 = never)
     max_frame_size = 8388608
     max_connections = 1024
 
@@ -78,7 +79,10 @@ from txbroker.errors import BadRequest
 from txbroker.server.security.acl import AclConfig, parse_acl
 from txbroker.server.security.tls import check_files, peer_context
 from txbroker.storage.interface import SyncMode
-from txbroker.storage.journal import DEFAULT_BODY_CACHE_BYTES  # the stores' own default
+from txbroker.storage.journal_format import (  # the journal's own defaults
+    DEFAULT_BODY_CACHE_BYTES,
+    DEFAULT_SEGMENT_SIZE,
+)
 from txbroker.storage.journal_space import (  # the journal's own defaults
     RELOCATE_BELOW_LIVE_FRACTION,
     RELOCATE_IDLE_LIVE_FRACTION,
@@ -96,12 +100,12 @@ DEFAULT_HTTP_PORT = 8161
 DEFAULT_MAX_FRAME_SIZE = 8 * 1024 * 1024
 #: Connections one broker accepts (a default file-descriptor limit is 1024).
 DEFAULT_MAX_CONNECTIONS = 1000
-#: Journal segments of 64 MiB (Artemis uses 10 MiB files, Kafka 1 GiB segments).
-DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
 #: Requests a connection may have waiting for durability before we stop reading it.
 DEFAULT_MAX_PENDING_REQUESTS = 10_000
 #: How often the store is asked to drop dead segments / compact (seconds).
 DEFAULT_MAINTAIN_INTERVAL = 1.0
+#: Seconds between the running broker's recovery checkpoints (``recovery_checkpoint``).
+DEFAULT_CHECKPOINT_INTERVAL = 60.0
 #: Shared-store HA (seed 004): the active's heartbeat period, and the heartbeat
 #: silence after which the standby acts (at least twice the heartbeat), seconds.
 DEFAULT_HEARTBEAT_INTERVAL = 3.0
@@ -176,6 +180,10 @@ class ServerConfig:
     #: next start reads it instead of replaying the log (off by default, as the recovery
     #: index: the log's CRCs are then not checked at start; docs/storage.md)
     recovery_checkpoint: bool = False
+    #: with ``recovery_checkpoint``, the running broker writes one every so many seconds
+    #: when its log grew, so that a start after a crash replays only the log after it
+    #: (0: at a clean shutdown only; docs/storage.md)
+    checkpoint_interval: float = DEFAULT_CHECKPOINT_INTERVAL
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
@@ -250,6 +258,9 @@ class ServerConfig:
         self.compaction()  # raises ValueError on bad compaction settings
         if self.max_frame_size < 1024:
             raise ValueError("max_frame_size must be at least 1024")
+        if not self.checkpoint_interval >= 0:
+            raise ValueError("checkpoint_interval must be >= 0 seconds (0 = only at a clean "
+                             "shutdown)")
         self._validate_tls()
         self._validate_ha()
 

@@ -1,22 +1,20 @@
 """The store's space, kept by the server: dead segments dropped and the live messages of
 a mostly dead one copied forward (compaction, ``storage/journal_space.py``), a slice
-at a time, with the loop free for clients in between; and at a clean shutdown the
-recovery checkpoint that spares the next start the log (``core/checkpoint.py``)."""
+at a time, with the loop free for clients in between."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
-from txbroker.errors import StorageFailed
-from txbroker.storage.interface import CheckpointStore, Relocation, Store
+from txbroker.storage.interface import Relocation
 
 if TYPE_CHECKING:
     from txbroker.server.app import BrokerServer
 
-__all__ = ["CHECKPOINT_ROUNDS", "RELOCATE_PAUSE", "RELOCATE_SLICE_BYTES",
-           "RELOCATE_SLICE_MESSAGES", "maintain_loop", "quiet_checkpoint", "relocate"]
+__all__ = ["RELOCATE_PAUSE", "RELOCATE_SLICE_BYTES", "RELOCATE_SLICE_MESSAGES",
+           "maintain_loop", "relocate"]
 
 log = logging.getLogger("txbroker.server")
 
@@ -27,9 +25,6 @@ RELOCATE_SLICE_BYTES = 4 * 1024 * 1024
 #: ... and pauses this long between slices (seconds), so that clients' requests
 #: go first.
 RELOCATE_PAUSE = 0.005
-#: Flushes a clean shutdown tries before giving up its checkpoint (each round's
-#: completions may write more: delivered marks, the next slice of a purge).
-CHECKPOINT_ROUNDS = 8
 
 async def maintain_loop(server: BrokerServer) -> None:
     """Every ``maintain_interval`` seconds: let the store drop dead segments, and copy
@@ -81,26 +76,3 @@ async def _copy_forward(server: BrokerServer, live: list[tuple[int, int]]) -> in
             copied += len(pairs)
         await asyncio.sleep(RELOCATE_PAUSE)
     return copied
-
-
-async def quiet_checkpoint(server: BrokerServer, store: Store) -> tuple[int, bytes, int] | None:
-    """A clean shutdown on a store that keeps checkpoints (the journal without HA): hold
-    every client's input, write and complete everything, then the broker's state and
-    the store's append count (``core/checkpoint.py``); None if it cannot be taken."""
-    if not getattr(store, "checkpoints", False):
-        return None
-    journal = cast(CheckpointStore, store)
-    server.hold_input(True)
-    loop = asyncio.get_running_loop()
-    for _ in range(CHECKPOINT_ROUNDS):
-        mark = journal.appends
-        try:
-            await loop.run_in_executor(None, journal.flush)
-        except (StorageFailed, TimeoutError, OSError):
-            return None
-        await asyncio.sleep(0)  # (the completions the flush dispatched run first)
-        server.run_effects()
-        if journal.appends == mark:
-            taken = server.broker.checkpoint()
-            return None if taken is None else (*taken, mark)
-    return None

@@ -74,13 +74,12 @@ from txbroker.storage.dirstore_format import (
 from txbroker.storage.dirstore_model import HEURISTIC_OUTCOMES, PREPARED_STATE, unpack_message_info
 from txbroker.storage.dirstore_writer import DirOps, PreparedBlock, read_file
 from txbroker.storage.interface import StoredEntry
+from txbroker.storage.journal_format import JOURNAL_SUBDIR  # its presence: DIR holds a journal
 from txbroker.storage.store_lock import StoreLock
 from txbroker.xid import Xid
 
 log = logging.getLogger("txbroker.dirstore")
 
-#: A directory the journal store uses: its presence means DIR holds a journal.
-JOURNAL_SUBDIR = "journal"
 
 
 def lock_directory(ops: DirOps, lock: StoreLock | None = None) -> tuple[StoreLock, list[Path]]:

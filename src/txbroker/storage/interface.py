@@ -46,7 +46,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from txbroker.core.records import BodyRef as BodyRef
 from txbroker.core.records import StoredEntry as StoredEntry
@@ -154,6 +154,8 @@ class StoreStats:
     #: entries the last recovery replayed (a warm standby's takeover: only those its
     #: core had not replayed yet)
     recovered_entries: int = 0
+    #: the last recovery read a recovery checkpoint (then only the log after it)
+    recovered_from_checkpoint: bool = False
     #: seconds to write and sync each group-commit batch (None: not measured)
     batch_seconds: Histogram | None = None
     #: work items (records) per batch: the group commit's size
@@ -222,11 +224,21 @@ class Store(Protocol):
 
 
 class CheckpointStore(Protocol):
-    """A store that keeps a clean shutdown's recovery checkpoint next to its log (the
-    journal with ``checkpoints``: ``storage/journal_checkpoint.py``)."""
+    """A store that keeps a recovery checkpoint next to its log (the journal with
+    ``checkpoints``: ``storage/journal_checkpoint.py``): taken at a clean shutdown or
+    while the broker runs, handed back at recovery with the log that follows it."""
 
-    #: it accepts a checkpoint at :meth:`close` and hands one back at recovery
+    #: it accepts checkpoints and hands one back at recovery
     checkpoints: bool
+
+    def checkpoint_mark(self, appends: int) -> Any:
+        """Where the log ends now, for a checkpoint taken after ``appends`` entries, all
+        synced and completed (None: more were appended since, or the store failed)."""
+        ...
+
+    def write_checkpoint(self, mark: Any, kind: int, meta: bytes) -> bool:
+        """Write the checkpoint ``(kind, meta)`` of ``mark`` (from any thread)."""
+        ...
 
     @property
     def appends(self) -> int:

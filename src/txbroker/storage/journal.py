@@ -48,10 +48,14 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 import os
-from collections.abc import Generator, Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from itertools import accumulate
+from operator import and_
 from pathlib import Path
 from types import TracebackType
 
@@ -69,17 +73,23 @@ from txbroker.storage.interface import (
 )
 from txbroker.storage.journal_bodies import REF_LENGTH_MASK, BodyReader
 from txbroker.storage.journal_checkpoint import (
-    FoundCheckpoint,
+    CheckpointMark,
+    checkpoint_entries,
     take_checkpoint_file,
     write_checkpoint,
 )
 from txbroker.storage.journal_faults import CrashPoints
 from txbroker.storage.journal_format import (
+    DEFAULT_BODY_CACHE_BYTES,
+    DEFAULT_SEGMENT_SIZE,
     ENTRY_HEADER,
     ENTRY_OVERHEAD,
+    JOURNAL_SUBDIR,
     MAX_BODIES,
     MAX_ENTRY_SIZE,
     MAX_KIND,
+    MAX_SEGMENT_SIZE,
+    MIN_SEGMENT_SIZE,
     REF_LENGTH_BITS,
     REF_SEGMENT_SHIFT,
     SEGMENT_HEADER,
@@ -89,6 +99,7 @@ from txbroker.storage.journal_recovery import (
     LOCK_FILE,
     RecoveredSegment,
     Recovery,
+    RecoveryCounts,
     ResumedSegment,
     list_segments,
     lock_directory,
@@ -104,25 +115,12 @@ from txbroker.storage.store_lock import StoreLock
 from txbroker.storage.writer_thread import Barrier, PendingQueue
 
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size
+log = logging.getLogger("txbroker.journal")
 
-MiB = 1024 * 1024
-#: Default segment size. Artemis uses 10 MiB journal files, Kafka 1 GiB log
-#: segments; a 64 MiB segment replays in about 0.2 s and reclaims space in
-#: reasonable steps.
-DEFAULT_SEGMENT_SIZE = 64 * MiB
-#: Smallest segment size accepted (tests use tiny segments to force rolls).
-MIN_SEGMENT_SIZE = 1024
-#: Largest segment size: body offsets in a ref have 40 bits; 4 GiB keeps far below.
-MAX_SEGMENT_SIZE = 4 * 1024 * MiB
-#: Default bound of the body cache: enough for the bodies in flight to
-#: consumers of a busy broker without holding the whole journal in memory.
-DEFAULT_BODY_CACHE_BYTES = 32 * MiB
 #: A segment rolls at ``segment_size`` bytes, or at this multiple of its snapshot
 #: when that is bigger: a snapshot takes at most half of its segment, however
 #: big it grows (a snapshot over ``segment_size`` made every append roll).
 SNAPSHOT_SEGMENT_FACTOR = 2
-#: Subdirectory of the data directory that holds the journal.
-JOURNAL_SUBDIR = "journal"
 
 
 class _State(enum.Enum):
@@ -176,8 +174,6 @@ class JournalStore:
         #: use the checkpoint a clean shutdown wrote (``journal_checkpoint.py``; a found
         #: one is deleted either way) and accept one at :meth:`close`
         self.checkpoints = checkpoints
-        #: the last recovery read a checkpoint instead of the log
-        self.recovered_from_checkpoint = False
         #: what recovery dropped: torn tails cut, damaged regions skipped (``repair``)
         self.repair_report: list[str] = []
         #: The writer thread (None until recovery); faults: ``writer.sync_file = failing``
@@ -199,8 +195,8 @@ class JournalStore:
         #: named crash points for process tests (``journal_faults.py``; from the
         #: environment, none armed outside tests)
         self.crash_points = CrashPoints.from_env()
-        #: what recovery read (segment data, or recovery indexes), and segments (``stats``)
-        self._recovered_bytes = self._recovered_segments = self._recovered_entries = 0
+        #: what recovery read (``stats``)
+        self._recovered = RecoveryCounts()
         #: what a warm standby read already (``resume_from``; journal_follow.py)
         self._resume: Mapping[int, ResumedSegment] | None = None
         self._head = 1
@@ -211,6 +207,10 @@ class JournalStore:
         self._snapshot_due = False
         self._head_info = SegmentInfo(SEGMENT_HEADER.size, 0, 0)
         self._appends = 0
+        self._checkpoint_lock = threading.Lock()
+        #: the body length packed in a ref (no I/O): ``ref & REF_LENGTH_MASK``, a C call
+        #: (a recovery asks it once per message)
+        self.body_size: Callable[[BodyRef], int] = partial(and_, REF_LENGTH_MASK)
 
     # -- opening -----------------------------------------------------------
 
@@ -238,41 +238,32 @@ class JournalStore:
         self._lock, self._created_dirs = lock_directory(self.directory, self.journal_dir,
                                                         self._lock)
         self._state = _State.RECOVERING
-        found = take_checkpoint_file(self.journal_dir, list_segments(self.journal_dir),
+        segment_ids = list_segments(self.journal_dir)
+        found = take_checkpoint_file(self.journal_dir, segment_ids,
                                      why_not="not asked to" if not self.checkpoints else
                                      "a warm standby resumes" if self._resume else
                                      "repair" if self.repair else "")
-        if found is not None:
-            self._replay_iterator = self._from_checkpoint(found)
-            return self._replay_iterator
-        recovery = Recovery(self.journal_dir, repair=self.repair,
-                            use_index=self.recovery_index, resume=self._resume)
+        recovery = Recovery(self.journal_dir, repair=self.repair, use_index=self.recovery_index,
+                            resume=found.mark.resumed() if found else self._resume)
         self.repair_report = recovery.report
-        self._replay_iterator = self._replay(recovery, list_segments(self.journal_dir))
+        entries = recovery.entries(segment_ids, self._recovered) if found is None else \
+            checkpoint_entries(found, recovery, segment_ids, self._recovered)
+        self._replay_iterator = self._replay(entries)
         return self._replay_iterator
 
-    def _replay(self, recovery: Recovery, ids: list[int]) -> Generator[StoredEntry, None, None]:
-        replay = recovery.replay(ids)
+    def _replay(self, entries: Generator[StoredEntry, None, list[RecoveredSegment]]
+                ) -> Generator[StoredEntry, None, None]:
         try:
-            while True:
-                chunk = next(replay)
-                self._recovered_entries += len(chunk)
-                yield from chunk
-        except StopIteration as done:
-            recovered: list[RecoveredSegment] = done.value
+            recovered = yield from entries
         except Exception:
             self.close()  # e.g. CorruptStore: unlock, so that a retry with repair can open
             raise
-        self._recovered_bytes = sum(segment.read_bytes for segment in recovered)
-        self._recovered_segments = sum(1 for segment in recovered if segment.read_bytes)
         self._open_for_appends(recovered)
 
-    def _from_checkpoint(self, found: FoundCheckpoint) -> Generator[StoredEntry, None, None]:
-        """Recovery from a clean shutdown's checkpoint: its entry instead of the log."""
-        yield StoredEntry(found.kind, found.meta, ())
-        self._recovered_entries, self._recovered_bytes = 1, found.size
-        self.recovered_from_checkpoint = True
-        self._open_for_appends(found.recovered())
+    @property
+    def recovered_from_checkpoint(self) -> bool:
+        """The last recovery read a checkpoint instead of the log."""
+        return self._recovered.from_checkpoint
 
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
         for segment in recovered:
@@ -425,10 +416,6 @@ class JournalStore:
 
     # -- reading bodies ----------------------------------------------------
 
-    def body_size(self, ref: BodyRef) -> int:
-        """The body length packed in ``ref`` (no I/O)."""
-        return ref & REF_LENGTH_MASK
-
     def read_bodies(self, refs: Sequence[BodyRef]) -> PackedBodies:
         """Many bodies, packed: one ``pread`` per run of refs that lie back to back
         in one segment (see :meth:`BodyReader.read_bodies`); no cache."""
@@ -482,9 +469,10 @@ class JournalStore:
         stats = self._space.stats(self._appends, writer.syncs if writer else 0,
                                   writer.bytes_written if writer else 0)
         stats = replace(stats, body_cache_bytes=self._bodies.cache_bytes,
-                        recovered_bytes=self._recovered_bytes,
-                        recovered_segments=self._recovered_segments,
-                        recovered_entries=self._recovered_entries)
+                        recovered_bytes=self._recovered.bytes,
+                        recovered_segments=self._recovered.segments,
+                        recovered_entries=self._recovered.entries,
+                        recovered_from_checkpoint=self._recovered.from_checkpoint)
         if writer is None:
             return stats
         return replace(stats, batch_seconds=writer.batch_seconds,
@@ -507,8 +495,27 @@ class JournalStore:
 
     @property
     def appends(self) -> int:
-        """Entries appended since open (a checkpoint's mark: :meth:`close`)."""
+        """Entries appended since open (a checkpoint's mark: :meth:`checkpoint_mark`)."""
         return self._appends
+
+    def checkpoint_mark(self, appends: int) -> CheckpointMark | None:
+        """Where the log ends now and every segment's accounting, for a checkpoint
+        whose state was taken when ``appends`` entries had been appended, every one
+        synced and completed (``journal_checkpoint.py``); None if more were appended
+        since, the store failed or it keeps no checkpoints."""
+        if not self.checkpoints or self._state is not _State.OPEN \
+                or appends != self._appends or self._queue.failure is not None:
+            return None
+        return CheckpointMark(self._head, self._offset,
+                              {segment_id: replace(info)
+                               for segment_id, info in self._segments.items()})
+
+    def write_checkpoint(self, mark: CheckpointMark, kind: int, meta: bytes) -> bool:
+        """Write the checkpoint of ``mark`` (any thread: the file alone is touched, one
+        writer at a time; a later mark written before an earlier one only costs the
+        next start a longer log to replay after it)."""
+        with self._checkpoint_lock:
+            return write_checkpoint(self.journal_dir, mark, kind, meta)
 
     def close(self, checkpoint: tuple[int, bytes, int] | None = None) -> None:
         """Write and sync what is queued, stop the writer, close files, unlock. Idempotent.
@@ -516,7 +523,7 @@ class JournalStore:
         has ``appends`` entries and works (``journal_checkpoint.py``)."""
         if self._state is _State.CLOSED:
             return
-        was_open = self._state is _State.OPEN
+        mark = None if checkpoint is None else self.checkpoint_mark(checkpoint[2])
         if self.writer is not None:
             self.writer.check_not_writer_thread()
         self._state = _State.CLOSED
@@ -525,10 +532,11 @@ class JournalStore:
             replay.close()  # an abandoned recovery: close its files
         if self.writer is not None:
             self.writer.stop()
-        if checkpoint is not None and self.checkpoints and was_open:
-            kind, meta, appends = checkpoint
-            write_checkpoint(self.journal_dir, self._head, self._offset, self._segments, kind,
-                             meta, current=appends == self._appends and not self._queue.failure)
+        if checkpoint is not None and self.checkpoints:
+            if mark is None or self._queue.failure is not None:
+                log.warning("journal: no checkpoint written (the log moved on, or failed)")
+            else:
+                self.write_checkpoint(mark, checkpoint[0], checkpoint[1])
         self._bodies.close()
         if self._lock is not None:
             self._lock.release()

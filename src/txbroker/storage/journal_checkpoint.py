@@ -1,25 +1,30 @@
-"""The journal's recovery checkpoint file: the broker's state at the end of the log,
-written at a clean shutdown and handed back by the next recovery instead of that log
-(issue 29; what the state holds: ``core/checkpoint.py``).
+"""The journal's recovery checkpoint file: the broker's state at a point of the log,
+handed back by the next recovery instead of the log up to that point (issue 29; what
+the state holds: ``core/checkpoint.py``).
 
 Theory of operation
 -------------------
-:meth:`JournalStore.close <txbroker.storage.journal.JournalStore.close>` given a
-checkpoint writes ``journal/checkpoint`` once the writer has written and synced
-everything: a magic, a CRC-32 of the rest and a msgpack map of where the log ends
-(the head segment and the offset after its last entry), every segment's space
-accounting (live bodies and bytes: the releases of the broker's run, which a replay
-would repeat) and the entry (kind, meta). It is written to a temporary name, synced,
-renamed and the directory synced: a crash leaves the old state or the new one.
+A checkpoint is taken when everything appended is synced and every completion has run
+(the server holds its clients' input meanwhile: ``server/recovery.py``), so the state
+is exactly what a replay of the log up to there builds. The store records that point
+(:class:`CheckpointMark`: the head segment, the offset after its last entry, every
+segment's space accounting — live bodies and bytes, the releases of the broker's run,
+which a replay would repeat) and :func:`write_checkpoint` writes ``journal/checkpoint``:
+a magic, a CRC-32 of the rest and a msgpack map of the mark and the entry (kind, meta),
+to a temporary name, synced, renamed and the directory synced: a crash leaves the old
+file or the new one. Two moments take one: a clean shutdown (``JournalStore.close``,
+nothing follows it) and, while the broker runs, every ``checkpoint_interval`` (the log
+goes on after it).
 
-:func:`take_checkpoint_file`, at the next recovery, reads the file and **deletes it
-at once** (and syncs the directory) — before the log can be appended to, so a
-checkpoint never describes a log that has grown since. It is used only when every
-check holds — the CRC, the segment files are exactly the ones it lists, the head is
-no longer than where it says the log ends and nothing valid follows there (an older
-version that ignored the file and appended would show there) — else recovery
-replays the log and logs why. Nothing is lost either way: the log is the truth, the
-checkpoint only a shortcut.
+:func:`take_checkpoint_file`, at the next recovery, reads the file and **deletes it at
+once** (and syncs the directory), so a checkpoint is used by one start only. It is
+used when every check holds — the CRC; the segments it lists are the journal's, but
+for the oldest, which may have been deleted since (dead); a sealed one is exactly as
+long as it records and the head at least as long — else recovery replays the whole log
+and logs why. :func:`checkpoint_entries` hands back its entry, then every entry after
+the mark: the recovery resumes each segment where the checkpoint's log ended
+(``journal_recovery.py``, as a warm standby's takeover does), checking the CRC of all it
+reads. Nothing is lost either way: the log is the truth, the checkpoint a shortcut.
 """
 
 from __future__ import annotations
@@ -27,21 +32,21 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import msgpack
 
-from txbroker.storage.journal_format import (
-    ENTRY_HEADER,
-    ENTRY_MAGIC,
-    PAD_MAGIC,
-    SEGMENT_HEADER,
-    check_segment_header,
-    segment_name,
+from txbroker.storage.interface import StoredEntry
+from txbroker.storage.journal_format import SEGMENT_HEADER, check_segment_header, segment_name
+from txbroker.storage.journal_recovery import (
+    RecoveredSegment,
+    Recovery,
+    RecoveryCounts,
+    ResumedSegment,
 )
-from txbroker.storage.journal_recovery import RecoveredSegment, list_segments
 from txbroker.storage.journal_space import SegmentInfo
 from txbroker.storage.synced_files import sync_directory, write_synced
 
@@ -54,39 +59,55 @@ _INFO_FIELDS: Final = 7
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointMark:
+    """Where the log ended when a checkpoint's state was taken, and every segment's
+    accounting then (live bodies: the releases of the run that took it)."""
+
+    head: int  #: the head segment
+    offset: int  #: where the head's next entry went
+    segments: dict[int, SegmentInfo]  #: every segment's accounting, oldest first
+
+    def resumed(self) -> dict[int, ResumedSegment]:
+        """The segments as a recovery resumes them: read up to where the log ended
+        (what follows is replayed), their dead bodies released already."""
+        return {segment_id: ResumedSegment(info.size, info.bodies, info.live_bytes,
+                                           info.overhead, released=info.bodies - info.live_bodies)
+                for segment_id, info in self.segments.items()}
+
+
+@dataclass(frozen=True, slots=True)
 class FoundCheckpoint:
     """A checkpoint file that passed every check."""
 
-    head: int  #: the head segment
-    offset: int  #: where the head's next entry goes
-    segments: dict[int, SegmentInfo]  #: every segment's accounting, oldest first
+    mark: CheckpointMark
     kind: int
     meta: bytes
     size: int  #: bytes of the file
 
-    def recovered(self) -> list[RecoveredSegment]:
-        """The segments as a recovery that read them would leave them (every one read
-        already: ``resumed``; the bodies the last run released: ``dead``)."""
-        return [RecoveredSegment(segment_id, info.size, info.bodies, info.live_bytes,
-                                 overhead=info.overhead, lead=info.lead, resumed=info.size,
-                                 dead=info.bodies - info.live_bodies)
-                for segment_id, info in self.segments.items()]
+
+def checkpoint_entries(found: FoundCheckpoint, recovery: Recovery, segment_ids: list[int],
+                       counts: RecoveryCounts
+                       ) -> Generator[StoredEntry, None, list[RecoveredSegment]]:
+    """Recovery from a checkpoint: its one entry instead of the log it covers, then
+    every entry appended after it (``recovery`` resumes each segment where the
+    checkpoint's log ended); counted in ``counts``."""
+    yield StoredEntry(found.kind, found.meta, ())
+    recovered = yield from recovery.entries(segment_ids, counts)
+    counts.entries += 1
+    counts.bytes += found.size
+    counts.from_checkpoint = True
+    return recovered
 
 
-def write_checkpoint(journal_dir: Path, head: int, offset: int,
-                     segments: dict[int, SegmentInfo], kind: int, meta: bytes, *,
-                     current: bool) -> None:
-    """Write the checkpoint file (temporary name, sync, rename, directory sync) when it is
-    ``current`` (nothing appended since it was taken, the store works) and the segment
-    files are exactly ``segments``; logged either way. The caller made sure the writer
-    has written and synced everything."""
-    if not current or list_segments(journal_dir) != sorted(segments):
-        log.warning("journal: no checkpoint written (the log moved on, or failed)")
-        return
+def write_checkpoint(journal_dir: Path, mark: CheckpointMark, kind: int, meta: bytes) -> bool:
+    """Write the checkpoint file (temporary name, sync, rename, directory sync), replacing
+    any older one; logged either way. The caller made sure the log up to ``mark`` is
+    written and synced, and that the state is the one at ``mark``."""
     body = msgpack.packb({
-        "head": head, "offset": offset, "kind": kind, "meta": meta,
+        "head": mark.head, "offset": mark.offset, "kind": kind, "meta": meta,
         "segments": [[segment_id, info.size, info.live_bodies, info.live_bytes, info.bodies,
-                      info.overhead, info.lead] for segment_id, info in sorted(segments.items())],
+                      info.overhead, info.lead]
+                     for segment_id, info in sorted(mark.segments.items())],
     }, use_bin_type=True)
     data = _MAGIC + zlib.crc32(body).to_bytes(4, "big") + body
     temporary = journal_dir / (CHECKPOINT_FILE + ".tmp")
@@ -96,8 +117,10 @@ def write_checkpoint(journal_dir: Path, head: int, offset: int,
         sync_directory(journal_dir)
     except OSError as exc:
         log.warning("journal: no checkpoint written: %s", exc)
-        return
-    log.info("journal: wrote the checkpoint of a clean shutdown (%d bytes)", len(data))
+        return False
+    log.info("journal: wrote a checkpoint (%d bytes, the log up to segment %d offset %d)",
+             len(data), mark.head, mark.offset)
+    return True
 
 
 def take_checkpoint_file(journal_dir: Path, segment_ids: list[int], *, why_not: str = ""
@@ -147,13 +170,16 @@ def _check(journal_dir: Path, data: bytes, segment_ids: list[int]) -> FoundCheck
             raise _Unusable("a segment's accounting is malformed")
         segment_id, size, live_bodies, live_bytes, bodies, overhead, lead = info
         segments[segment_id] = SegmentInfo(size, live_bodies, live_bytes, bodies, overhead, lead)
-    if sorted(segments) != segment_ids:
-        raise _Unusable(f"it lists segments {sorted(segments)[:8]}…, the journal holds "
+    listed = sorted(segments)
+    if not listed or head != listed[-1] or segments[head].size != offset:
+        raise _Unusable("its head is not the last segment it lists")
+    present = [segment_id for segment_id in segment_ids if segment_id <= head]
+    if present != listed[len(listed) - len(present):]:  # (only the oldest may have gone)
+        raise _Unusable(f"it lists segments {listed[:8]}…, the journal holds "
                         f"{segment_ids[:8]}…")
-    if not segment_ids or head != segment_ids[-1] or segments[head].size != offset:
-        raise _Unusable("its head is not the journal's")
-    _check_head(journal_dir, head, offset)
-    return FoundCheckpoint(head, offset, segments, kind, meta, len(data))
+    for segment_id in present:
+        _check_segment(journal_dir, segment_id, segments[segment_id].size, segment_id == head)
+    return FoundCheckpoint(CheckpointMark(head, offset, segments), kind, meta, len(data))
 
 
 def _fields(value: Any) -> tuple[int, int, int, bytes, list[Any]]:
@@ -167,23 +193,24 @@ def _fields(value: Any) -> tuple[int, int, int, bytes, list[Any]]:
     return head, offset, kind, meta, infos
 
 
-def _check_head(journal_dir: Path, head: int, offset: int) -> None:
-    """The head segment ends where the checkpoint says: no entry starts there."""
+def _check_segment(journal_dir: Path, segment_id: int, size: int, head: bool) -> None:
+    """A segment the checkpoint covers is as it was: a sealed one exactly as long, the
+    head at least as long (what follows is replayed), with a sound header."""
     try:
-        fd = os.open(journal_dir / segment_name(head), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(journal_dir / segment_name(segment_id), os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise _Unusable(f"its head segment cannot be opened: {exc}") from exc
+        raise _Unusable(f"segment {segment_id} cannot be opened: {exc}") from exc
     try:
+        actual = os.fstat(fd).st_size
         header = os.pread(fd, SEGMENT_HEADER.size, 0)
-        after = os.pread(fd, ENTRY_HEADER.size, offset)
     finally:
         os.close(fd)
-    problem = check_segment_header(header, head)
+    if actual < size or (actual != size and not head):
+        raise _Unusable(f"segment {segment_id} holds {actual} bytes, it records {size}")
+    problem = check_segment_header(header, segment_id)
     if problem is not None:
-        raise _Unusable(f"its head segment's header: {problem}")
-    if after.startswith(ENTRY_MAGIC) or after.startswith(PAD_MAGIC):
-        raise _Unusable(f"an entry follows the end it records (segment {head}, "
-                        f"offset {offset})")
+        raise _Unusable(f"segment {segment_id}'s header: {problem}")
 
 
-__all__ = ["CHECKPOINT_FILE", "FoundCheckpoint", "take_checkpoint_file", "write_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "CheckpointMark", "FoundCheckpoint", "checkpoint_entries",
+           "take_checkpoint_file", "write_checkpoint"]

@@ -153,6 +153,21 @@ INDEX_RECORD: Final = struct.Struct("<IHHI")
 assert INDEX_HEADER.size == 40, INDEX_HEADER.size
 assert INDEX_RECORD.size == 12, INDEX_RECORD.size
 
+MiB: Final = 1024 * 1024
+#: The journal's subdirectory of a broker data directory.
+JOURNAL_SUBDIR: Final = "journal"
+#: Default segment size. Artemis uses 10 MiB journal files, Kafka 1 GiB log
+#: segments; a 64 MiB segment replays in about 0.2 s and reclaims space in
+#: reasonable steps.
+DEFAULT_SEGMENT_SIZE: Final = 64 * MiB
+#: Smallest segment size accepted (tests use tiny segments to force rolls).
+MIN_SEGMENT_SIZE: Final = 1024
+#: Largest segment size: body offsets in a ref have 40 bits; 4 GiB keeps far below.
+MAX_SEGMENT_SIZE: Final = 4 * 1024 * MiB
+#: Default bound of the body cache: enough for the bodies in flight to
+#: consumers of a busy broker without holding the whole journal in memory.
+DEFAULT_BODY_CACHE_BYTES: Final = 32 * MiB
+
 #: BodyRef bit layout (see the module docstring).
 REF_LENGTH_BITS: Final = 32
 REF_OFFSET_BITS: Final = 40

@@ -44,6 +44,7 @@ from txbroker.core.records import Kind
 from txbroker.errors import CorruptStore, StoreError
 from txbroker.storage.interface import StoredEntry
 from txbroker.storage.journal_format import (
+    JOURNAL_SUBDIR,
     REF_OFFSET_BITS,
     SEGMENT_HEADER,
     check_segment_header,
@@ -58,8 +59,6 @@ from txbroker.storage.journal_scan import (
     scan_entries,
 )
 
-#: The journal's subdirectory of a broker data directory (``storage/journal.py``).
-JOURNAL_SUBDIR: Final = "journal"
 #: Kind 16, the Spark sink's atomic commit of XA branches.
 SINK_COMMIT: Final = int(Kind.SINK_COMMIT)
 #: Name of every kind this reader decodes.

@@ -163,6 +163,16 @@ def segment_lead(fd: int, end: int) -> int:
     return int(length)
 
 
+@dataclass(slots=True)
+class RecoveryCounts:
+    """What the last recovery read (``StoreStats.recovered_*``)."""
+
+    bytes: int = 0  #: segment data, recovery indexes or the checkpoint read
+    segments: int = 0  #: segments of which anything was read
+    entries: int = 0  #: entries handed back
+    from_checkpoint: bool = False  #: a clean shutdown's checkpoint instead of the log
+
+
 class Recovery:
     """Replays a journal directory; fills ``report`` with what it dropped."""
 
@@ -199,6 +209,22 @@ class Recovery:
                     recovered.append(indexed)
                     continue
             recovered.append((yield from self._replay_segment(segment_id, last)))
+        return recovered
+
+    def entries(self, segment_ids: list[int], counts: RecoveryCounts
+                ) -> Generator[StoredEntry, None, list[RecoveredSegment]]:
+        """:meth:`replay` entry by entry, counted in ``counts``."""
+        replay = self.replay(segment_ids)
+        while True:
+            try:
+                chunk = next(replay)
+            except StopIteration as done:
+                recovered: list[RecoveredSegment] = done.value
+                break
+            counts.entries += len(chunk)
+            yield from chunk
+        counts.bytes = sum(segment.read_bytes for segment in recovered)
+        counts.segments = sum(1 for segment in recovered if segment.read_bytes)
         return recovered
 
     def _tidy_indexes(self, segment_ids: list[int]) -> None:

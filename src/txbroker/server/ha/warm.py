@@ -47,9 +47,10 @@ from txbroker.server.app import BrokerServer
 from txbroker.server.config import ServerConfig
 from txbroker.server.stores import open_store
 from txbroker.storage.interface import SnapshotProvider, Store
-from txbroker.storage.journal import JOURNAL_SUBDIR, JournalStore
+from txbroker.storage.journal import JournalStore
 from txbroker.storage.journal_bodies import REF_LENGTH_MASK
 from txbroker.storage.journal_follow import FOLLOW_ENTRIES, FollowerLost, JournalFollower, Resume
+from txbroker.storage.journal_format import JOURNAL_SUBDIR
 from txbroker.storage.store_lock import StoreLock
 
 log = logging.getLogger("txbroker.ha")

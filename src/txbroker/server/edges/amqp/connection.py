@@ -409,8 +409,11 @@ class AmqpServerConnection(asyncio.Protocol):
 
     def hold_input(self, held: bool) -> None:
         """Stop (``held``) or go on reading this client (``SessionSink``: a replication
-        dump is being described, ``server/ha/joining.py``)."""
-        hold_reading(self.transport, held)
+        dump is being described, ``server/ha/joining.py``; a recovery checkpoint is
+        taken, ``server/recovery.py``); a client paused for its pending requests stays
+        paused until they are answered."""
+        session = self.session
+        hold_reading(self.transport, held or (session is not None and session.reading_paused))
 
     def abort(self) -> None:
         """Cut the connection at once, nothing more written (``SessionSink``: a fenced

@@ -1,0 +1,127 @@
+"""Recovery, kept by the server: the store's entries replayed into the core, the
+router restored from its journal, and at a clean shutdown the recovery checkpoint
+that spares the next start the log (``core/checkpoint.py``,
+``storage/journal_checkpoint.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, cast
+
+from txbroker.errors import StorageFailed
+from txbroker.storage.interface import CheckpointStore, Store
+
+if TYPE_CHECKING:
+    from txbroker.server.app import BrokerServer
+
+__all__ = ["CHECKPOINT_ROUNDS", "checkpoint_loop", "quiet_checkpoint", "replay_store",
+           "restore_router", "running_checkpoint"]
+
+log = logging.getLogger("txbroker.server")
+
+#: Flushes a clean shutdown tries before giving up its checkpoint (each round's
+#: completions may write more: delivered marks, the next slice of a purge).
+CHECKPOINT_ROUNDS = 8
+
+
+def replay_store(server: BrokerServer, store: Store) -> None:
+    """Replay every entry ``store`` holds into the server's core (a checkpoint's one
+    entry when the store read one instead of its log)."""
+    broker = server.broker
+    broker.body_size_of = store.body_size
+    for entry in store.recover():
+        broker.replay(entry)
+    stats = store.stats()
+    if stats.recovered_from_checkpoint:
+        log.info("recovery: read a checkpoint, then the %d entries logged after it",
+                 stats.recovered_entries - 1)
+
+
+def restore_router(server: BrokerServer) -> None:
+    """After the replay: the transaction router's journal (``core/router/log.py``),
+    then the facilities of the configuration file."""
+    broker = server.broker
+    for problem in broker.restore_router(server.body, server.now()):
+        log.error("router journal: %s (left out)", problem)
+    restored = broker.router_stats()
+    if restored["facilities"] or any(restored["transactions"].values()):
+        log.info("router: restored %d facilities and %d transactions",
+                 restored["facilities"], sum(restored["transactions"].values()))
+    for name, partitions in server.config.router_facilities.items():
+        broker.define_facility(name, partitions, server.now())
+
+
+async def quiet_checkpoint(server: BrokerServer, store: Store) -> tuple[int, bytes, int] | None:
+    """A clean shutdown on a store that keeps checkpoints (the journal without HA): hold
+    every client's input, write and complete everything, then the broker's state and
+    the store's append count (``core/checkpoint.py``); None if it cannot be taken."""
+    if not getattr(store, "checkpoints", False):
+        return None
+    server.hold_input(True)
+    return await _take_quietly(server, cast(CheckpointStore, store))
+
+
+async def checkpoint_loop(server: BrokerServer, interval: float) -> None:
+    """While the broker runs: every ``interval`` seconds, a checkpoint if the log grew
+    since the last one (the first one whatever: the start deleted the one it read), so
+    that a start after a crash reads it and replays only the log after it."""
+    store = server.store
+    assert store is not None and getattr(store, "checkpoints", False)
+    journal = cast(CheckpointStore, store)
+    last: int | None = None
+    while True:
+        await asyncio.sleep(interval)
+        if journal.appends != last:
+            last = await running_checkpoint(server, journal) or last
+
+
+async def running_checkpoint(server: BrokerServer, journal: CheckpointStore) -> int | None:
+    """Hold the clients' input while everything appended is synced and completed and the
+    state taken (a pause of about one sync plus the take: docs/storage.md), then write
+    it in a thread while the broker goes on; the append count it covers, or None.
+    ``server.checkpoints`` counts them and times the last one."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    server.hold_input(True)
+    try:
+        taken = await _take_quietly(server, journal)
+        mark = None if taken is None else journal.checkpoint_mark(taken[2])
+    finally:
+        server.hold_input(False)
+    paused = loop.time() - started
+    if taken is None or mark is None:
+        server.checkpoints["skipped"] += 1
+        return None
+    kind, meta, appends = taken
+    written = await loop.run_in_executor(None, journal.write_checkpoint, mark, kind, meta)
+    if not written:
+        server.checkpoints["failed"] += 1
+        return None
+    stats = server.checkpoints
+    stats["written"] += 1
+    stats["last_pause_seconds"] = round(paused, 4)
+    stats["last_write_seconds"] = round(loop.time() - started - paused, 4)
+    stats["last_bytes"] = len(meta)
+    log.info("recovery checkpoint: clients paused %.3f s, %d bytes written in %.3f s",
+             paused, len(meta), stats["last_write_seconds"])
+    return appends
+
+
+async def _take_quietly(server: BrokerServer, journal: CheckpointStore
+                        ) -> tuple[int, bytes, int] | None:
+    """With the input held: flush and run completions until nothing more is appended
+    (at most :data:`CHECKPOINT_ROUNDS` times), then take the state at once."""
+    loop = asyncio.get_running_loop()
+    for _ in range(CHECKPOINT_ROUNDS):
+        mark = journal.appends
+        try:
+            await loop.run_in_executor(None, journal.flush)
+        except (StorageFailed, TimeoutError, OSError):
+            return None
+        await asyncio.sleep(0)  # (the completions the flush dispatched run first)
+        server.run_effects()
+        if journal.appends == mark:
+            taken = server.broker.checkpoint()
+            return None if taken is None else (*taken, mark)
+    return None
