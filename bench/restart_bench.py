@@ -192,7 +192,10 @@ def main() -> None:
                         if args.suffix:
                             load(proc.url, "suffix", args.suffix, 1, args.producers)
                             drain(proc.url, "suffix", args.suffix)
+                    checkpoints = checkpoint_stats(proc.url)
                     run = restart(proc, sig, args.cold)
+                    if checkpoints:  # the running checkpoints before this restart
+                        run["checkpoints"] = checkpoints
                     run["rep"] = rep  # (negative: a warm-up round)
                     run["bytes_per_message"] = round((run["rss"] - empty) / args.stored, 1)
                     print(json.dumps(run), flush=True)
@@ -205,6 +208,11 @@ def main() -> None:
                     key: statistics.median(r[key] for r in mine)
                     for key in ("ready_seconds", "recovery_seconds", "bytes_per_message",
                                 "stop_seconds")}
+                pauses = [r["checkpoints"]["last_pause_seconds"] for r in mine
+                          if r.get("checkpoints", {}).get("written")]
+                if pauses:
+                    report[f"checkpoint_pause_before_{name}"] = {
+                        "median": statistics.median(pauses), "max": max(pauses)}
                 report[f"min_max_{name}"] = {
                     key: [min(r[key] for r in mine), max(r[key] for r in mine)]
                     for key in ("ready_seconds", "recovery_seconds", "stop_seconds")}
@@ -236,6 +244,16 @@ def wait_for_checkpoint(data: Path, interval: float) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("the running broker wrote no checkpoint")
         time.sleep(0.05)
+
+
+def checkpoint_stats(url: str) -> dict[str, Any] | None:
+    """The running broker's checkpoints: how many, the last one's pause and write
+    (``stats()["checkpoints"]``; None when it takes none while running)."""
+    from txbroker.client.sync import connect
+
+    with connect(url) as conn:
+        found: dict[str, Any] | None = conn.stats().get("checkpoints")
+        return found
 
 
 def body_cache_bytes(url: str) -> int:
