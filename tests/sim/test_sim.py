@@ -22,12 +22,13 @@ from txbroker.sim.__main__ import main
 #: Seeds each scenario runs in the suite (together well under a minute here).
 SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
                "router-bank-failing-fsync": 150, "router-bank-resets": 150,
-               "queue-live": 40, "router-bank-live": 15, "router-bank-sites-live": 8,
+               "queue-live": 40, "queue-live-checkpoints": 40, "router-bank-live": 15,
+               "router-bank-sites-live": 8,
                "router-bank-replicated-live": 8, "xa-live": 20,
                "replicated-live": 12, "shared-store-live": 20, "replicated-etcd-live": 12}
 #: Scenarios that run the production server and clients on the deterministic event loop
 #: (``sim/live*.py``).
-LIVE = {"queue-live", "router-bank-live", "router-bank-sites-live",
+LIVE = {"queue-live", "queue-live-checkpoints", "router-bank-live", "router-bank-sites-live",
         "router-bank-replicated-live", "xa-live",
         "replicated-live", "shared-store-live", "replicated-etcd-live"}
 #: Scenarios whose production code reaches httpx (``EtcdClient``): its client stamps

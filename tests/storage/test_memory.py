@@ -161,3 +161,37 @@ def test_a_body_released_before_a_sync_is_reclaimed_after_it() -> None:
     with pytest.raises(KeyError):
         store.read_body(body)
     store.close()
+
+
+def test_a_checkpoint_then_the_log_after_it() -> None:
+    """``checkpoints=True`` (the simulator's broker with ``recovery_checkpoint``): a
+    checkpoint kept at a mark is handed back by the next recovery, then the entries
+    after the mark, with the bodies live at the mark and after it; it serves one
+    recovery; one whose mark lies past the log (a lying disk lost entries) is not used."""
+    state = MemoryState()
+    store = MemoryStore(state, checkpoints=True)
+    recover(store)
+    refs = [store.append(4, b"m%d" % n, [b"b%d" % n], lambda error: None) for n in range(4)]
+    store.release(refs[0][0])
+    store.flush()
+    store.maintain()
+    mark = store.checkpoint_mark(store.appends)
+    assert mark is not None and store.checkpoint_mark(store.appends - 1) is None
+    assert store.write_checkpoint(mark, 19, b"state")
+    store.append(4, b"after", [b"a"], lambda error: None)
+    store.release(refs[1][0])  # after the mark: the replay of "after" releases it again
+    store.flush()
+    store.crash()
+    again = MemoryStore(state, checkpoints=True)
+    assert [(e.kind, e.meta) for e in recover(again)] == [(19, b"state"), (4, b"after")]
+    stats = again.stats()
+    assert stats.recovered_from_checkpoint and stats.recovered_entries == 2
+    assert stats.live_bodies == 3 + 1  # live at the mark, and the one after it
+    again.crash()
+    third = MemoryStore(state, checkpoints=True)  # it served one recovery
+    assert len(recover(third)) == 5 and not third.stats().recovered_from_checkpoint
+    third.write_checkpoint(mark, 19, b"state")
+    del state.entries[2:]  # (a lying disk: the log is shorter than the mark)
+    third.crash()
+    fourth = MemoryStore(state, checkpoints=True)
+    assert [e.meta for e in recover(fourth)] == [b"m0", b"m1"]

@@ -135,6 +135,7 @@ class BrokerServer:
         self._checkpointer: asyncio.Task[None] | None = None
         self.checkpoints: dict[str, float] = {"written": 0, "skipped": 0, "failed": 0}
         self._stopping = asyncio.Event()
+        self._stopped = False
         self.recovery_seconds = 0.0
         ops = self.ops
         self._runners: dict[type, Callable[[Any], None]] = {
@@ -354,6 +355,7 @@ class BrokerServer:
             self.run_effects()
         self.ops.close_all()
         self.store = None
+        self._stopped = True
         log.info("broker stopped")
 
     # ------------------------------------------------------------------ effects
@@ -371,8 +373,13 @@ class BrokerServer:
         self.ops.hold_input(held)
 
     def run_effects(self) -> None:
-        """Carry out every effect the core produced; write to touched connections."""
+        """Carry out every effect the core produced; write to touched connections.
+        After :meth:`stop` they are dropped: the connections' ends, which come later,
+        must not deliver (the store is closed) nor write."""
         broker = self.broker
+        if self._stopped:
+            broker.take_effects()
+            return
         runners = self._runners
         while True:
             effects = broker.take_effects()

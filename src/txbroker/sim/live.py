@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from txbroker.aio import connect
@@ -34,10 +34,12 @@ class SimDisk:
     """A broker's disk: a MemoryState that outlives each broker process, and the
     store of the process now running (crashed with it)."""
 
-    def __init__(self, loop: SimLoop) -> None:
+    def __init__(self, loop: SimLoop, *, checkpoints: bool = False) -> None:
         self.loop = loop
         self.state = MemoryState()
         self.store: MemoryStore | None = None
+        #: the stores keep recovery checkpoints (``recovery_checkpoint``)
+        self.checkpoints = checkpoints
 
     def open(self, dispatch: Dispatch, snapshot: SnapshotProvider,
              lock: StoreLock | None) -> Store:
@@ -49,7 +51,7 @@ class SimDisk:
             loop.call_later(loop.random.uniform(*SYNC_S), dispatch, work)
 
         self.store = MemoryStore(self.state, dispatch=slow_dispatch,
-                                 snapshot_provider=snapshot)
+                                 snapshot_provider=snapshot, checkpoints=self.checkpoints)
         return self.store
 
     def crash(self, *, lying: bool = False) -> None:
@@ -64,14 +66,22 @@ class SimDisk:
 
 
 async def run_broker(loop: SimLoop, disk: SimDisk, host: str, port: int,
-                     facilities: dict[str, list[dict[str, Any]]] | None = None) -> None:
+                     facilities: dict[str, list[dict[str, Any]]] | None = None, *,
+                     checkpoint_interval: float = 0.0,
+                     started: Callable[[BrokerServer], None] | None = None) -> None:
     """A broker process: ``txbroker serve`` on ``disk``, native port only, the loop's
     virtual clock as its wall clock, ``facilities`` as its configuration file's
-    ``[router]`` section; until it is killed."""
+    ``[router]`` section; until it is killed, or stopped (``started`` is given the
+    server: its ``request_stop`` is SIGTERM). ``checkpoint_interval``: the running
+    broker's recovery checkpoints (the disk must keep them)."""
     config = ServerConfig(host=host, port=port, stomp_port=0, amqp_port=0,
-                          router_facilities=dict(facilities or {}))
+                          router_facilities=dict(facilities or {}),
+                          recovery_checkpoint=disk.checkpoints,
+                          checkpoint_interval=checkpoint_interval)
     server = BrokerServer(config, store_opener=disk.open)
     server.clock = lambda: EPOCH_MS + int(loop.time() * 1000)
+    if started is not None:
+        started(server)
     await server.start()
     await server.serve_forever()
 

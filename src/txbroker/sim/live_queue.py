@@ -38,7 +38,10 @@ Checkers, at the end:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
+from txbroker.server.app import BrokerServer
 from txbroker.sim.live import SimDisk, captured_logs, run_broker, seed_client_jitter
 from txbroker.sim.live_clients import Record, check_queue, consumer, left_in_queue, producer
 from txbroker.sim.loop import SimLoop
@@ -56,18 +59,38 @@ MEAN_KILL_GAP_S = 0.5
 RESTART_S = (0.001, 0.06)
 PRODUCERS = 2
 CONSUMERS = 2
+#: ``queue-live-checkpoints``: the running broker's checkpoint interval, drawn per seed (s).
+CHECKPOINT_INTERVAL_S = (0.02, 0.4)
 
 
 def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
     """One seed of ``queue-live``; returns the violations."""
+    return _run(world, plants, checkpoints=False)
+
+
+def run_queue_live_checkpoints(world: World, plants: frozenset[str]) -> list[str]:
+    """One seed of ``queue-live-checkpoints``: ``queue-live`` with the broker's recovery
+    checkpoints on — written while it runs, every interval drawn per seed, and at the
+    clean stops (SIGTERM) that one fault in three is instead of a kill — so that its
+    starts read a checkpoint and the log after it. The trace says which did."""
+    return _run(world, plants, checkpoints=True)
+
+
+def _run(world: World, plants: frozenset[str], *, checkpoints: bool) -> list[str]:
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
-    disk = SimDisk(loop)
+    disk = SimDisk(loop, checkpoints=checkpoints)
     record = Record()
     left: list[int] = []
+    interval = loop.random.uniform(*CHECKPOINT_INTERVAL_S) if checkpoints else 0.0
+    servers: list[BrokerServer] = []
+
+    def broker() -> Coroutine[Any, Any, None]:
+        return run_broker(loop, disk, BROKER, PORT, checkpoint_interval=interval,
+                          started=servers.append)
 
     async def main() -> None:
-        process, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT))
+        process, running = loop.spawn(BROKER, broker())
         await asyncio.sleep(0.01)
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
@@ -81,12 +104,23 @@ def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
             await asyncio.sleep(loop.random.expovariate(1 / MEAN_KILL_GAP_S))
             if loop.time() >= fault_end:
                 break
-            loop.kill(process)
-            disk.crash(lying="live-fsync-lies" in plants)
-            world.log(f"{loop.time():.6f} broker killed")
+            if checkpoints and loop.random.random() < 1 / 3:
+                servers[-1].request_stop()  # SIGTERM: it writes its checkpoint at the close
+                await running
+                world.log(f"{loop.time():.6f} broker stopped")
+            else:
+                loop.kill(process)
+                disk.crash(lying="live-fsync-lies" in plants)
+                world.log(f"{loop.time():.6f} broker killed")
             await asyncio.sleep(loop.random.uniform(*RESTART_S))
-            process, _ = loop.spawn(BROKER, run_broker(loop, disk, BROKER, PORT))
+            process, running = loop.spawn(BROKER, broker())
             world.log(f"{loop.time():.6f} broker started")
+            if checkpoints:
+                await asyncio.sleep(0)  # (its recovery ran: the start is synchronous)
+                stats = disk.store.stats() if disk.store is not None else None
+                if stats is not None and stats.recovered_from_checkpoint:
+                    world.log(f"{loop.time():.6f} it read a checkpoint and "
+                              f"{stats.recovered_entries - 1} entries after it")
         for client in clients:
             try:
                 await client
@@ -100,4 +134,3 @@ def run_queue_live(world: World, plants: frozenset[str]) -> list[str]:
     world.log(f"network {loop.network.trace_hash()}")
     violations = [f"unhandled in the event loop: {error}" for error in loop.errors]
     return violations + check_queue(record, left[0])
-

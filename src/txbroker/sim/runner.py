@@ -11,7 +11,7 @@ from txbroker.sim.live_bank import run_bank_live
 from txbroker.sim.live_bank_replicated import run_bank_replicated_live
 from txbroker.sim.live_bank_sites import run_bank_sites_live
 from txbroker.sim.live_etcd import run_replicated_etcd_live
-from txbroker.sim.live_queue import run_queue_live
+from txbroker.sim.live_queue import run_queue_live, run_queue_live_checkpoints
 from txbroker.sim.live_replicated import run_replicated_live
 from txbroker.sim.live_shared_store import run_shared_store_live
 from txbroker.sim.live_xa import run_xa_live
@@ -25,6 +25,7 @@ SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "queue": run_queue,
     "queue-failing-fsync": run_queue_failing_fsync,
     "queue-live": run_queue_live,
+    "queue-live-checkpoints": run_queue_live_checkpoints,
     "router-bank": run_bank,
     "router-bank-failing-fsync": run_bank_failing_fsync,
     "router-bank-resets": run_bank_resets,

@@ -23,6 +23,15 @@ after) fails with ``StorageFailed``, as the journal does.
 Bodies: refs are small ints. ``release`` marks a body dead; ``maintain``
 drops dead bodies (their refs become unreadable) and never relocates.
 Entries themselves are kept (there is no snapshot to stand in for them).
+
+Recovery checkpoints (``checkpoints=True``, the simulator's broker with
+``recovery_checkpoint``): as the journal's (``storage/journal_checkpoint.py``), a
+checkpoint is the state at a mark — here the number of durable entries and the bodies
+live then — kept in the state (:attr:`MemoryState.checkpoint`, the "file"), taken by
+the next recovery (deleted whatever it reads), which hands back its entry and then the
+entries after the mark; not used when the log is shorter than the mark (a lying disk
+lost synced entries). :meth:`flush` syncs and completes what is queued at once, on the
+caller's thread: the simulator's executor runs it on the loop's.
 """
 
 from __future__ import annotations
@@ -58,6 +67,16 @@ class MemoryState:
     locked: bool = False
     #: A name for messages (tests may set it to say which "directory" this is).
     name: str = "memory"
+    #: the recovery checkpoint "file": (mark, kind, meta) — see the module docstring
+    checkpoint: tuple[MemoryMark, int, bytes] | None = None
+
+
+@dataclass(frozen=True)
+class MemoryMark:
+    """A memory store's checkpoint mark: durable entries, and the bodies live then."""
+
+    entries: int
+    live: dict[BodyRef, int]
 
 
 def _no_fault() -> None:
@@ -82,8 +101,13 @@ class MemoryStore:
         dispatch: Dispatch | None = None,
         snapshot_provider: SnapshotProvider | None = None,
         repair: bool = False,
+        checkpoints: bool = False,
     ) -> None:
         self.state = state if state is not None else MemoryState()
+        #: it keeps recovery checkpoints (see the module docstring)
+        self.checkpoints = checkpoints
+        self._recovered_entries = 0
+        self._from_checkpoint = False
         self.dispatch = dispatch
         self.snapshot_provider = snapshot_provider
         #: Always empty: nothing in memory gets damaged.
@@ -119,11 +143,19 @@ class MemoryStore:
         self.state.locked = True
         self._recovered = True
         entries = list(self.state.entries)
+        found, self.state.checkpoint = self.state.checkpoint, None
+        if found is not None and self.checkpoints and found[0].entries <= len(entries):
+            mark, kind, meta = found
+            self._live = {ref: size for ref, size in mark.live.items()
+                          if ref in self.state.bodies}
+            entries = [StoredEntry(kind, meta, ()), *entries[mark.entries:]]
+            self._from_checkpoint = True
         for entry in entries:
             for ref in entry.refs:
                 body = self.state.bodies.get(ref)
                 if body is not None:
                     self._live[ref] = len(body)
+        self._recovered_entries = len(entries)
         self._open = True
         return iter(entries)
 
@@ -192,12 +224,46 @@ class MemoryStore:
             + sum(len(body) for body in self.state.bodies.values()),
             live_bodies=len(self._live),
             live_body_bytes=sum(self._live.values()),
+            recovered_entries=self._recovered_entries,
+            recovered_from_checkpoint=self._from_checkpoint,
         )
 
-    def close(self) -> None:
-        """Sync what is queued (completions through ``dispatch``) and unlock. Idempotent."""
+    @property
+    def appends(self) -> int:
+        """Entries appended since open (a checkpoint's mark: :meth:`checkpoint_mark`)."""
+        return self._appends
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Sync and complete what is queued, at once (see the module docstring)."""
+        complete = self._sync_now() if self._open else None
+        if complete is not None:
+            complete()
+        if self._failure is not None:
+            raise StorageFailed(str(self._failure))
+
+    def checkpoint_mark(self, appends: int) -> MemoryMark | None:
+        """The mark of a checkpoint taken after ``appends`` entries, all durable (None:
+        more since, something queued, failed, or no checkpoints kept)."""
+        if not self.checkpoints or not self._open or appends != self._appends \
+                or self._pending or self._failure is not None:
+            return None
+        return MemoryMark(len(self.state.entries), dict(self._live))
+
+    def write_checkpoint(self, mark: MemoryMark, kind: int, meta: bytes) -> bool:
+        """Keep the checkpoint ``(kind, meta)`` of ``mark`` in the state."""
+        self.state.checkpoint = (mark, kind, bytes(meta))
+        return True
+
+    def close(self, checkpoint: tuple[int, bytes, int] | None = None) -> None:
+        """Sync what is queued (completions through ``dispatch``) and unlock; with
+        ``(kind, meta, appends)`` keep that checkpoint if nothing was appended since.
+        Idempotent."""
         if self._closed:
             return
+        if checkpoint is not None:
+            mark = self.checkpoint_mark(checkpoint[2])
+            if mark is not None:
+                self.write_checkpoint(mark, checkpoint[0], checkpoint[1])
         complete = self._sync_now()
         self._release_lock()
         if complete is not None:
@@ -226,6 +292,7 @@ class MemoryStore:
             dispatch=dispatch if dispatch is not None else self.dispatch,
             snapshot_provider=self.snapshot_provider,
             repair=self._repair,
+            checkpoints=self.checkpoints,
         )
         return store
 
