@@ -46,15 +46,19 @@ def can_compile() -> str:
     return ""
 
 
+#: The digest of the sources mypyc compiled (set by :func:`ext_modules`).
+_COMPILED_FROM: str | None = None
+
+
 class BuildExtWithDigest(build_ext):
     """build_ext that records, once every extension is built, which sources they were
     built from (txbroker._build falls back to the sources when they differ)."""
 
     def run(self) -> None:
         super().run()
-        if not self.extensions:
+        if not self.extensions or _COMPILED_FROM is None:
             return
-        digest = sources_digest(PACKAGE) + "\n"
+        digest = _COMPILED_FROM + "\n"
         (PACKAGE / DIGEST_FILE).write_text(digest)
         if not self.inplace:
             built = Path(self.build_lib) / "txbroker"
@@ -73,6 +77,10 @@ def ext_modules() -> list[Any]:
     from mypyc.build import mypycify
 
     sources = [str(p.relative_to(ROOT)) for p in compiled_sources(PACKAGE)]
+    global _COMPILED_FROM
+    # the digest of what mypyc reads now (a source edited while the C compiles makes
+    # the build stale at once, instead of passing the edit off as compiled)
+    _COMPILED_FROM = sources_digest(PACKAGE)
     print(f"txbroker: compiling {len(sources)} modules of {', '.join(COMPILED)} with mypyc",
           file=sys.stderr)
     return list(mypycify(sources, opt_level="3", group_name="txbroker_native"))

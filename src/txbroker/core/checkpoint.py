@@ -69,7 +69,7 @@ from txbroker.errors import CorruptStore
 VERSION: Final = 1
 #: The array layout the columns were written in: byte order and item sizes of the
 #: :class:`Run` typecodes, in column order (a start elsewhere converts them).
-_TYPECODES: Final = ("q", "q", "Q", "I", "I", "q", "H")
+_TYPECODES: Final = tuple(column.typecode for column in Run("", 0).columns()[:7])
 LAYOUT: Final = sys.byteorder[0] + "".join(str(array(code).itemsize) for code in _TYPECODES)
 _NAME = "CHECKPOINT"
 
@@ -162,7 +162,7 @@ def _mixed_level(name: str, priority: int, level: Iterable[Message | Chunk],
             run = Run(name, priority)
         ref = unpack_ref(msg[10])
         assert ref is not None  # (settles: a compact slot has a body)
-        run.append(message_id, msg[9], ref, size, msg[5], msg[8], 0)  # (no ordinal kept)
+        run.add_row(message_id, msg[9], ref, size, msg[5], msg[8], 0)  # (no ordinal kept)
     else:
         at = len(rows)
     if run is not None:

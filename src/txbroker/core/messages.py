@@ -141,20 +141,17 @@ def compactable(message: Message) -> bool:
             and message.id > 0 and message.seq >= 0)
 
 
-class Chunk:
-    """Up to :data:`CHUNK_SIZE` plain READY messages of one queue and priority, in
-    queue order, as parallel arrays (about 45 bytes a message instead of a
-    :class:`Message` and its ints, ~300 bytes). Ids ascend within a chunk, so a
-    slot is found by bisection (:meth:`MessageIndex.get`). A slot whose message
-    was looked up is *promoted*: the object lives in the index's ``objects`` and
-    the slot only keeps its place in the queue (stale once the object leaves).
-    """
+class Columns:
+    """Compact messages of one queue and priority level as parallel arrays, in queue
+    order with ascending ids: ids, seqs, the ref's high and low halves, sizes,
+    timestamps, delivery counts, ordinals. The one layout of a live :class:`Chunk` and of
+    a replay's settled run (``core/replay_settled.py``), so that arrays are copied
+    between them as they are."""
 
-    __slots__ = ("counts", "head", "home", "ids", "live", "marks", "ords", "priority", "queue",
-                 "ref_hi", "ref_lo", "seqs", "sizes", "stamps")
+    __slots__ = ("counts", "ids", "ords", "priority", "queue", "ref_hi", "ref_lo", "seqs",
+                 "sizes", "stamps")
 
-    def __init__(self, home: MessageIndex, queue: str, priority: int) -> None:
-        self.home = home
+    def __init__(self, queue: str, priority: int) -> None:
         self.queue = queue
         self.priority = priority
         self.ids: array[int] = array("q")
@@ -166,6 +163,39 @@ class Chunk:
         self.counts: array[int] = array("H")
         #: log order of messages restored by a restart (``NO_ORDINAL``: added later)
         self.ords: array[int] = array("I")
+
+    def columns(self) -> list[array[int]]:
+        """The columns, in :meth:`Chunk.extend_arrays` order."""
+        return [self.ids, self.seqs, self.ref_hi, self.ref_lo, self.sizes, self.stamps,
+                self.counts, self.ords]
+
+    def add_row(self, message_id: int, seq: int, ref: int, size: int, stamp: int,
+                count: int, ordinal: int) -> None:
+        """Add a message behind the last (its id is higher)."""
+        self.ids.append(message_id)
+        self.seqs.append(seq)
+        self.ref_hi.append(ref >> 32)
+        self.ref_lo.append(ref & _LOW)
+        self.sizes.append(size)
+        self.stamps.append(stamp)
+        self.counts.append(count)
+        self.ords.append(ordinal)
+
+
+class Chunk(Columns):
+    """Up to :data:`CHUNK_SIZE` plain READY messages of one queue and priority, in
+    queue order, as parallel arrays (:class:`Columns`: 47 bytes a message instead
+    of a :class:`Message` and its ints, ~300 bytes). Ids ascend within a chunk, so a
+    slot is found by bisection (:meth:`MessageIndex.get`). A slot whose message
+    was looked up is *promoted*: the object lives in the index's ``objects`` and
+    the slot only keeps its place in the queue (stale once the object leaves).
+    """
+
+    __slots__ = ("head", "home", "live", "marks")
+
+    def __init__(self, home: MessageIndex, queue: str, priority: int) -> None:
+        super().__init__(queue, priority)
+        self.home = home
         self.marks = bytearray()
         self.head = 0  #: slots below are taken
         self.live = 0  #: slots not taken
@@ -181,14 +211,8 @@ class Chunk:
         ids = self.ids
         if not ids or (ids[-1] >> BLOCK_SHIFT) != (message_id >> BLOCK_SHIFT):
             self.home.blocks.setdefault(message_id >> BLOCK_SHIFT, []).append(self)
-        ids.append(message_id)
-        self.seqs.append(seq)
-        self.ref_hi.append(ref >> 32)
-        self.ref_lo.append(ref & _LOW)
-        self.sizes.append(size)
-        self.stamps.append(stamp)
-        self.counts.append(count)
-        self.ords.append(NO_ORDINAL if ordinal < 0 else ordinal)
+        self.add_row(message_id, seq, ref, size, stamp, count,
+                     NO_ORDINAL if ordinal < 0 else ordinal)
         self.marks.append(COMPACT)
         self.live += 1
         self.home.compact += 1

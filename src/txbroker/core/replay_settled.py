@@ -51,6 +51,7 @@ from txbroker.core.messages import (
     COMPACT_REF_LIMIT,
     COMPACT_SIZE_LIMIT,
     Chunk,
+    Columns,
     Message,
     MessageIndex,
 )
@@ -67,42 +68,11 @@ Level = tuple[str, int]
 _LOW = (1 << 32) - 1
 
 
-class Run:
+class Run(Columns):
     """Settled compact messages of one level, in log order with ascending ids: a
-    chunk's columns (ids, seqs, the ref's high and low halves, sizes, timestamps,
-    delivery counts, ordinals)."""
+    chunk's columns (:class:`~txbroker.core.messages.Columns`)."""
 
-    __slots__ = ("counts", "ids", "ords", "priority", "queue", "ref_hi", "ref_lo", "seqs",
-                 "sizes", "stamps")
-
-    def __init__(self, queue: str, priority: int) -> None:
-        self.queue = queue
-        self.priority = priority
-        self.ids: array[int] = array("q")
-        self.seqs: array[int] = array("q")
-        self.ref_hi: array[int] = array("Q")
-        self.ref_lo: array[int] = array("I")
-        self.sizes: array[int] = array("I")
-        self.stamps: array[int] = array("q")
-        self.counts: array[int] = array("H")
-        self.ords: array[int] = array("I")
-
-    def columns(self) -> list[array[int]]:
-        """The columns, in ``Chunk.extend_arrays`` order."""
-        return [self.ids, self.seqs, self.ref_hi, self.ref_lo, self.sizes, self.stamps,
-                self.counts, self.ords]
-
-    def append(self, message_id: int, seq: int, ref: int, size: int, stamp: int, count: int,
-               ordinal: int) -> None:
-        """Add a message behind the last (its id is higher)."""
-        self.ids.append(message_id)
-        self.seqs.append(seq)
-        self.ref_hi.append(ref >> 32)
-        self.ref_lo.append(ref & _LOW)
-        self.sizes.append(size)
-        self.stamps.append(stamp)
-        self.counts.append(count)
-        self.ords.append(ordinal)
+    __slots__ = ()
 
     def slot(self, message_id: int) -> int:
         """The position of ``message_id`` (it is here: :attr:`Settled.at` says so)."""
@@ -175,7 +145,7 @@ class Settled:
                             or (run.ids and run.ids[-1] >= message_id):
                         run = Run(level[0], priority)
                         runs.append(run)
-                    run.append(message_id, msg[RAW_SEQ], ref, size, msg[5], msg[8],
+                    run.add_row(message_id, msg[RAW_SEQ], ref, size, msg[5], msg[8],
                                msg[RAW_ORD])
                     last_ord[level] = msg[RAW_ORD]
                     at[message_id] = run
