@@ -261,9 +261,10 @@ def parse_args() -> argparse.Namespace:
                         metavar="NAME=BIN",
                         help="another txbroker install to run side by side (e.g. "
                              "txbroker-before=/work/before/.venv/bin/txbroker, an older "
-                             "commit's install): NAME joins --brokers (it must start with "
-                             "'txbroker-'), started as 'BIN serve' with the same defaults on "
-                             "--txbroker-port + 10 (+1 for each further one); repeatable")
+                             "commit's install): name NAME in --brokers too (it must start "
+                             "with 'txbroker-'), started as 'BIN serve' with the same "
+                             "defaults on --txbroker-port + 10 (+1 for each further one); "
+                             "repeatable")
     parser.add_argument("--data-root", default="/var/lib",
                         help="txbroker's fresh data directory is made here (default /var/lib, "
                              "where the peers store; the same device as the rest of / here)")
@@ -298,6 +299,9 @@ def parse_args() -> argparse.Namespace:
             parser.error(f"--txbroker-install {spec!r}: want NAME=BIN, NAME starting with "
                          "'txbroker-' and BIN an installed txbroker command")
         args.installs[name] = Path(binary)
+    idle = [name for name in args.installs if name not in args.brokers.split(",")]
+    if idle:  # (it would be installed and never run)
+        parser.error(f"--txbroker-install {idle[0]}=…: name {idle[0]} in --brokers too")
     unknown = [b for b in args.brokers.split(",")
                if b not in protocol.brokers and b not in args.installs]
     unknown += [w for w in args.workloads.split(",") if w not in protocol.workloads]
