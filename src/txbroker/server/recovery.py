@@ -1,7 +1,7 @@
 """Recovery, kept by the server: the store's entries replayed into the core, the
-router restored from its journal, and at a clean shutdown the recovery checkpoint
-that spares the next start the log (``core/checkpoint.py``,
-``storage/journal_checkpoint.py``)."""
+router restored from its journal, and the recovery checkpoints — at a clean shutdown,
+and every ``checkpoint_interval`` while the broker runs — that spare the next start the
+log up to them (``core/checkpoint.py``, ``storage/journal_checkpoint.py``)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,9 @@ async def checkpoint_loop(server: BrokerServer, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         if journal.appends != last:
-            last = await running_checkpoint(server, journal) or last
+            written = await running_checkpoint(server, journal)
+            if written is not None:  # (0 is a count: a start that appended nothing yet)
+                last = written
 
 
 async def running_checkpoint(server: BrokerServer, journal: CheckpointStore) -> int | None:
