@@ -160,7 +160,7 @@ def test_a_journal_closed_with_its_checkpoint_restarts_as_its_replay(tmp_path: P
         (tmp_path / "copy" / "journal" / "checkpoint").unlink()
         warm = Harness(store=opener)
         assert isinstance(warm.durable_store, JournalStore)
-        assert warm.durable_store.recovered_from_checkpoint
+        assert warm.durable_store.stats().recovered_from_checkpoint
         warm.broker.finish_recovery(h.now)
         cold = Harness(store=cold_opener)
         cold.broker.finish_recovery(h.now)

@@ -30,16 +30,16 @@ def test_an_idle_broker_writes_one_checkpoint_and_a_busy_one_the_next(tmp_path: 
         server = BrokerServer(config)
         await server.start()
         try:
-            await _until(lambda: server.checkpoints["written"] >= 1)
+            await _until(lambda: server.stats()["checkpoints"]["written"] >= 1)
             assert checkpoint.exists()  # (one after the start, though nothing was appended)
             await asyncio.sleep(0.3)  # 15 intervals with nothing appended
-            assert server.checkpoints["written"] == 1
+            assert server.stats()["checkpoints"]["written"] == 1
             async with aio.connect(f"txb://127.0.0.1:{config.port}") as conn:
                 for number in range(20):
                     await conn.send("q", b"body %d" % number)
-            await _until(lambda: server.checkpoints["written"] >= 2)
+            await _until(lambda: server.stats()["checkpoints"]["written"] >= 2)
             await asyncio.sleep(0.3)
-            assert server.checkpoints["written"] == 2
+            assert server.stats()["checkpoints"]["written"] == 2
             stats = server.stats()
             assert stats["checkpoints"]["last_bytes"] > 0
             assert stats["checkpoints"]["last_pause_seconds"] >= 0

@@ -53,7 +53,7 @@ def test_a_clean_close_leaves_a_checkpoint_the_next_recovery_reads(tmp_path: Pat
     store = _store(tmp_path, loop)
     entries = recover(store)
     assert [(e.kind, e.meta, e.refs) for e in entries] == [(KIND, b"the state", ())]
-    assert store.recovered_from_checkpoint
+    assert store.stats().recovered_from_checkpoint
     assert not _checkpoint(tmp_path).exists()  # deleted before any append
     stats = store.stats()
     assert (stats.recovered_entries, stats.recovered_segments) == (1, 0)
@@ -63,7 +63,7 @@ def test_a_clean_close_leaves_a_checkpoint_the_next_recovery_reads(tmp_path: Pat
     store.close()  # no checkpoint: the next start replays the whole log
     again = _store(tmp_path, loop)
     assert [e.meta for e in recover(again)] == [m for _, m, _ in ENTRIES] + [b"after"]
-    assert not again.recovered_from_checkpoint
+    assert not again.stats().recovered_from_checkpoint
     again.close()
 
 
@@ -93,7 +93,7 @@ def test_the_log_appended_after_a_checkpoint_follows_its_entry(tmp_path: Path) -
     shutil.copy(kept, _checkpoint(tmp_path))
     store = _store(tmp_path, loop, segment_size=1024)
     entries = recover(store)
-    assert store.recovered_from_checkpoint
+    assert store.stats().recovered_from_checkpoint
     assert [(e.kind, e.meta) for e in entries[:1]] == [(KIND, b"the state")]
     assert contents(store, entries[1:]) == after
     stats = store.stats()
@@ -164,7 +164,7 @@ def test_a_checkpoint_taken_while_running_covers_the_log_up_to_its_mark(tmp_path
     store.close()  # (no checkpoint given: the running one stays, as after a kill -9)
     again = _store(tmp_path, loop, segment_size=1024)
     entries = recover(again)
-    assert again.recovered_from_checkpoint
+    assert again.stats().recovered_from_checkpoint
     assert [e.meta for e in entries] == [b"state at the mark"] + [m for _, m, _ in after]
     assert contents(again, entries[1:]) == after
     assert again.read_body(refs[11][0]) == before[11][2][0]

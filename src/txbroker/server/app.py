@@ -36,7 +36,7 @@ import ssl
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, cast
+from typing import Any
 
 from txbroker.core import Broker
 from txbroker.core.effects import (
@@ -64,8 +64,9 @@ from txbroker.server.process import (
     release_free_memory,
 )
 from txbroker.server.recovery import (
-    checkpoint_loop,
-    quiet_checkpoint,
+    Checkpointer,
+    checkpoint_store,
+    closing,
     replay_store,
     restore_router,
 )
@@ -74,7 +75,6 @@ from txbroker.server.security.tls import tls_factory
 from txbroker.server.space import maintain_loop
 from txbroker.server.stores import StoreOpener, open_store
 from txbroker.storage.interface import (
-    CheckpointStore,
     PackedBodies,
     Relocation,
     Store,
@@ -130,10 +130,8 @@ class BrokerServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self._maintainer: asyncio.Task[None] | None = None
-        #: the running broker's recovery checkpoints (``server/recovery.py``) and their
-        #: counts (``stats()["checkpoints"]``)
-        self._checkpointer: asyncio.Task[None] | None = None
-        self.checkpoints: dict[str, float] = {"written": 0, "skipped": 0, "failed": 0}
+        #: the running broker's recovery checkpoints (``server/recovery.py``)
+        self._checkpointer: Checkpointer | None = None
         self._stopping = asyncio.Event()
         self._stopped = False
         self.recovery_seconds = 0.0
@@ -235,9 +233,9 @@ class BrokerServer:
             if port:
                 await listen(config.host, port, tls=tls)
         self._maintainer = asyncio.create_task(maintain_loop(self))
-        if config.checkpoint_interval and getattr(self.store, "checkpoints", False):
-            self._checkpointer = asyncio.create_task(
-                checkpoint_loop(self, config.checkpoint_interval))
+        journal = checkpoint_store(self.store)
+        if config.checkpoint_interval and journal is not None:
+            self._checkpointer = Checkpointer(self, journal, config.checkpoint_interval)
         self._arm_timer()
 
     async def serve_forever(self) -> None:
@@ -340,16 +338,13 @@ class BrokerServer:
             self._http.close()
         if self._maintainer is not None:
             self._maintainer.cancel()
-        if self._checkpointer is not None:  # (a write in flight finishes in its thread)
-            self._checkpointer.cancel()
-            await asyncio.gather(self._checkpointer, return_exceptions=True)
+        if self._checkpointer is not None:
+            await self._checkpointer.stop()
         if self._timer is not None:
             self._timer.cancel()
         store = self.store
         if store is not None:
-            checkpoint = await quiet_checkpoint(self, store)
-            close = functools.partial(cast(CheckpointStore, store).close, checkpoint) \
-                if checkpoint else store.close
+            close = await closing(self, store)
             await asyncio.get_running_loop().run_in_executor(None, close)
             await asyncio.sleep(0)  # let the last completions run
             self.run_effects()
@@ -469,7 +464,7 @@ class BrokerServer:
         uptime = 0.0 if self.loop is None else self.loop.time() - self._started
         result["uptime_seconds"] = round(uptime, 3)
         if self._checkpointer is not None:
-            result["checkpoints"] = dict(self.checkpoints)
+            result["checkpoints"] = dict(self._checkpointer.counts)
         if self.ha_status is not None:
             result["ha"] = self.ha_status()
         if self.store is not None:

@@ -6,7 +6,9 @@ log up to them (``core/checkpoint.py``, ``storage/journal_checkpoint.py``)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from txbroker.errors import StorageFailed
@@ -15,7 +17,7 @@ from txbroker.storage.interface import CheckpointStore, Store
 if TYPE_CHECKING:
     from txbroker.server.app import BrokerServer
 
-__all__ = ["CHECKPOINT_ROUNDS", "checkpoint_loop", "quiet_checkpoint", "replay_store",
+__all__ = ["CHECKPOINT_ROUNDS", "Checkpointer", "checkpoint_store", "closing", "replay_store",
            "restore_router", "running_checkpoint"]
 
 log = logging.getLogger("txbroker.server")
@@ -52,37 +54,57 @@ def restore_router(server: BrokerServer) -> None:
         broker.define_facility(name, partitions, server.now())
 
 
-async def quiet_checkpoint(server: BrokerServer, store: Store) -> tuple[int, bytes, int] | None:
-    """A clean shutdown on a store that keeps checkpoints (the journal without HA): hold
-    every client's input, write and complete everything, then the broker's state and
-    the store's append count (``core/checkpoint.py``); None if it cannot be taken."""
-    if not getattr(store, "checkpoints", False):
-        return None
+def checkpoint_store(store: Store | None) -> CheckpointStore | None:
+    """``store`` if it keeps recovery checkpoints (the journal of a broker without HA
+    with ``recovery_checkpoint``), else None: the one place that asks."""
+    return cast(CheckpointStore, store) if getattr(store, "checkpoints", False) else None
+
+
+async def closing(server: BrokerServer, store: Store) -> Callable[[], None]:
+    """A clean shutdown's close of ``store`` (to run in a thread): on a store that keeps
+    checkpoints, first hold every client's input, write and complete everything and
+    take the broker's state, which the close then writes (``core/checkpoint.py``)."""
+    journal = checkpoint_store(store)
+    if journal is None:
+        return store.close
     server.hold_input(True)
-    return await _take_quietly(server, cast(CheckpointStore, store))
+    checkpoint = await _take_quietly(server, journal)
+    return functools.partial(journal.close, checkpoint) if checkpoint else journal.close
 
 
-async def checkpoint_loop(server: BrokerServer, interval: float) -> None:
-    """While the broker runs: every ``interval`` seconds, a checkpoint if the log grew
-    since the last one (the first one whatever: the start deleted the one it read), so
-    that a start after a crash reads it and replays only the log after it."""
-    store = server.store
-    assert store is not None and getattr(store, "checkpoints", False)
-    journal = cast(CheckpointStore, store)
-    last: int | None = None
-    while True:
-        await asyncio.sleep(interval)
-        if journal.appends != last:
-            written = await running_checkpoint(server, journal)
-            if written is not None:  # (0 is a count: a start that appended nothing yet)
-                last = written
+class Checkpointer:
+    """The running broker's recovery checkpoints: every ``interval`` seconds one if the
+    log grew since the last (the first one whatever: the start deleted the one it
+    read), so that a start after a crash reads it and replays only the log after it;
+    :attr:`counts` is ``stats()["checkpoints"]``."""
+
+    def __init__(self, server: BrokerServer, journal: CheckpointStore, interval: float
+                 ) -> None:
+        self.counts: dict[str, float] = {"written": 0, "skipped": 0, "failed": 0}
+        self._task = asyncio.create_task(self._loop(server, journal, interval))
+
+    async def _loop(self, server: BrokerServer, journal: CheckpointStore,
+                    interval: float) -> None:
+        last: int | None = None
+        while True:
+            await asyncio.sleep(interval)
+            if journal.appends != last:
+                written = await running_checkpoint(server, journal, self.counts)
+                if written is not None:  # (0 is a count: a start that appended nothing yet)
+                    last = written
+
+    async def stop(self) -> None:
+        """Stop taking them (a write in flight finishes in its thread)."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
 
 
-async def running_checkpoint(server: BrokerServer, journal: CheckpointStore) -> int | None:
+async def running_checkpoint(server: BrokerServer, journal: CheckpointStore,
+                             counts: dict[str, float]) -> int | None:
     """Hold the clients' input while everything appended is synced and completed and the
     state taken (a pause of about one sync plus the take: docs/storage.md), then write
     it in a thread while the broker goes on; the append count it covers, or None.
-    ``server.checkpoints`` counts them and times the last one."""
+    ``counts`` counts them and times the last one."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     server.hold_input(True)
@@ -93,20 +115,19 @@ async def running_checkpoint(server: BrokerServer, journal: CheckpointStore) -> 
         server.hold_input(False)
     paused = loop.time() - started
     if taken is None or mark is None:
-        server.checkpoints["skipped"] += 1
+        counts["skipped"] += 1
         return None
     kind, meta, appends = taken
     written = await loop.run_in_executor(None, journal.write_checkpoint, mark, kind, meta)
     if not written:
-        server.checkpoints["failed"] += 1
+        counts["failed"] += 1
         return None
-    stats = server.checkpoints
-    stats["written"] += 1
-    stats["last_pause_seconds"] = round(paused, 4)
-    stats["last_write_seconds"] = round(loop.time() - started - paused, 4)
-    stats["last_bytes"] = len(meta)
+    counts["written"] += 1
+    counts["last_pause_seconds"] = round(paused, 4)
+    counts["last_write_seconds"] = round(loop.time() - started - paused, 4)
+    counts["last_bytes"] = len(meta)
     log.info("recovery checkpoint: clients paused %.3f s, %d bytes written in %.3f s",
-             paused, len(meta), stats["last_write_seconds"])
+             paused, len(meta), counts["last_write_seconds"])
     return appends
 
 

@@ -260,11 +260,6 @@ class JournalStore:
             raise
         self._open_for_appends(recovered)
 
-    @property
-    def recovered_from_checkpoint(self) -> bool:
-        """The last recovery read a checkpoint instead of the log."""
-        return self._recovered.from_checkpoint
-
     def _open_for_appends(self, recovered: list[RecoveredSegment]) -> None:
         for segment in recovered:
             self._segments[segment.segment_id] = SegmentInfo.recovered(segment)
