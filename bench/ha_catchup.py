@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -88,19 +90,24 @@ def wait_for(condition: Any, timeout: float, what: str) -> Any:
 class Node:
     """One ``txbroker serve --ha replicated`` process."""
 
-    def __init__(self, name: str, root: Path, peer: str) -> None:
-        self.name, self.root, self.peer = name, root, peer
+    def __init__(self, name: str, root: Path, peer: str, config: Path | None = None) -> None:
+        self.name, self.root, self.peer, self.config = name, root, peer, config
         self.port, self.ha_port = free_ports(2)
         self.data = root / f"{name}-data"
         self.log = root / f"{name}.log"
         self.out = root / f"{name}.out"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_mark = 0  #: the log's size when the process last started
+        self.started_at = 0.0  #: when it last started (wall clock, as its log's times)
 
     def start(self) -> None:
+        self.log_mark = self.log.stat().st_size if self.log.exists() else 0
+        self.started_at = time.time()
         cmd = [sys.executable, "-m", "txbroker.cli", "serve", "--data", str(self.data),
                "--host", HOST, "--port", str(self.port), "--stomp-port", "0",
                "--ha", "replicated", "--ha-port", str(self.ha_port), "--ha-node", self.name,
-               "--ha-peers", self.peer, "--backup-timeout", "1", "--log-level", "INFO"]
+               "--ha-peers", self.peer, "--backup-timeout", "1", "--log-level", "INFO",
+               *(["--config", str(self.config)] if self.config is not None else [])]
         out: IO[bytes] = open(self.out, "wb")  # noqa: SIM115 - the child keeps it
         log: IO[bytes] = open(self.log, "ab")  # noqa: SIM115
         try:
@@ -110,6 +117,21 @@ class Node:
             out.close()
             log.close()
         wait_for(lambda: BACKUP_PREFIX in self.out.read_text(), 60, f"{self.name} to start")
+
+    def recovered(self) -> dict[str, Any]:
+        """What the last start of this node read (from its log): a checkpoint and the
+        entries after it, or the whole log; and the seconds from its start to the copy
+        kept (its own recovery, before it joins)."""
+        with open(self.log, "rb") as file:
+            file.seek(self.log_mark)
+            last = file.read().decode(errors="replace")
+        found = re.search(r"read a checkpoint, then the (\d+) entries logged after it", last)
+        kept = re.search(r"^(\S+ \S+) .*kept the copy on disk", last, re.MULTILINE)
+        at = None if kept is None else datetime.strptime(kept.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        return {"from_checkpoint": found is not None,
+                "entries_after_checkpoint": int(found.group(1)) if found else None,
+                "start_to_copy_kept_s": None if at is None else
+                round(at.timestamp() - self.started_at, 3)}
 
     def status(self) -> dict[str, Any]:
         from txbroker.cli.ha_commands import probe
@@ -246,16 +268,30 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=6, help="runs of each part (the first: "
                         "warm-up)")
     parser.add_argument("--label", default="", help="a word for the result file's name")
+    parser.add_argument("--recovery-checkpoint", action=argparse.BooleanOptionalAction,
+                        default=False, help="run both nodes with recovery_checkpoint = true: "
+                        "the backup checkpoints its copy (docs/replication.md)")
+    parser.add_argument("--checkpoint-interval", type=float, default=None,
+                        help="with --recovery-checkpoint: checkpoint_interval (s; default: "
+                        "the broker's, 60)")
     args = parser.parse_args()
     import txbroker
 
     work = Path(tempfile.mkdtemp(prefix="ha_catchup-"))
-    a = Node("a", work, "")
-    b = Node("b", work, "")
+    config: Path | None = None
+    if args.recovery_checkpoint:
+        config = work / "broker.toml"
+        interval = "" if args.checkpoint_interval is None else \
+            f"checkpoint_interval = {args.checkpoint_interval}\n"
+        config.write_text(f"[server]\nrecovery_checkpoint = true\n{interval}")
+    a = Node("a", work, "", config)
+    b = Node("b", work, "", config)
     proxy = Proxy(a.ha_port)
     a.peer, b.peer = f"{HOST}:{b.ha_port}", f"{HOST}:{proxy.port}"
     body = b"x" * args.body
     result: dict[str, Any] = {"stored": args.stored, "body": args.body, "away_s": args.away,
+                              "recovery_checkpoint": args.recovery_checkpoint,
+                              "checkpoint_interval": args.checkpoint_interval,
                               "loadavg_at_start": os.getloadavg(),
                               "git": subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                                     cwd=ROOT, capture_output=True,
@@ -305,6 +341,7 @@ def main() -> None:
             b.start()
             restart = rejoin(a, before, started,
                              a.status()["replication"]["lsn"] - lsn_killed)
+            restart.update(b.recovered())
             restarts.append(restart)
             say(f"run {run}: process down {args.away:g} s and restarted: {restart}")
         result["link_cut"] = summary(cuts)

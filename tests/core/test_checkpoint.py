@@ -16,10 +16,18 @@ import pytest
 from tests.core.harness import Harness, StoreOpener
 from tests.core.test_replay_settled import _replay, _state, send_work
 from txbroker.core.broker import Broker
-from txbroker.core.checkpoint import LAYOUT, read_checkpoint
+from txbroker.core.checkpoint import LAYOUT, REPLAY, REPLAY_LAYOUT, read_checkpoint
 from txbroker.core.effects import Release
-from txbroker.core.records import CHECKPOINT_KIND, MalformedRecord, StoredEntry, pack, unpack
-from txbroker.core.replay_settled import RUN_SIZE
+from txbroker.core.records import (
+    CHECKPOINT_KIND,
+    Kind,
+    MalformedRecord,
+    ReplicaAt,
+    StoredEntry,
+    pack,
+    unpack,
+)
+from txbroker.core.replay_settled import RAW_ORD, RUN_SIZE
 from txbroker.core.xa import TMNOFLAGS, TMSUCCESS
 from txbroker.errors import CorruptStore
 from txbroker.storage.interface import Store
@@ -378,3 +386,113 @@ def test_a_running_checkpoint_and_the_log_after_it_finish_as_the_whole_log() -> 
     assert state["queues"]["big"][0] == RUN_SIZE + 100 - 30 - 10 - 1 + 50
     assert "doomed" not in state["queues"] and state["queues"]["purged"][0] == 0
     assert state["queues"]["fresh"][0] == 6  # 5 sent and 1 moved (the branch's: held)
+
+
+def _replaying(log: list[Any], bodies: dict[int, bytes], checkpoint: bytes | None = None,
+               settle_every: int = 0) -> tuple[Broker, Counter[int]]:
+    """A replay not finished (a replicated backup's) of ``log``, after ``checkpoint``;
+    the refs it released (a backup releases after every entry)."""
+    broker = Broker()
+    broker.body_size_of = lambda ref: len(bodies[ref])
+    if checkpoint is not None:
+        broker.replay(StoredEntry(CHECKPOINT_KIND, checkpoint, ()))
+    for number, (kind, meta, refs) in enumerate(log, 1):
+        broker.replay(StoredEntry(kind, meta, tuple(refs)))
+        if settle_every and number % settle_every == 0:
+            broker.settle_replay()
+    released = Counter(effect.ref for effect in broker.take_effects()
+                       if isinstance(effect, Release))
+    return broker, released
+
+
+def _backup_log() -> tuple[Harness, list[Any]]:
+    """A replicated backup's log: the count of the primary's LSNs, then every entry."""
+    h = _workload()
+    _after_the_checkpoint(h)
+    at = ReplicaAt("epoch-1", 100)
+    return h, [(at.kind, at.encode(), []), *h.log]
+
+
+@pytest.mark.parametrize("settle_every", [0, 7])
+def test_a_replay_checkpoint_and_the_log_after_it_replay_as_the_whole_log(
+        settle_every: int) -> None:
+    """A backup's checkpoint (``take_replay_checkpoint``) at every point of its log where
+    one can be taken: the replay it restores goes on, over the log after it, as the
+    replay of the whole log — the same LSN counted, and once finished (promoted) the
+    same state, ordinals included; it releases exactly the bodies that died after it
+    (the journal's accounting at the mark holds the releases before it). Where one
+    cannot be taken, a prepared XA branch lives."""
+    h, log = _backup_log()
+    whole, released_all = _replaying(log, h.bodies)
+    lsn = whole.replica_at
+    assert lsn is not None and lsn.lsn == 100 + sum(
+        1 for kind, _, _ in log[1:] if kind != Kind.SNAPSHOT)
+    whole.finish_recovery(h.now)
+    expected = _state(whole)
+    # the workload's own entries, a sample of its relocations (one per message), the
+    # work after its checkpoint
+    total = len(log)
+    cuts = {*range(1, 140, 3), *range(140, total - 80, 211), *range(total - 80, total + 1)}
+    before = Broker()  # the backup, replaying on; a checkpoint at every cut
+    before.body_size_of = lambda ref: len(h.bodies[ref])
+    released_before: Counter[int] = Counter()
+    taken_at = []
+    for cut, (kind, meta, refs) in enumerate(log, 1):
+        before.replay(StoredEntry(kind, meta, tuple(refs)))
+        released_before.update(effect.ref for effect in before.take_effects()
+                               if isinstance(effect, Release))
+        if settle_every and cut % settle_every == 0:
+            before.settle_replay()
+        if cut not in cuts:
+            continue
+        taken = before.replay_checkpoint()
+        if taken is None:
+            assert before.branches
+            continue
+        taken_at.append(cut)
+        after, released_after = _replaying(log[cut:], h.bodies, taken[1])
+        assert after.replica_at == lsn, cut
+        after.finish_recovery(h.now)
+        assert _state(after) == expected, cut
+        assert _dups(after) == _dups(whole)
+        assert set(after.branches) == set(whole.branches) != set()
+        assert released_after == released_all - released_before, cut
+    assert 100 <= len(taken_at) < len(cuts)  # (a prepared branch lives in the last ones)
+
+
+def test_a_replay_checkpoint_keeps_the_replay_it_holds() -> None:
+    """What the form holds: the settled runs with their ordinals, the messages left in
+    ``raw`` with theirs, the ordinal, the Xids completed, the LSN (in its snapshot)."""
+    h, log = _backup_log()
+    broker, _ = _replaying(log[:len(log) // 2], h.bodies, settle_every=5)
+    part = broker.replay_part
+    taken = broker.replay_checkpoint()
+    assert taken is not None
+    value = unpack(taken[1])
+    assert value["form"] == REPLAY and value["layout"] == REPLAY_LAYOUT
+    _, runs, msgs = read_checkpoint(value)
+    assert sum(len(run.ids) for run in runs) == len(part.settled.at) > RUN_SIZE
+    assert [msg[0] for msg in msgs] == list(part.raw) != []
+    assert [msg[RAW_ORD] for msg in msgs] == [msg[RAW_ORD] for msg in part.raw.values()]
+    assert value["ordinal"] == part.ordinal
+    assert value["completed"] == [str(Xid(0, "committed", "b"))]
+    restored, _ = _replaying([], h.bodies, taken[1])
+    assert restored.replica_at == broker.replica_at is not None
+    assert restored.replay_part.completed == part.completed
+
+
+@pytest.mark.parametrize("edit", [
+    lambda v: v.update(form="other"), lambda v: v.pop("ordinal"),
+    lambda v: v.update(completed=[1]), lambda v: v["runs"][0].pop(),
+    lambda v: v["msgs"][0].pop(), lambda v: v["msgs"][0].__setitem__(11, "ord"),
+    lambda v: v.update(ordinal=1),
+])
+def test_a_malformed_replay_checkpoint_is_refused(edit: Any) -> None:
+    h, log = _backup_log()
+    broker, _ = _replaying(log[:len(log) // 2], h.bodies, settle_every=5)
+    taken = broker.replay_checkpoint()
+    assert taken is not None
+    value = unpack(taken[1])
+    edit(value)
+    with pytest.raises(CorruptStore):
+        _replaying([], h.bodies, pack(value))

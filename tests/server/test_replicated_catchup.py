@@ -13,6 +13,8 @@ is on ``ha status`` or a log line, and bounded.
 from __future__ import annotations
 
 import contextlib
+import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +29,10 @@ from tests.support import ROOT
 STORED = 300
 #: Sent while the backup is cut off: what it missed.
 MISSED = 20
+#: Sent after a backup's checkpoint: the log its restart replays after it.
+AFTER = 10
+#: Sent without message ids, before a backup's checkpoint (which holds them as columns).
+PLAIN = 200
 BODY = b"x" * 1024
 
 
@@ -103,13 +109,15 @@ def store_then_cut_off_and_send(g: Group, proxy: LinkProxy) -> tuple[int, int]:
     return at_cut, after
 
 
-def b_alone_holds_everything(g: Group) -> None:
+def b_alone_holds_everything(g: Group, after: int = 0, plain: int = 0) -> None:
     a, b = g.nodes
     g.kill9(a)
     g.promote(b)
     with txbroker.connect(b.url, timeout=15) as conn:
-        for queue, count in (("bulk", STORED), ("missed", MISSED)):
-            assert conn.queue_info(queue)["depth"] == count
+        for queue, count in (("bulk", STORED), ("missed", MISSED), ("after", after),
+                             ("plain", plain)):
+            if count:
+                assert conn.queue_info(queue)["depth"] == count
 
 
 def test_a_backup_that_lost_its_link_gets_only_the_suffix(tmp_path: Path) -> None:
@@ -199,3 +207,49 @@ def test_a_restarted_backup_whose_primary_moved_on_gets_a_dump(tmp_path: Path) -
         with txbroker.connect(b.url, timeout=15) as conn:
             assert conn.queue_info("q")["depth"] == 2
             assert conn.queue_info("missed")["depth"] == MISSED
+
+
+def _checkpoints_written(b: RNode) -> int:
+    return int(b.status()["following"]["checkpoints"]["written"])
+
+
+def test_a_restarted_backup_reads_its_checkpoint_then_only_the_log_after_it(
+        tmp_path: Path) -> None:
+    """With ``recovery_checkpoint``, a backup checkpoints its copy while it follows
+    (``server/ha/replica_checkpoints.py``): killed (-9) and started again, it reads the
+    checkpoint and replays only the entries logged after it, counts its primary's LSNs
+    on from there, and gets exactly the suffix it missed; stopped cleanly, it closes
+    with one (nothing after it). Promoted alone, it holds every acknowledged send."""
+    config = tmp_path / "broker.toml"
+    config.write_text("[server]\nrecovery_checkpoint = true\ncheckpoint_interval = 0.3\n")
+    with pair_behind_a_proxy(tmp_path, "--config", str(config)) as (g, proxy):
+        a, b = g.nodes
+        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn, \
+                conn.transaction() as tx:
+            for _ in range(PLAIN):  # settled: columns in the checkpoint, not lists
+                tx.send("plain", BODY)
+        store_bulk(g)
+        written = _checkpoints_written(b)
+        wait_for(lambda: _checkpoints_written(b) > written, 15, "b to checkpoint the bulk",
+                 g.describe)
+        with txbroker.connect(a.url, timeout=15, reconnect=False) as conn:
+            for i in range(AFTER):  # logged after b's last checkpoint (its interval: 0.3 s)
+                conn.send("after", BODY, message_id=f"after-{i}")
+        at_kill = wait_durable_on_b(g)
+        after = lose_b_and_send(g, proxy, kill=True)
+        let_b_rejoin(g, proxy, start=True)
+        replayed = re.findall(r"read a checkpoint, then the (\d+) entries logged after it",
+                              b.log_path.read_text())
+        assert len(replayed) == 1 and 0 < int(replayed[0]) < at_kill, replayed
+        catchup = replication(a)["catchup"]
+        assert (catchup["dumps"], catchup["suffixes"]) == (1, 1)
+        assert catchup["suffix_entries"] == after - at_kill  # the count went on from it
+        following = b.status()["following"]
+        assert following["joined_by"] == "suffix" and following["applied_lsn"] == after
+        assert b.log_has(f"kept the copy on disk (epoch {following['epoch']}, LSN {at_kill})")
+        b.signal_and_wait(signal.SIGTERM)  # a clean stop: a checkpoint, nothing after it
+        assert b.log_has("closing the copy with a checkpoint of its replay")
+        let_b_rejoin(g, proxy, start=True)
+        assert b.log_has("read a checkpoint, then the 0 entries logged after it")
+        assert replication(a)["catchup"]["dumps"] == 1
+        b_alone_holds_everything(g, after=AFTER, plain=PLAIN)

@@ -231,12 +231,14 @@ def test_a_torn_checkpoint_write_leaves_no_trace(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("ha", "asked", "keeps"), [("", True, True), ("", False, False),
                                                     ("shared-store", True, False),
-                                                    ("replicated", True, False)])
-def test_a_server_keeps_checkpoints_only_without_ha(tmp_path: Path, ha: str, asked: bool,
-                                                    keeps: bool) -> None:
-    """``recovery_checkpoint`` reaches the journal of a broker without HA only: a
-    shared-store standby resumes what it followed, a replicated node's log counts its
-    primary's LSNs (both would be wrong to start from a checkpoint)."""
+                                                    ("replicated", True, True),
+                                                    ("replicated", False, False)])
+def test_a_server_keeps_checkpoints_but_with_shared_store_ha(tmp_path: Path, ha: str,
+                                                             asked: bool, keeps: bool) -> None:
+    """``recovery_checkpoint`` reaches the journal of a broker without HA and of a
+    replicated node (a backup checkpoints its replay, whose snapshot carries the LSN its
+    log counts to: ``server/ha/replica_checkpoints.py``), not a shared-store standby's,
+    which resumes what it followed."""
     config = ServerConfig(data=tmp_path, recovery_checkpoint=asked, ha=ha)
     store = open_store(config, lambda completions: None, lambda: (1, b""))
     assert isinstance(store, JournalStore) and store.checkpoints is keeps

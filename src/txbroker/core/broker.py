@@ -41,7 +41,7 @@ from typing import Any
 
 from txbroker.core import overflow
 from txbroker.core.admin import Admin
-from txbroker.core.checkpoint import load_checkpoint, take_checkpoint
+from txbroker.core.checkpoint import load_checkpoint, take_checkpoint, take_replay_checkpoint
 from txbroker.core.compaction import Compaction
 from txbroker.core.delivery import Delivery
 from txbroker.core.effects import Effect
@@ -461,6 +461,13 @@ class Broker:
     def checkpoint(self) -> tuple[int, bytes] | None:
         """``(kind, meta)`` of a clean shutdown's checkpoint (``core/checkpoint.py``)."""
         meta = take_checkpoint(self.index, self.xa, self.replay_part)
+        return None if meta is None else (CHECKPOINT_KIND, meta)
+
+    def replay_checkpoint(self) -> tuple[int, bytes] | None:
+        """``(kind, meta)`` of the checkpoint of a replay not finished (a replicated
+        backup's), its messages settled first (``core/checkpoint.py``)."""
+        self.replay_part.settle()
+        meta = take_replay_checkpoint(self.index, self.xa, self.replay_part)
         return None if meta is None else (CHECKPOINT_KIND, meta)
 
     @property

@@ -36,6 +36,17 @@ No checkpoint is taken (the next start replays the log, as after a crash) while
 something lives outside what a checkpoint holds: prepared XA branches, a queue
 deletion still dropping messages, a message not yet durable, a replicated backup's
 log position, or a replay not finished.
+
+**A replay's checkpoint** (``form: "replay"``, :func:`take_replay_checkpoint`). A
+replicated backup never finishes its replay: it goes on replaying what its primary
+sends until it is promoted (``server/ha/replica.py``), and its log counts the
+primary's LSNs. Its checkpoint is the unfinished :class:`Replay` itself: the snapshot
+(with ``replica``, the LSN the log counts to), the settled runs *with* their ordinals,
+every message left in ``raw`` as its replayed ``msg`` list (seq, body ref, ordinal),
+the ordinal counter and the Xids completed during the replay. Loading it restores
+that replay as it was, so the log after it replays on top exactly as it did the first
+time, and a promotion finishes it as it would have. Not taken while XA branches live
+(their held messages and pending sends are not in that form).
 """
 
 from __future__ import annotations
@@ -60,10 +71,11 @@ from txbroker.core.records.common import (
     unpack,
 )
 from txbroker.core.replay import Replay
-from txbroker.core.replay_settled import RUN_SIZE, Run, settles
+from txbroker.core.replay_settled import RAW_ORD, RAW_REF, RUN_SIZE, Run, settles
 from txbroker.core.replay_xa import pack_ref, unpack_ref
 from txbroker.core.xa_branches import XaBranches
 from txbroker.errors import CorruptStore
+from txbroker.xid import Xid
 
 #: The checkpoint's format version (a value a start does not know is refused).
 VERSION: Final = 1
@@ -71,6 +83,11 @@ VERSION: Final = 1
 #: :class:`Run` typecodes, in column order (a start elsewhere converts them).
 _TYPECODES: Final = tuple(column.typecode for column in Run("", 0).columns()[:7])
 LAYOUT: Final = sys.byteorder[0] + "".join(str(array(code).itemsize) for code in _TYPECODES)
+#: A replay's runs keep their ordinals too: the eighth column.
+_REPLAY_TYPECODES: Final = tuple(column.typecode for column in Run("", 0).columns())
+REPLAY_LAYOUT: Final = LAYOUT + str(array(_REPLAY_TYPECODES[-1]).itemsize)
+#: The forms (module docstring): a finished broker's state, an unfinished replay's.
+STATE, REPLAY = "state", "replay"
 _NAME = "CHECKPOINT"
 
 
@@ -107,6 +124,22 @@ def take_checkpoint(index: QueueIndex, xa: XaBranches, replay: Replay) -> bytes 
         msgs.extend(_msg(message) for message in sorted(left, key=_seq_of))
     value = {"v": VERSION, "layout": LAYOUT, "snapshot": replay.snapshot()[1],
              "runs": runs, "msgs": msgs}
+    return pack(value)
+
+
+def take_replay_checkpoint(index: QueueIndex, xa: XaBranches, replay: Replay) -> bytes | None:
+    """The checkpoint of a replay not finished (a replicated backup's: module docstring),
+    or None while XA branches live or a queue deletion is dropping messages. Call
+    :meth:`Replay.settle` first, so that most messages are columns, not lists."""
+    if xa.branches or index.deleting:
+        return None
+    replay.sort_raw()
+    runs = [[run.queue, run.priority, *(column.tobytes() for column in run.columns())]
+            for level in replay.settled.levels.values() for run in level if run.ids]
+    msgs = [[*msg[:RAW_REF], pack_ref(msg[RAW_REF]), msg[RAW_ORD]] for msg in replay.raw.values()]
+    value = {"v": VERSION, "form": REPLAY, "layout": REPLAY_LAYOUT,
+             "snapshot": replay.snapshot()[1], "runs": runs, "msgs": msgs,
+             "ordinal": replay.ordinal, "completed": sorted(map(str, replay.completed))}
     return pack(value)
 
 
@@ -195,12 +228,17 @@ def _msg(message: Message) -> list[Any]:
 def load_checkpoint(replay: Replay, meta: bytes) -> None:
     """Replay a ``CHECKPOINT`` entry, the first of its log (``Broker.replay``): its
     snapshot as a ``SNAPSHOT`` entry, its runs settled, its other messages in ``raw``
-    behind them, numbered in that order. Raises ``CorruptStore`` on a malformed one."""
+    behind them — numbered in that order, or, a replay's checkpoint, as they were
+    numbered. Raises ``CorruptStore`` on a malformed one."""
     try:
         if replay.raw or replay.settled.levels:
             malformed(_NAME, "it follows other entries")
-        snapshot, runs, msgs = read_checkpoint(unpack(meta))
+        value = unpack(meta)
+        snapshot, runs, msgs = read_checkpoint(value)
         replay.replay(StoredEntry(Kind.SNAPSHOT, snapshot, ()))
+        if value.get("form") == REPLAY:
+            _load_replay(replay, runs, msgs, value)
+            return
     except (MalformedRecord, ValueError, TypeError) as exc:
         raise CorruptStore("<checkpoint>", 0, f"undecodable checkpoint: {exc}") from exc
     ordinal = replay.ordinal
@@ -208,26 +246,55 @@ def load_checkpoint(replay: Replay, meta: bytes) -> None:
         run.ords = array("I", range(ordinal + 1, ordinal + 1 + len(run.ids)))
         ordinal += len(run.ids)
         replay.settled.add_run(run)
-    raw, queues, next_id = replay.raw, replay.index.queues, replay.index.next_id
     for msg in msgs:  # (its record and ref, distinct from the runs' messages)
         ordinal += 1
         msg.append(ordinal)
+    _into_raw(replay, runs, msgs)
+    replay.ordinal = ordinal
+
+
+def _load_replay(replay: Replay, runs: list[Run], msgs: list[list[Any]],
+                 value: dict[Any, Any]) -> None:
+    """The rest of a replay's checkpoint: runs and messages as they were numbered."""
+    ordinal, completed = value.get("ordinal"), value.get("completed")
+    if type(ordinal) is not int or type(completed) is not list \
+            or not all(type(xid) is str for xid in completed):
+        malformed(_NAME, "a replay's ordinal or completed Xids are missing")
+    if any(run.ords[-1] > ordinal for run in runs) or any(msg[RAW_ORD] > ordinal
+                                                           for msg in msgs):
+        malformed(_NAME, "an ordinal above the replay's")
+    for run in runs:
+        replay.settled.add_run(run)
+    _into_raw(replay, runs, msgs)
+    replay.ordinal = ordinal
+    replay.completed = {Xid.parse(xid) for xid in completed}
+
+
+def _into_raw(replay: Replay, runs: list[Run], msgs: list[list[Any]]) -> None:
+    """The messages behind the runs into ``raw`` (numbered already), the next id past
+    every message's, their client ids remembered."""
+    raw, queues, next_id = replay.raw, replay.index.queues, replay.index.next_id
+    for msg in msgs:
         raw[msg[0]] = msg
         next_id = max(next_id, msg[0] + 1)
         if msg[2] is not None:
             (queues.get(msg[1]) or queues.setdefault(msg[1], Queue(msg[1]))).remember(msg[2])
-    replay.ordinal = ordinal
     replay.index.next_id = max([next_id, *(run.ids[-1] + 1 for run in runs)])
 
 
 def read_checkpoint(meta: Any) -> tuple[bytes, list[Run], list[list[Any]]]:
     """Decode a ``CHECKPOINT`` entry's unpacked meta: its snapshot's meta, its runs
-    (without ordinals: the replay numbers them) and its other messages (``msg`` lists
-    with their body refs, as ints, appended). Raises ``MalformedRecord`` on anything
-    else (the snapshot's own checks come when it is replayed)."""
+    (without ordinals: the replay numbers them; a replay's with theirs) and its other
+    messages (``msg`` lists with their body refs, as ints, appended; a replay's with
+    their ordinals after). Raises ``MalformedRecord`` on anything else (the snapshot's
+    own checks come when it is replayed)."""
     value = check_dict(meta, _NAME, "the checkpoint")
     if value.get("v") != VERSION:
         malformed(_NAME, f"version {value.get('v')!r}, expected {VERSION}")
+    form = value.get("form", STATE)
+    if form not in (STATE, REPLAY):
+        malformed(_NAME, f"unknown form {form!r}")
+    codes = _REPLAY_TYPECODES if form == REPLAY else _TYPECODES
     snapshot = value.get("snapshot")
     if type(snapshot) is not bytes:
         malformed(_NAME, "the snapshot is not a SNAPSHOT entry's meta")
@@ -237,14 +304,14 @@ def read_checkpoint(meta: Any) -> tuple[bytes, list[Run], list[list[Any]]]:
     if type(items) is not list:
         malformed(_NAME, "the runs are not a list")
     for item in items:
-        if type(item) is not list or len(item) != 2 + len(_TYPECODES) \
+        if type(item) is not list or len(item) != 2 + len(codes) \
                 or type(item[0]) is not str or type(item[1]) is not int \
                 or not all(type(data) is bytes for data in item[2:]):
-            malformed(_NAME, "a run is [queue, priority, 7 columns]")
+            malformed(_NAME, f"a run is [queue, priority, {len(codes)} columns]")
         run = Run(item[0], item[1])
-        columns = run.columns()[:len(_TYPECODES)]
+        columns = run.columns()[:len(codes)]
         for column, data in zip(columns, item[2:], strict=True):
-            _fill(column, data, layout)
+            _fill(column, data, layout, codes)
         total = len(run.ids)
         if not total or any(len(column) != total for column in columns):
             malformed(_NAME, "a run's columns differ in length")
@@ -252,27 +319,30 @@ def read_checkpoint(meta: Any) -> tuple[bytes, list[Run], list[list[Any]]]:
     msgs = value.get("msgs")
     if type(msgs) is not list:
         malformed(_NAME, "the msgs are not a list")
+    fields = MSG_FIELDS_MAX + (2 if form == REPLAY else 1)
     for msg in msgs:
-        if type(msg) is not list or len(msg) != MSG_FIELDS_MAX + 1 \
-                or type(msg[-1]) is not bytes:
-            malformed(_NAME, "a msg is its record and its body ref")
+        if type(msg) is not list or len(msg) != fields \
+                or not (type(msg[RAW_REF]) is bytes or (form == REPLAY and msg[RAW_REF] is None)) \
+                or (form == REPLAY and type(msg[-1]) is not int):
+            malformed(_NAME, "a msg is its record and its body ref" +
+                      (" and its ordinal" if form == REPLAY else ""))
         check_msg(msg[:MSG_FIELDS_MAX], _NAME)
-        msg[-1] = unpack_ref(msg[-1])
+        msg[RAW_REF] = unpack_ref(msg[RAW_REF])
     return snapshot, runs, msgs
 
 
-def _fill(column: array[int], data: bytes, layout: Any) -> None:
+def _fill(column: array[int], data: bytes, layout: Any, codes: tuple[str, ...]) -> None:
     """A column from the bytes a checkpoint holds (converted when it was written with
-    another layout: byte order, item sizes)."""
-    if layout == LAYOUT:
+    another layout: byte order, item sizes; ``codes``: the typecodes of its columns)."""
+    if layout == _layout(codes):
         if len(data) % column.itemsize:
             malformed(_NAME, "a column's bytes are not whole items")
         column.frombytes(data)
         return
-    if type(layout) is not str or len(layout) != 1 + len(_TYPECODES) \
+    if type(layout) is not str or len(layout) != 1 + len(codes) \
             or layout[0] not in "bl" or not layout[1:].isdigit():
         malformed(_NAME, f"unknown array layout {layout!r}")
-    size = int(layout[1 + _TYPECODES.index(column.typecode)])
+    size = int(layout[1 + codes.index(column.typecode)])
     if size not in (1, 2, 4, 8) or len(data) % size:
         malformed(_NAME, f"unknown array layout {layout!r}")
     signed = column.typecode.islower()
@@ -281,4 +351,9 @@ def _fill(column: array[int], data: bytes, layout: Any) -> None:
                   for at in range(0, len(data), size))
 
 
-__all__ = ["LAYOUT", "VERSION", "load_checkpoint", "read_checkpoint", "take_checkpoint"]
+def _layout(codes: tuple[str, ...]) -> str:
+    return REPLAY_LAYOUT if len(codes) == len(_REPLAY_TYPECODES) else LAYOUT
+
+
+__all__ = ["LAYOUT", "REPLAY", "REPLAY_LAYOUT", "STATE", "VERSION", "load_checkpoint",
+           "read_checkpoint", "take_checkpoint", "take_replay_checkpoint"]

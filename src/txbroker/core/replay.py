@@ -348,11 +348,11 @@ class Replay:
             return len(self.raw)
         if self.ordinal >= ORDINAL_LIMIT:
             self._unsettle_all()
-        self._sort_raw()
+        self.sort_raw()
         self.raw = self.settled.settle(self.raw, self.body_size_of)
         return len(self.raw)
 
-    def _sort_raw(self) -> None:
+    def sort_raw(self) -> None:
         """``raw`` in log order again after settled messages came back (and ordinals
         renumbered from 1 when they grew large)."""
         if self._unsorted:
@@ -386,7 +386,7 @@ class Replay:
                 self.settled.fill(queues, home)
             else:  # (a queue finish creates: keep the order it creates them in)
                 self._unsettle_all()
-        self._sort_raw()
+        self.sort_raw()
         objects = home.objects
         body_size_of = self.body_size_of
         name, queue = "", None

@@ -19,7 +19,8 @@ Config file (all keys optional)::
     compact_idle_live_fraction = 0.8  # the fraction while nothing else is written
     recovery_index = false       # restarts read an index per sealed segment, not bodies
     recovery_checkpoint = false  # a clean shutdown writes its state; the next start
-                                 # reads it instead of the log (no HA; docs/storage.md)
+                                 # reads it instead of the log (not with shared-store
+                                 # HA; docs/storage.md, docs/replication.md)
     checkpoint_interval = 60.0   # ... and while running, every so many seconds (0 = never)
     max_frame_size = 8388608
     max_connections = 1024
@@ -178,7 +179,8 @@ class ServerConfig:
     recovery_index: bool = False
     #: a clean shutdown of a broker without HA writes a checkpoint of its state and the
     #: next start reads it instead of replaying the log (off by default, as the recovery
-    #: index: the log's CRCs are then not checked at start; docs/storage.md)
+    #: index: the log's CRCs are then not checked at start; docs/storage.md); a
+    #: replicated backup checkpoints its copy (docs/replication.md); not shared-store HA
     recovery_checkpoint: bool = False
     #: with ``recovery_checkpoint``, the running broker writes one every so many seconds
     #: when its log grew, so that a start after a crash replays only the log after it

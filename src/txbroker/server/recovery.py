@@ -17,8 +17,8 @@ from txbroker.storage.interface import CheckpointStore, Store
 if TYPE_CHECKING:
     from txbroker.server.app import BrokerServer
 
-__all__ = ["CHECKPOINT_ROUNDS", "Checkpointer", "checkpoint_store", "closing", "replay_store",
-           "restore_router", "running_checkpoint"]
+__all__ = ["CHECKPOINT_ROUNDS", "Checkpointer", "backup_checkpoint", "checkpoint_store", "closing",
+           "replay_store", "restore_router", "running_checkpoint"]
 
 log = logging.getLogger("txbroker.server")
 
@@ -68,8 +68,8 @@ async def closing(server: BrokerServer, store: Store) -> Callable[[], None]:
     if journal is None:
         return store.close
     server.hold_input(True)
-    checkpoint = await _take_quietly(server, journal)
-    return functools.partial(journal.close, checkpoint) if checkpoint else journal.close
+    taken = await _take_quietly(server, journal, server.broker.checkpoint)
+    return functools.partial(journal.close, taken[:3]) if taken else journal.close
 
 
 class Checkpointer:
@@ -109,42 +109,73 @@ async def running_checkpoint(server: BrokerServer, journal: CheckpointStore,
     started = loop.time()
     server.hold_input(True)
     try:
-        taken = await _take_quietly(server, journal)
-        mark = None if taken is None else journal.checkpoint_mark(taken[2])
+        taken = await _take_quietly(server, journal, server.broker.checkpoint)
     finally:
         server.hold_input(False)
-    paused = loop.time() - started
-    if taken is None or mark is None:
+    return await _write(journal, taken, counts, loop.time() - started)
+
+
+async def backup_checkpoint(server: BrokerServer, journal: CheckpointStore,
+                            counts: dict[str, float]
+                            ) -> asyncio.Future[int | None] | None:
+    """A replicated backup's checkpoint of its replay, which never finishes while it
+    follows (``core/checkpoint.py``, "A replay's checkpoint"): awaited between two reads
+    of its link, so that nothing is appended meanwhile — its log synced and completed,
+    its messages settled and the state taken (the pause of its acknowledgements) —;
+    then the file is written in a thread while it follows on: the future of that write
+    (the append count it covers, or None), or None if none was taken."""
+    started = asyncio.get_running_loop().time()
+    taken = await _take_quietly(server, journal, server.broker.replay_checkpoint)
+    paused = asyncio.get_running_loop().time() - started
+    if taken is None:
         counts["skipped"] += 1
         return None
-    kind, meta, appends = taken
+    return asyncio.ensure_future(_write(journal, taken, counts, paused))
+
+
+async def _write(journal: CheckpointStore, taken: _Taken | None, counts: dict[str, float],
+                 paused: float) -> int | None:
+    """Write a checkpoint taken (in a thread), counted and timed in ``counts``; the append
+    count it covers, or None."""
+    loop = asyncio.get_running_loop()
+    if taken is None:
+        counts["skipped"] += 1
+        return None
+    started = loop.time()
+    kind, meta, appends, mark = taken
     written = await loop.run_in_executor(None, journal.write_checkpoint, mark, kind, meta)
     if not written:
         counts["failed"] += 1
         return None
     counts["written"] += 1
     counts["last_pause_seconds"] = round(paused, 4)
-    counts["last_write_seconds"] = round(loop.time() - started - paused, 4)
+    counts["last_write_seconds"] = round(loop.time() - started, 4)
     counts["last_bytes"] = len(meta)
-    log.info("recovery checkpoint: clients paused %.3f s, %d bytes written in %.3f s",
-             paused, len(meta), counts["last_write_seconds"])
+    log.info("recovery checkpoint: paused %.3f s, %d bytes written in %.3f s", paused,
+             len(meta), counts["last_write_seconds"])
     return appends
 
 
-async def _take_quietly(server: BrokerServer, journal: CheckpointStore
-                        ) -> tuple[int, bytes, int] | None:
-    """With the input held: flush and run completions until nothing more is appended
-    (at most :data:`CHECKPOINT_ROUNDS` times), then take the state at once."""
+#: A checkpoint taken: its kind, meta, the append count it covers and the store's mark.
+_Taken = tuple[int, bytes, int, object]
+
+
+async def _take_quietly(server: BrokerServer, journal: CheckpointStore,
+                        take: Callable[[], tuple[int, bytes] | None]) -> _Taken | None:
+    """With nothing else appending: flush and run completions until nothing more is
+    appended (at most :data:`CHECKPOINT_ROUNDS` times), then ``take`` the state at once,
+    with the store's mark."""
     loop = asyncio.get_running_loop()
     for _ in range(CHECKPOINT_ROUNDS):
-        mark = journal.appends
+        appends = journal.appends
         try:
             await loop.run_in_executor(None, journal.flush)
         except (StorageFailed, TimeoutError, OSError):
             return None
         await asyncio.sleep(0)  # (the completions the flush dispatched run first)
         server.run_effects()
-        if journal.appends == mark:
-            taken = server.broker.checkpoint()
-            return None if taken is None else (*taken, mark)
+        if journal.appends == appends:
+            taken = take()
+            mark = None if taken is None else journal.checkpoint_mark(appends)
+            return None if taken is None or mark is None else (*taken, appends, mark)
     return None

@@ -41,7 +41,8 @@ def open_store(config: ServerConfig, dispatch: Callable[[Callable[[], None]], No
         repair=config.repair,
         compaction=config.compaction(),
         recovery_index=config.recovery_index,
-        checkpoints=config.recovery_checkpoint and not config.ha,
+        # (a replicated backup's too: server/ha/replica_checkpoints.py)
+        checkpoints=config.recovery_checkpoint and config.ha != "shared-store",
         lock=lock,
     )
 

@@ -508,8 +508,11 @@ class JournalStore:
     def write_checkpoint(self, mark: CheckpointMark, kind: int, meta: bytes) -> bool:
         """Write the checkpoint of ``mark`` (any thread: the file alone is touched, one
         writer at a time; a later mark written before an earlier one only costs the
-        next start a longer log to replay after it)."""
+        next start a longer log to replay after it). False once the store is closed:
+        its directory may be another store's by then (a backup's new copy)."""
         with self._checkpoint_lock:
+            if self._state is _State.CLOSED:
+                return False
             return write_checkpoint(self.journal_dir, mark, kind, meta)
 
     def close(self, checkpoint: tuple[int, bytes, int] | None = None) -> None:
@@ -521,7 +524,8 @@ class JournalStore:
         mark = None if checkpoint is None else self.checkpoint_mark(checkpoint[2])
         if self.writer is not None:
             self.writer.check_not_writer_thread()
-        self._state = _State.CLOSED
+        with self._checkpoint_lock:  # (a write in flight finishes first; none after)
+            self._state = _State.CLOSED
         replay, self._replay_iterator = self._replay_iterator, None
         if replay is not None and inspect.getgeneratorstate(replay) != inspect.GEN_RUNNING:
             replay.close()  # an abandoned recovery: close its files
@@ -531,7 +535,7 @@ class JournalStore:
             if mark is None or self._queue.failure is not None:
                 log.warning("journal: no checkpoint written (the log moved on, or failed)")
             else:
-                self.write_checkpoint(mark, checkpoint[0], checkpoint[1])
+                write_checkpoint(self.journal_dir, mark, checkpoint[0], checkpoint[1])
         self._bodies.close()
         if self._lock is not None:
             self._lock.release()

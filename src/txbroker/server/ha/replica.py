@@ -62,6 +62,7 @@ from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.faults import FAULTS, ReplicaFaults, is_local_commit
 from txbroker.server.ha.link import LinkSecurity
 from txbroker.server.ha.promises import raise_promise, read_promise
+from txbroker.server.ha.replica_checkpoints import CopyCheckpoints
 from txbroker.server.ha.replica_files import (
     incomplete,
     read_record,
@@ -151,6 +152,8 @@ class Follower:
         self._ack_scheduled = False
         self.failed: str | None = None
         self._maintain_at = 0.0  #: when the store next drops dead segments (loop clock)
+        #: the copy's recovery checkpoints (``replica_checkpoints.py``)
+        self.checkpoints = CopyCheckpoints(config)
 
     def status(self) -> dict[str, object]:
         """The follower's part of ``ha status``."""
@@ -158,7 +161,8 @@ class Follower:
                 "state": self.state.value, "ready": self.ready, "dump_lsn": self.at,
                 "durable_lsn": self.durable_lsn, "applied_lsn": self.applied_lsn,
                 "received": self.received, "connected": self.connected,
-                "joined_by": self.joined_by, "resumes": self.resumes, "epoch": self.epoch}
+                "joined_by": self.joined_by, "resumes": self.resumes, "epoch": self.epoch,
+                "checkpoints": dict(self.checkpoints.counts)}
 
     def resume_disk_copy(self) -> bool:
         """At the node's start: keep the whole copy on this node's disk when its log says
@@ -238,6 +242,8 @@ class Follower:
                 if self.failed is not None:
                     return
                 self._maintain()
+                if self.state is CopyState.FOLLOWING and self.server is not None:
+                    await self.checkpoints.maybe(self.server)
         finally:
             writer.close()
             self._writer = None
@@ -317,6 +323,7 @@ class Follower:
             self._generation += 1
             self.dumped, self.dump_entries, self.dump_durable = False, 0, 0
             self.durable_lsn = 0
+            self.checkpoints.reset()
         self.primary, self.at = primary, at
         self.applied_lsn, self.joined_by = at, "dump"
         log.info("replication: following %s from its dump at LSN %d", primary, at)
@@ -476,12 +483,16 @@ class Follower:
                                 "another process while this backup changed copies")
         self.lock = lock
 
-    def close_store(self) -> None:
-        """Give up the copy's store (before joining again)."""
+    def close_store(self, checkpoint: bool = False) -> None:
+        """Give up the copy's store (before joining again); ``checkpoint``: the node
+        stops, and a whole copy's store closes with a checkpoint when it keeps them."""
         server = self.server
         self.server = None
         if server is not None and server.store is not None:
-            server.store.close()
+            if checkpoint and self.state is CopyState.FOLLOWING and self.failed is None:
+                self.checkpoints.close(server)
+            else:
+                server.store.close()
             server.store = None
 
 

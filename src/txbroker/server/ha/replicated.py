@@ -275,7 +275,7 @@ class ReplicatedNode:
                     self.copy_position = follower.durable_lsn
                 if outcome == "ended" and follower.resumable() and self.config.ha_catchup_bytes:
                     continue  # keep the copy: the next primary may send just the suffix
-                self._drop_copy(follower)
+                self._drop_copy(follower, checkpoint=outcome == "stop")
                 if outcome == "promote":
                     return True  # promoted from its own store (recovered from disk)
                 if outcome == "stop":
@@ -294,13 +294,14 @@ class ReplicatedNode:
                 wait.cancel()
         self.search_now.clear()
 
-    def _drop_copy(self, follower: Follower) -> None:
-        """Close a copy's store (its data stays on disk) and take the lock again: the
-        store gives it up when it closes."""
+    def _drop_copy(self, follower: Follower, checkpoint: bool = False) -> None:
+        """Close a copy's store (its data stays on disk; ``checkpoint``: the node stops,
+        ``Follower.close_store``) and take the lock again: the store gives it up when it
+        closes."""
         self.follower = None
         if follower.server is None:
             return
-        follower.close_store()
+        follower.close_store(checkpoint)
         self.lock = StoreLock.try_acquire(self.lock_path, LOCK_LINE.format(node=self.node))
         if self.lock is None:
             raise RuntimeError(f"the data directory {self.config.data} was taken by another "
@@ -486,7 +487,7 @@ class ReplicatedNode:
         if self._link_server is not None:
             self._link_server.close()
         if self.follower is not None:
-            self.follower.close_store()
+            self.follower.close_store(checkpoint=True)
         if self.lock is not None and self.lock.held:
             self.lock.release()
         self.step(RoleInput.CLOSED)
