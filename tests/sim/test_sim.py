@@ -25,12 +25,14 @@ SUITE_SEEDS = {"queue": 300, "queue-failing-fsync": 150, "router-bank": 300,
                "queue-live": 40, "queue-live-checkpoints": 40, "router-bank-live": 15,
                "router-bank-sites-live": 8,
                "router-bank-replicated-live": 8, "xa-live": 20,
-               "replicated-live": 12, "shared-store-live": 20, "replicated-etcd-live": 12}
+               "replicated-live": 12, "replicated-live-checkpoints": 12,
+               "shared-store-live": 20, "replicated-etcd-live": 12}
 #: Scenarios that run the production server and clients on the deterministic event loop
 #: (``sim/live*.py``).
 LIVE = {"queue-live", "queue-live-checkpoints", "router-bank-live", "router-bank-sites-live",
         "router-bank-replicated-live", "xa-live",
-        "replicated-live", "shared-store-live", "replicated-etcd-live"}
+        "replicated-live", "replicated-live-checkpoints", "shared-store-live",
+        "replicated-etcd-live"}
 #: Scenarios whose production code reaches httpx (``EtcdClient``): its client stamps
 #: ``response.elapsed`` with ``time.perf_counter()``, which no decision reads.
 HTTPX = {"replicated-etcd-live"}

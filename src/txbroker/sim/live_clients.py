@@ -67,12 +67,15 @@ async def _connect(loop: SimLoop, url: str) -> AsyncConnection:
 
 
 async def producer(loop: SimLoop, world: World, number: int, record: Record,
-                   until: float, *, url: str, or_first_answer_by: float | None = None) -> None:
+                   until: float, *, url: str, or_first_answer_by: float | None = None,
+                   plain: bool = False) -> None:
     """Producer ``number``: persistent sends with message ids until ``until`` (virtual
     time), every fourth a local transaction of two sends; what it was told goes to
     ``record``. With ``or_first_answer_by``: past ``until`` too, while no producer's
     send has been answered, until that time (a schedule that left no primary for the
-    whole sending time still tests something)."""
+    whole sending time still tests something). ``plain``: the id is in the body only
+    (no message id: the broker keeps such messages as compact slots; a send is never
+    resent by the client, so none is stored twice)."""
     conn = await _connect(loop, url)
     count = 0
     while loop.time() < until or (or_first_answer_by is not None and not record.answered
@@ -87,7 +90,8 @@ async def producer(loop: SimLoop, world: World, number: int, record: Record,
             try:
                 tx = conn.transaction()
                 for message_id in ids:
-                    await tx.send(QUEUE, message_id.encode(), message_id=message_id)
+                    await tx.send(QUEUE, message_id.encode(),
+                                  message_id=None if plain else message_id)
                 await tx.commit()
             except (TxBrokerError, TimeoutError):  # the outcome is unknown
                 continue
@@ -100,7 +104,8 @@ async def producer(loop: SimLoop, world: World, number: int, record: Record,
             message_id = f"p{number}-{count}"
             record.sent[message_id] = "unknown"
             try:
-                await conn.send(QUEUE, message_id.encode(), message_id=message_id)
+                await conn.send(QUEUE, message_id.encode(),
+                                message_id=None if plain else message_id)
             except (TxBrokerError, TimeoutError):  # the outcome is unknown
                 continue
             record.sent[message_id] = "ok"

@@ -64,6 +64,8 @@ OPERATOR_S: Final = (0.02, 0.2)
 SETTLE_S: Final = 5.0
 PRODUCERS: Final = 2
 CONSUMERS: Final = 2
+#: ``replicated-live-checkpoints``: the nodes' checkpoint interval, drawn per seed (s).
+CHECKPOINT_INTERVAL_S: Final = (0.05, 0.5)
 
 
 @dataclass
@@ -96,6 +98,8 @@ class Trio:
     violations: list[str] = field(default_factory=list)
     #: the run is over: what the loop's shutdown does to the nodes is not news
     over: bool = False
+    #: one backup fault in three is a clean stop (``replicated-live-checkpoints``)
+    clean_stops: bool = False
 
     def log(self, line: str) -> None:
         """A trace line stamped with virtual time."""
@@ -119,6 +123,12 @@ class Trio:
         if self.over:
             return
         self.log(f"node {node.index} is {role.value}")
+        store = node.disk.store
+        if self.clean_stops and role is NodeRole.BACKUP and store is not None:
+            stats = store.stats()  # (the checkpoint scenario: what its start read)
+            if stats.recovered_from_checkpoint:
+                self.log(f"node {node.index} read a checkpoint and "
+                         f"{stats.recovered_entries - 1} entries after it")
         replicated = node.node
         if role is not NodeRole.PRIMARY or replicated is None or replicated.hub is None:
             return
@@ -145,6 +155,13 @@ class Trio:
             self.epoch = ""
             self.need_primary.set()
         self.loop.call_later(self.loop.random.uniform(*RESTART_S), self.restart, node)
+
+    def stop(self, node: TrioNode) -> None:
+        """SIGTERM a backup: it closes its copy (with a checkpoint) and exits; restarted
+        as after an exit."""
+        if node.node is not None:
+            self.log(f"node {node.index} stopped")
+            node.node.request_stop()
 
     def exited(self, node: TrioNode) -> None:
         """A node's process ended by itself (fenced: superseded by a newer term): its
@@ -252,7 +269,11 @@ class Trio:
             if choice < 0.4 and primary is not None and primary.alive:
                 self.kill(primary)
             elif choice < 0.6 and backups:
-                self.kill(rng.choice(backups))
+                backup = rng.choice(backups)
+                if self.clean_stops and rng.random() < 1 / 3:
+                    self.stop(backup)
+                else:
+                    self.kill(backup)
             elif backups and primary is not None and not self.partitioned:
                 self.cut(primary, backups)
 
@@ -418,19 +439,34 @@ def two_operators(seed: int) -> bool:
     return random.Random(f"two operators {seed}").random() < 0.3
 
 
+def run_replicated_live_checkpoints(world: World, plants: frozenset[str]) -> list[str]:
+    """One seed of ``replicated-live-checkpoints``: ``replicated-live`` with the nodes'
+    recovery checkpoints on (``recovery_checkpoint``, an interval drawn per seed): the
+    backups checkpoint their copies while they follow and when one fault of a backup
+    in three, a clean stop, closes it; their restarts read a checkpoint and the log
+    after it (``server/ha/replica_checkpoints.py``)."""
+    return run_replicated_live(world, plants, checkpoints=True)
+
+
 def run_replicated_live(world: World, plants: frozenset[str], *,
-                        blind: bool = False, promotes: bool = True) -> list[str]:
+                        blind: bool = False, promotes: bool = True,
+                        checkpoints: bool = False) -> list[str]:
     """One seed of ``replicated-live``; returns the violations. ``blind``: the operator
     promotes whichever live node accepts ``ha_promote`` (``BLIND_OPERATOR_SEEDS``);
     ``promotes=False``: it promotes nobody, and the run ends only as stuck
-    (:class:`~txbroker.sim.loop.SimulationStuck`)."""
+    (:class:`~txbroker.sim.loop.SimulationStuck`); ``checkpoints``: see
+    :func:`run_replicated_live_checkpoints`."""
     loop = SimLoop(world.rng.getrandbits(63))
     seed_client_jitter(loop)
     root = data_root()
     first_line = len(world.trace)
-    trio = Trio(loop, world, plants, [TrioNode(loop, n, HOSTS, root)
+    interval = loop.random.uniform(*CHECKPOINT_INTERVAL_S) if checkpoints else 0.0
+    if checkpoints:
+        world.log(f"checkpoint interval {interval:.3f} s")
+    trio = Trio(loop, world, plants, [TrioNode(loop, n, HOSTS, root, interval)
                                       for n in range(len(HOSTS))],
-                blind=blind or "promote-outside-ready-set" in plants, promotes=promotes)
+                blind=blind or "promote-outside-ready-set" in plants, promotes=promotes,
+                clean_stops=checkpoints)
     left: list[int] = []
     unsettled: list[str] = []
     errors: list[str] = []
@@ -447,9 +483,10 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
         await asyncio.sleep(0.05)
         fault_end = loop.time() + FAULT_S
         end = fault_end + HEAL_S
-        clients = [loop.spawn(f"127.0.1.{n + 1}", producer(loop, world, n, trio.record,
-                                                             fault_end, url=URL))[1]
-                   for n in range(PRODUCERS)]
+        clients = [loop.spawn(f"127.0.1.{n + 1}", producer(
+            loop, world, n, trio.record, fault_end, url=URL,
+            plain=checkpoints and n == 0))[1]  # (settled: runs in the checkpoints)
+            for n in range(PRODUCERS)]
         clients += [loop.spawn(f"127.0.2.{n + 1}",
                                consumer(loop, world, trio.record, end, url=URL))[1]
                     for n in range(CONSUMERS)]

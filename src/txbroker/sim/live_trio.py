@@ -34,7 +34,7 @@ from txbroker.core.ha.replicated_role import NodeRole
 from txbroker.errors import error_for_code
 from txbroker.protocol.native import PROTOCOL_VERSION, Err, NativeConnection, Ok, Request, Role
 from txbroker.server.app import BrokerServer
-from txbroker.server.config import ServerConfig
+from txbroker.server.config import DEFAULT_CHECKPOINT_INTERVAL, ServerConfig
 from txbroker.server.ha.replicated import ReplicatedNode
 from txbroker.sim.live import EPOCH_MS, SYNC_S
 from txbroker.sim.loop import SimLoop
@@ -61,9 +61,11 @@ class NodeDisk:
     """One node's disk: the store's durable entries (a MemoryState that outlives each
     process), its data directory (real, temporary), the store now open."""
 
-    def __init__(self, loop: SimLoop, data: Path) -> None:
+    def __init__(self, loop: SimLoop, data: Path, checkpoints: bool = False) -> None:
         self.loop = loop
         self.data = data
+        #: the store keeps recovery checkpoints (``replicated-live-checkpoints``)
+        self.checkpoints = checkpoints
         self.state = MemoryState()
         self.store: MemoryStore | None = None
         self.wipes = 0  #: times the store started empty (a new or wiped directory)
@@ -86,7 +88,7 @@ class NodeDisk:
                             dispatch, work)
 
         self.store = MemoryStore(self.state, dispatch=slow_dispatch,
-                                 snapshot_provider=snapshot)
+                                 snapshot_provider=snapshot, checkpoints=self.checkpoints)
         return self.store
 
     def crash(self) -> None:
@@ -100,18 +102,20 @@ class TrioNode:
     """One node of the trio: its host, disk and configuration, the process now running
     (if any) and its ``ReplicatedNode``."""
 
-    def __init__(self, loop: SimLoop, index: int, hosts: list[str], root: Path) -> None:
+    def __init__(self, loop: SimLoop, index: int, hosts: list[str], root: Path,
+                 checkpoint_interval: float = 0.0) -> None:
         self.loop = loop
         self.index = index
         self.host = hosts[index]
         data = root / f"node{index}"
         data.mkdir()
-        self.disk = NodeDisk(loop, data)
+        self.disk = NodeDisk(loop, data, checkpoints=bool(checkpoint_interval))
         self.config = ServerConfig(
             host=self.host, port=CLIENT_PORT, stomp_port=0, amqp_port=0, data=data,
             ha="replicated", ha_port=HA_PORT, ha_node=self.host,
             ha_peers=",".join(f"{h}:{HA_PORT}" for h in hosts if h != self.host),
-            backup_timeout=BACKUP_TIMEOUT_S)
+            backup_timeout=BACKUP_TIMEOUT_S, recovery_checkpoint=bool(checkpoint_interval),
+            checkpoint_interval=checkpoint_interval or DEFAULT_CHECKPOINT_INTERVAL)
         self.process: int | None = None
         self.node: ReplicatedNode | None = None
         self.starts = 0

@@ -12,7 +12,7 @@ from txbroker.sim.live_bank_replicated import run_bank_replicated_live
 from txbroker.sim.live_bank_sites import run_bank_sites_live
 from txbroker.sim.live_etcd import run_replicated_etcd_live
 from txbroker.sim.live_queue import run_queue_live, run_queue_live_checkpoints
-from txbroker.sim.live_replicated import run_replicated_live
+from txbroker.sim.live_replicated import run_replicated_live, run_replicated_live_checkpoints
 from txbroker.sim.live_shared_store import run_shared_store_live
 from txbroker.sim.live_xa import run_xa_live
 from txbroker.sim.loop import SimulationStalled, SimulationStuck
@@ -34,6 +34,7 @@ SCENARIOS: Final[dict[str, Callable[[World, frozenset[str]], list[str]]]] = {
     "router-bank-replicated-live": run_bank_replicated_live,
     "xa-live": run_xa_live,
     "replicated-live": run_replicated_live,
+    "replicated-live-checkpoints": run_replicated_live_checkpoints,
     "replicated-etcd-live": run_replicated_etcd_live,
     "shared-store-live": run_shared_store_live,
 }
