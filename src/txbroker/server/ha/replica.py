@@ -243,7 +243,7 @@ class Follower:
                     return
                 self._maintain()
                 if self.state is CopyState.FOLLOWING and self.server is not None:
-                    await self.checkpoints.maybe(self.server)
+                    await self.checkpoints.maybe(self.server, self.ready)
         finally:
             writer.close()
             self._writer = None

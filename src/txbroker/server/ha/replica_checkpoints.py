@@ -7,8 +7,10 @@ A backup's copy is a replay that never finishes while it follows
 (``server/ha/replica.py``), and a restart used to replay the whole of its log before
 it could ask its primary for the suffix it missed ("Resuming from the disk"). With
 ``recovery_checkpoint`` (and ``checkpoint_interval`` > 0), :class:`CopyCheckpoints`
-takes a checkpoint of that replay every interval while the copy is whole and its log
-grew (``core/checkpoint.py``, "A replay's checkpoint"): the follower awaits
+takes a checkpoint of that replay every interval while the copy is ready (its primary
+waits for it: caught up) and its log grew, and one as soon as it is ready again after
+a catch-up, which is a burst of log (``core/checkpoint.py``, "A replay's checkpoint");
+none while it catches up, which it would only slow down. The follower awaits
 :meth:`CopyCheckpoints.maybe` between two reads of its link, so nothing is appended
 meanwhile; its log is synced, its messages settled and the state taken — the pause of
 its acknowledgements, which the primary's committers wait for —; the file is then
@@ -48,13 +50,17 @@ class CopyCheckpoints:
         #: the store's append count the last one covered (None: none yet)
         self._covered: int | None = None
         self._writing: asyncio.Future[int | None] | None = None
+        self._ready = False  #: the copy was ready at the last call
 
-    async def maybe(self, server: BrokerServer) -> None:
-        """Take one of ``server``'s whole copy if it is due and its log grew (the caller
-        appends nothing until this returns)."""
+    async def maybe(self, server: BrokerServer, ready: bool) -> None:
+        """Take one of ``server``'s whole copy if it is due, ``ready`` and its log grew
+        (the caller appends nothing until this returns)."""
         now = monotonic()
+        if ready and not self._ready:
+            self._due = min(self._due, now)  # ready again after a catch-up: one now
+        self._ready = ready
         journal = checkpoint_store(server.store)
-        if not self.interval or now < self._due or journal is None \
+        if not ready or not self.interval or now < self._due or journal is None \
                 or (self._writing is not None and not self._writing.done()):
             return
         self._due = now + self.interval
