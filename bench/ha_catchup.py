@@ -12,7 +12,8 @@ A primary ``a`` and a backup ``b`` (``--ha replicated``) on 127.0.0.1, ``b``
 reaching ``a``'s HA port through a TCP proxy in this process. ``a`` stores
 ``--stored`` persistent messages of ``--body`` bytes (transactions of 500), ``b``
 follows. ``--producers`` producers (each one native connection, one persistent
-send at a time) then run throughout:
+send at a time, ``--rate`` a second together: a load that does not vary with the
+machine) then run throughout:
 
 1. **Link cut** (incremental catch-up): the proxy cuts ``b``'s link and swallows
    its attempts to rejoin for ``--away`` seconds (``a`` drops ``b`` and acknowledges
@@ -20,11 +21,14 @@ send at a time) then run throughout:
    ``b`` ready on ``a``'s status; the entries written while ``b`` was away (``a``'s
    LSN); what ``a`` shipped for the rejoin (``replication.catchup``: suffix entries
    and bytes — the entries missed until the rejoin itself —, or a dump).
-2. **Process restart**: ``b`` is killed (-9), stays down ``--away`` seconds and is
-   started again on its data directory: it recovers its own store, whose log says
-   which LSN it holds, and asks for the suffix (``server/ha/replica.py``, "Resuming
-   from the disk"). Measured: from the start to ``b`` ready (its recovery included);
-   the same shipping figures (a suffix, or a dump when ``a`` no longer holds it).
+2. **Process restart**: ``--steady`` seconds after it is ready again, ``b`` is killed
+   (-9), stays down ``--away`` seconds and is started again on its data directory: it
+   recovers its own store, whose log says which LSN it holds, and asks for the suffix
+   (``server/ha/replica.py``, "Resuming from the disk"). Measured: from the start to
+   ``b`` ready (its recovery included); the same shipping figures (a suffix, or a dump
+   when ``a`` no longer holds it); what its recovery read (from its log: a checkpoint
+   and how many entries after it, with ``--recovery-checkpoint``) and how long from the
+   process's start until it had its copy back (before it joins).
 
 Each part runs ``--runs`` times (the first run of each is the warm-up, reported but
 left out of min/median/max).
@@ -209,10 +213,11 @@ class Proxy:
 
 
 class Producer:
-    """One connection, one persistent send at a time, until closed."""
+    """One connection, one persistent send at a time, at most ``rate`` a second (0: as
+    fast as it goes), until closed."""
 
-    def __init__(self, url: str, body: bytes) -> None:
-        self.url, self.body = url, body
+    def __init__(self, url: str, body: bytes, rate: float = 0.0) -> None:
+        self.url, self.body, self.rate = url, body, rate
         self.sent = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -222,9 +227,16 @@ class Producer:
         import txbroker
 
         with txbroker.connect(self.url, timeout=30, reconnect=False) as conn:
+            gap = 1.0 / self.rate if self.rate else 0.0
+            next_at = time.monotonic()
             while not self.stop.is_set():
                 conn.send("bench.load", self.body)
                 self.sent += 1
+                if gap:
+                    next_at += gap
+                    wait = next_at - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
 
     def close(self) -> None:
         self.stop.set()
@@ -265,6 +277,14 @@ def main() -> None:
     parser.add_argument("--body", type=int, default=1024, help="body bytes")
     parser.add_argument("--away", type=float, default=10.0, help="seconds b is cut off")
     parser.add_argument("--producers", type=int, default=4, help="producer connections")
+    parser.add_argument("--rate", type=float, default=3500.0,
+                        help="the producers' sends a second, together (0: as fast as they "
+                        "go, which varies with the machine; 3,500 is what they reached here "
+                        "on 2026-11-28 at 0b1ea8e)")
+    parser.add_argument("--steady", type=float, default=3.0,
+                        help="seconds b follows, ready, between the link's return and the "
+                        "kill (0: the kill right after the catch-up, before any checkpoint "
+                        "can cover it)")
     parser.add_argument("--runs", type=int, default=6, help="runs of each part (the first: "
                         "warm-up)")
     parser.add_argument("--label", default="", help="a word for the result file's name")
@@ -290,6 +310,7 @@ def main() -> None:
     a.peer, b.peer = f"{HOST}:{b.ha_port}", f"{HOST}:{proxy.port}"
     body = b"x" * args.body
     result: dict[str, Any] = {"stored": args.stored, "body": args.body, "away_s": args.away,
+                              "rate": args.rate, "steady_s": args.steady,
                               "recovery_checkpoint": args.recovery_checkpoint,
                               "checkpoint_interval": args.checkpoint_interval,
                               "loadavg_at_start": os.getloadavg(),
@@ -311,7 +332,8 @@ def main() -> None:
                     for _ in range(first, min(args.stored, first + 500)):
                         tx.send("bench.stored", body)
         say(f"stored {args.stored} messages of {args.body} bytes")
-        producers = [Producer(f"txb://{HOST}:{a.port}", body) for _ in range(args.producers)]
+        producers = [Producer(f"txb://{HOST}:{a.port}", body, args.rate / args.producers)
+                     for _ in range(args.producers)]
         time.sleep(2.0)  # the load runs with b attached
 
         cuts: list[dict[str, Any]] = []
@@ -333,6 +355,7 @@ def main() -> None:
             say(f"run {run}: link cut {args.away:g} s: {cut}")
 
             # 2. the process is killed, stays down --away seconds, and starts again
+            time.sleep(args.steady)
             before = catchup(a)
             b.stop(signal.SIGKILL)
             lsn_killed = a.status()["replication"]["lsn"]
