@@ -497,7 +497,7 @@ def part_etcd(args: argparse.Namespace, work: Path, ttl: int) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     from tests.etcd_support import EtcdServer
 
-    etcd = EtcdServer().start()
+    etcd = EtcdServer(args.etcd_election_ms).start()
     extra = ["--ha-etcd", etcd.url, "--ha-cluster", f"bench{time.time_ns()}",
              "--ha-lease-ttl", str(ttl)]
     c = Cluster(work / f"etcd-{ttl}", 2, backup_timeout=2.0, extra=extra)
@@ -546,7 +546,8 @@ def part_etcd(args: argparse.Namespace, work: Path, ttl: int) -> dict[str, Any]:
         shutil.rmtree(work / f"etcd-{ttl}", ignore_errors=True)
     values = [k["kill_to_first_send_s"] for k in kills]
     middle = median(values)
-    return {"lease_ttl_s": ttl, "kills": kills, "median_s": middle,
+    return {"lease_ttl_s": ttl, "etcd_election_ms": args.etcd_election_ms,
+            "kills": kills, "median_s": middle,
             "max_s": max(values) if values else None,
             "median_minus_ttl_s": round(middle - ttl, 3) if middle is not None else None,
             "key_taken_median_s": median([k["kill_to_key_taken_s"] for k in kills]),
@@ -723,7 +724,11 @@ def main() -> None:
     ap.add_argument("--parts", default="cost,promotion,catchup,rabbitmq",
                     help="also: http-promotion, etcd")
     ap.add_argument("--etcd-ttls", default="3,2",
-                    help="etcd part: lease TTLs (s) to run, one trio each (2: etcd's smallest)")
+                    help="etcd part: lease TTLs (s) to run, one trio each (2: etcd's smallest "
+                    "with its default election timeout)")
+    ap.add_argument("--etcd-election-ms", type=int, default=None,
+                    help="etcd part: etcd's election timeout (ms; its heartbeat a tenth; "
+                    "default etcd's, 1000): its smallest lease is 1.5 of it (500: TTL 1 s)")
     ap.add_argument("--label", default="", help="added to the result file's name")
     ap.add_argument("--install", action="append", default=[], metavar="NAME=PYTHON",
                     help="cost part: run every configuration on this install too (its "

@@ -35,7 +35,10 @@ def etcd_binary() -> str | None:
 class EtcdServer:
     """One throw-away etcd member on 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, election_ms: int | None = None) -> None:
+        """``election_ms``: etcd's election timeout (its heartbeat a tenth of it; None:
+        etcd's defaults, 1,000 and 100 ms). Its smallest lease is 1.5 of it."""
+        self.election_ms = election_ms
         binary = etcd_binary()
         if binary is None:
             raise RuntimeError("etcd is not installed: `make etcd` installs it")
@@ -58,7 +61,10 @@ class EtcdServer:
                 [self.binary, "--name", "n1", "--data-dir", str(self.root / "data"),
                  "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"n1={peer}", "--log-level", "warn"],
+                 "--initial-cluster", f"n1={peer}", "--log-level", "warn",
+                 *([] if self.election_ms is None else
+                   ["--election-timeout", str(self.election_ms),
+                    "--heartbeat-interval", str(max(10, self.election_ms // 10))])],
                 stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:

@@ -372,8 +372,10 @@ class ServerConfig:
             raise ValueError("backup_timeout must be positive")
         if self.ha_catchup_bytes < 0:
             raise ValueError("ha_catchup_bytes must be >= 0 (0 = every join gets a dump)")
-        if self.ha_etcd and not 2 <= self.ha_lease_ttl <= 3600:
-            raise ValueError("ha_lease_ttl must be 2 to 3600 seconds (etcd grants at least 2)")
+        if self.ha_etcd and not 1 <= self.ha_lease_ttl <= 3600:
+            raise ValueError("ha_lease_ttl must be 1 to 3600 seconds (etcd grants no less "
+                             "than 1.5 of its election timeouts, 2 s by default; the broker "
+                             "uses the TTL etcd grants)")
         if self.ha_port in [getattr(self, name) for name in CLIENT_PORTS]:
             raise ValueError(f"ha_port {self.ha_port} is also a client port")
         self._validate_ha_security()

@@ -112,6 +112,9 @@ async def running_checkpoint(server: BrokerServer, journal: CheckpointStore,
         taken = await _take_quietly(server, journal, server.broker.checkpoint)
     finally:
         server.hold_input(False)
+    if taken is None:
+        counts["skipped"] += 1
+        return None
     return await _write(journal, taken, counts, loop.time() - started)
 
 
@@ -133,14 +136,15 @@ async def backup_checkpoint(server: BrokerServer, journal: CheckpointStore,
     return asyncio.ensure_future(_write(journal, taken, counts, paused))
 
 
-async def _write(journal: CheckpointStore, taken: _Taken | None, counts: dict[str, float],
+#: A checkpoint taken: its kind, meta, the append count it covers and the store's mark.
+_Taken = tuple[int, bytes, int, object]
+
+
+async def _write(journal: CheckpointStore, taken: _Taken, counts: dict[str, float],
                  paused: float) -> int | None:
     """Write a checkpoint taken (in a thread), counted and timed in ``counts``; the append
     count it covers, or None."""
     loop = asyncio.get_running_loop()
-    if taken is None:
-        counts["skipped"] += 1
-        return None
     started = loop.time()
     kind, meta, appends, mark = taken
     written = await loop.run_in_executor(None, journal.write_checkpoint, mark, kind, meta)
@@ -154,10 +158,6 @@ async def _write(journal: CheckpointStore, taken: _Taken | None, counts: dict[st
     log.info("recovery checkpoint: paused %.3f s, %d bytes written in %.3f s", paused,
              len(meta), counts["last_write_seconds"])
     return appends
-
-
-#: A checkpoint taken: its kind, meta, the append count it covers and the store's mark.
-_Taken = tuple[int, bytes, int, object]
 
 
 async def _take_quietly(server: BrokerServer, journal: CheckpointStore,
