@@ -33,6 +33,8 @@ def test_defaults_are_the_seeds() -> None:
     (dict(ha="replicated", ha_peers="a:1", backup_timeout=0.0),
      "backup_timeout must be positive"),
     (dict(ha="raft"), "unknown ha mode 'raft'"),
+    (dict(ha="replicated", ha_peers="a:1", ha_etcd="http://127.0.0.1:2379",
+          ha_lease_ttl=0), "ha_lease_ttl must be 1 to 3600 seconds"),
 ])
 def test_refused_settings(changes: dict[str, object], text: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -61,3 +63,12 @@ def test_serve_refuses_a_bad_pair_config_in_one_line(tmp_path: Path) -> None:
                              "heartbeat_interval (3 s): one late heartbeat must not make the "
                              "standby act\n")
     assert not (tmp_path / "d").exists()  # nothing was created
+
+
+def test_a_one_second_lease_is_allowed() -> None:
+    """etcd grants 1 s with an election timeout of 500 ms or less (docs/replication.md,
+    "How long an etcd takeover takes"); the broker uses the TTL etcd grants."""
+    config = ServerConfig(ha="replicated", ha_port=7001, ha_peers="127.0.0.1:7002",
+                          ha_etcd="http://127.0.0.1:2379", ha_lease_ttl=1)
+    config.validate()
+    assert config.ha_lease_ttl == 1
