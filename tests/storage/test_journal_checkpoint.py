@@ -242,3 +242,27 @@ def test_a_server_keeps_checkpoints_but_with_shared_store_ha(tmp_path: Path, ha:
     config = ServerConfig(data=tmp_path, recovery_checkpoint=asked, ha=ha)
     store = open_store(config, lambda completions: None, lambda: (1, b""))
     assert isinstance(store, JournalStore) and store.checkpoints is keeps
+
+
+def test_a_flush_racing_a_close_returns(tmp_path: Path) -> None:
+    """A checkpoint's flush runs in a thread while the store may be closing (a backup
+    stopped in the middle of a checkpoint): once the writer is stopping, the flush
+    returns — the close writes everything queued — instead of waiting for ever on a
+    barrier that no writer will set."""
+    loop = Loop()
+    store = _store(tmp_path, loop)
+    recover(store)
+    append_all(store, loop, ENTRIES[:3])
+    queue, writer = store._queue, store.writer
+    assert writer is not None
+    with queue.lock:  # what close() does first: the writer drains the queue and ends
+        queue.stopping = True
+        queue.wakeup.notify()
+    writer._thread.join(10)
+    assert not writer._thread.is_alive()
+    store.flush(timeout=2)  # (before: TimeoutError, or for ever without a timeout)
+    assert queue.put_barrier() is None
+    store.close()
+    again = _store(tmp_path, loop, checkpoints=False)
+    assert contents(again, recover(again)) == ENTRIES[:3]
+    again.close()

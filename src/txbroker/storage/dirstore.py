@@ -84,7 +84,7 @@ from txbroker.storage.interface import (
     StoreStats,
 )
 from txbroker.storage.store_lock import StoreLock
-from txbroker.storage.writer_thread import Barrier, PendingQueue
+from txbroker.storage.writer_thread import PendingQueue
 
 log = logging.getLogger("txbroker.dirstore")
 
@@ -365,10 +365,9 @@ class DirStore:
         Not for the event loop (it blocks). Raises ``StorageFailed`` if the
         store failed, ``TimeoutError`` if ``timeout`` passed first.
         """
-        if self._state is not _State.OPEN:
+        barrier = self._pending.put_barrier() if self._state is _State.OPEN else None
+        if barrier is None:  # (closed, or closing: the close writes everything queued)
             return
-        barrier = Barrier()
-        self._pending.put(barrier)
         if not barrier.done.wait(timeout):
             raise TimeoutError(f"dir store flush took longer than {timeout} s")
         if self._pending.failure is not None:

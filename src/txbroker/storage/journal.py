@@ -112,7 +112,7 @@ from txbroker.storage.journal_writer import (
     Roll,
 )
 from txbroker.storage.store_lock import StoreLock
-from txbroker.storage.writer_thread import Barrier, PendingQueue
+from txbroker.storage.writer_thread import PendingQueue
 
 _ENTRY_HEADER_SIZE = ENTRY_HEADER.size
 log = logging.getLogger("txbroker.journal")
@@ -479,10 +479,9 @@ class JournalStore:
         Not for the event loop (it blocks). Raises ``StorageFailed`` if the
         journal failed, ``TimeoutError`` if ``timeout`` passed first.
         """
-        if self._state is not _State.OPEN:
+        barrier = self._queue.put_barrier() if self._state is _State.OPEN else None
+        if barrier is None:  # (closed, or closing: the close writes everything queued)
             return
-        barrier = Barrier()
-        self._queue.put(barrier)
         if not barrier.done.wait(timeout):
             raise TimeoutError(f"journal flush took longer than {timeout} s")
         if self._queue.failure is not None:

@@ -54,6 +54,20 @@ class PendingQueue:
             if self.writer_idle:
                 self.wakeup.notify()
 
+    def put_barrier(self) -> Barrier | None:
+        """Queue a :class:`Barrier` (``flush``), or None once the writer is stopping: it
+        processes everything queued before it ends, and a barrier queued after it
+        ended would never be set (a flush from another thread racing a close would
+        wait for ever)."""
+        with self.lock:
+            if self.stopping:
+                return None
+            barrier = Barrier()
+            self.items.append(barrier)
+            if self.writer_idle:
+                self.wakeup.notify()
+            return barrier
+
 
 def completion(
     callbacks: list[DurableCallback], failure: StorageFailed | None
