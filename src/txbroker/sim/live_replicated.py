@@ -98,8 +98,9 @@ class Trio:
     violations: list[str] = field(default_factory=list)
     #: the run is over: what the loop's shutdown does to the nodes is not news
     over: bool = False
-    #: one backup fault in three is a clean stop (``replicated-live-checkpoints``)
-    clean_stops: bool = False
+    #: ``replicated-live-checkpoints``: one backup fault in three is a clean stop, and
+    #: the trace says which starts read a checkpoint
+    checkpoints: bool = False
 
     def log(self, line: str) -> None:
         """A trace line stamped with virtual time."""
@@ -124,7 +125,7 @@ class Trio:
             return
         self.log(f"node {node.index} is {role.value}")
         store = node.disk.store
-        if self.clean_stops and role is NodeRole.BACKUP and store is not None:
+        if self.checkpoints and role is NodeRole.BACKUP and store is not None:
             stats = store.stats()  # (the checkpoint scenario: what its start read)
             if stats.recovered_from_checkpoint:
                 self.log(f"node {node.index} read a checkpoint and "
@@ -270,7 +271,7 @@ class Trio:
                 self.kill(primary)
             elif choice < 0.6 and backups:
                 backup = rng.choice(backups)
-                if self.clean_stops and rng.random() < 1 / 3:
+                if self.checkpoints and rng.random() < 1 / 3:
                     self.stop(backup)
                 else:
                     self.kill(backup)
@@ -466,7 +467,7 @@ def run_replicated_live(world: World, plants: frozenset[str], *,
     trio = Trio(loop, world, plants, [TrioNode(loop, n, HOSTS, root, interval)
                                       for n in range(len(HOSTS))],
                 blind=blind or "promote-outside-ready-set" in plants, promotes=promotes,
-                clean_stops=checkpoints)
+                checkpoints=checkpoints)
     left: list[int] = []
     unsettled: list[str] = []
     errors: list[str] = []

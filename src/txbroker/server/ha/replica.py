@@ -242,7 +242,7 @@ class Follower:
                 if self.failed is not None:
                     return
                 self._maintain()
-                if self.state is CopyState.FOLLOWING and self.server is not None:
+                if self.server is not None and self.resumable():
                     await self.checkpoints.maybe(self.server, self.ready)
         finally:
             writer.close()
@@ -486,10 +486,10 @@ class Follower:
     def close_store(self, checkpoint: bool = False) -> None:
         """Give up the copy's store (before joining again); ``checkpoint``: the node
         stops, and a whole copy's store closes with a checkpoint when it keeps them."""
-        server = self.server
+        server, whole = self.server, self.resumable()
         self.server = None
         if server is not None and server.store is not None:
-            if checkpoint and self.state is CopyState.FOLLOWING and self.failed is None:
+            if checkpoint and whole:
                 self.checkpoints.close(server)
             else:
                 server.store.close()
