@@ -33,6 +33,8 @@ Usage (as root, for the peers)::
         --reps 2 --count 2000
     .venv/bin/python bench/peers.py --brokers txbroker,txbroker-before \\
         --txbroker-install txbroker-before=/work/before/.venv/bin/txbroker  # two commits
+    .venv/bin/python bench/peers.py --brokers txbroker,txbroker-nosync,rabbitmq \\
+        --txbroker-variant 'txbroker-nosync=--sync none' --workloads tx-send  # one setting
     .venv/bin/python bench/peers.py --table-from bench/results/peers-<time>.jsonl
 
 The peers are started with ``start_peers.sh --fresh`` (RabbitMQ STOMP on
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -265,6 +268,13 @@ def parse_args() -> argparse.Namespace:
                              "with 'txbroker-'), started as 'BIN serve' with the same "
                              "defaults on --txbroker-port + 10 (+1 for each further one); "
                              "repeatable")
+    parser.add_argument("--txbroker-variant", action="append", default=[],
+                        metavar="NAME=ARGS",
+                        help="this install's txbroker again, with more 'serve' arguments "
+                             "(e.g. 'txbroker-nosync=--sync none': what the broker would do "
+                             "without a flush), side by side: name NAME in --brokers too (it "
+                             "must start with 'txbroker-'), on --txbroker-port + 20 (+1 for "
+                             "each further one); repeatable")
     parser.add_argument("--data-root", default="/var/lib",
                         help="txbroker's fresh data directory is made here (default /var/lib, "
                              "where the peers store; the same device as the rest of / here)")
@@ -299,11 +309,21 @@ def parse_args() -> argparse.Namespace:
             parser.error(f"--txbroker-install {spec!r}: want NAME=BIN, NAME starting with "
                          "'txbroker-' and BIN an installed txbroker command")
         args.installs[name] = Path(binary)
-    idle = [name for name in args.installs if name not in args.brokers.split(",")]
+    args.variants = {}
+    for spec in args.txbroker_variant:
+        name, _, extra = spec.partition("=")
+        if not name.startswith("txbroker-") or not extra.strip() or name in args.installs:
+            parser.error(f"--txbroker-variant {spec!r}: want NAME=ARGS, NAME starting with "
+                         "'txbroker-' (not an --txbroker-install's) and ARGS 'serve' options")
+        args.variants[name] = shlex.split(extra)
+    idle = [name for name in [*args.installs, *args.variants]
+            if name not in args.brokers.split(",")]
     if idle:  # (it would be installed and never run)
-        parser.error(f"--txbroker-install {idle[0]}=…: name {idle[0]} in --brokers too")
+        parser.error(f"--txbroker-install/--txbroker-variant {idle[0]}=…: name {idle[0]} "
+                     "in --brokers too")
     unknown = [b for b in args.brokers.split(",")
-               if b not in protocol.brokers and b not in args.installs]
+               if b not in protocol.brokers and b not in args.installs
+               and b not in args.variants]
     unknown += [w for w in args.workloads.split(",") if w not in protocol.workloads]
     if unknown:
         parser.error(f"unknown over {protocol.name}: {', '.join(unknown)} (brokers: "
@@ -380,9 +400,12 @@ def main() -> None:
             if name in args.installs:
                 # +10: ActiveMQ holds 61616 (OpenWire) beside its STOMP port
                 port = args.txbroker_port + 10 + list(args.installs).index(name)
+            elif name in args.variants:
+                port = args.txbroker_port + 20 + list(args.variants).index(name)
             listeners = listener_args(protocol, port)
             if name in args.installs:
                 listeners = known_options(args.installs[name], listeners)
+            listeners += args.variants.get(name, [])
             txb = Txbroker(name, port, args.data_root, inprocess, listeners,
                            args.installs.get(name, TXBROKER))
             own.append(txb)
