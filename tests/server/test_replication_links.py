@@ -55,6 +55,9 @@ class Port:
     def hold_input(self, held: bool) -> None:
         raise AssertionError("no dump in these tests")
 
+    def after_turn(self, callback: Any) -> None:
+        callback()  # no loop: every turn is one call (the frames' order is what counts)
+
 
 def attach(hub: ReplicationHub, node: str = "b") -> tuple[AttachedBackup, Writer]:
     """A backup resumed at the hub's LSN: catching-up at once (rule 1)."""
@@ -183,3 +186,55 @@ def test_a_late_backup_without_a_recorder_catches_up_unwaited_and_is_told() -> N
     assert backup.state is LinkState.CATCHING_UP and backup.reason == "late"
     assert writer.frames[-1].type == "state" and writer.frames[-1].body == {"ready": False}
     assert outcomes == [None, None]  # nobody waits for it any more
+
+
+class TurnPort(Port):
+    """A port whose loop turns the test ends by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turn_ends: list[Any] = []
+
+    def after_turn(self, callback: Any) -> None:
+        self.turn_ends.append(callback)
+
+    def end_turn(self) -> None:
+        callbacks, self.turn_ends = self.turn_ends, []
+        for callback in callbacks:
+            callback()
+
+
+class CountingWriter(Writer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+def test_a_turns_entries_reach_a_backup_in_two_writes_in_order() -> None:
+    """The turn's first entry goes at once, the rest together when the turn ends; a
+    frame written directly (a heartbeat, a ready-set record) goes after the held ones."""
+    port = TurnPort()
+    hub = ReplicationHub(cast(Any, port), "a", backup_timeout=1.0, catchup_bytes=0)
+    writer = CountingWriter()
+    backup = AttachedBackup("b", "test", cast(Any, writer))
+    hub.backups["b"] = backup
+    hub.feed(backup, LinkInput.RESUME)
+    port.end_turn()
+    writes = writer.writes
+    lsns = [hub.begin(4, b"meta", [b"body %d" % n], lambda error: None) for n in range(5)]
+    assert writer.writes == writes + 1  # the first, at once
+    assert [f.body[0][0] for f in writer.frames if f.type == "entries"] == lsns[:1]
+    port.end_turn()
+    assert writer.writes == writes + 2  # the other four in one write
+    assert [f.body[0][0] for f in writer.frames if f.type == "entries"] == lsns
+    # next turn: two entries, then a heartbeat: the held entry goes before it
+    more = [hub.begin(4, b"meta", [b"x"], lambda error: None) for _ in range(2)]
+    hub.send_now(backup, link.encode("heartbeat", {}))
+    assert writer.types()[-3:] == ["entries", "entries", "heartbeat"]
+    assert [f.body[0][0] for f in writer.frames if f.type == "entries"][-2:] == more
+    port.end_turn()
+    assert writer.types()[-1] == "heartbeat"  # nothing was left to write

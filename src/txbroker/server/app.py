@@ -367,6 +367,12 @@ class BrokerServer:
         ``server/ha/joining.py``)."""
         self.ops.hold_input(held)
 
+    def after_turn(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the loop's current turn is done (the replication hub
+        writes a turn's entries to a backup together, ``server/ha/replication.py``)."""
+        assert self.loop is not None
+        self.loop.call_soon(callback)
+
     def run_effects(self) -> None:
         """Carry out every effect the core produced; write to touched connections.
         After :meth:`stop` they are dropped: the connections' ends, which come later,

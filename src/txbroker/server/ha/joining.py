@@ -51,6 +51,7 @@ async def send_suffix(hub: ReplicationHub, backup: AttachedBackup, at: int) -> N
     writer = backup.writer
     welcome = link.encode("welcome", {"node": hub.node, "epoch": hub.epoch, "at": at,
                                       "incremental": True})
+    hub.flush_out(backup)  # what the table wrote to it this turn goes first
     writer.write(welcome)
     entries = sent = 0
     for lsn, frame in hub.suffix:
@@ -105,6 +106,7 @@ async def send_dump(hub: ReplicationHub, backup: AttachedBackup) -> None:
         writer = backup.writer
         backup.joined_by = "dump"
         hub.shipped["dumps"] += 1
+        hub.flush_out(backup)  # what the table wrote to it this turn goes first
         writer.write(link.encode("welcome", {"node": hub.node, "epoch": hub.epoch,
                                              "at": at}))
         for frame in _dump_frames(hub, entries):

@@ -144,8 +144,7 @@ class ReadyRecords:
         self.record = record
         frame = link.encode("record", {"record": record.to_wire()})
         for backup in list(self.hub.backups.values()):
-            if not backup.writer.is_closing():
-                backup.writer.write(frame)
+            self.hub.send_now(backup, frame)
         await self.confirmed(record.key())
         if self.write_own is not None and self.record is record:
             self.write_own(record)
@@ -194,7 +193,7 @@ class ReadyRecords:
         record = self.record
         if record is None:
             return
-        backup.writer.write(link.encode("record", {"record": record.to_wire()}))
+        self.hub.send_now(backup, link.encode("record", {"record": record.to_wire()}))
         while True:
             data = await asyncio.wait_for(reader.read(65536), RECORD_TIMEOUT)
             if not data:

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 import time
 from collections import deque
@@ -105,6 +106,9 @@ class HubPort(Protocol):
     def hold_input(self, held: bool) -> None:
         """Stop (or go on) reading every client connection."""
 
+    def after_turn(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the loop's current turn is done (``loop.call_soon``)."""
+
 
 @dataclass(slots=True, eq=False)
 class _Pending:
@@ -130,6 +134,9 @@ class AttachedBackup:
     joined: float = field(default_factory=time.time)
     last_ack: float = field(default_factory=monotonic)
     backlog: list[bytes] = field(default_factory=list)  #: frames queued behind the dump
+    #: frames held this loop turn, not yet handed to the socket (None: none written
+    #: this turn; ``ReplicationHub._write``)
+    out: list[bytes] | None = None
     sent_bytes: int = 0
     reason: str = ""
     joined_by: str = ""  #: "dump", or "suffix" (it resumed from its own copy)
@@ -285,8 +292,7 @@ class ReplicationHub:
         elif action is LinkAction.QUEUE_ENTRY:
             backup.backlog.append(frame)
         elif action is LinkAction.SEND_HEARTBEAT:
-            if not backup.writer.is_closing():
-                backup.writer.write(frame)
+            self.send_now(backup, frame)
         elif action is LinkAction.SEND_BACKLOG:
             backlog, backup.backlog = backup.backlog, []
             backup.acked = 0
@@ -359,15 +365,48 @@ class ReplicationHub:
 
     # ------------------------------------------------------------------ backups
     def _write(self, backup: AttachedBackup, frame: bytes) -> None:
-        """Write a frame the table sends; a link with too much queued is dropped."""
+        """Write a frame the table sends; a link with too much queued is dropped. A
+        turn's first frame to a backup goes at once, the rest of the turn's together at
+        its end (:meth:`flush_out`): with 8 connections committing, one socket write per
+        entry per backup was 28 % of a replicating primary's GIL time."""
         writer = backup.writer
         if writer.is_closing():
             return
         if writer.transport.get_write_buffer_size() > MAX_QUEUED:
             self.drop(backup, "its link has more than 256 MiB queued")
             return
-        writer.write(frame)
         backup.sent_bytes += len(frame)
+        if backup.out is None:  # the turn's first frame goes now; later ones together
+            writer.write(frame)
+            backup.out = []
+            self.port.after_turn(functools.partial(self._end_turn, backup))
+        else:
+            backup.out.append(frame)
+
+    @staticmethod
+    def flush_out(backup: AttachedBackup) -> None:
+        """Hand the frames held this turn to the backup's socket, in one write (before
+        any frame written to it directly: ``joining.py``, :meth:`send_now`)."""
+        out = backup.out
+        if not out:
+            return
+        backup.out = []
+        writer = backup.writer
+        if not writer.is_closing():
+            writer.write(out[0] if len(out) == 1 else b"".join(out))
+
+    @classmethod
+    def _end_turn(cls, backup: AttachedBackup) -> None:
+        """The loop turn ended: its held frames go; the next turn's first goes at once."""
+        cls.flush_out(backup)
+        backup.out = None
+
+    def send_now(self, backup: AttachedBackup, frame: bytes) -> None:
+        """Write ``frame`` to ``backup`` now, after what this turn wrote before it (a
+        heartbeat, a ready-set record: frames outside the table's entries)."""
+        self.flush_out(backup)
+        if not backup.writer.is_closing():
+            backup.writer.write(frame)
 
     def drop(self, backup: AttachedBackup, reason: str) -> None:
         """Take a backup out (it joins again with a fresh dump)."""
