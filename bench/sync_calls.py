@@ -100,8 +100,9 @@ else:
     import uvloop
     elapsed, used = uvloop.run(run_async())
 total = threads * calls
-print(json.dumps({"calls_per_s": round(total / elapsed), "client_cpu_us_per_call":
-                  round(used * 1e6 / total, 1), "wall_us_per_call": round(elapsed * 1e6 / calls, 1)}))
+print(json.dumps({"calls_per_s": round(total / elapsed),
+                  "client_cpu_us_per_call": round(used * 1e6 / total, 1),
+                  "wall_us_per_call": round(elapsed * 1e6 / calls, 1)}))
 '''
 
 

@@ -11,7 +11,8 @@ from typing import Any, cast
 from txbroker.core.ha.backup_link import LinkInput, LinkState
 from txbroker.errors import ReplicaVoteFailed
 from txbroker.protocol import replication as link
-from txbroker.server.ha.replication import AttachedBackup, ReplicationHub
+from txbroker.server.ha.attached import AttachedBackup
+from txbroker.server.ha.replication import ReplicationHub
 
 
 class Transport:
@@ -233,7 +234,7 @@ def test_a_turns_entries_reach_a_backup_in_two_writes_in_order() -> None:
     assert [f.body[0][0] for f in writer.frames if f.type == "entries"] == lsns
     # next turn: two entries, then a heartbeat: the held entry goes before it
     more = [hub.begin(4, b"meta", [b"x"], lambda error: None) for _ in range(2)]
-    hub.send_now(backup, link.encode("heartbeat", {}))
+    backup.send_now(link.encode("heartbeat", {}))
     assert writer.types()[-3:] == ["entries", "entries", "heartbeat"]
     assert [f.body[0][0] for f in writer.frames if f.type == "entries"][-2:] == more
     port.end_turn()

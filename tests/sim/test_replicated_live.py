@@ -121,7 +121,8 @@ def test_restarted_backups_resume_from_their_disks(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(replica.Follower, "resume_disk_copy", counted)
     assert run_seed("replicated-live", 6).violations == []
-    assert kept == [False, False, False, True, False, False, False, True, True]  # 3 fresh, 6 restarts
+    # 3 fresh starts, then 6 restarts
+    assert kept == [False, False, False, True, False, False, False, True, True]
 
 
 #: Seeds where a node whose own promotion was being checked promised a newer term to

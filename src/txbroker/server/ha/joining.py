@@ -31,7 +31,8 @@ from txbroker.protocol import replication as link
 from txbroker.server.ha.clock import monotonic
 
 if TYPE_CHECKING:
-    from txbroker.server.ha.replication import AttachedBackup, ReplicationHub
+    from txbroker.server.ha.attached import AttachedBackup
+    from txbroker.server.ha.replication import ReplicationHub
 
 log = logging.getLogger("txbroker.ha")
 
@@ -51,7 +52,7 @@ async def send_suffix(hub: ReplicationHub, backup: AttachedBackup, at: int) -> N
     writer = backup.writer
     welcome = link.encode("welcome", {"node": hub.node, "epoch": hub.epoch, "at": at,
                                       "incremental": True})
-    hub.flush_out(backup)  # what the table wrote to it this turn goes first
+    backup.flush_out()  # what the table wrote to it this turn goes first
     writer.write(welcome)
     entries = sent = 0
     for lsn, frame in hub.suffix:
@@ -106,7 +107,7 @@ async def send_dump(hub: ReplicationHub, backup: AttachedBackup) -> None:
         writer = backup.writer
         backup.joined_by = "dump"
         hub.shipped["dumps"] += 1
-        hub.flush_out(backup)  # what the table wrote to it this turn goes first
+        backup.flush_out()  # what the table wrote to it this turn goes first
         writer.write(link.encode("welcome", {"node": hub.node, "epoch": hub.epoch,
                                              "at": at}))
         for frame in _dump_frames(hub, entries):

@@ -27,7 +27,8 @@ from txbroker.errors import ProtocolError
 from txbroker.protocol import replication as link
 
 if TYPE_CHECKING:
-    from txbroker.server.ha.replication import AttachedBackup, ReplicationHub
+    from txbroker.server.ha.attached import AttachedBackup
+    from txbroker.server.ha.replication import ReplicationHub
 
 log = logging.getLogger("txbroker.ha")
 
@@ -144,7 +145,7 @@ class ReadyRecords:
         self.record = record
         frame = link.encode("record", {"record": record.to_wire()})
         for backup in list(self.hub.backups.values()):
-            self.hub.send_now(backup, frame)
+            backup.send_now(frame)
         await self.confirmed(record.key())
         if self.write_own is not None and self.record is record:
             self.write_own(record)
@@ -193,7 +194,7 @@ class ReadyRecords:
         record = self.record
         if record is None:
             return
-        self.hub.send_now(backup, link.encode("record", {"record": record.to_wire()}))
+        backup.send_now(link.encode("record", {"record": record.to_wire()}))
         while True:
             data = await asyncio.wait_for(reader.read(65536), RECORD_TIMEOUT)
             if not data:

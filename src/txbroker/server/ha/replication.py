@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import functools
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from txbroker.core.ha.backup_link import (
@@ -70,6 +69,7 @@ from txbroker.core.records import Kind
 from txbroker.errors import ProtocolError, ReplicaVoteFailed
 from txbroker.protocol import replication as link
 from txbroker.server.config import DEFAULT_HA_CATCHUP_BYTES
+from txbroker.server.ha.attached import AttachedBackup
 from txbroker.server.ha.clock import monotonic
 from txbroker.server.ha.joining import send_dump, send_suffix
 from txbroker.server.ha.ready_records import ReadyRecords, record_grown, record_shrunk
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("txbroker.ha")
 
-__all__ = ["READY_LAG", "AttachedBackup", "HubPort", "ReplicationHub"]
+__all__ = ["READY_LAG", "HubPort", "ReplicationHub"]
 #: Entries per ``entries`` frame when the stream has a backlog.
 BATCH: Final = 256
 #: Entries whose running byte count is kept (a backup's lag in bytes, ``ha status``).
@@ -119,41 +119,6 @@ class _Pending:
     local: bool = False
     error: BaseException | None = None
     vote_failed: str | None = None
-
-
-@dataclass(slots=True, eq=False)
-class AttachedBackup:
-    """One backup connected to this primary."""
-
-    node: str
-    address: str
-    writer: asyncio.StreamWriter
-    state: LinkState = LinkState.JOINING  #: core/ha/backup_link.py
-    acked: int = 0
-    dump_at: int = 0
-    joined: float = field(default_factory=time.time)
-    last_ack: float = field(default_factory=monotonic)
-    backlog: list[bytes] = field(default_factory=list)  #: frames queued behind the dump
-    #: frames held this loop turn, not yet handed to the socket (None: none written
-    #: this turn; ``ReplicationHub._write``)
-    out: list[bytes] | None = None
-    sent_bytes: int = 0
-    reason: str = ""
-    joined_by: str = ""  #: "dump", or "suffix" (it resumed from its own copy)
-    #: the newest LSN answered when entries began to wait for it (_tell_ready)
-    ready_mark: int = 0
-    told_ready: bool = False
-
-    def info(self, newest: int) -> dict[str, Any]:
-        """Its line of ``ha status``."""
-        state = self.state.value  # "ready" once told (it holds every answered entry)
-        if self.state is LinkState.READY and not self.told_ready:
-            state = LinkState.CATCHING_UP.value
-        return {"node": self.node, "address": self.address, "state": state,
-                "acked": self.acked, "lag_entries": max(0, newest - self.acked),
-                "queued_bytes": self.writer.transport.get_write_buffer_size()
-                if not self.writer.is_closing() else 0,
-                "since": self.joined, "reason": self.reason, "joined_by": self.joined_by}
 
 
 class ReplicationHub:
@@ -292,7 +257,7 @@ class ReplicationHub:
         elif action is LinkAction.QUEUE_ENTRY:
             backup.backlog.append(frame)
         elif action is LinkAction.SEND_HEARTBEAT:
-            self.send_now(backup, frame)
+            backup.send_now(frame)
         elif action is LinkAction.SEND_BACKLOG:
             backlog, backup.backlog = backup.backlog, []
             backup.acked = 0
@@ -365,48 +330,16 @@ class ReplicationHub:
 
     # ------------------------------------------------------------------ backups
     def _write(self, backup: AttachedBackup, frame: bytes) -> None:
-        """Write a frame the table sends; a link with too much queued is dropped. A
-        turn's first frame to a backup goes at once, the rest of the turn's together at
-        its end (:meth:`flush_out`): with 8 connections committing, one socket write per
-        entry per backup was 28 % of a replicating primary's GIL time."""
+        """Write a frame the table sends (a turn's entries go together,
+        ``attached.py``); a link with too much queued is dropped."""
         writer = backup.writer
         if writer.is_closing():
             return
         if writer.transport.get_write_buffer_size() > MAX_QUEUED:
             self.drop(backup, "its link has more than 256 MiB queued")
             return
-        backup.sent_bytes += len(frame)
-        if backup.out is None:  # the turn's first frame goes now; later ones together
-            writer.write(frame)
-            backup.out = []
-            self.port.after_turn(functools.partial(self._end_turn, backup))
-        else:
-            backup.out.append(frame)
-
-    @staticmethod
-    def flush_out(backup: AttachedBackup) -> None:
-        """Hand the frames held this turn to the backup's socket, in one write (before
-        any frame written to it directly: ``joining.py``, :meth:`send_now`)."""
-        out = backup.out
-        if not out:
-            return
-        backup.out = []
-        writer = backup.writer
-        if not writer.is_closing():
-            writer.write(out[0] if len(out) == 1 else b"".join(out))
-
-    @classmethod
-    def _end_turn(cls, backup: AttachedBackup) -> None:
-        """The loop turn ended: its held frames go; the next turn's first goes at once."""
-        cls.flush_out(backup)
-        backup.out = None
-
-    def send_now(self, backup: AttachedBackup, frame: bytes) -> None:
-        """Write ``frame`` to ``backup`` now, after what this turn wrote before it (a
-        heartbeat, a ready-set record: frames outside the table's entries)."""
-        self.flush_out(backup)
-        if not backup.writer.is_closing():
-            backup.writer.write(frame)
+        if backup.send_entry(frame):
+            self.port.after_turn(backup.end_turn)
 
     def drop(self, backup: AttachedBackup, reason: str) -> None:
         """Take a backup out (it joins again with a fresh dump)."""
