@@ -67,16 +67,17 @@ def test_a_careful_operator_keeps_every_answered_send(seed: int) -> None:
 
 
 def test_a_cut_off_backup_is_refused_until_a_majority_answers() -> None:
-    """A node left alone is refused (it cannot hear a majority: seed 30000), a node the
-    newest ready set leaves out is refused (seed 30010), and both runs keep every
-    answered send. (Seeds 30041, 30002 and then 30085 — one of the seeds that lost
-    answered sends before — showed the first, and 30009 the second, until promises,
-    backups resuming from their disks, and then the primary writing a turn's entries
-    to a backup together, changed their timing.)"""
-    alone = run_seed("replicated-live", 30000)
+    """A node left alone is refused (it cannot hear a majority: seed 30005), a node the
+    newest ready set leaves out is refused (seed 30003), and both runs keep every
+    answered send. (Seeds 30041, 30002, 30085 — one of the seeds that lost answered
+    sends before — and 30000 showed the first, and 30009 and 30010 the second, until promises,
+    backups resuming from their disks, the primary writing a turn's entries to a
+    backup together, and an announced promotion cancelling a link attempt, changed
+    their timing.)"""
+    alone = run_seed("replicated-live", 30005)
     assert alone.violations == []
     assert "cannot be promoted: only 1 of the 3 nodes answered" in "\n".join(alone.trace)
-    left_out = run_seed("replicated-live", 30010)
+    left_out = run_seed("replicated-live", 30003)
     assert left_out.violations == []
     assert "cannot be promoted: the newest ready set (term" in "\n".join(left_out.trace)
 
@@ -150,3 +151,19 @@ def test_a_backup_acks_nothing_on_a_new_link_before_the_welcome() -> None:
     a link before its welcome, and a primary drops a backup whose ack is past the
     newest LSN it numbered (either alone fixes the seed)."""
     assert run_seed("replicated-live", 58779).violations == []
+
+
+def test_an_announced_promotion_cancels_a_link_attempt_without_a_welcome() -> None:
+    """Seed 39104 of ``replicated-live-checkpoints`` (``bench/sim.py --seeds 10000
+    --first-seed 30000``): node 0 was promoted at 0.31 s while both backups sat in link
+    attempts to peers behind a one-way cut (node 2 to node 1, node 1 to the dead node
+    2); the promotion's announcement only shortened a search pause, so nobody joined
+    node 0 and no send was answered in the whole fault phase. An announcement now
+    cancels an attempt that has no primary's welcome yet; the backups join node 0."""
+    result = run_seed("replicated-live-checkpoints", 39104)
+    assert result.violations == []
+    trace = "\n".join(result.trace)
+    assert "operator: promoted node 0" in trace
+    promoted_at = next(float(line.split()[1]) for line in result.trace
+                       if "node 0 is primary" in line)
+    assert promoted_at < 0.5

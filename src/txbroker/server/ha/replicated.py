@@ -267,6 +267,8 @@ class ReplicatedNode:
                                         self.security, make_server=self._make_server)
                 self.follower = follower
                 outcome = await self._follow(follower, host, port)
+                if outcome == "search":  # a peer is being promoted: from the first peer
+                    break
                 self.lock = follower.lock  # it takes the lock again when it replaces a copy
                 if outcome == "promote" and follower.state is CopyState.FOLLOWING:
                     return True  # promoted from the copy it replayed
@@ -308,22 +310,30 @@ class ReplicatedNode:
                                "process while this backup changed primaries")
 
     async def _follow(self, follower: Follower, host: str, port: int) -> str:
-        """Follow one peer until the link ends ("ended"), a promotion ("promote") or a
-        stop ("stop")."""
+        """Follow one peer until the link ends ("ended"), a promotion ("promote"), a
+        stop ("stop"), or a peer says it is being promoted while this attempt has no
+        primary's welcome yet ("search": a connect to a peer behind a black hole would
+        otherwise hold the search for its whole timeout while the new primary waits
+        for its majority: simulation seed 39104)."""
         links = follower.links
         task = asyncio.ensure_future(follower.follow(host, port))
         waiter = asyncio.ensure_future(self._promote.wait())
         stopper = asyncio.ensure_future(self._stopping.wait())
+        searcher = asyncio.ensure_future(self._announced(follower, links))
         try:
-            await asyncio.wait({task, waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, waiter, stopper, searcher},
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
             stopper.cancel()
+            searcher.cancel()
         if not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            return "promote" if self._promote.is_set() else "stop"
+            if self._promote.is_set():
+                return "promote"
+            return "stop" if self._stopping.is_set() else "search"
         if follower.links != links:  # a primary welcomed us and the link ended: lost it
             self._lost_primary_at = monotonic()
             self._nudge.set()  # etcd: publish our final position, watch the key closely
@@ -348,6 +358,15 @@ class ReplicatedNode:
         if self._promote.is_set():
             return "promote"
         return "ended"
+
+    async def _announced(self, follower: Follower, links: int) -> None:
+        """Return when a peer announces its promotion while ``follower`` has had no
+        welcome since ``links`` (it is not following a primary on this attempt)."""
+        while True:
+            await self.search_now.wait()
+            if follower.links == links:
+                return
+            self.search_now.clear()  # following a primary: the announcement is old news
 
     async def _be_primary(self) -> None:
         """Finish recovery (from the replayed copy or our own store), then serve."""
