@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import logging
 import signal
@@ -87,6 +88,15 @@ SEARCH_PAUSE: Final = 0.3
 
 #: The roles of a replicated broker (``core/ha/replicated_role.py``).
 Role = NodeRole
+
+
+class LinkEnd(enum.StrEnum):
+    """How one attempt to follow a peer ended (``ReplicatedNode._follow``)."""
+
+    ENDED = "ended"  #: the link ended (or never began): try the next peer
+    PROMOTE = "promote"  #: this node is promoted
+    STOP = "stop"  #: the node stops
+    SEARCH = "search"  #: a peer announced its promotion before any welcome: search anew
 
 
 class ReplicatedNode:
@@ -267,20 +277,21 @@ class ReplicatedNode:
                                         self.security, make_server=self._make_server)
                 self.follower = follower
                 outcome = await self._follow(follower, host, port)
-                if outcome == "search":  # a peer is being promoted: from the first peer
+                if outcome is LinkEnd.SEARCH:  # a peer is being promoted: from the first peer
                     break
                 self.lock = follower.lock  # it takes the lock again when it replaces a copy
-                if outcome == "promote" and follower.state is CopyState.FOLLOWING:
+                if outcome is LinkEnd.PROMOTE and follower.state is CopyState.FOLLOWING:
                     return True  # promoted from the copy it replayed
                 if follower.server is not None:
                     self.copy_ready = follower.state is CopyState.FOLLOWING and follower.ready
                     self.copy_position = follower.durable_lsn
-                if outcome == "ended" and follower.resumable() and self.config.ha_catchup_bytes:
+                if outcome is LinkEnd.ENDED and follower.resumable() \
+                        and self.config.ha_catchup_bytes:
                     continue  # keep the copy: the next primary may send just the suffix
-                self._drop_copy(follower, checkpoint=outcome == "stop")
-                if outcome == "promote":
+                self._drop_copy(follower, checkpoint=outcome is LinkEnd.STOP)
+                if outcome is LinkEnd.PROMOTE:
                     return True  # promoted from its own store (recovered from disk)
-                if outcome == "stop":
+                if outcome is LinkEnd.STOP:
                     return False
             await self._search_pause()
         return False
@@ -309,10 +320,10 @@ class ReplicatedNode:
             raise RuntimeError(f"the data directory {self.config.data} was taken by another "
                                "process while this backup changed primaries")
 
-    async def _follow(self, follower: Follower, host: str, port: int) -> str:
-        """Follow one peer until the link ends ("ended"), a promotion ("promote"), a
-        stop ("stop"), or a peer says it is being promoted while this attempt has no
-        primary's welcome yet ("search": a connect to a peer behind a black hole would
+    async def _follow(self, follower: Follower, host: str, port: int) -> LinkEnd:
+        """Follow one peer until the link ends (ENDED), a promotion (PROMOTE), a stop
+        (STOP), or a peer says it is being promoted while this attempt has no
+        primary's welcome yet (SEARCH: a connect to a peer behind a black hole would
         otherwise hold the search for its whole timeout while the new primary waits
         for its majority: simulation seed 39104)."""
         links = follower.links
@@ -332,8 +343,8 @@ class ReplicatedNode:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
             if self._promote.is_set():
-                return "promote"
-            return "stop" if self._stopping.is_set() else "search"
+                return LinkEnd.PROMOTE
+            return LinkEnd.STOP if self._stopping.is_set() else LinkEnd.SEARCH
         if follower.links != links:  # a primary welcomed us and the link ended: lost it
             self._lost_primary_at = monotonic()
             self._nudge.set()  # etcd: publish our final position, watch the key closely
@@ -356,8 +367,8 @@ class ReplicatedNode:
         except (OSError, TimeoutError, ProtocolError) as exc:
             self.last_problem = f"{host}:{port}: {exc!r}"
         if self._promote.is_set():
-            return "promote"
-        return "ended"
+            return LinkEnd.PROMOTE
+        return LinkEnd.ENDED
 
     async def _announced(self, follower: Follower, links: int) -> None:
         """Return when a peer announces its promotion while ``follower`` has had no
